@@ -1,0 +1,1 @@
+"""OpenAI-style request and response bodies: parsing (msgspec), usage extraction, model rewrite."""

@@ -1,0 +1,153 @@
+"""The endpoint datastore: every model-server endpoint epp may route to, and what is known of it.
+
+An endpoint is one serving port of one pod (a data-parallel rank when a pod has several ports).
+Sources (standalone list/file, the Kubernetes operator) *replace* their whole set of endpoints
+with `Datastore.sync(source, specs)`; the datastore keeps the `Endpoint` objects alive across
+syncs so that scraped metrics and in-flight counters survive a reload that does not change them.
+
+Scheduling reads endpoints through `Datastore.candidates()`, which returns only endpoints that are
+routable: known to a source and not excluded by failing scrapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+
+@dataclasses.dataclass(slots=True)
+class ModelServerMetrics:
+    """The latest scrape of one endpoint's /metrics (vLLM names in comments)."""
+
+    waiting: int = 0  # vllm:num_requests_waiting
+    running: int = 0  # vllm:num_requests_running
+    kv_usage: float = 0.0  # vllm:kv_cache_usage_perc, 0..1
+    block_size: int = 0  # vllm:cache_config_info{block_size}
+    num_gpu_blocks: int = 0  # vllm:cache_config_info{num_gpu_blocks}
+    max_lora: int = 0  # vllm:lora_requests_info{max_lora}
+    running_loras: frozenset[str] = frozenset()  # {running_lora_adapters}
+    waiting_loras: frozenset[str] = frozenset()  # {waiting_lora_adapters}
+    updated_at: float = 0.0  # time.monotonic() of the last successful scrape; 0 = never
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """What a source says about an endpoint: identity and address, nothing measured."""
+
+    name: str  # "<pod>-rank-<n>" from Kubernetes, or "host:port" from a static list
+    address: str  # IP or host name
+    port: int
+    rank: int = 0  # data-parallel rank (index of the port on the pod)
+    pod: str = ""  # pod name; "" for static endpoints
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    metrics_port: int | None = None  # None: scrape `port`
+
+    @property
+    def hostport(self) -> str:
+        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Endpoint:
+    """A routable endpoint. Identity is the object (eq=False): plugins key per-endpoint state on it."""
+
+    spec: EndpointSpec
+    hostport: str  # the value Envoy receives, "ip:port"
+    metrics: ModelServerMetrics = dataclasses.field(default_factory=ModelServerMetrics)
+    # epp's own accounting, booked at pick time and released when the request's stream ends.
+    inflight_requests: int = 0
+    inflight_tokens: int = 0
+    # Scrape health: consecutive failures; `excluded` once they reach the configured bound.
+    scrape_failures: int = 0
+    excluded: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def book(self, prompt_tokens: int) -> None:
+        self.inflight_requests += 1
+        self.inflight_tokens += prompt_tokens
+
+    def release(self, prompt_tokens: int) -> None:
+        # Never below zero: a release after an endpoint was re-created must not go negative.
+        self.inflight_requests = max(0, self.inflight_requests - 1)
+        self.inflight_tokens = max(0, self.inflight_tokens - prompt_tokens)
+
+    def metrics_age(self, now: float | None = None) -> float:
+        """Seconds since the last successful scrape (inf if never scraped)."""
+        if not self.metrics.updated_at:
+            return float("inf")
+        return (time.monotonic() if now is None else now) - self.metrics.updated_at
+
+
+Listener = Callable[[list[Endpoint], list[Endpoint]], None]
+"""Called after each change with (added, removed) endpoints; e.g. to start/stop KV-event feeds."""
+
+
+class Datastore:
+    """All endpoints, keyed by name, merged from any number of sources."""
+
+    def __init__(self) -> None:
+        self._by_source: dict[str, dict[str, Endpoint]] = {}
+        self._all: dict[str, Endpoint] = {}
+        self._by_hostport: dict[str, Endpoint] = {}
+        self._candidates: list[Endpoint] = []
+        self._listeners: list[Listener] = []
+        self.synced = False  # True once any source has reported (readiness)
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def sync(self, source: str, specs: Iterable[EndpointSpec]) -> tuple[list[Endpoint], list[Endpoint]]:
+        """Replace everything `source` provides with `specs`. Returns (added, removed)."""
+        old = self._by_source.get(source, {})
+        new: dict[str, Endpoint] = {}
+        added: list[Endpoint] = []
+        for spec in specs:
+            prev = old.get(spec.name)
+            if prev is not None and prev.spec == spec:
+                new[spec.name] = prev
+                continue
+            if prev is not None and (prev.spec.address, prev.spec.port) == (spec.address, spec.port):
+                # Labels or metadata changed only: keep the measured state.
+                prev.spec = spec
+                new[spec.name] = prev
+                continue
+            ep = Endpoint(spec=spec, hostport=spec.hostport)
+            new[spec.name] = ep
+            added.append(ep)
+        removed = [ep for name, ep in old.items() if new.get(name) is not ep]
+        self._by_source[source] = new
+        self.synced = True
+        self._rebuild()
+        if added or removed:
+            for listener in self._listeners:
+                listener(added, removed)
+        return added, removed
+
+    def _rebuild(self) -> None:
+        self._all = {}
+        for eps in self._by_source.values():
+            self._all.update(eps)
+        self._by_hostport = {ep.hostport: ep for ep in self._all.values()}
+        self.refresh_candidates()
+
+    def refresh_candidates(self) -> None:
+        """Recompute the routable list; call after an endpoint's `excluded` flag changes."""
+        self._candidates = [ep for ep in self._all.values() if not ep.excluded]
+
+    def endpoints(self) -> list[Endpoint]:
+        """Every known endpoint, routable or not (scrapers use this)."""
+        return list(self._all.values())
+
+    def candidates(self) -> list[Endpoint]:
+        """Routable endpoints. The list is shared: callers must not mutate it."""
+        return self._candidates
+
+    def get(self, name: str) -> Endpoint | None:
+        return self._all.get(name)
+
+    def by_hostport(self, hostport: str) -> Endpoint | None:
+        return self._by_hostport.get(hostport)

@@ -1,0 +1,1 @@
+"""epp's own Prometheus metrics and structured logging."""

@@ -1,0 +1,128 @@
+"""The scheduling contract: every extension point in one page.
+
+Call order for one request, per profile: each Filter in config order (an empty result stops the
+profile: "no endpoints available", 429), then every Scorer, then the profile's one Picker.
+
+- Scores are in [0, 1], higher is better. The framework clamps whatever a scorer returns to
+  [0, 1], multiplies it by the scorer's configured weight (default 1.0) and sums: there is no
+  normalisation by the sum of weights.
+- Filters and scorers are pure decisions over (request, endpoints): no I/O, no mutation of shared
+  state. Effects (booking load, learning from a decision) belong in `PreRequest` hooks.
+- `CycleState` is a per-request scratch dict shared by the plugins of one scheduling cycle, keyed
+  by plugin name, for work a scorer does that a later plugin reuses.
+- A plugin is created by a factory `(name, parameters, handle) -> plugin`. Parameters are decoded
+  into the plugin's msgspec `Params` struct with unknown fields forbidden, so a misspelt parameter
+  is a startup error naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from epp.api.requests import InferenceRequest
+from epp.datastore.endpoints import Datastore, Endpoint
+
+CycleState = dict[str, Any]
+
+
+@dataclasses.dataclass(slots=True)
+class ScoredEndpoint:
+    endpoint: Endpoint
+    score: float  # weighted sum over the profile's scorers
+
+
+@dataclasses.dataclass(slots=True)
+class ProfileResult:
+    """The outcome of one profile: endpoints in order (primary first, then fallbacks)."""
+
+    profile: str
+    targets: list[Endpoint]
+    # Per-endpoint breakdown for explain/debug: {endpoint name: {scorer name: raw clamped score}}.
+    scores: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class SchedulingResult:
+    primary: str  # the name of the profile whose targets are sent to the proxy
+    profiles: dict[str, ProfileResult]
+
+    @property
+    def targets(self) -> list[Endpoint]:
+        return self.profiles[self.primary].targets
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+@runtime_checkable
+class Filter(Plugin, Protocol):
+    def filter(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> list[Endpoint]:
+        """Return the endpoints that may serve the request (a subset, order kept)."""
+        ...
+
+
+@runtime_checkable
+class Scorer(Plugin, Protocol):
+    def score(
+        self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> Sequence[float]:
+        """One score per endpoint, aligned with `endpoints`; in [0, 1], higher is better."""
+        ...
+
+
+@runtime_checkable
+class Picker(Plugin, Protocol):
+    def pick(self, cycle: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]) -> list[Endpoint]:
+        """Choose the targets, best first; at most the picker's `maxNumOfEndpoints`."""
+        ...
+
+
+@runtime_checkable
+class PreRequest(Plugin, Protocol):
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        """Called once the decision is final, before the request goes to the proxy."""
+        ...
+
+
+@runtime_checkable
+class ResponseComplete(Plugin, Protocol):
+    def response_complete(self, request: InferenceRequest, outcome: RequestOutcome) -> None:
+        """Called exactly once per scheduled request when its stream ends, however it ends."""
+        ...
+
+
+@dataclasses.dataclass(slots=True)
+class RequestOutcome:
+    """How a scheduled request ended, as seen on the response path."""
+
+    endpoint: Endpoint | None  # the one that served (x-gateway-destination-endpoint-served), else primary
+    status: int = 0  # HTTP status from the model server, 0 if none arrived
+    ok: bool = False  # a complete response was relayed
+    prompt_tokens: int | None = None  # from usage, when the server reported it
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    ttft_s: float | None = None  # seconds from pick to the first response body byte
+    duration_s: float = 0.0  # seconds from pick to the end of the stream
+
+
+@dataclasses.dataclass(slots=True)
+class Handle:
+    """What a plugin factory may use: shared services, passed explicitly."""
+
+    datastore: Datastore
+    # Later issues add: kv-cache index, tokenizer, model profiles.
+    extras: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+Factory = Callable[[str, Mapping[str, Any], Handle], Plugin]
+"""(name, raw parameters from the config, handle) -> plugin. Raises ConfigError on bad parameters."""
