@@ -82,7 +82,9 @@ class Scorer(Plugin, Protocol):
 
 @runtime_checkable
 class Picker(Plugin, Protocol):
-    def pick(self, cycle: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]) -> list[Endpoint]:
+    def pick(
+        self, cycle: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
+    ) -> list[Endpoint]:
         """Choose the targets, best first; at most the picker's `maxNumOfEndpoints`."""
         ...
 

@@ -1,0 +1,144 @@
+"""The `epp` command: `epp serve` (the Endpoint Picker), `epp demo`, `epp bench ...`.
+
+Flag names and defaults follow GIE's EPP where it has them (--grpc-port 9002, --grpc-health-port
+9003, --metrics-port 9090, --config-file/--config-text, --secure-serving, --cert-path,
+--refresh-metrics-interval, --metrics-staleness-threshold, --disable-endpoint-subset-filter), so
+a GIE deployment's arguments carry over. Booleans accept Go's `--flag=false` form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|us|µs)?$")
+_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}
+
+
+def duration(text: str) -> float:
+    """Go-style durations: '50ms', '2s', '1.5s', '1m'; a bare number is seconds."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 50ms, 2s)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def byte_size(text: str) -> int:
+    match = re.match(r"^(\d+)\s*([kKmMgG]i?[bB]?)?$", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 16Mi, 1048576)")
+    unit = (match.group(2) or "").lower()[:1]
+    return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ports")
+    g.add_argument("--grpc-port", type=int, default=9002, help="ext-proc gRPC port (default 9002)")
+    g.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port (default 9003)")
+    g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (default 9090)")
+    g.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    g.add_argument(
+        "--secure-serving",
+        type=boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        help="serve ext-proc over TLS (default true, as GIE); --secure-serving=false for plaintext",
+    )
+    g.add_argument(
+        "--cert-path", help="directory with tls.crt and tls.key; default: a self-signed certificate"
+    )
+
+    g = p.add_argument_group("scheduling")
+    cfg = g.add_mutually_exclusive_group()
+    cfg.add_argument("--config-file", help="EndpointPickerConfig YAML file")
+    cfg.add_argument("--config-text", help="EndpointPickerConfig YAML given inline")
+    g.add_argument(
+        "--max-body-bytes",
+        type=byte_size,
+        default=16 << 20,
+        help="larger request bodies are answered 413 (default 16Mi)",
+    )
+    g.add_argument(
+        "--disable-endpoint-subset-filter",
+        action="store_true",
+        help="ignore the proxy's envoy.lb.subset_hint",
+    )
+
+    g = p.add_argument_group("endpoints (standalone pool)")
+    g.add_argument("--endpoints", help="comma-separated host:port list of model-server endpoints")
+    g.add_argument("--endpoints-file", help="YAML file of endpoints, reloaded when it changes")
+    g.add_argument("--pool-name", default="standalone", help="pool name used in metrics and logs")
+
+    g = p.add_argument_group("model-server metrics")
+    g.add_argument(
+        "--refresh-metrics-interval",
+        type=duration,
+        default=0.05,
+        help="scrape interval per endpoint (default 50ms)",
+    )
+    g.add_argument(
+        "--metrics-staleness-threshold",
+        type=duration,
+        default=2.0,
+        help="metrics older than this are stale (default 2s)",
+    )
+    g.add_argument(
+        "--scrape-failure-threshold",
+        type=int,
+        default=3,
+        help="exclude an endpoint after this many consecutive failed scrapes (default 3)",
+    )
+
+    g = p.add_argument_group("logging")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--log-format", default="json", choices=["json", "text"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epp", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the Endpoint Picker (Envoy ext-proc server)")
+    add_serve_arguments(serve)
+    demo = sub.add_parser("demo", help="local demo: Envoy + epp + a simulated vLLM fleet")
+    from epp import demo as demo_mod
+
+    demo_mod.add_arguments(demo)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    from epp.bench import overhead
+
+    overhead.add_arguments(bench_sub.add_parser("overhead", help="Envoy alone vs Envoy + epp"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from epp import serve
+
+        return serve.main(args)
+    if args.command == "demo":
+        from epp import demo
+
+        return demo.run(args)
+    if args.command == "bench" and args.bench == "overhead":
+        from epp.bench import overhead
+
+        return overhead.run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Builders and readers for Envoy ext_proc v3 messages (xds-protos, upb-backed).
+
+Only the shapes the EPP protocol uses are built here, so the stream state machine reads as
+protocol steps rather than protobuf plumbing. Messages are upb C objects: building one costs about
+a microsecond, so nothing here is cached except the constant "continue" responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest as ProcessingRequest
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse as ProcessingResponse
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+
+# GIE's BodyByteLimit: Envoy rejects larger streamed body chunks from the processor.
+MAX_BODY_CHUNK = 62000
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
+    """Flatten Envoy's header map; names arrive lower-case. Values come as raw_value bytes
+    (Envoy >= 1.27) or as `value` from older proxies."""
+    out: dict[str, str] = {}
+    for h in headers.headers.headers:
+        raw = h.raw_value
+        out[h.key] = raw.decode("utf-8", "replace") if raw else h.value
+    return out
+
+
+def _set_headers(headers: Iterable[tuple[str, str]]) -> list[base_pb2.HeaderValueOption]:
+    return [
+        base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+        )
+        for k, v in headers
+    ]
+
+
+def _lb_metadata(destination: str) -> struct_pb2.Struct:
+    md = struct_pb2.Struct()
+    md.fields[LB_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = destination
+    return md
+
+
+def routed_headers(
+    destination: str, extra_headers: Mapping[str, str], *, remove: Iterable[str] = ()
+) -> ProcessingResponse:
+    """The request-headers answer that routes: the destination header (overwriting anything a
+    client forged) and `envoy.lb` dynamic metadata carrying the same value."""
+    headers = [(DESTINATION_HEADER, destination), *extra_headers.items()]
+    return ProcessingResponse(
+        request_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(
+                header_mutation=pb.HeaderMutation(set_headers=_set_headers(headers), remove_headers=remove),
+                clear_route_cache=True,
+            )
+        ),
+        dynamic_metadata=_lb_metadata(destination),
+    )
+
+
+def routed_body_buffered(
+    destination: str, extra_headers: Mapping[str, str], body: bytes | None
+) -> ProcessingResponse:
+    """BUFFERED mode: the routing answer rides on the body response (Envoy holds the headers
+    until it arrives); the body is replaced only when it was rewritten."""
+    headers = [(DESTINATION_HEADER, destination), *extra_headers.items()]
+    common = pb.CommonResponse(
+        header_mutation=pb.HeaderMutation(set_headers=_set_headers(headers)), clear_route_cache=True
+    )
+    if body is not None:
+        common.body_mutation.body = body
+    return ProcessingResponse(
+        request_body=pb.BodyResponse(response=common), dynamic_metadata=_lb_metadata(destination)
+    )
+
+
+def streamed_request_body(body: bytes) -> list[ProcessingResponse]:
+    """FULL_DUPLEX_STREAMED: Envoy forwards only what we send back, in chunks of at most 62000
+    bytes, the last one marked end_of_stream (an empty body is one empty final chunk)."""
+    return [ProcessingResponse(request_body=_streamed(chunk, eos)) for chunk, eos in _chunks(body)]
+
+
+def streamed_response_body(body: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
+    if len(body) <= MAX_BODY_CHUNK:
+        return [ProcessingResponse(response_body=_streamed(body, end_of_stream))]
+    out = []
+    for chunk, last in _chunks(body):
+        out.append(ProcessingResponse(response_body=_streamed(chunk, last and end_of_stream)))
+    return out
+
+
+def _chunks(body: bytes) -> list[tuple[bytes, bool]]:
+    if len(body) <= MAX_BODY_CHUNK:
+        return [(body, True)]
+    view = memoryview(body)
+    n = len(body)
+    return [
+        (bytes(view[i : i + MAX_BODY_CHUNK]), i + MAX_BODY_CHUNK >= n) for i in range(0, n, MAX_BODY_CHUNK)
+    ]
+
+
+def _streamed(chunk: bytes, eos: bool) -> pb.BodyResponse:
+    return pb.BodyResponse(
+        response=pb.CommonResponse(
+            body_mutation=pb.BodyMutation(
+                streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=eos)
+            )
+        )
+    )
+
+
+def replaced_response_body(body: bytes | None) -> ProcessingResponse:
+    """Non-duplex response body modes: continue, replacing the chunk only if it changed."""
+    if body is None:
+        return CONTINUE_RESPONSE_BODY
+    return ProcessingResponse(
+        response_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(body=body)))
+    )
+
+
+def response_headers(remove: Iterable[str] = ()) -> ProcessingResponse:
+    remove = list(remove)
+    if not remove:
+        return CONTINUE_RESPONSE_HEADERS
+    return ProcessingResponse(
+        response_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=remove))
+        )
+    )
+
+
+def immediate(status: int, body: bytes, *, content_type: str = "application/json") -> ProcessingResponse:
+    """Answer the client directly (errors). Envoy sends it and ends the HTTP stream."""
+    return ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status),
+            headers=pb.HeaderMutation(set_headers=_set_headers([("content-type", content_type)])),
+            body=body,
+            details="epp",
+        )
+    )
+
+
+def metadata_string(request: ProcessingRequest, namespace: str, key: str) -> str | None:
+    """A string value of the request's metadata_context.filter_metadata[namespace][key]."""
+    if not request.HasField("metadata_context"):
+        return None
+    ns = request.metadata_context.filter_metadata.get(namespace)
+    if ns is None or key not in ns.fields:
+        return None
+    value = ns.fields[key]
+    return value.string_value if value.HasField("string_value") else None
+
+
+def subset_hint(request: ProcessingRequest) -> list[str] | None:
+    """Envoy's subset hint: None when absent (no restriction); otherwise the listed endpoints,
+    given as a list or a comma-separated string (the lightweight EPP accepts both)."""
+    if not request.HasField("metadata_context"):
+        return None
+    ns = request.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if ns is None or SUBSET_KEY not in ns.fields:
+        return None
+    value = ns.fields[SUBSET_KEY]
+    if value.HasField("list_value"):
+        return [v.string_value for v in value.list_value.values if v.string_value]
+    if value.HasField("string_value"):
+        return [s.strip() for s in value.string_value.split(",") if s.strip()]
+    return []
+
+
+CONTINUE_REQUEST_HEADERS = ProcessingResponse(request_headers=pb.HeadersResponse())
+CONTINUE_REQUEST_BODY = ProcessingResponse(request_body=pb.BodyResponse())
+CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=pb.TrailersResponse())
+CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=pb.HeadersResponse())
+CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=pb.BodyResponse())
+CONTINUE_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=pb.TrailersResponse())

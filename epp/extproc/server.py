@@ -1,0 +1,115 @@
+"""The grpc.aio ext-proc server: Envoy's ExternalProcessor service plus gRPC health.
+
+Each Envoy HTTP request is one bidirectional stream; `Stream` (stream.py) holds its state and
+this module only pumps messages and guarantees cleanup. Health (grpc.health.v1) is served on the
+ext-proc port (for Envoy's active health checks) and on its own port (for Kubernetes probes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from epp.extproc import messages as m
+from epp.extproc.stream import Stream
+from epp.observability import metrics
+from epp.requestcontrol.director import Director
+
+log = logging.getLogger("epp.extproc")
+
+EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+# Names probed by GIE's chart ("inference-extension") and by readiness/liveness conventions.
+HEALTH_SERVICES = ("", EXTPROC_SERVICE, "inference-extension", "readiness")
+
+
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, director: Director) -> None:
+        self._director = director
+
+    async def Process(
+        self, request_iterator: AsyncIterator[m.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[m.ProcessingResponse]:
+        stream = Stream(self._director)
+        metrics.extproc_streams.inc()
+        try:
+            async for msg in request_iterator:
+                for response in await stream.handle(msg):
+                    yield response
+                if stream.closed:
+                    return
+        except asyncio.CancelledError:
+            # Envoy reset the stream (client went away, timeout): normal, not an error of ours.
+            metrics.extproc_stream_errors.labels("cancelled").inc()
+            raise
+        except Exception:
+            metrics.extproc_stream_errors.labels("internal").inc()
+            log.exception("ext-proc stream failed")
+            raise
+        finally:
+            stream.close()
+            metrics.extproc_streams.dec()
+
+
+class Health:
+    """One health servicer shared by both ports, so they always agree."""
+
+    def __init__(self) -> None:
+        self.servicer = health.aio.HealthServicer()
+        self.serving: bool | None = None
+
+    async def set(self, serving: bool) -> None:
+        if serving == self.serving:
+            return
+        self.serving = serving
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in HEALTH_SERVICES:
+            await self.servicer.set(name, status)
+        # Liveness is about the process, not the pool.
+        await self.servicer.set("liveness", health_pb2.HealthCheckResponse.SERVING)
+
+
+def build_server(
+    director: Director,
+    health_state: Health,
+    *,
+    bind: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None,
+) -> grpc.aio.Server:
+    server = grpc.aio.server(
+        options=[
+            # Envoy multiplexes every HTTP request as a stream over few connections.
+            ("grpc.max_concurrent_streams", 100000),
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
+    _add_port(server, f"{bind}:{port}", credentials)
+    return server
+
+
+def build_health_server(health_state: Health, *, bind: str, port: int) -> grpc.aio.Server:
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
+    _add_port(server, f"{bind}:{port}", None)
+    return server
+
+
+def _add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> None:
+    bound = (
+        server.add_secure_port(address, credentials)
+        if credentials is not None
+        else server.add_insecure_port(address)
+    )
+    if bound == 0:
+        raise OSError(f"cannot listen on {address}")

@@ -1,0 +1,220 @@
+"""The per-stream state machine of the EPP ext-proc protocol.
+
+One gRPC stream carries one HTTP request. Supported body modes (from Envoy's protocol_config,
+sent on the first message; FULL_DUPLEX_STREAMED is assumed when a proxy does not send it):
+
+FULL_DUPLEX_STREAMED (GIE's mode)              BUFFERED
+  request_headers      -> (nothing yet)          request_headers    -> continue
+  request_body* (eos)  -> route, then:           request_body (eos) -> route: header mutation +
+                          headers response +                           metadata on the body answer
+                          body in <=62000 B chunks
+  response_headers     -> headers response (content-length dropped if the model name is rewritten)
+  response_body*       -> each chunk echoed at once (duplex) or continued/replaced (other modes)
+
+A header-only request (request_headers with end_of_stream) is routed at once. Errors become an
+ImmediateResponse with the HTTP status and an OpenAI-style JSON error body, and end the stream.
+Whatever ends the stream, `close()` releases the request's booking exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import msgspec
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+
+from epp.api import errors
+from epp.extproc import messages as m
+from epp.observability import metrics
+from epp.requestcontrol.director import Director, RequestContext
+
+log = logging.getLogger("epp.extproc")
+
+_FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+_BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
+_NONE = processing_mode_pb2.ProcessingMode.NONE
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+_json = msgspec.json.Encoder()
+
+
+def error_body(status: int, reason: str) -> bytes:
+    """OpenAI's error shape, so OpenAI clients surface the reason; one line."""
+    return _json.encode(
+        {"error": {"message": reason, "type": _ERROR_TYPES.get(status, "error"), "code": status}}
+    )
+
+
+class Stream:
+    """State of one ext-proc stream. `handle()` returns the responses to send, in order."""
+
+    __slots__ = (
+        "_body_parts",
+        "_body_size",
+        "_director",
+        "_request_mode",
+        "_response_mode",
+        "closed",
+        "ctx",
+        "headers",
+        "response_complete",
+    )
+
+    def __init__(self, director: Director) -> None:
+        self._director = director
+        self._request_mode = _FULL_DUPLEX
+        self._response_mode = _FULL_DUPLEX
+        self._body_parts: list[bytes] = []
+        self._body_size = 0
+        self.headers: dict[str, str] = {}
+        self.ctx: RequestContext | None = None
+        self.closed = False  # an immediate response was sent: nothing more to do
+        self.response_complete = False
+
+    async def handle(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+        kind = msg.WhichOneof("request")
+        if kind == "request_headers":
+            if msg.HasField("protocol_config"):
+                self._request_mode = msg.protocol_config.request_body_mode
+                self._response_mode = msg.protocol_config.response_body_mode
+            return await self._on_request_headers(msg)
+        if kind == "request_body":
+            return await self._on_request_body(msg)
+        if kind == "response_headers":
+            return self._on_response_headers(msg)
+        if kind == "response_body":
+            return self._on_response_body(msg)
+        if kind == "request_trailers":
+            return await self._on_request_trailers(msg)
+        if kind == "response_trailers":
+            self.response_complete = True
+            return [m.CONTINUE_RESPONSE_TRAILERS]
+        # An empty or unknown message: nothing to answer; Envoy never sends one.
+        metrics.extproc_stream_errors.labels("protocol").inc()
+        return []
+
+    async def _on_request_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+        self.headers = m.header_map(msg.request_headers)
+        if msg.request_headers.end_of_stream:
+            return await self._route(msg, body=None, reply="headers")
+        if self._request_mode == _FULL_DUPLEX:
+            return []  # deferred until the body is complete
+        if self._request_mode == _BUFFERED:
+            return [m.CONTINUE_REQUEST_HEADERS]
+        # STREAMED / BUFFERED_PARTIAL: headers must be answered before any body arrives, so the
+        # body cannot inform the decision. Route on headers alone rather than fail the request.
+        return await self._route(msg, body=None, reply="headers")
+
+    async def _on_request_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+        chunk = msg.request_body.body
+        if self.ctx is not None:  # routed already (non-buffering modes): pass through
+            if self._request_mode == _FULL_DUPLEX:
+                return m.streamed_request_body(chunk) if msg.request_body.end_of_stream else []
+            return [m.CONTINUE_REQUEST_BODY]
+        self._body_size += len(chunk)
+        limit = self._director.settings.max_body_bytes
+        if self._body_size > limit:
+            return self._fail(errors.PayloadTooLarge(f"request body exceeds the limit of {limit} bytes"))
+        if chunk:
+            self._body_parts.append(chunk)
+        if not msg.request_body.end_of_stream:
+            return []
+        return await self._route(msg, body=self._take_body(), reply=self._reply_kind())
+
+    async def _on_request_trailers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+        # Trailers end the request body when the client sent them.
+        if self.ctx is None and not self.closed:
+            out = await self._route(msg, body=self._take_body(), reply=self._reply_kind(), body_eos=False)
+            return [*out, m.CONTINUE_REQUEST_TRAILERS] if not self.closed else out
+        return [m.CONTINUE_REQUEST_TRAILERS]
+
+    def _reply_kind(self) -> str:
+        return "duplex" if self._request_mode == _FULL_DUPLEX else "buffered"
+
+    def _take_body(self) -> bytes:
+        parts = self._body_parts
+        self._body_parts = []
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _route(
+        self, msg: m.ProcessingRequest, *, body: bytes | None, reply: str, body_eos: bool = True
+    ) -> list[m.ProcessingResponse]:
+        t0 = time.perf_counter()
+        try:
+            ctx = await self._director.route(
+                path=self.headers.get(":path", "/"),
+                headers=self.headers,
+                body=body,
+                subset=m.subset_hint(msg),
+            )
+        except errors.RequestError as exc:
+            return self._fail(exc)
+        except Exception:
+            log.exception("routing failed unexpectedly")
+            metrics.extproc_stream_errors.labels("internal").inc()
+            return self._fail(errors.RequestError("internal error while routing the request"))
+        self.ctx = ctx
+        dest = ctx.destination
+        metrics.decision_duration.observe(time.perf_counter() - t0)
+        if reply == "headers":
+            return [m.routed_headers(dest, {})]
+        out_body = ctx.body
+        extra = {"content-length": str(len(out_body))}
+        if reply == "buffered":
+            return [m.routed_body_buffered(dest, extra, out_body if out_body is not body else None)]
+        responses = [m.routed_headers(dest, extra)]
+        responses.extend(m.streamed_request_body(out_body) if body_eos else _no_eos(out_body))
+        return responses
+
+    def _fail(self, exc: errors.RequestError) -> list[m.ProcessingResponse]:
+        self.closed = True
+        model = "-"
+        if exc.status >= 500:
+            log.warning("answering %d: %s", exc.status, exc.reason, extra={"path": self.headers.get(":path")})
+        else:
+            log.info("answering %d: %s", exc.status, exc.reason, extra={"path": self.headers.get(":path")})
+        metrics.request_errors_total.labels(model, str(exc.status)).inc()
+        return [m.immediate(exc.status, error_body(exc.status, exc.reason))]
+
+    def _on_response_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+        ctx = self.ctx
+        if ctx is None:
+            return [m.CONTINUE_RESPONSE_HEADERS]
+        headers = m.header_map(msg.response_headers)
+        ctx.on_response_headers(headers, m.metadata_string(msg, m.LB_NAMESPACE, m.SERVED_KEY))
+        if msg.response_headers.end_of_stream:
+            self.response_complete = True
+        # A rewritten model name changes the body length: let Envoy re-frame the response.
+        if ctx.rewrites_response and "content-length" in headers:
+            return [m.response_headers(remove=("content-length",))]
+        return [m.CONTINUE_RESPONSE_HEADERS]
+
+    def _on_response_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+        chunk = msg.response_body.body
+        eos = msg.response_body.end_of_stream
+        ctx = self.ctx
+        out = ctx.on_response_body(chunk, eos) if ctx is not None else chunk
+        if eos:
+            self.response_complete = True
+        if self._response_mode == _FULL_DUPLEX:
+            return m.streamed_response_body(out, eos)
+        return [m.replaced_response_body(out if out is not chunk else None)]
+
+    def close(self) -> None:
+        """The gRPC stream ended, however it ended: release the request's booking once."""
+        if self.ctx is not None:
+            self.ctx.finish(complete=self.response_complete)
+
+
+def _no_eos(body: bytes) -> list[m.ProcessingResponse]:
+    out = m.streamed_request_body(body)
+    last = out[-1].request_body.response.body_mutation.streamed_response
+    last.end_of_stream = False
+    return out

@@ -1,0 +1,195 @@
+"""The Director owns one request's lifecycle, from the parsed body to the end of the response.
+
+    route():   parse body -> candidate endpoints (subset hint) -> scheduler -> pre-request hooks
+               -> book in-flight load on the primary -> RequestContext
+    context:   on_response_headers / on_response_body (usage, model name rewritten back)
+               -> finish(): release the booking, run response-complete hooks, record metrics
+
+`finish()` is idempotent and the ext-proc layer calls it from a `finally`, so every way a stream
+can end (completion, model-server error, client reset, Envoy cancelling the stream, epp answering
+with an error after booking) releases exactly once. That is what keeps in-flight counts honest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+
+from epp.api import errors
+from epp.api.requests import InferenceRequest, header_only_request, parse_request
+from epp.api.responses import ResponseTracker
+from epp.datastore.endpoints import Datastore, Endpoint
+from epp.observability import metrics
+from epp.scheduling.framework import Scheduler
+from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
+
+log = logging.getLogger("epp.director")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DirectorSettings:
+    max_body_bytes: int = 16 << 20
+    """Request bodies larger than this are answered 413 without being parsed."""
+    disable_subset_filter: bool = False
+    """Ignore Envoy's subset hint (GIE's --disable-endpoint-subset-filter)."""
+
+
+class RequestContext:
+    """One routed request, from the decision to the end of its response stream."""
+
+    __slots__ = (
+        "_director",
+        "_finished",
+        "body",
+        "booked",
+        "destination",
+        "picked_at",
+        "request",
+        "result",
+        "served",
+        "tracker",
+    )
+
+    def __init__(
+        self, director: Director, request: InferenceRequest, result: SchedulingResult, body: bytes
+    ) -> None:
+        self._director = director
+        self._finished = False
+        self.request = request
+        self.result = result
+        self.body = body
+        targets = result.targets
+        self.destination = ",".join(ep.hostport for ep in targets)
+        self.booked: Endpoint = targets[0]
+        self.served: Endpoint | None = None
+        self.picked_at = time.monotonic()
+        self.tracker = ResponseTracker(incoming_model=request.model, target_model=request.target_model)
+
+    @property
+    def rewrites_response(self) -> bool:
+        return self.request.model != self.request.target_model and bool(self.request.model)
+
+    def on_response_headers(self, headers: Mapping[str, str], served_hostport: str | None) -> None:
+        self.tracker.on_headers(headers)
+        if served_hostport:
+            self.served = self._director.datastore.by_hostport(served_hostport)
+
+    def on_response_body(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        return self.tracker.on_chunk(chunk, end_of_stream)
+
+    def finish(self, *, complete: bool) -> None:
+        """Release the booking and report the outcome. Safe to call more than once."""
+        if self._finished:
+            return
+        self._finished = True
+        self._director.finish(self, complete=complete)
+
+
+class Director:
+    def __init__(
+        self,
+        *,
+        datastore: Datastore,
+        scheduler: Scheduler,
+        pre_request: Sequence[PreRequest] = (),
+        response_complete: Sequence[ResponseComplete] = (),
+        settings: DirectorSettings = DirectorSettings(),
+    ) -> None:
+        self.datastore = datastore
+        self.scheduler = scheduler
+        self.settings = settings
+        self._pre_request = list(pre_request)
+        self._response_complete = list(response_complete)
+
+    async def route(
+        self, *, path: str, headers: Mapping[str, str], body: bytes | None, subset: list[str] | None
+    ) -> RequestContext:
+        """Decide where the request goes. Raises `errors.RequestError` for an HTTP error answer.
+
+        `body` None means a header-only request (GET /v1/models): it is routed too.
+        """
+        request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        subset_ips = None
+        if subset is not None and not self.settings.disable_subset_filter:
+            # GIE restricts by IP only: the proxy's view of ports may differ from the pool's.
+            subset_ips = frozenset(_host_of(s) for s in subset)
+        if body is None:
+            request = header_only_request(
+                path=path, headers=headers, request_id=request_id, subset_ips=subset_ips
+            )
+        else:
+            if len(body) > self.settings.max_body_bytes:
+                raise errors.PayloadTooLarge(
+                    f"request body of {len(body)} bytes exceeds the limit of {self.settings.max_body_bytes}"
+                )
+            request = parse_request(
+                path=path, headers=headers, body=body, request_id=request_id, subset_ips=subset_ips
+            )
+        candidates = self.datastore.candidates()
+        if subset_ips is not None:
+            candidates = [ep for ep in candidates if ep.spec.address in subset_ips]
+            if not candidates:
+                raise errors.ServiceUnavailable("no ready endpoint matches the proxy's subset hint")
+        elif not candidates:
+            raise errors.ServiceUnavailable("no ready endpoints in the pool")
+        result = self.scheduler.schedule(request, candidates)
+        if not result.targets:
+            raise errors.NoCapacity("the scheduler found no endpoint for the request")
+        for hook in self._pre_request:
+            hook.pre_request(request, result)
+        ctx = RequestContext(self, request, result, request.body_bytes)
+        primary = ctx.booked
+        primary.book(request.prompt_tokens_estimate)
+        metrics.picks_total.labels(primary.name).inc()
+        metrics.inflight_requests.labels(primary.name).set(primary.inflight_requests)
+        return ctx
+
+    def finish(self, ctx: RequestContext, *, complete: bool) -> None:
+        request = ctx.request
+        ep = ctx.booked
+        ep.release(request.prompt_tokens_estimate)
+        metrics.inflight_requests.labels(ep.name).set(ep.inflight_requests)
+        tracker = ctx.tracker
+        now = time.monotonic()
+        usage = tracker.usage
+        outcome = RequestOutcome(
+            endpoint=ctx.served or ep,
+            status=tracker.status,
+            ok=complete and 200 <= tracker.status < 300,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            cached_tokens=usage.cached_tokens if usage else None,
+            ttft_s=(tracker.first_chunk_at - ctx.picked_at) if tracker.first_chunk_at else None,
+            duration_s=now - ctx.picked_at,
+        )
+        for hook in self._response_complete:
+            try:
+                hook.response_complete(request, outcome)
+            except Exception:  # a plugin bug must not leak the booking or kill the stream
+                log.exception("response-complete hook %s failed", hook.name)
+        model = request.model or "-"
+        status = str(tracker.status) if tracker.status else ("aborted" if not complete else "0")
+        metrics.requests_total.labels(model, request.target_model or "-", status).inc()
+        if complete:
+            metrics.request_duration.labels(model).observe(outcome.duration_s)
+        if outcome.ttft_s is not None:
+            metrics.request_ttft.labels(model).observe(outcome.ttft_s)
+        if usage is not None:
+            if usage.prompt_tokens:
+                metrics.input_tokens.labels(model).inc(usage.prompt_tokens)
+            if usage.completion_tokens:
+                metrics.output_tokens.labels(model).inc(usage.completion_tokens)
+            if usage.cached_tokens:
+                metrics.cached_tokens.labels(model).inc(usage.cached_tokens)
+
+
+def _host_of(hostport: str) -> str:
+    """'10.0.0.1:8000' -> '10.0.0.1'; '[::1]:8000' -> '::1'; a bare host stays as it is."""
+    if hostport.startswith("["):
+        return hostport[1 : hostport.find("]")]
+    if hostport.count(":") == 1:
+        return hostport.rsplit(":", 1)[0]
+    return hostport

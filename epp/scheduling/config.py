@@ -1,0 +1,411 @@
+"""Loads GIE's `EndpointPickerConfig` YAML into a ready `framework.Scheduler`.
+
+The format is GIE's (`apiVersion: inference.networking.x-k8s.io/v1alpha1`,
+`kind: EndpointPickerConfig`): `plugins[]{name (defaults to type), type, parameters}` and
+`schedulingProfiles[]{name, plugins[]{pluginRef, weight}}`. GIE's rules for what is left out apply:
+a profile without a picker gets `max-score-picker`, a scorer without a weight gets 1.0, an empty
+`schedulingProfiles` becomes one profile `default` made of every filter, scorer and picker with
+weight 1, and one profile without a handler gets `single-profile-handler`.
+
+Strictness is the design goal: a configuration epp would run differently from what it says is a
+`ConfigError` at start-up, with the location (`schedulingProfiles[0].plugins[2] (line 14)`) and
+the name of the culprit. That covers unknown keys, unknown plugin types and parameters (see
+`registry`), undefined or duplicate names, weights on non-scorers, two pickers in a profile and
+more than one profile (multi-profile handlers are not supported yet).
+
+GIE keys that configure parts epp does not have yet (`featureGates`, `saturationDetector`,
+`dataLayer`, `flowControl`, `parser`) are accepted so that GIE configurations load, and each is
+reported in `SchedulerConfig.warnings` for the caller to log. So are the GIE plugin types those
+sections refer to (`_GIE_ONLY`), which are ignored rather than built. Such a section is still
+rejected when its content is nonsense: the wrong shape, or a `pluginRef` to an undefined plugin or
+to a plugin of the wrong kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import msgspec
+import yaml
+
+from epp.scheduling import framework, interfaces, registry
+from epp.scheduling.plugins import single_profile_handler
+
+API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+KIND = "EndpointPickerConfig"
+DEFAULT_PICKER = "max-score-picker"  # GIE's default when a profile names no picker
+
+ConfigError = registry.ConfigError
+
+# GIE plugin types that epp accepts but does not build, by kind; and why, by kind.
+_GIE_ONLY = {
+    "metrics-data-source": "data source",
+    "core-metrics-extractor": "extractor",
+    "openai-parser": "parser",
+    "utilization-detector": "saturation detector",
+    "concurrency-detector": "saturation detector",
+    "approx-prefix-cache-producer": "data producer",
+    "inflight-load-producer": "data producer",
+    "global-strict-fairness-policy": "flow-control policy",
+    "round-robin-fairness-policy": "flow-control policy",
+    "fcfs-ordering-policy": "flow-control policy",
+    "edf-ordering-policy": "flow-control policy",
+    "slo-deadline-ordering-policy": "flow-control policy",
+    "static-usage-limit-policy": "flow-control policy",
+    "eviction-sheddable-filter": "flow-control policy",
+    "eviction-priority-then-time-ordering": "flow-control policy",
+}
+_WHY = {
+    "data source": "epp scrapes model-server metrics itself",
+    "extractor": "epp scrapes model-server metrics itself",
+    "parser": "epp parses OpenAI request bodies itself",
+    "saturation detector": "saturation detection is not implemented yet",
+    "data producer": "epp's scorers gather their own inputs",
+    "flow-control policy": "flow control is not implemented yet",
+}
+
+
+@dataclasses.dataclass(slots=True)
+class SchedulerConfig:
+    scheduler: framework.Scheduler
+    plugins: dict[str, interfaces.Plugin]  # every plugin built, by name (GIE-only types excluded)
+    # The configured plugins implementing the director's hooks, in configuration order.
+    pre_request: list[interfaces.PreRequest]
+    response_complete: list[interfaces.ResponseComplete]
+    warnings: list[str]  # accepted but ignored parts of the configuration, for the caller to log
+
+
+# The document, decoded strictly: an unknown key anywhere epp acts on is an error.
+class _PluginSpec(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    name: str = ""
+    parameters: dict[str, Any] | None = None
+
+
+class _ProfileEntry(msgspec.Struct, forbid_unknown_fields=True):
+    pluginRef: str
+    weight: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+
+class _ProfileSpec(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    plugins: list[_ProfileEntry] = []
+
+
+# Sections epp ignores: their shape and plugin references are checked, unknown keys are not.
+class _Ref(msgspec.Struct):
+    pluginRef: str = ""
+
+
+class _DataLayerSource(msgspec.Struct):
+    pluginRef: str = ""
+    extractors: list[_Ref] = []
+
+
+class _DataLayer(msgspec.Struct):
+    sources: list[_DataLayerSource] = []
+
+
+class _Document(msgspec.Struct, forbid_unknown_fields=True):
+    apiVersion: str = ""
+    kind: str = ""
+    plugins: list[_PluginSpec] = []
+    schedulingProfiles: list[_ProfileSpec] = []
+    featureGates: list[str] = []
+    saturationDetector: _Ref | None = None
+    dataLayer: _DataLayer | None = None
+    flowControl: dict[str, Any] | None = None
+    parser: _Ref | None = None
+
+
+def default_config_text() -> str:
+    """The YAML used when no configuration is given (`epp/scheduling/default-config.yaml`)."""
+    return importlib.resources.files(__package__).joinpath("default-config.yaml").read_text("utf-8")
+
+
+def load_config_file(path: str | os.PathLike[str], handle: interfaces.Handle) -> SchedulerConfig:
+    """`load_config` on a file's contents; errors are prefixed with the file name."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise ConfigError(f"{os.fspath(path)}: cannot read: {err.strerror}") from None
+    try:
+        return load_config(text, handle)
+    except ConfigError as err:
+        raise ConfigError(f"{os.fspath(path)}: {err}") from None
+
+
+def load_config(text: str | None, handle: interfaces.Handle) -> SchedulerConfig:
+    """Build the scheduler from EndpointPickerConfig YAML; `None` means the default configuration."""
+    root, data = _parse_yaml(default_config_text() if text is None else text)
+    where = _Locator(root)
+    if not isinstance(data, dict):
+        raise ConfigError(f"the configuration must be a YAML mapping (an {KIND}), got {type(data).__name__}")
+    try:
+        doc = msgspec.convert(data, _Document)
+    except msgspec.ValidationError as err:
+        raise where.validation_error(err) from None
+    for key, value, expected in (("apiVersion", doc.apiVersion, API_VERSION), ("kind", doc.kind, KIND)):
+        if key not in data:
+            raise ConfigError(f"{key} is missing; expected {key}: {expected}")
+        if value != expected:
+            raise where.error((key,), f"expected {expected!r}, got {value!r}")
+    return _Builder(doc, where, handle).build()
+
+
+class _Builder:
+    def __init__(self, doc: _Document, where: _Locator, handle: interfaces.Handle) -> None:
+        self.doc = doc
+        self.where = where
+        self.handle = handle
+        self.plugins: dict[str, interfaces.Plugin] = {}
+        self.ignored: dict[str, str] = {}  # GIE-only plugins: name -> type
+        self.used: set[str] = set()
+        self.warnings: list[str] = []
+        self._default_picker: interfaces.Picker | None = None
+
+    def build(self) -> SchedulerConfig:
+        self._build_plugins()
+        self._check_ignored_sections()
+        profiles = self._build_profiles()
+        plugins = list(self.plugins.values())
+        handlers = [p for p in plugins if isinstance(p, single_profile_handler.SingleProfileHandler)]
+        if len(handlers) > 1:
+            raise ConfigError(f"more than one profile handler: {', '.join(h.name for h in handlers)}")
+        if len(profiles) > 1:
+            raise self.where.error(
+                ("schedulingProfiles",),
+                f"{len(profiles)} profiles ({', '.join(p.name for p in profiles)}) need a multi-profile "
+                "handler; multi-profile handlers are not supported yet",
+            )
+        for name, plugin in self.plugins.items():
+            if _is_scheduling(plugin) and name not in self.used:
+                self.warnings.append(f"plugin {name!r} (type {plugin.type!r}) is not used by any profile")
+        return SchedulerConfig(
+            scheduler=framework.Scheduler(profiles, profiles[0].name),
+            plugins=self.plugins,
+            pre_request=[p for p in plugins if isinstance(p, interfaces.PreRequest)],
+            response_complete=[p for p in plugins if isinstance(p, interfaces.ResponseComplete)],
+            warnings=self.warnings,
+        )
+
+    def _build_plugins(self) -> None:
+        for i, spec in enumerate(self.doc.plugins):
+            path = ("plugins", i)
+            if not spec.type:
+                raise self.where.error(path, "plugin type is empty")
+            name = spec.name or spec.type
+            if name in self.plugins or name in self.ignored:
+                raise self.where.error(path, f"duplicate plugin name {name!r}")
+            kind = _GIE_ONLY.get(spec.type)
+            if kind is not None:
+                self.ignored[name] = spec.type
+                self.warnings.append(f"plugin {name!r} (type {spec.type!r}) is ignored: {_WHY[kind]}")
+                continue
+            try:
+                self.plugins[name] = registry.default.build(spec.type, name, spec.parameters, self.handle)
+            except ConfigError as err:
+                raise self.where.error(path, str(err)) from None
+
+    def _check_ignored_sections(self) -> None:
+        doc = self.doc
+        if doc.featureGates:
+            self.warnings.append(f"featureGates {doc.featureGates} are ignored: epp has no feature gates yet")
+        if doc.saturationDetector is not None:
+            if doc.saturationDetector.pluginRef:
+                self._check_ref(
+                    ("saturationDetector", "pluginRef"),
+                    doc.saturationDetector.pluginRef,
+                    "saturation detector",
+                )
+            self.warnings.append(f"saturationDetector is ignored: {_WHY['saturation detector']}")
+        if doc.dataLayer is not None:
+            for i, source in enumerate(doc.dataLayer.sources):
+                self._check_ref(("dataLayer", "sources", i, "pluginRef"), source.pluginRef, "data source")
+                for j, extractor in enumerate(source.extractors):
+                    self._check_ref(
+                        ("dataLayer", "sources", i, "extractors", j, "pluginRef"),
+                        extractor.pluginRef,
+                        "extractor",
+                    )
+            self.warnings.append(f"dataLayer is ignored: {_WHY['data source']}")
+        if doc.flowControl is not None:
+            self.warnings.append(f"flowControl is ignored: {_WHY['flow-control policy']}")
+        if doc.parser is not None:
+            self._check_ref(("parser", "pluginRef"), doc.parser.pluginRef, "parser")
+            self.warnings.append(f"parser is ignored: {_WHY['parser']}")
+
+    def _check_ref(self, path: _Path, ref: str, kind: str) -> None:
+        type_name = self.ignored.get(ref)
+        if type_name is None:
+            plugin = self.plugins.get(ref)
+            if plugin is None:
+                raise self.where.error(path, f"pluginRef {ref!r} is not a defined plugin")
+            raise self.where.error(path, f"plugin {ref!r} (type {plugin.type!r}) is not a {kind}")
+        if _GIE_ONLY[type_name] != kind:
+            raise self.where.error(path, f"plugin {ref!r} (type {type_name!r}) is not a {kind}")
+
+    def _build_profiles(self) -> list[framework.Profile]:
+        if not self.doc.schedulingProfiles:
+            # GIE: one profile `default` of every filter, scorer and picker, in order, weight 1.
+            entries: list[_Entry] = [
+                (("plugins", i), name, None)
+                for i, name in enumerate(self._plugin_names())
+                if name in self.plugins and _is_scheduling(self.plugins[name])
+            ]
+            return [self._build_profile("default", entries)]
+        profiles: list[framework.Profile] = []
+        for i, spec in enumerate(self.doc.schedulingProfiles):
+            path = ("schedulingProfiles", i)
+            if not spec.name:
+                raise self.where.error(path, "profile name is empty")
+            if any(p.name == spec.name for p in profiles):
+                raise self.where.error(path, f"duplicate profile name {spec.name!r}")
+            entries = [((*path, "plugins", j), e.pluginRef, e.weight) for j, e in enumerate(spec.plugins)]
+            profiles.append(self._build_profile(spec.name, entries))
+        return profiles
+
+    def _plugin_names(self) -> list[str]:
+        return [spec.name or spec.type for spec in self.doc.plugins]
+
+    def _build_profile(self, name: str, entries: Sequence[_Entry]) -> framework.Profile:
+        filters: list[interfaces.Filter] = []
+        scorers: list[tuple[interfaces.Scorer, float]] = []
+        picker: interfaces.Picker | None = None
+        seen: set[str] = set()
+        for path, ref, weight in entries:
+            plugin = self.plugins.get(ref)
+            if plugin is None:
+                if ref in self.ignored:
+                    type_name = self.ignored[ref]
+                    raise self.where.error(
+                        path,
+                        f"plugin {ref!r} (type {type_name!r}) cannot be used here: epp does not implement "
+                        f"this {_GIE_ONLY[type_name]} ({_WHY[_GIE_ONLY[type_name]]})",
+                    )
+                raise self.where.error(path, f"pluginRef {ref!r} is not a defined plugin")
+            label = f"plugin {ref!r} (type {plugin.type!r})"
+            if ref in seen:
+                raise self.where.error(path, f"{label} is listed twice in profile {name!r}")
+            seen.add(ref)
+            if not _is_scheduling(plugin):
+                raise self.where.error(path, f"{label} is not a filter, scorer or picker")
+            if weight is not None and not isinstance(plugin, interfaces.Scorer):
+                raise self.where.error(path, f"{label} has a weight but is not a scorer")
+            if weight is not None and not math.isfinite(weight):
+                raise self.where.error(path, f"{label} has weight {weight}; a weight must be finite")
+            if isinstance(plugin, interfaces.Filter):
+                filters.append(plugin)
+            if isinstance(plugin, interfaces.Scorer):
+                scorers.append((plugin, 1.0 if weight is None else weight))
+            if isinstance(plugin, interfaces.Picker):
+                if picker is not None:
+                    raise self.where.error(
+                        path, f"{label}: profile {name!r} already has picker {picker.name!r}, one is allowed"
+                    )
+                picker = plugin
+            self.used.add(ref)
+        return framework.Profile(name, filters, scorers, picker or self._default())
+
+    def _default(self) -> interfaces.Picker:
+        if self._default_picker is None:
+            picker = registry.default.build(DEFAULT_PICKER, DEFAULT_PICKER, None, self.handle)
+            assert isinstance(picker, interfaces.Picker)
+            self._default_picker = picker
+        return self._default_picker
+
+
+def _is_scheduling(plugin: interfaces.Plugin) -> bool:
+    return isinstance(plugin, interfaces.Filter | interfaces.Scorer | interfaces.Picker)
+
+
+# ---- YAML and error locations ----------------------------------------------------------------
+
+_Path = tuple[str | int, ...]
+_Entry = tuple[_Path, str, float | None]  # one profile plugin: (where, pluginRef, weight)
+_AT = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<at>.*)`)?$", re.DOTALL)
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>.*)`$")
+
+
+def _parse_yaml(text: str) -> tuple[yaml.Node, Any]:
+    """(node tree, plain data). The node tree keeps line numbers for later error messages."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise ConfigError("the configuration is empty")
+        _reject_duplicate_keys(root)
+        return root, loader.construct_document(root)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"invalid YAML{at}: {problem}") from None
+    finally:
+        loader.dispose()
+
+
+def _reject_duplicate_keys(node: yaml.Node) -> None:
+    # PyYAML keeps the last of duplicate keys silently; a repeated `plugins:` would drop the first.
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in seen:
+                    raise ConfigError(f"duplicate key {key.value!r} at line {key.start_mark.line + 1}")
+                seen.add(key.value)
+            _reject_duplicate_keys(value)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _reject_duplicate_keys(item)
+
+
+class _Locator:
+    """Turns a path in the document into `plugins[2].type (line 9)` for error messages."""
+
+    def __init__(self, root: yaml.Node) -> None:
+        self._root = root
+
+    def line(self, path: _Path) -> int:
+        """Line of the deepest node along `path` (a mapping entry's line is its key's)."""
+        node: yaml.Node = self._root
+        line = node.start_mark.line
+        for step in path:
+            if isinstance(node, yaml.MappingNode) and isinstance(step, str):
+                entry = next((kv for kv in node.value if kv[0].value == step), None)
+                if entry is None:
+                    break
+                line, node = entry[0].start_mark.line, entry[1]
+            elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
+                node = node.value[step]
+                line = node.start_mark.line
+            else:
+                break
+        return line + 1
+
+    def error(self, path: _Path, message: str) -> ConfigError:
+        dotted = "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
+        return ConfigError(f"{dotted} (line {self.line(path)}): {message}")
+
+    def validation_error(self, err: msgspec.ValidationError) -> ConfigError:
+        match = _AT.match(str(err))
+        assert match is not None  # the pattern matches any string
+        problem, at = match["problem"], match["at"] or ""
+        path: list[str | int] = [key or int(index) for key, index in _STEP.findall(at)]
+        unknown = _UNKNOWN.match(problem)
+        if unknown is not None:
+            path.append(unknown["key"])
+            problem = f"unknown key {unknown['key']!r}"
+            if len(path) == 1:
+                problem += f"; an {KIND} has: {', '.join(_Document.__struct_fields__)}"
+        if not path:
+            return ConfigError(f"invalid {KIND}: {problem}")
+        return self.error(tuple(path), problem)

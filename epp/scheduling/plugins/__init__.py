@@ -1,0 +1,37 @@
+"""The built-in scheduling plugins, one module each. Importing this package registers them all.
+
+Adding a plugin: a new module here whose class carries `@registry.register("<type>")`, one line
+below, and its test; `tests/scheduling/test_registry.py` pins the list of type names.
+"""
+
+from epp.scheduling.plugins import (
+    header_based_testing_filter,
+    inflight_load_scorer,
+    kv_cache_utilization_scorer,
+    lora_affinity_scorer,
+    max_score_picker,
+    prefix_cache_scorer,
+    queue_scorer,
+    random_picker,
+    round_robin_picker,
+    running_requests_size_scorer,
+    single_profile_handler,
+    token_load_scorer,
+    weighted_random_picker,
+)
+
+__all__ = [
+    "header_based_testing_filter",
+    "inflight_load_scorer",
+    "kv_cache_utilization_scorer",
+    "lora_affinity_scorer",
+    "max_score_picker",
+    "prefix_cache_scorer",
+    "queue_scorer",
+    "random_picker",
+    "round_robin_picker",
+    "running_requests_size_scorer",
+    "single_profile_handler",
+    "token_load_scorer",
+    "weighted_random_picker",
+]

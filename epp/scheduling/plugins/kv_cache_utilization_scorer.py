@@ -1,0 +1,23 @@
+"""`kv-cache-utilization-scorer`: prefer endpoints with more free KV cache.
+
+What it does: scores `1 - kv_usage`; an endpoint with an empty cache scores 1.0, a full one 0.0.
+
+Inputs consumed: `Endpoint.metrics.kv_usage`, a fraction 0..1 (scraped `vllm:kv_cache_usage_perc`).
+
+Parameters: none.
+"""
+
+from __future__ import annotations
+
+from epp.api.requests import InferenceRequest
+from epp.datastore.endpoints import Endpoint
+from epp.scheduling import interfaces, registry
+
+
+@registry.register("kv-cache-utilization-scorer")
+class KvCacheUtilizationScorer(registry.PluginBase):
+    def score(
+        self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> list[float]:
+        # A scrape reporting usage above 1 gives a negative score; the framework clamps it to 0.
+        return [1.0 - ep.metrics.kv_usage for ep in endpoints]

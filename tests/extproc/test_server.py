@@ -1,0 +1,86 @@
+"""The real grpc.aio server: streams over a socket, cancellation, health on both ports."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import grpc
+import msgspec
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from epp.extproc import messages as m
+from epp.extproc import server as srv
+from tests.extproc import helpers as h
+
+CHAT = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _start(director: object, health: srv.Health) -> tuple[grpc.aio.Server, int]:
+    port = free_port()
+    server = srv.build_server(director, health, bind="127.0.0.1", port=port, credentials=None)  # type: ignore[arg-type]
+    await server.start()
+    return server, port
+
+
+async def test_full_request_over_grpc_and_cancel_mid_stream_releases() -> None:
+    director, ds = h.make_director()
+    health = srv.Health()
+    await health.set(True)
+    server, port = await _start(director, health)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            call = stub.Process()
+            await call.write(h.headers_msg(h.post_headers()))
+            await call.write(h.body_msg(CHAT))
+            first = await call.read()
+            assert h.set_headers(first)[m.DESTINATION_HEADER]
+            await call.read()  # the body
+            assert sum(ep.inflight_requests for ep in ds.endpoints()) == 1
+            call.cancel()  # Envoy resets the stream (client disconnected)
+            for _ in range(100):
+                if sum(ep.inflight_requests for ep in ds.endpoints()) == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert sum(ep.inflight_requests for ep in ds.endpoints()) == 0
+
+            # After an abort the server still serves, and an error answer closes the stream.
+            call = stub.Process()
+            await call.write(h.headers_msg(h.post_headers()))
+            await call.write(h.body_msg(b"garbage"))
+            resp = await call.read()
+            assert resp.immediate_response.status.code == 400
+            assert await call.read() == grpc.aio.EOF
+
+            hstub = health_pb2_grpc.HealthStub(channel)
+            for name in ("", srv.EXTPROC_SERVICE):
+                res = await hstub.Check(health_pb2.HealthCheckRequest(service=name))
+                assert res.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop(0)
+
+
+async def test_health_port_reports_not_serving_until_set() -> None:
+    health = srv.Health()
+    port = free_port()
+    server = srv.build_health_server(health, bind="127.0.0.1", port=port)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            await health.set(False)
+            res = await stub.Check(health_pb2.HealthCheckRequest(service="inference-extension"))
+            assert res.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            await health.set(True)
+            res = await stub.Check(health_pb2.HealthCheckRequest(service="inference-extension"))
+            assert res.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop(0)
