@@ -1,0 +1,275 @@
+"""Poll every endpoint's /metrics and keep `Endpoint.metrics` and routability up to date.
+
+One loop task per endpoint (GIE's per-pod collector), all sharing one aiohttp `ClientSession`
+so each endpoint keeps one keep-alive connection instead of a handshake per 50 ms poll. Loops
+follow the datastore: `start()` reconciles with `Datastore.endpoints()` and subscribes to its
+listener, which starts a loop for each added endpoint and cancels the loop of each removed one.
+Each loop starts after a random delay within one interval, so hundreds of endpoints added at
+once (a file load, an operator resync) do not all scrape in the same tick.
+
+Per scrape (`http://<address>:<metrics_port or port>/metrics`, re-read from the endpoint's spec
+each time, since a label-only resync may change the metrics port in place):
+
+- success: a new `ModelServerMetrics` (`updated_at = time.monotonic()`) replaces the old one,
+  `scrape_failures` resets, and an excluded endpoint is readmitted (one INFO "endpoint
+  recovered") and the candidate list refreshed.
+- failure (connection error, timeout, non-200, oversized or unparsable body): the old metrics
+  are kept, `scrape_failures` and `epp_metrics_scrape_errors_total` go up; the endpoint is
+  excluded (one WARNING with the reason) when failures reach `failure_threshold`, or earlier
+  when its metrics have become older than `staleness` (a hung server whose scrapes each take the
+  whole timeout would otherwise need threshold x timeout to be excluded).
+
+Staleness is exposed, not hidden: `Endpoint.metrics_age()` gives the seconds since the last
+good scrape (inf if never), and `MetricsScraper.is_stale(endpoint)` compares it with the
+configured bound, for scorers or debug endpoints that want to discount old numbers. An endpoint
+never scraped successfully counts its age from the start of its loop, so the staleness rule does
+not exclude a new endpoint on its first failed scrape.
+
+Gauges kept: `epp_endpoint_excluded{endpoint}` (1 while excluded; the series is removed with the
+endpoint) and `inference_pool_ready_pods{name=<pool>}` = `len(datastore.candidates())` after every
+change this module sees or makes.
+
+Cost note: at GIE's default 50 ms interval every endpoint costs 20 HTTP requests and parses per
+second; the parse is ~30 us (promtext), the aiohttp request several times that. Large pools
+should raise the interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+
+import aiohttp
+
+from epp import tasks
+from epp.datastore import promtext
+from epp.datastore.endpoints import Datastore, Endpoint, ModelServerMetrics
+from epp.observability import metrics
+
+log = logging.getLogger(__name__)
+
+# A vLLM page is tens of KB; anything near this is not a metrics page, and reading it unbounded
+# would let a misconfigured target exhaust memory.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+# prometheus_client compresses when the client accepts gzip (aiohttp's default): that is CPU on
+# the model server and on epp 20 times a second to save bytes on a cluster network. Ask for none.
+_HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain"}
+
+
+class _ScrapeError(Exception):
+    """A failed scrape with a human-readable reason."""
+
+
+class MetricsScraper:
+    """Keeps every datastore endpoint's metrics fresh; see the module docstring."""
+
+    def __init__(
+        self,
+        datastore: Datastore,
+        *,
+        pool_name: str,
+        interval: float = 0.05,
+        timeout: float | None = None,
+        failure_threshold: int = 3,
+        staleness: float = 2.0,
+        path: str = "/metrics",
+    ) -> None:
+        """`timeout` (per request) defaults to max(20 x interval, 0.5 s): 1 s at the default 50 ms."""
+        if interval <= 0 or failure_threshold < 1 or staleness <= 0:
+            raise ValueError("interval and staleness must be > 0 and failure_threshold >= 1")
+        self._datastore = datastore
+        self._pool_name = pool_name
+        self.interval = interval
+        self.timeout = timeout if timeout is not None else max(interval * 20, 0.5)
+        self.failure_threshold = failure_threshold
+        self.staleness = staleness
+        self._path = path if path.startswith("/") else "/" + path
+        self._session: aiohttp.ClientSession | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on
+        self._loops: dict[Endpoint, asyncio.Task[None]] = {}
+        # Loops of removed endpoints, cancelled but perhaps still unwinding: stop() waits for
+        # them too, so none is left using the session it closes.
+        self._retired: set[asyncio.Task[None]] = set()
+        self._subscribed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the session and start a loop for every endpoint now in the datastore."""
+        if self._session is not None:
+            return
+        self._event_loop = asyncio.get_running_loop()
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+            # One connection per endpoint is all a loop uses; no global cap, so a large pool's
+            # scrapes never queue behind each other in the connector.
+            connector=aiohttp.TCPConnector(limit=0),
+            headers=_HEADERS,
+            raise_for_status=False,
+        )
+        if not self._subscribed:
+            self._datastore.subscribe(self._on_change)
+            self._subscribed = True
+        self._apply_change(self._datastore.endpoints(), [])
+        log.info(
+            "scraping /metrics of %d endpoints every %gs (timeout %gs, exclusion after %d failures or %gs)",
+            len(self._loops), self.interval, self.timeout, self.failure_threshold, self.staleness,
+        )
+
+    async def stop(self) -> None:
+        """Cancel every loop, wait for them to end, close the session."""
+        session, self._session = self._session, None
+        loops = [*self._loops.values(), *self._retired]
+        self._loops.clear()
+        await tasks.cancel_and_wait(loops)
+        if session is not None:
+            await session.close()
+
+    async def __aenter__(self) -> MetricsScraper:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def is_stale(self, endpoint: Endpoint, now: float | None = None) -> bool:
+        """True if the endpoint's last good scrape is older than `staleness` (or never happened)."""
+        return endpoint.metrics_age(now) > self.staleness
+
+    def scraping(self) -> list[Endpoint]:
+        """Endpoints that currently have a scrape loop."""
+        return list(self._loops)
+
+    # -- loop management -------------------------------------------------------------------------
+
+    def _on_change(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        # Runs inside Datastore.sync, so it must not raise. A sync made outside our event loop
+        # (a source running in another thread) is handed over to the loop, where tasks live.
+        loop = self._event_loop
+        if loop is not None and not loop.is_closed():
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is not loop:
+                loop.call_soon_threadsafe(self._apply_change, added, removed)
+                return
+        self._apply_change(added, removed)
+
+    def _apply_change(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        # Removals first: a name re-added with a new address arrives as (new in added, old in
+        # removed), and dropping the old series after creating the new one would delete the new
+        # endpoint's gauge.
+        for ep in removed:
+            task = self._loops.pop(ep, None)
+            if task is not None:
+                task.cancel()
+                self._retired.add(task)
+                task.add_done_callback(self._retired.discard)
+            self._forget_series(ep.name)
+        if self._session is not None:  # not started (or stopped): start() reconciles later
+            for ep in added:
+                if ep not in self._loops:
+                    self._loops[ep] = tasks.create_guarded_task(
+                        self._scrape_loop(ep), name=f"scrape {ep.name}", logger=log
+                    )
+        self._update_ready()
+
+    @staticmethod
+    def _forget_series(name: str) -> None:
+        # A removed endpoint's series would otherwise be exported forever (an excluded one as 1).
+        for series in (metrics.endpoint_excluded, metrics.scrape_errors_total):
+            with contextlib.suppress(KeyError):  # prometheus_client < 0.21 raises when absent
+                series.remove(name)
+
+    def _update_ready(self) -> None:
+        metrics.ready_endpoints.labels(name=self._pool_name).set(len(self._datastore.candidates()))
+
+    async def _scrape_loop(self, ep: Endpoint) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        metrics.endpoint_excluded.labels(endpoint=ep.name).set(1 if ep.excluded else 0)
+        await asyncio.sleep(random.uniform(0, self.interval))  # spread the herd
+        next_at = loop.time()
+        while True:
+            await self._scrape(ep, started)
+            # Fixed rate, like a ticker; after an overrun (a slow scrape) start the next one at
+            # once rather than firing a burst to catch up.
+            next_at = max(next_at + self.interval, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    # -- one scrape ------------------------------------------------------------------------------
+
+    async def _scrape(self, ep: Endpoint, started: float) -> None:
+        try:
+            result = promtext.parse(await self._fetch(ep))
+        # Anything a scrape raises is a failed scrape, never a dead loop: the parser raises only
+        # PromTextError by design, but a garbage page must not find an exception we did not list.
+        # (CancelledError is a BaseException and passes through.)
+        except Exception as e:
+            self._failed(ep, self._reason(e), started)
+        else:
+            self._succeeded(ep, result)
+
+    def _reason(self, e: Exception) -> str:
+        if isinstance(e, _ScrapeError):
+            return str(e)
+        if isinstance(e, promtext.PromTextError):
+            return f"unparsable metrics: {e}"
+        if isinstance(e, TimeoutError):  # aiohttp's timeouts subclass it and have no message
+            return f"no answer within {self.timeout:g}s"
+        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+    async def _fetch(self, ep: Endpoint) -> bytes:
+        spec = ep.spec
+        port = spec.metrics_port or spec.port
+        host = f"[{spec.address}]" if ":" in spec.address else spec.address
+        assert self._session is not None  # loops run only between start() and stop()
+        async with self._session.get(f"http://{host}:{port}{self._path}") as resp:
+            if resp.status != 200:
+                raise _ScrapeError(f"HTTP {resp.status}")
+            if resp.content_length is not None and resp.content_length > MAX_BODY_BYTES:
+                raise _ScrapeError(f"body of {resp.content_length} bytes exceeds {MAX_BODY_BYTES}")
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in resp.content.iter_any():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise _ScrapeError(f"body exceeds {MAX_BODY_BYTES} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+    def _succeeded(self, ep: Endpoint, result: ModelServerMetrics) -> None:
+        result.updated_at = time.monotonic()
+        ep.metrics = result
+        ep.scrape_failures = 0
+        if ep.excluded:
+            ep.excluded = False
+            log.info("endpoint recovered: %s (%s), back in rotation", ep.name, ep.hostport)
+            metrics.endpoint_excluded.labels(endpoint=ep.name).set(0)
+            self._datastore.refresh_candidates()
+            self._update_ready()
+
+    def _failed(self, ep: Endpoint, reason: str, started: float) -> None:
+        ep.scrape_failures += 1
+        metrics.scrape_errors_total.labels(endpoint=ep.name).inc()
+        log.debug("scrape of %s failed (%d in a row): %s", ep.name, ep.scrape_failures, reason)
+        if ep.excluded:
+            return
+        now = time.monotonic()
+        age = now - (ep.metrics.updated_at or started)
+        if ep.scrape_failures >= self.failure_threshold or age > self.staleness:
+            ep.excluded = True
+            log.warning(
+                "endpoint excluded from routing: %s (%s) after %d failed scrapes, metrics %.1fs old: %s",
+                ep.name, ep.hostport, ep.scrape_failures, age, reason,
+            )
+            metrics.endpoint_excluded.labels(endpoint=ep.name).set(1)
+            self._datastore.refresh_candidates()
+            self._update_ready()

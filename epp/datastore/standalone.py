@@ -1,0 +1,358 @@
+"""The standalone endpoint source: a fixed list on the command line, or a watched YAML file.
+
+For running epp without Kubernetes (RL post-training, batch jobs, a laptop). Two forms:
+
+`--endpoints 10.0.0.1:8000,vllm-1.internal:8000,[::1]:8002` -> `parse_endpoints_arg`. Each item
+is `host:port` (IPv6 in brackets); the endpoint's name is that same `host:port`.
+
+`--endpoints-file endpoints.yaml` -> `EndpointsFile`, reloaded when the file changes:
+
+```yaml
+endpoints:
+  - address: 10.0.0.1         # required: IP or DNS name (IPv6 without brackets)
+    port: 8000                # required: the serving port Envoy sends requests to
+    name: vllm-0              # optional; default "address:port". Must be unique.
+    metricsPort: 9100         # optional; default: port. Where /metrics is scraped.
+    labels: {zone: a}         # optional; string values (numbers are turned into strings)
+    ranks: 2                  # optional, default 1: a data-parallel server listening on ports
+                              #   port .. port+ranks-1, one endpoint per rank, named
+                              #   "<name>-rank-<i>", or by its own "address:port" when no name
+                              #   is given; metricsPort, if set, is offset by the rank too.
+  - 10.0.0.2:8000             # a plain "host:port" string is an entry with only address and port
+```
+
+The file may also be just a list (the value of `endpoints:` without the key). `endpoints: []`
+is a valid, empty pool; an empty file is rejected, because an editor that truncates the file
+before writing it would otherwise empty the pool for one poll.
+
+Ports may also be quoted ("8000"), as templating tools often write them.
+
+Validation is strict and every error names the file, the entry and the problem: unknown keys
+(with a suggestion: `metricPort` -> did you mean `metricsPort`?), wrong types, ports outside
+1-65535, duplicate names, and the same address:port listed twice. At start-up a bad file is
+fatal (`EndpointsFileError`); after that, a bad edit is logged once at ERROR and the last good
+set stays in force until the file is fixed. A deleted file is handled the same way.
+
+Change detection polls `os.stat` every `poll_interval` (1 s) and compares (mtime, size, inode),
+so an atomic replace (rename, or a Kubernetes ConfigMap's symlink swap) is seen even when the
+new file has the old size and the same mtime. File reads run in a worker thread; the datastore
+is updated on the event loop, where its listeners run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import ipaddress
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp import tasks
+from epp.datastore.endpoints import Datastore, EndpointSpec
+
+log = logging.getLogger(__name__)
+
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9_])?")  # DNS name or IPv4
+_PORT = re.compile(r"[0-9]{1,5}")
+_KEYS = ("address", "port", "name", "metricsPort", "labels", "ranks")
+_MAX_RANKS = 64  # far above any real data-parallel size; catches "ranks: 8000" typos
+
+
+class EndpointsFileError(ValueError):
+    """The endpoints file cannot be used; the message names the file and the problem."""
+
+
+def _hostport(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _check_address(address: str) -> str:
+    """Return the address without brackets, or raise ValueError saying what is wrong."""
+    if "/" in address:
+        raise ValueError(f"{address!r}: no scheme or path, just the host")
+    if address.startswith("[") and address.endswith("]"):
+        address = address[1:-1]
+    if ":" in address:
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            raise ValueError(f"{address!r} is not a valid IPv6 address") from None
+        return address
+    if not _HOST.fullmatch(address):
+        raise ValueError(f"{address!r} is not a valid host name or IP address")
+    return address
+
+
+def _check_port(value: object, what: str = "port") -> int:
+    # Strings of digits are accepted for templated files (Helm often quotes numbers).
+    if isinstance(value, str) and _PORT.fullmatch(value.strip()):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{what} {value} is outside 1-65535")
+    return value
+
+
+def _split_hostport(item: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (address, port); ValueError names the item and the problem."""
+    if "://" in item or "/" in item:
+        raise ValueError(f"{item!r}: no scheme or path, just host:port")
+    if item.startswith("["):
+        close = item.find("]")
+        if close == -1:
+            raise ValueError(f"{item!r}: missing ']' after the IPv6 address")
+        address, rest = item[1:close], item[close + 1 :]
+        if not rest.startswith(":"):
+            raise ValueError(f"{item!r}: missing port (expected [address]:port)")
+        port = rest[1:]
+        if ":" not in address:
+            raise ValueError(f"{item!r}: brackets are for IPv6 addresses only")
+    else:
+        address, sep, port = item.rpartition(":")
+        if not sep:
+            raise ValueError(f"{item!r}: missing port (expected host:port)")
+        if ":" in address:
+            raise ValueError(f"{item!r}: put an IPv6 address in brackets, e.g. [::1]:8000")
+    if not _PORT.fullmatch(port):
+        raise ValueError(f"{item!r}: bad port {port!r}")
+    try:
+        return _check_address(address), _check_port(int(port))
+    except ValueError as e:
+        raise ValueError(f"{item!r}: {e}") from None
+
+
+def parse_endpoints_arg(value: str) -> list[EndpointSpec]:
+    """Parse `host:port,host:port,[v6]:port` into specs named `host:port`.
+
+    Raises ValueError naming the offending item (empty, missing or bad port, bad host,
+    duplicate).
+    """
+    specs: list[EndpointSpec] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(value.split(","), 1):
+        item = raw.strip()
+        if not item:
+            raise ValueError(f"endpoint list {value!r}: item {i} is empty")
+        try:
+            address, port = _split_hostport(item)
+        except ValueError as e:
+            raise ValueError(f"endpoint list item {i}: {e}") from None
+        name = _hostport(address, port)
+        if name in seen:
+            raise ValueError(f"endpoint list item {i}: {name} is listed twice")
+        seen.add(name)
+        specs.append(EndpointSpec(name=name, address=address, port=port))
+    return specs
+
+
+def _entry_specs(entry: object) -> list[EndpointSpec]:
+    """Specs for one file entry (several with `ranks`); ValueError names the problem."""
+    if isinstance(entry, str):
+        address, port = _split_hostport(entry.strip())
+        return [EndpointSpec(name=_hostport(address, port), address=address, port=port)]
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"expected a mapping or a 'host:port' string, got {type(entry).__name__}")
+    for key in entry:
+        if key not in _KEYS:
+            close = difflib.get_close_matches(str(key), _KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(_KEYS)})"
+            raise ValueError(f"unknown key {key!r}{hint}")
+    for key in ("address", "port"):
+        if key not in entry:
+            raise ValueError(f"missing required key {key!r}")
+    address = entry["address"]
+    if not isinstance(address, str):
+        raise ValueError(f"address must be a string, got {address!r}")
+    address = _check_address(address.strip())
+    port = _check_port(entry["port"])
+    raw_metrics_port = entry.get("metricsPort")
+    metrics_port = None if raw_metrics_port is None else _check_port(raw_metrics_port, "metricsPort")
+    name = entry.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    labels = _labels(entry.get("labels"))
+    ranks = entry.get("ranks", 1)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= _MAX_RANKS:
+        raise ValueError(f"ranks must be an integer in 1-{_MAX_RANKS}, got {ranks!r}")
+    if port + ranks - 1 > 65535 or (metrics_port or 0) + ranks - 1 > 65535:
+        raise ValueError(f"ranks {ranks} run past port 65535")
+    specs = []
+    for r in range(ranks):
+        if name is None:
+            ep_name = _hostport(address, port + r)
+        else:
+            ep_name = name.strip() if ranks == 1 else f"{name.strip()}-rank-{r}"
+        specs.append(
+            EndpointSpec(
+                name=ep_name,
+                address=address,
+                port=port + r,
+                rank=r,
+                labels=dict(labels),
+                metrics_port=None if metrics_port is None else metrics_port + r,
+            )
+        )
+    return specs
+
+
+def _labels(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"labels must be a mapping, got {value!r}")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or isinstance(v, Mapping | list) or v is None:
+            raise ValueError(f"labels must map strings to plain values, got {k!r}: {v!r}")
+        # YAML reads `true`/`1` as bool/int; labels are strings, as in Kubernetes.
+        out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+    return out
+
+
+def parse_endpoints_yaml(text: str) -> list[EndpointSpec]:
+    """Parse an endpoints document (format in the module docstring); ValueError on any problem."""
+    try:
+        doc: Any = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"invalid YAML: {e}") from None
+    if doc is None:
+        raise ValueError("the file is empty (write `endpoints: []` for an empty pool)")
+    if isinstance(doc, Mapping):
+        extra = [k for k in doc if k != "endpoints"]
+        if extra:
+            raise ValueError(f"unknown top-level key {extra[0]!r} (expected only 'endpoints')")
+        if "endpoints" not in doc:
+            raise ValueError("missing top-level key 'endpoints'")
+        doc = doc["endpoints"] if doc["endpoints"] is not None else []
+    if not isinstance(doc, list):
+        raise ValueError("expected `endpoints:` with a list, or a list of endpoints")
+    specs: list[EndpointSpec] = []
+    names: dict[str, int] = {}
+    hostports: dict[str, int] = {}
+    for i, entry in enumerate(doc, 1):
+        label = f"entry {i}"
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            label += f" ({entry['name']})"
+        try:
+            entry_specs = _entry_specs(entry)
+        except ValueError as e:
+            raise ValueError(f"{label}: {e}") from None
+        for spec in entry_specs:
+            if spec.name in names:
+                raise ValueError(f"{label}: name {spec.name!r} is already used by entry {names[spec.name]}")
+            hp = _hostport(spec.address, spec.port)
+            if hp in hostports:
+                raise ValueError(f"{label}: {hp} is already listed by entry {hostports[hp]}")
+            names[spec.name] = hostports[hp] = i
+            specs.append(spec)
+    return specs
+
+
+_Signature = tuple[int, int, int, int]  # (mtime_ns, size, inode, device)
+_UNREAD: _Signature = (-1, -1, -1, -1)  # matches no real file
+
+
+class EndpointsFile:
+    """A YAML endpoints file kept in sync with the datastore (source `file:<path>`)."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], datastore: Datastore, *, poll_interval: float = 1.0
+    ) -> None:
+        self.path = Path(path)
+        self.source = f"file:{self.path}"
+        self.poll_interval = poll_interval
+        self._datastore = datastore
+        # Of the version last read (good or bad); None while the file is missing; _UNREAD
+        # before the first read, so the first check always reads.
+        self._signature: _Signature | None = _UNREAD
+        self._task: asyncio.Task[None] | None = None
+
+    def _read(self) -> tuple[_Signature, list[EndpointSpec]]:
+        """Stat, read and parse the file (blocking). EndpointsFileError names file and problem."""
+        try:
+            st = os.stat(self.path)
+            # The signature is taken before reading: if the file changes during the read, the
+            # next poll sees a newer signature and reads it again.
+            sig = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise EndpointsFileError(f"endpoints file {self.path}: cannot read: {e}") from None
+        try:
+            return sig, parse_endpoints_yaml(text)
+        except ValueError as e:
+            raise EndpointsFileError(f"endpoints file {self.path}: {e}") from None
+
+    def _stat(self) -> _Signature | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+
+    def _apply(self, sig: _Signature, specs: list[EndpointSpec]) -> None:
+        self._signature = sig
+        added, removed = self._datastore.sync(self.source, specs)
+        log.info(
+            "endpoints file %s: %d endpoints (%d added, %d removed)",
+            self.path, len(specs), len(added), len(removed),
+        )
+
+    def load(self) -> list[EndpointSpec]:
+        """Read the file and sync it into the datastore now (blocking; for start-up).
+
+        Raises EndpointsFileError, leaving the datastore untouched.
+        """
+        sig, specs = self._read()
+        self._apply(sig, specs)
+        return specs
+
+    async def check(self) -> bool:
+        """Reload if the file changed since the last look. True if the datastore was synced.
+
+        Never raises for a bad or missing file: it logs the problem once per version of the
+        file and keeps the last good set.
+        """
+        sig = await asyncio.to_thread(self._stat)
+        if sig == self._signature:
+            return False
+        # Remembered whether good or bad, so a broken version is read and reported only once.
+        self._signature = sig
+        if sig is None:
+            log.error("endpoints file %s: missing; keeping the last good set of endpoints", self.path)
+            return False
+        try:
+            new_sig, specs = await asyncio.to_thread(self._read)
+        except EndpointsFileError as e:
+            log.error("%s; keeping the last good set of endpoints", e)
+            return False
+        self._apply(new_sig, specs)
+        return True
+
+    async def start(self) -> None:
+        """Start watching the file, loading it first unless `load()` already did.
+
+        A bad file at this point raises EndpointsFileError (fail fast at start-up).
+        """
+        if self._task is not None:
+            return
+        if self._signature == _UNREAD:
+            sig, specs = await asyncio.to_thread(self._read)
+            self._apply(sig, specs)
+        self._task = tasks.create_guarded_task(self._watch(), name=f"watch {self.path}", logger=log)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            await tasks.cancel_and_wait([task])
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            await self.check()

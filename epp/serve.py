@@ -1,0 +1,127 @@
+"""`epp serve`: wire the datastore, its sources, the scheduler, the director and the servers.
+
+Start order: config (fail fast on a bad one) -> endpoint sources -> metrics scraper -> servers.
+Stop order on SIGTERM/SIGINT: health goes NOT_SERVING, the ext-proc server drains in-flight
+streams for a grace period, then background tasks stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from epp.datastore import standalone
+from epp.datastore.endpoints import Datastore
+from epp.datastore.scraper import MetricsScraper
+from epp.extproc import server as extproc_server
+from epp.extproc import tls
+from epp.observability import http as obs_http
+from epp.observability import logs, metrics
+from epp.requestcontrol.director import Director, DirectorSettings
+from epp.scheduling import config as sched_config
+from epp.scheduling.interfaces import Handle
+
+log = logging.getLogger("epp")
+
+DRAIN_GRACE_S = 5.0
+
+
+def main(args: argparse.Namespace) -> int:
+    logs.setup(level=args.log_level, fmt=args.log_format)
+    try:
+        asyncio.run(run(args))
+    except sched_config.ConfigError as exc:
+        log.error("invalid configuration: %s", exc)
+        return 2
+    except (ValueError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    return 0
+
+
+async def run(args: argparse.Namespace) -> None:
+    datastore = Datastore()
+    handle = Handle(datastore=datastore)
+    if args.config_file:
+        config = sched_config.load_config_file(args.config_file, handle)
+    else:
+        config = sched_config.load_config(args.config_text, handle)
+    for warning in config.warnings:
+        log.warning("config: %s", warning)
+
+    director = Director(
+        datastore=datastore,
+        scheduler=config.scheduler,
+        pre_request=config.pre_request,
+        response_complete=config.response_complete,
+        settings=DirectorSettings(
+            max_body_bytes=args.max_body_bytes,
+            disable_subset_filter=args.disable_endpoint_subset_filter,
+        ),
+    )
+
+    pool_gauge = metrics.ready_endpoints.labels(args.pool_name)
+    datastore.subscribe(lambda added, removed: pool_gauge.set(len(datastore.candidates())))
+    endpoints_file: standalone.EndpointsFile | None = None
+    if args.endpoints:
+        datastore.sync("flag", standalone.parse_endpoints_arg(args.endpoints))
+    if args.endpoints_file:
+        endpoints_file = standalone.EndpointsFile(args.endpoints_file, datastore)
+        endpoints_file.load()
+    if not args.endpoints and not args.endpoints_file:
+        raise ValueError("no endpoint source: give --endpoints or --endpoints-file")
+    pool_gauge.set(len(datastore.candidates()))
+
+    scraper = MetricsScraper(
+        datastore,
+        interval=args.refresh_metrics_interval,
+        staleness=args.metrics_staleness_threshold,
+        failure_threshold=args.scrape_failure_threshold,
+        pool_name=args.pool_name,
+    )
+
+    health = extproc_server.Health()
+    credentials = tls.server_credentials(args.cert_path) if args.secure_serving else None
+    grpc_server = extproc_server.build_server(
+        director, health, bind=args.bind_address, port=args.grpc_port, credentials=credentials
+    )
+    health_server = extproc_server.build_health_server(
+        health, bind=args.bind_address, port=args.grpc_health_port
+    )
+    http_runner = await obs_http.start(obs_http.build_app(), host=args.bind_address, port=args.metrics_port)
+
+    await scraper.start()
+    if endpoints_file is not None:
+        await endpoints_file.start()
+    await grpc_server.start()
+    await health_server.start()
+    await health.set(datastore.synced)
+    log.info(
+        "epp serving",
+        extra={
+            "grpc_port": args.grpc_port,
+            "health_port": args.grpc_health_port,
+            "metrics_port": args.metrics_port,
+            "tls": bool(args.secure_serving),
+            "endpoints": len(datastore.endpoints()),
+            "profiles": ",".join(config.scheduler.profile_names()),
+        },
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping: draining ext-proc streams for up to %.0fs", DRAIN_GRACE_S)
+        await health.set(False)
+        await grpc_server.stop(DRAIN_GRACE_S)
+        await health_server.stop(0)
+        if endpoints_file is not None:
+            await endpoints_file.stop()
+        await scraper.stop()
+        await http_runner.cleanup()

@@ -1,0 +1,302 @@
+"""MetricsScraper against real aiohttp servers on 127.0.0.1 (intervals of 10 ms keep it fast)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+
+from epp.datastore import scraper as scraper_mod
+from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
+from epp.datastore.scraper import MetricsScraper
+from epp.observability import metrics
+
+from .fake_vllm import FakeVLLM, free_port, until
+
+INTERVAL = 0.01
+POOL = "test-pool"
+
+
+def spec(port: int, *, metrics_port: int | None = None, name: str | None = None) -> EndpointSpec:
+    return EndpointSpec(
+        name=name or f"127.0.0.1:{port}", address="127.0.0.1", port=port, metrics_port=metrics_port
+    )
+
+
+def sample(name: str, endpoint: str) -> float | None:
+    return metrics.REGISTRY.get_sample_value(name, {"endpoint": endpoint})
+
+
+def ready() -> float | None:
+    return metrics.REGISTRY.get_sample_value("inference_pool_ready_pods", {"name": POOL})
+
+
+def scrape_tasks() -> list[str]:
+    return sorted(t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("scrape "))
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeVLLM]:
+    s = await FakeVLLM().start()
+    yield s
+    await s.stop()
+
+
+@pytest.fixture
+async def server2() -> AsyncIterator[FakeVLLM]:
+    s = await FakeVLLM().start()
+    yield s
+    await s.stop()
+
+
+def make(ds: Datastore, **kw: float) -> MetricsScraper:
+    return MetricsScraper(ds, pool_name=POOL, interval=INTERVAL, **kw)  # type: ignore[arg-type]
+
+
+async def test_metrics_follow_the_server(server: FakeVLLM) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.waiting, server.running, server.kv_usage = 2, 5, 0.5
+    async with make(ds):
+        await until(lambda: (ep.metrics.waiting, ep.metrics.running, ep.metrics.kv_usage) == (2, 5, 0.5))
+        first = ep.metrics.updated_at
+        assert first > 0 and ep.metrics_age() < 1
+        server.waiting, server.kv_usage = 7, 0.75
+        await until(lambda: (ep.metrics.waiting, ep.metrics.kv_usage) == (7, 0.75), within=0.5)
+        assert ep.metrics.updated_at > first
+        await until(lambda: server.requests >= 10, "ten scrapes")
+    # One shared keep-alive session: all those scrapes reused a few connections, and asked for
+    # an uncompressed page.
+    assert len(server.client_ports) <= 3 < server.requests, server.client_ports
+    assert all(h.get("Accept-Encoding") == "identity" for h in server.headers)
+
+
+async def test_scrapes_metrics_port_when_set(server: FakeVLLM) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(free_port(), metrics_port=server.port)])
+    (ep,) = ds.endpoints()
+    server.running = 3
+    async with make(ds):
+        await until(lambda: ep.metrics.running == 3)
+    assert not ep.excluded
+
+
+async def test_failures_exclude_then_recovery_readmits(
+    server: FakeVLLM, server2: FakeVLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port), spec(server2.port)])
+    ep, other = ds.endpoints()
+    server.waiting = 4
+    caplog.set_level(logging.INFO, logger="epp.datastore.scraper")
+    async with make(ds, failure_threshold=3) as sc:
+        await until(lambda: ep.metrics.waiting == 4 and other.metrics.updated_at > 0)
+        assert ready() == 2
+        errors_before = sample("epp_metrics_scrape_errors_total", ep.name) or 0.0
+
+        server.status = 503
+        await until(lambda: ep.excluded, "exclusion")
+        assert ep.scrape_failures == 3  # excluded exactly at the threshold
+        assert ds.candidates() == [other]
+        assert ready() == 1
+        assert sample("epp_endpoint_excluded", ep.name) == 1
+        assert sample("epp_endpoint_excluded", other.name) == 0
+        assert ep.metrics.waiting == 4  # the last good metrics are kept
+        await until(lambda: ep.scrape_failures >= 6, "more failures")
+        assert (sample("epp_metrics_scrape_errors_total", ep.name) or 0) - errors_before >= 6
+        assert sc.is_stale(ep, now=ep.metrics.updated_at + 2.5)
+        assert not sc.is_stale(ep, now=ep.metrics.updated_at + 1)
+
+        server.status, server.waiting = 200, 1
+        await until(lambda: not ep.excluded, "recovery")
+        assert ep.scrape_failures == 0 and ep.metrics.waiting == 1
+        assert set(ds.candidates()) == {ep, other}
+        assert ready() == 2
+        assert sample("epp_endpoint_excluded", ep.name) == 0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert ep.name in warnings[0].getMessage() and "HTTP 503" in warnings[0].getMessage()
+    recovered = [r for r in caplog.records if "endpoint recovered" in r.getMessage()]
+    assert len(recovered) == 1 and recovered[0].levelno == logging.INFO
+
+
+async def test_connection_refused_excludes_and_a_restarted_server_recovers() -> None:
+    port = free_port()
+    ds = Datastore()
+    ds.sync("t", [spec(port)])
+    (ep,) = ds.endpoints()
+    async with make(ds):
+        await until(lambda: ep.excluded, "exclusion")
+        assert ds.candidates() == [] and ep.metrics.updated_at == 0
+        srv = await FakeVLLM().start(port)
+        try:
+            srv.running = 2
+            await until(lambda: not ep.excluded and ep.metrics.running == 2, "recovery")
+        finally:
+            await srv.stop()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html>hello</html>",
+        b"\xff\xfe\x00garbage" * 1000,
+        b"vllm:num_requests_waiting{broken 1\n",
+        b"vllm:num_requests_waiting one\n",
+        b"",
+    ],
+)
+async def test_garbage_counts_as_failure_and_never_kills_the_loop(server: FakeVLLM, body: bytes) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.body = body
+    async with make(ds):
+        await until(lambda: ep.excluded, "exclusion")
+        server.body, server.waiting = None, 9
+        await until(lambda: not ep.excluded and ep.metrics.waiting == 9, "recovery")
+
+
+async def test_oversized_body_is_a_failure(server: FakeVLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scraper_mod, "MAX_BODY_BYTES", 1000)
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    async with make(ds):
+        await until(lambda: ep.excluded, "exclusion")
+    assert ep.metrics.updated_at == 0
+
+
+async def test_hung_server_is_excluded_by_staleness_before_the_threshold(
+    server: FakeVLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    caplog.set_level(logging.WARNING, logger="epp.datastore.scraper")
+    async with make(ds, timeout=0.1, failure_threshold=1000, staleness=0.3):
+        await until(lambda: ep.metrics.updated_at > 0)
+        server.delay = 1.0  # every scrape now times out
+        await until(lambda: ep.excluded, "exclusion")
+        assert ep.scrape_failures < 1000
+        assert ep.metrics_age() > 0.3
+    assert "no answer within 0.1s" in caplog.records[-1].getMessage()
+
+
+async def test_endpoints_added_and_removed_start_and_stop_loops(server: FakeVLLM, server2: FakeVLLM) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    sc = make(ds)
+    await sc.start()
+    try:
+        name1, name2 = f"127.0.0.1:{server.port}", f"127.0.0.1:{server2.port}"
+        assert scrape_tasks() == [f"scrape {name1}"]
+
+        server2.running = 6
+        ds.sync("t", [spec(server.port), spec(server2.port)])
+        ep2 = ds.get(name2)
+        assert ep2 is not None
+        await until(lambda: ep2.metrics.running == 6, "new endpoint scraped")
+        assert sorted(scrape_tasks()) == sorted([f"scrape {name1}", f"scrape {name2}"])
+        assert ready() == 2
+
+        server.status = 500
+        ep1 = ds.get(name1)
+        assert ep1 is not None
+        await until(lambda: ep1.excluded, "exclusion")
+        assert sample("epp_endpoint_excluded", name1) == 1
+
+        ds.sync("t", [spec(server2.port)])
+        assert sc.scraping() == [ep2]
+        await until(lambda: scrape_tasks() == [f"scrape {name2}"], "the removed loop to end")
+        assert ready() == 1
+        # The removed endpoint's series are gone, not frozen at "excluded".
+        assert sample("epp_endpoint_excluded", name1) is None
+        assert sample("epp_metrics_scrape_errors_total", name1) is None
+        await asyncio.sleep(INTERVAL * 2)  # a request sent just before removal may still land
+        requests = server.requests
+        await asyncio.sleep(INTERVAL * 5)
+        assert server.requests == requests  # nobody polls it any more
+    finally:
+        await sc.stop()
+
+
+async def test_readded_name_with_new_address_gets_a_fresh_loop(server: FakeVLLM, server2: FakeVLLM) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port, name="vllm-0")])
+    async with make(ds):
+        server2.waiting = 5
+        ds.sync("t", [spec(server2.port, name="vllm-0")])
+        ep = ds.get("vllm-0")
+        assert ep is not None
+        await until(lambda: ep.metrics.waiting == 5)
+        await until(lambda: scrape_tasks() == ["scrape vllm-0"], "the old loop to end")
+        assert sample("epp_endpoint_excluded", "vllm-0") == 0
+
+
+async def test_stop_cancels_everything_and_later_syncs_start_nothing(server: FakeVLLM) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port), spec(free_port())])
+    sc = make(ds)
+    await sc.start()
+    await until(lambda: server.requests > 0)
+    await sc.stop()
+    assert scrape_tasks() == []
+    assert sc._session is None
+    ds.sync("t", [spec(server.port), spec(free_port()), spec(free_port())])
+    assert scrape_tasks() == []
+    await asyncio.sleep(INTERVAL * 2)  # a request sent just before stop() may still land
+    requests = server.requests
+    await asyncio.sleep(INTERVAL * 3)
+    assert server.requests == requests
+    await sc.stop()  # idempotent
+
+
+async def test_restart_after_stop_reconciles(server: FakeVLLM) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    sc = make(ds)
+    await sc.start()
+    await sc.stop()
+    server.running = 11
+    await sc.start()
+    try:
+        await until(lambda: ep.metrics.running == 11)
+        assert len(scrape_tasks()) == 1  # one loop, not one per start()
+    finally:
+        await sc.stop()
+
+
+async def test_many_endpoints_start_jittered(server: FakeVLLM) -> None:
+    """Twenty endpoints on one server: first scrapes spread over the interval, not one burst."""
+    ds = Datastore()
+    ds.sync("t", [spec(server.port, name=f"ep-{i}") for i in range(20)])
+    eps: list[Endpoint] = ds.endpoints()
+    sc = MetricsScraper(ds, pool_name=POOL, interval=0.2)
+    async with sc:
+        await until(lambda: all(e.metrics.updated_at for e in eps), "all scraped once")
+    firsts = sorted(e.metrics.updated_at for e in eps)
+    assert firsts[-1] - firsts[0] > 0.1
+
+
+def test_bad_settings_are_rejected() -> None:
+    with pytest.raises(ValueError):
+        MetricsScraper(Datastore(), pool_name=POOL, interval=0)
+    with pytest.raises(ValueError):
+        MetricsScraper(Datastore(), pool_name=POOL, failure_threshold=0)
+    assert MetricsScraper(Datastore(), pool_name=POOL).timeout == 1.0
+    assert MetricsScraper(Datastore(), pool_name=POOL, interval=0.01).timeout == 0.5
+
+
+async def test_sync_from_another_thread_is_handed_to_the_loop(server: FakeVLLM) -> None:
+    ds = Datastore()
+    server.waiting = 8
+    async with make(ds):
+        await asyncio.to_thread(ds.sync, "thread", [spec(server.port)])
+        (ep,) = ds.endpoints()
+        await until(lambda: ep.metrics.waiting == 8)
+        assert len(scrape_tasks()) == 1
