@@ -117,7 +117,11 @@ class MetricsScraper:
         self._apply_change(self._datastore.endpoints(), [])
         log.info(
             "scraping /metrics of %d endpoints every %gs (timeout %gs, exclusion after %d failures or %gs)",
-            len(self._loops), self.interval, self.timeout, self.failure_threshold, self.staleness,
+            len(self._loops),
+            self.interval,
+            self.timeout,
+            self.failure_threshold,
+            self.staleness,
         )
 
     async def stop(self) -> None:
@@ -268,7 +272,11 @@ class MetricsScraper:
             ep.excluded = True
             log.warning(
                 "endpoint excluded from routing: %s (%s) after %d failed scrapes, metrics %.1fs old: %s",
-                ep.name, ep.hostport, ep.scrape_failures, age, reason,
+                ep.name,
+                ep.hostport,
+                ep.scrape_failures,
+                age,
+                reason,
             )
             metrics.endpoint_excluded.labels(endpoint=ep.name).set(1)
             self._datastore.refresh_candidates()

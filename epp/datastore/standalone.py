@@ -301,7 +301,10 @@ class EndpointsFile:
         added, removed = self._datastore.sync(self.source, specs)
         log.info(
             "endpoints file %s: %d endpoints (%d added, %d removed)",
-            self.path, len(specs), len(added), len(removed),
+            self.path,
+            len(specs),
+            len(added),
+            len(removed),
         )
 
     def load(self) -> list[EndpointSpec]:

@@ -89,4 +89,3 @@ async def until(cond: Callable[[], bool], what: str = "condition", within: float
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.005)
-

@@ -89,7 +89,7 @@ def test_agrees_with_prometheus_client_parser() -> None:
 def test_str_input_and_crlf_and_timestamps_and_exponents() -> None:
     text = (
         "# TYPE vllm:num_requests_waiting gauge\r\n"
-        "vllm:num_requests_waiting{model_name=\"m\"} 1.2e+01 1700000000000\r\n"
+        'vllm:num_requests_waiting{model_name="m"} 1.2e+01 1700000000000\r\n'
         "vllm:num_requests_running 7\r\n"
         "vllm:kv_cache_usage_perc\t5E-1\r\n"
     )
@@ -104,9 +104,9 @@ def test_first_and_last_line_without_newline() -> None:
 
 def test_longer_names_are_not_matched() -> None:
     page = (
-        b"vllm:num_requests_waiting_by_reason{reason=\"capacity\"} 50\n"
+        b'vllm:num_requests_waiting_by_reason{reason="capacity"} 50\n'
         b"vllm:num_requests_waiting 2\n"
-        b"vllm:num_requests_waiting_by_reason{reason=\"deferred\"} 60\n"
+        b'vllm:num_requests_waiting_by_reason{reason="deferred"} 60\n'
         b"vllm:num_requests_running_total 99\n"
         b"vllm:kv_cache_usage_perc_created 1.7e9\n"
     )
@@ -136,8 +136,8 @@ def test_parse_labels() -> None:
 
 def test_nan_and_inf() -> None:
     page = (
-        b"vllm:num_requests_waiting{engine=\"0\"} NaN\n"
-        b"vllm:num_requests_waiting{engine=\"1\"} 4\n"
+        b'vllm:num_requests_waiting{engine="0"} NaN\n'
+        b'vllm:num_requests_waiting{engine="1"} 4\n'
         b"vllm:num_requests_running +Inf\n"
         b"vllm:kv_cache_usage_perc -Inf\n"
     )
@@ -151,9 +151,9 @@ def test_usage_is_clamped_and_counts_never_negative() -> None:
 
 
 def test_old_vllm_gpu_cache_usage_fallback() -> None:
-    old = b"vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.75\nvllm:num_requests_running 1\n"
+    old = b'vllm:gpu_cache_usage_perc{model_name="m"} 0.75\nvllm:num_requests_running 1\n'
     assert promtext.parse(old).kv_usage == 0.75
-    both = old + b"vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n"
+    both = old + b'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
     assert promtext.parse(both).kv_usage == 0.25  # the new name wins
 
 
@@ -194,11 +194,11 @@ def test_pages_without_vllm_series_raise(page: bytes) -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        b"vllm:num_requests_waiting{model_name=\"m\" 3",  # unterminated labels
+        b'vllm:num_requests_waiting{model_name="m" 3',  # unterminated labels
         b"vllm:num_requests_waiting{} three",
         b"vllm:num_requests_waiting{}",
         b"vllm:num_requests_waiting 1 2 3",
-        b'vllm:cache_config_info{block_size=16} 1',  # unquoted label value
+        b"vllm:cache_config_info{block_size=16} 1",  # unquoted label value
     ],
 )
 def test_malformed_wanted_line_raises(line: bytes) -> None:

@@ -1,0 +1,345 @@
+"""Real processes for end-to-end tests: simulated model servers, `epp serve`, and a real Envoy.
+
+Topology of one `Stack` (everything on 127.0.0.1, every port picked free at start):
+
+    test client ──HTTP──► Envoy (epp.gateway.envoy config) ──HTTP──► sim backends (this process)
+                              │ ext_proc gRPC
+                              ▼
+                         epp serve (subprocess)  ──scrapes /metrics──► sim backends
+
+Design choices:
+
+* The sims run in-process on a dedicated thread with its own event loop, so fixtures can be
+  synchronous, tests can be sync or async, and a test's client never shares a loop with the
+  servers it measures.
+* epp and Envoy are subprocesses whose output goes to files in the test's tmp dir; `Cleanup`
+  stops them in reverse order (SIGTERM, then SIGKILL after a timeout) even when a test fails, and
+  registers their logs so conftest.py can attach them to the failure report.
+* Envoy exits with its parent (it sets PR_SET_PDEATHSIG), so the pytest process owns it directly;
+  each instance gets its own --base-id.
+* The command that runs epp is `python -m epp` unless EPP_E2E_COMMAND (a shell-quoted prefix)
+  says otherwise, so the same tests can target another build of the picker. Envoy logs at
+  `warning` unless EPP_E2E_ENVOY_LOG_LEVEL says otherwise (each Envoy also writes an access log
+  with the upstream host and attempt count, shown with the logs when a test fails).
+* Starting and stopping processes, free ports and the sim fleet are shared with the demo and the
+  benchmarks (`epp.gateway.processes`, `epp.sim.fleet`); this module adds what only tests need:
+  cleanup registration, whole stacks, and client helpers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from epp.gateway import processes
+from epp.gateway.envoy import BodyMode, GatewayParams, PodsMode, find_envoy
+from epp.gateway.processes import HOST, EnvoyServer, EppServer, free_ports, tail
+
+# Re-exported for tests that poke at processes or health directly.
+from epp.gateway.processes import ManagedProcess as ManagedProcess
+from epp.gateway.processes import grpc_health_status as grpc_health_status
+from epp.sim.fleet import SimFleet
+from epp.sim.server import SimConfig
+
+EPP_COMMAND_ENV = "EPP_E2E_COMMAND"
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SERVER_HEADER = "x-sim-server"
+RECEIVED_HEADER = "x-sim-received-destination"
+
+# Fast but proportionate: a cold 4k-token prompt prefills in ~6 ms, a token decodes in 0.4 ms.
+E2E_SIM = SimConfig(time_scale=0.02)
+
+
+class Cleanup:
+    """Callbacks run in reverse order on close, plus the log files to show if a test fails."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[tuple[str, Callable[[], None]]] = []
+        self.logs: list[tuple[str, Path]] = []
+
+    def push(self, what: str, callback: Callable[[], None]) -> None:
+        self._callbacks.append((what, callback))
+
+    def add_log(self, title: str, path: Path) -> None:
+        self.logs.append((title, path))
+
+    def log_sections(self) -> list[tuple[str, str]]:
+        return [(f"{title} ({path})", tail(path)) for title, path in self.logs if path.exists()]
+
+    def close(self) -> list[str]:
+        errors: list[str] = []
+        while self._callbacks:
+            what, callback = self._callbacks.pop()
+            try:
+                callback()
+            except Exception as exc:  # keep going: every process must be stopped
+                errors.append(f"{what}: {exc!r}")
+        return errors
+
+
+# --- simulated backends ---------------------------------------------------------------------------
+
+# N simulated replicas served by one background thread's event loop (epp.sim.fleet).
+SimBackends = SimFleet
+
+
+# --- epp ------------------------------------------------------------------------------------------
+
+
+def epp_command() -> list[str]:
+    return processes.epp_command(os.environ.get(EPP_COMMAND_ENV))
+
+
+def parse_prometheus(text: str, name: str) -> dict[str, float]:
+    """Samples of metric `name` keyed by their label string ('' if none). Enough for tests."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        rest = line[len(name) :]
+        if rest.startswith("{"):
+            labels, _, value = rest[1:].partition("} ")
+        elif rest.startswith(" "):
+            labels, value = "", rest.strip()
+        else:
+            continue  # a longer metric name sharing the prefix
+        out[labels] = float(value.split()[0])
+    return out
+
+
+class EppProcess(EppServer):
+    """`epp serve` as a subprocess on fixed ports, so it can be killed and restarted in place."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        endpoints: Sequence[str] | None = None,
+        endpoints_file: Path | None = None,
+        secure: bool = False,
+        extra_args: Sequence[str] = (),
+        name: str = "epp",
+    ) -> None:
+        super().__init__(
+            workdir / f"{name}.log",
+            endpoints=endpoints,
+            endpoints_file=endpoints_file,
+            secure=secure,
+            extra_args=["--refresh-metrics-interval", "50ms", *extra_args],
+            command=epp_command(),
+            name=name,
+        )
+
+    def inflight(self) -> dict[str, float]:
+        return parse_prometheus(self.metrics_text(), "epp_endpoint_inflight_requests")
+
+
+# --- Envoy ----------------------------------------------------------------------------------------
+
+
+class EnvoyGateway(EnvoyServer):
+    """A real Envoy with the generated gateway config."""
+
+    def __init__(self, workdir: Path, params: GatewayParams, name: str = "envoy") -> None:
+        # Info level dumps ~100 lines of extension lists at start; debug it with the env var.
+        level = os.environ.get("EPP_E2E_ENVOY_LOG_LEVEL", "warning")
+        super().__init__(workdir, params, name=name, log_level=level)
+        self.params = params
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.params.listen_port}"
+
+    def stats(self) -> dict[str, str]:
+        """Admin /stats as name -> value (text), for diagnostics in assertions."""
+        return self.admin_stats()
+
+
+# --- a whole stack --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class StackOptions:
+    n_backends: int = 2
+    sim_configs: Sequence[SimConfig] | None = None  # one per backend; default E2E_SIM
+    body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
+    pods_mode: PodsMode = PodsMode.ORIGINAL_DST
+    # "flag": --endpoints; "file": --endpoints-file (YAML); "empty-file": `endpoints: []`.
+    endpoints_source: str = "flag"
+    # Addresses given to epp (and to Envoy's STATIC clusters) besides the sims, e.g. dead ones.
+    extra_endpoints: Sequence[str] = ()
+    prepend_extra_endpoints: bool = True
+    epp_args: Sequence[str] = ()
+    epp_tls: bool = False
+    epp_wait: str = "serving"
+    num_retries: int = 2
+    process_responses: bool = True
+
+
+class Stack:
+    def __init__(self, sims: SimBackends, epp: EppProcess, envoy: EnvoyGateway, endpoints: list[str]) -> None:
+        self.sims = sims
+        self.epp = epp
+        self.envoy = envoy
+        self.endpoints = endpoints
+
+    @property
+    def url(self) -> str:
+        return self.envoy.url
+
+
+def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = None) -> Stack:
+    """Start sims, epp and Envoy; register everything with `cleanup` as soon as it exists."""
+    opts = options or StackOptions()
+    workdir.mkdir(parents=True, exist_ok=True)
+    configs = list(opts.sim_configs) if opts.sim_configs is not None else [E2E_SIM] * opts.n_backends
+    sims = SimBackends(configs)
+    cleanup.push("sim backends", sims.stop)
+    sims.start()
+    extra = list(opts.extra_endpoints)
+    endpoints = [*extra, *sims.addresses] if opts.prepend_extra_endpoints else [*sims.addresses, *extra]
+
+    endpoints_file: Path | None = None
+    if opts.endpoints_source != "flag":
+        endpoints_file = workdir / "endpoints.yaml"
+        # epp's YAML format; `endpoints: []` is a valid empty pool (a 0-byte file is rejected).
+        listed = [] if opts.endpoints_source == "empty-file" else endpoints
+        endpoints_file.write_text(yaml.safe_dump({"endpoints": listed}))
+    epp = EppProcess(
+        workdir,
+        endpoints=endpoints if endpoints_file is None else None,
+        endpoints_file=endpoints_file,
+        secure=opts.epp_tls,
+        extra_args=opts.epp_args,
+    )
+    cleanup.add_log("epp log", epp.process.log_path)
+    cleanup.push("epp", epp.stop)
+    epp.start(wait=opts.epp_wait)
+
+    listen, admin = free_ports(2)
+    params = GatewayParams(
+        listen_port=listen,
+        admin_port=admin,
+        epp_addresses=(epp.grpc_address,),
+        pods_mode=opts.pods_mode,
+        pod_endpoints=tuple(endpoints) if opts.pods_mode is not PodsMode.ORIGINAL_DST else (),
+        body_mode=opts.body_mode,
+        process_responses=opts.process_responses,
+        epp_tls=opts.epp_tls,
+        num_retries=opts.num_retries,
+        route_timeout=60.0,
+        access_log_path=str(workdir / "access.log"),
+    )
+    envoy = EnvoyGateway(workdir, params)
+    cleanup.add_log("envoy log", envoy.log_path)
+    cleanup.add_log("envoy access log", workdir / "access.log")
+    cleanup.push("envoy", envoy.stop)
+    envoy.start()
+    return Stack(sims, epp, envoy, endpoints)
+
+
+# --- client helpers -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Reply:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def served_by(self) -> str:
+        return self.headers.get(SERVER_HEADER, "")
+
+    @property
+    def received_destination(self) -> str:
+        return self.headers.get(RECEIVED_HEADER, "")
+
+
+async def request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    body: Any = None,
+    data: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    total: float = 30.0,
+) -> Reply:
+    kwargs: dict[str, Any] = {"headers": dict(headers or {}), "timeout": aiohttp.ClientTimeout(total=total)}
+    if body is not None:
+        kwargs["json"] = body
+    elif data is not None:
+        kwargs["data"] = data
+        kwargs["headers"].setdefault("content-type", "application/json")
+    async with session.request(method, url, **kwargs) as resp:
+        payload = await resp.read()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.headers.items()}, payload)
+
+
+def sse_events(text: str) -> list[str]:
+    """The `data:` payloads of an SSE body, in order."""
+    events: list[str] = []
+    for block in text.split("\n\n"):
+        data = [line[5:].lstrip() for line in block.splitlines() if line.startswith("data:")]
+        if data:
+            events.append("\n".join(data))
+    return events
+
+
+async def wait_routable(session: aiohttp.ClientSession, url: str, *, within: float = 15.0) -> Reply:
+    """Retry GET /v1/models through the gateway until a backend answers 200 (bounded)."""
+    deadline = time.monotonic() + within
+    last: Reply | None = None
+    while time.monotonic() < deadline:
+        try:
+            last = await request(session, "GET", f"{url}/v1/models", total=5)
+            if last.status == 200:
+                return last
+        except (TimeoutError, aiohttp.ClientError):
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"gateway {url} never routed GET /v1/models (last: {last})")
+
+
+async def eventually(
+    check: Callable[[], bool], *, within: float = 10.0, interval: float = 0.1, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(interval)
+    if not check():
+        raise AssertionError(f"{what} not reached within {within}s")
+
+
+def envoy_available() -> bool:
+    return find_envoy() is not None
+
+
+def epp_serve_available() -> tuple[bool, str]:
+    """Whether `python -m epp serve` can run here (or EPP_E2E_COMMAND overrides it)."""
+    if os.environ.get(EPP_COMMAND_ENV):
+        return True, ""
+    import importlib.util
+
+    if importlib.util.find_spec("epp.__main__") is None:
+        return False, "epp/__main__.py does not exist yet (`epp serve` not landed)"
+    return True, ""

@@ -1,0 +1,1 @@
+"""Benchmarks run by `epp bench ...`; each module exposes add_arguments(parser) and run(args)."""

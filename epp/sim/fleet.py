@@ -1,0 +1,120 @@
+"""A fleet of simulated vLLM replicas served in-process by one background thread's event loop.
+
+Why a thread of its own: the callers (the demo, the end-to-end fixtures) stay synchronous or run
+their own client loop, and a client never shares an event loop with the servers it measures, so
+a slow client callback cannot stall a replica's timers (and the other way round). The GIL is
+still shared; the replicas only sleep and write small SSE chunks, so that costs little.
+
+Use:
+
+    with SimFleet([SimConfig(name="pod-1"), SimConfig(name="pod-2")]) as fleet:
+        fleet.addresses   # ["127.0.0.1:40123", "127.0.0.1:40125"], in config order
+        fleet.stats()     # /sim/stats of each replica, read directly from its state
+        fleet.reset()     # clear counters and prefix caches between runs
+
+Every call into the loop waits for a bounded time; stop() is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from epp.sim.server import SimConfig, bound_address, sim_state, start_sim_server
+
+T = TypeVar("T")
+
+HOST = "127.0.0.1"
+
+
+class SimFleet:
+    """N simulated replicas (one `SimConfig` each) listening on free ports of `host`."""
+
+    def __init__(self, configs: Sequence[SimConfig], *, host: str = HOST) -> None:
+        self.configs = list(configs)
+        self.host = host
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sim-fleet", daemon=True)
+        self._runners: list[web.AppRunner] = []
+        self.addresses: list[str] = []
+
+    def start(self, timeout: float = 15.0) -> None:
+        self._thread.start()
+        self.call(self._start_all(), timeout=timeout)
+
+    async def _start_all(self) -> None:
+        for cfg in self.configs:
+            runner = await start_sim_server(self.host, 0, config=cfg)
+            self._runners.append(runner)
+            self.addresses.append(bound_address(runner))
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
+        """Run `coro` on the fleet's loop and wait (at most `timeout`) for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=timeout)
+
+    @property
+    def names(self) -> list[str]:
+        """The x-sim-server value of each replica (its config name, else its address)."""
+
+        async def get() -> list[str]:
+            return [sim_state(r).name for r in self._runners]
+
+        return self.call(get())
+
+    def stats(self) -> list[dict[str, Any]]:
+        async def snap() -> list[dict[str, Any]]:
+            return [sim_state(r).snapshot() for r in self._runners]
+
+        return self.call(snap())
+
+    def stats_by_address(self) -> dict[str, dict[str, Any]]:
+        return dict(zip(self.addresses, self.stats(), strict=True))
+
+    def reset(self) -> None:
+        """Clear every replica's counters and prefix cache (as POST /sim/reset does)."""
+
+        async def do() -> None:
+            for r in self._runners:
+                sim_state(r).reset()
+
+        self.call(do())
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if not self._thread.is_alive():
+            # Never started (or already stopped): only the loop object may still need closing.
+            if not self._loop.is_closed() and not self._loop.is_running():
+                self._loop.close()
+            return
+
+        async def cleanup() -> None:
+            for r in self._runners:
+                await r.cleanup()
+
+        try:
+            self.call(cleanup(), timeout=timeout)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    def __enter__(self) -> SimFleet:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
