@@ -20,6 +20,8 @@ from epp.extproc import tls
 from epp.observability import http as obs_http
 from epp.observability import logs, metrics
 from epp.requestcontrol.director import Director, DirectorSettings
+from epp.rpc import http as rpc_http
+from epp.rpc import service as rpc_service
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 
@@ -90,7 +92,10 @@ async def run(args: argparse.Namespace) -> None:
     health_server = extproc_server.build_health_server(
         health, bind=args.bind_address, port=args.grpc_health_port
     )
-    http_runner = await obs_http.start(obs_http.build_app(), host=args.bind_address, port=args.metrics_port)
+    rpc_service.add_to_server(grpc_server, director)
+    app = obs_http.build_app()
+    rpc_http.add_routes(app, director)
+    http_runner = await obs_http.start(app, host=args.bind_address, port=args.metrics_port)
 
     await scraper.start()
     if endpoints_file is not None:

@@ -11,6 +11,22 @@ The reason is one line, safe to show to the client; it is also logged.
 
 from __future__ import annotations
 
+import msgspec
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+_encode = msgspec.json.Encoder().encode
+
+
+def error_body(status: int, reason: str) -> bytes:
+    """OpenAI's error shape, so OpenAI clients surface the reason; one line of JSON."""
+    return _encode({"error": {"message": reason, "type": _ERROR_TYPES.get(status, "error"), "code": status}})
+
 
 class RequestError(Exception):
     status: int = 500

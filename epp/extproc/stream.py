@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import time
 
-import msgspec
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
 from epp.api import errors
@@ -34,22 +33,6 @@ log = logging.getLogger("epp.extproc")
 _FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 _NONE = processing_mode_pb2.ProcessingMode.NONE
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_exceeded",
-    500: "internal_error",
-    503: "service_unavailable",
-}
-_json = msgspec.json.Encoder()
-
-
-def error_body(status: int, reason: str) -> bytes:
-    """OpenAI's error shape, so OpenAI clients surface the reason; one line."""
-    return _json.encode(
-        {"error": {"message": reason, "type": _ERROR_TYPES.get(status, "error"), "code": status}}
-    )
 
 
 class Stream:
@@ -181,7 +164,7 @@ class Stream:
         else:
             log.info("answering %d: %s", exc.status, exc.reason, extra={"path": self.headers.get(":path")})
         metrics.request_errors_total.labels(model, str(exc.status)).inc()
-        return [m.immediate(exc.status, error_body(exc.status, exc.reason))]
+        return [m.immediate(exc.status, errors.error_body(exc.status, exc.reason))]
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         ctx = self.ctx

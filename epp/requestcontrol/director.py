@@ -137,6 +137,34 @@ class Director:
 
         `body` None means a header-only request (GET /v1/models): it is routed too.
         """
+        request, candidates = self._prepare(path=path, headers=headers, body=body, subset=subset)
+        result = self.scheduler.schedule(request, candidates)
+        if not result.targets:
+            raise errors.NoCapacity("the scheduler found no endpoint for the request")
+        for hook in self._pre_request:
+            hook.pre_request(request, result)
+        ctx = RequestContext(self, request, result, request.body_bytes)
+        primary = ctx.booked
+        primary.book(request.prompt_tokens_estimate)
+        self._child(metrics.picks_total, primary.name).inc()
+        self._child(metrics.inflight_requests, primary.name).set(primary.inflight_requests)
+        return ctx
+
+    async def explain(
+        self, *, path: str, headers: Mapping[str, str], body: bytes | None
+    ) -> tuple[InferenceRequest, SchedulingResult]:
+        """How the request would be routed now, with every scorer's score per endpoint.
+
+        Nothing is booked and pre-request hooks do not run, so nothing is learned; pickers that
+        keep a cursor (round-robin) still advance. Raises `errors.RequestError` like `route`.
+        """
+        request, candidates = self._prepare(path=path, headers=headers, body=body, subset=None)
+        return request, self.scheduler.schedule(request, candidates, explain=True)
+
+    def _prepare(
+        self, *, path: str, headers: Mapping[str, str], body: bytes | None, subset: list[str] | None
+    ) -> tuple[InferenceRequest, list[Endpoint]]:
+        """Parse the request and find its candidate endpoints."""
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
         subset_ips = None
         if subset is not None and not self.settings.disable_subset_filter:
@@ -161,17 +189,7 @@ class Director:
                 raise errors.ServiceUnavailable("no ready endpoint matches the proxy's subset hint")
         elif not candidates:
             raise errors.ServiceUnavailable("no ready endpoints in the pool")
-        result = self.scheduler.schedule(request, candidates)
-        if not result.targets:
-            raise errors.NoCapacity("the scheduler found no endpoint for the request")
-        for hook in self._pre_request:
-            hook.pre_request(request, result)
-        ctx = RequestContext(self, request, result, request.body_bytes)
-        primary = ctx.booked
-        primary.book(request.prompt_tokens_estimate)
-        self._child(metrics.picks_total, primary.name).inc()
-        self._child(metrics.inflight_requests, primary.name).set(primary.inflight_requests)
-        return ctx
+        return request, candidates
 
     def finish(self, ctx: RequestContext, *, complete: bool) -> None:
         request = ctx.request

@@ -1,0 +1,73 @@
+"""One explanation of a routing decision, shared by the gRPC API and its HTTP JSON twin.
+
+The payload is a plain dict whose keys are the proto field names of `epp.v1.ExplainResponse` /
+`ListEndpointsResponse`, so the gRPC answer is this dict parsed into the message and the HTTP
+answer is the same dict as JSON: the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from epp.datastore.endpoints import Datastore
+from epp.requestcontrol.director import Director
+
+
+async def explain(
+    director: Director, *, path: str, headers: Mapping[str, str], body: bytes
+) -> dict[str, Any]:
+    """Raises `epp.api.errors.RequestError` exactly as routing the request would."""
+    request, result = await director.explain(path=path, headers=headers, body=body)
+    profile_result = result.profiles[result.primary]
+    weights = {}
+    for profile in director.scheduler.profiles:
+        if profile.name == result.primary:
+            weights = {scorer.name: weight for scorer, weight in profile.scorers}
+    rows = []
+    for name, scores in profile_result.scores.items():
+        ep = director.datastore.get(name)
+        rows.append(
+            {
+                "name": name,
+                "address": ep.hostport if ep is not None else "",
+                "total": sum(score * weights.get(scorer, 1.0) for scorer, score in scores.items()),
+                "scores": [
+                    {"scorer": scorer, "score": score, "weight": weights.get(scorer, 1.0)}
+                    for scorer, score in scores.items()
+                ],
+            }
+        )
+    rows.sort(key=lambda row: row["total"], reverse=True)
+    return {
+        "model": request.model,
+        "target_model": request.target_model,
+        "profile": result.primary,
+        "targets": [ep.hostport for ep in result.targets],
+        "endpoints": rows,
+        "prompt_tokens_estimate": request.prompt_tokens_estimate,
+    }
+
+
+def list_endpoints(datastore: Datastore) -> dict[str, Any]:
+    now = time.monotonic()
+    routable = {id(ep) for ep in datastore.candidates()}
+    out = []
+    for ep in sorted(datastore.endpoints(), key=lambda e: e.name):
+        age = ep.metrics_age(now)
+        out.append(
+            {
+                "name": ep.name,
+                "address": ep.hostport,
+                "rank": ep.spec.rank,
+                "routable": id(ep) in routable,
+                "waiting": ep.metrics.waiting,
+                "running": ep.metrics.running,
+                "kv_usage": ep.metrics.kv_usage,
+                "metrics_age_seconds": age if age != float("inf") else -1.0,
+                "inflight_requests": ep.inflight_requests,
+                "inflight_tokens": ep.inflight_tokens,
+            }
+        )
+    return {"endpoints": out}

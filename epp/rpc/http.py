@@ -1,0 +1,35 @@
+"""The HTTP JSON twin of the gRPC API, on --metrics-port:
+
+- `POST /debug/score` takes an OpenAI request body (path from `?path=`, default by body shape:
+  `messages` -> chat, else completions) and answers the `ExplainResponse` fields as JSON.
+- `GET /debug/endpoints` answers `ListEndpointsResponse` as JSON.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from epp.api import errors
+from epp.requestcontrol.director import Director
+from epp.rpc import explain
+
+
+def add_routes(app: web.Application, director: Director) -> None:
+    async def score(request: web.Request) -> web.Response:
+        body = await request.read()
+        path = request.query.get("path") or (
+            "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
+        )
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            payload = await explain.explain(director, path=path, headers=headers, body=body)
+        except errors.RequestError as exc:
+            body = errors.error_body(exc.status, exc.reason)
+            return web.Response(status=exc.status, body=body, content_type="application/json")
+        return web.json_response(payload)
+
+    async def endpoints(_: web.Request) -> web.Response:
+        return web.json_response(explain.list_endpoints(director.datastore))
+
+    app.router.add_post("/debug/score", score)
+    app.router.add_get("/debug/endpoints", endpoints)
