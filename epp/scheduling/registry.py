@@ -21,7 +21,7 @@ The module-level `default` registry is the only module-level state of the schedu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -45,6 +45,18 @@ class PluginBase:
 
     def __repr__(self) -> str:
         return f"{self.name}/{self.type}"  # GIE prints a plugin's TypedName the same way
+
+
+class PickerBase(PluginBase):
+    """What every picker shares: GIE's `maxNumOfEndpoints`, the length of the ordered list
+    (primary, then fallbacks) the picker returns."""
+
+    class Params(msgspec.Struct, forbid_unknown_fields=True):
+        maxNumOfEndpoints: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+    def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
+        self.name = name
+        self.max_endpoints = params.maxNumOfEndpoints
 
 
 _C = TypeVar("_C", bound="type[PluginBase]")

@@ -17,9 +17,6 @@ Parameters:
 from __future__ import annotations
 
 import random
-from typing import Annotated
-
-import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
@@ -31,14 +28,7 @@ def _score(scored: interfaces.ScoredEndpoint) -> float:
 
 
 @registry.register("max-score-picker")
-class MaxScorePicker(registry.PluginBase):
-    class Params(msgspec.Struct, forbid_unknown_fields=True):
-        maxNumOfEndpoints: Annotated[int, msgspec.Meta(ge=1)] = 1
-
-    def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
-        self.name = name
-        self.max_endpoints = params.maxNumOfEndpoints
-
+class MaxScorePicker(registry.PickerBase):
     def pick(
         self, cycle: interfaces.CycleState, request: InferenceRequest, scored: list[interfaces.ScoredEndpoint]
     ) -> list[Endpoint]:

@@ -15,9 +15,6 @@ Parameters:
 from __future__ import annotations
 
 import bisect
-from typing import Annotated
-
-import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
@@ -25,13 +22,9 @@ from epp.scheduling import interfaces, registry
 
 
 @registry.register("round-robin-picker")
-class RoundRobinPicker(registry.PluginBase):
-    class Params(msgspec.Struct, forbid_unknown_fields=True):
-        maxNumOfEndpoints: Annotated[int, msgspec.Meta(ge=1)] = 1
-
-    def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
-        self.name = name
-        self.max_endpoints = params.maxNumOfEndpoints
+class RoundRobinPicker(registry.PickerBase):
+    def __init__(self, name: str, params: registry.PickerBase.Params, handle: interfaces.Handle) -> None:
+        super().__init__(name, params, handle)
         self._last = ""  # name of the previous primary; "" sorts first, so we start at the first name
 
     def pick(

@@ -20,9 +20,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from typing import Annotated
-
-import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
@@ -34,14 +31,7 @@ def _key(keyed: tuple[float, Endpoint]) -> float:
 
 
 @registry.register("weighted-random-picker")
-class WeightedRandomPicker(registry.PluginBase):
-    class Params(msgspec.Struct, forbid_unknown_fields=True):
-        maxNumOfEndpoints: Annotated[int, msgspec.Meta(ge=1)] = 1
-
-    def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
-        self.name = name
-        self.max_endpoints = params.maxNumOfEndpoints
-
+class WeightedRandomPicker(registry.PickerBase):
     def pick(
         self, cycle: interfaces.CycleState, request: InferenceRequest, scored: list[interfaces.ScoredEndpoint]
     ) -> list[Endpoint]:
