@@ -47,8 +47,8 @@ from epp.gateway.processes import HOST, EnvoyServer, EppServer, free_ports, tail
 # Re-exported for tests that poke at processes or health directly.
 from epp.gateway.processes import ManagedProcess as ManagedProcess
 from epp.gateway.processes import grpc_health_status as grpc_health_status
+from epp.sim.engine import SimConfig
 from epp.sim.fleet import SimFleet
-from epp.sim.server import SimConfig
 
 EPP_COMMAND_ENV = "EPP_E2E_COMMAND"
 DESTINATION_HEADER = "x-gateway-destination-endpoint"

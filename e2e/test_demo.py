@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from epp import cli
-from epp.demo import build_workload
+from epp.demo.workload import build_workload
 
 pytestmark = pytest.mark.e2e
 

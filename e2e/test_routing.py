@@ -29,7 +29,7 @@ from e2e.harness import (
     wait_routable,
 )
 from epp.gateway.envoy import BodyMode, PodsMode
-from epp.sim.server import SimConfig, output_tokens
+from epp.sim.engine import SimConfig, output_tokens
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from epp.sim.server import SimConfig, bound_address, sim_state, start_sim_server
+from epp.sim.engine import SimConfig
+from epp.sim.server import bound_address, sim_state, start_sim_server
 
 T = TypeVar("T")
 

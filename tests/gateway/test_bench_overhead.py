@@ -24,7 +24,8 @@ from epp.bench.overhead import (
     render_markdown,
     summarize,
 )
-from epp.sim.server import SimConfig, bound_address, start_sim_server
+from epp.sim.engine import SimConfig
+from epp.sim.server import bound_address, start_sim_server
 
 # Real `wrk --latency` output (wrk 4.1.0), without and with our done() line.
 WRK_TEXT = """\

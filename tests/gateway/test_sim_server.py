@@ -1,4 +1,4 @@
-"""The simulated vLLM replica (epp.sim.server), driven over HTTP with an aiohttp client."""
+"""The simulated vLLM replica (epp.sim.server, epp.sim.engine), driven over HTTP with an aiohttp client."""
 
 from __future__ import annotations
 
@@ -11,14 +11,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from epp.sim.engine import PrefixCache, SimConfig, output_tokens
 from epp.sim.server import (
     DESTINATION_HEADER,
     RECEIVED_DESTINATION_HEADER,
     SERVER_HEADER,
-    PrefixCache,
-    SimConfig,
     bound_address,
-    output_tokens,
     sim_state,
     start_sim_server,
 )
