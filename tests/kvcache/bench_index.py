@@ -1,0 +1,327 @@
+"""Microbenchmark (a script, not a test): block keys, `BlockIndex.apply` and `match`, bytes per entry.
+
+    .venv/bin/python tests/kvcache/bench_index.py            # everything (~10 min)
+    .venv/bin/python tests/kvcache/bench_index.py memory     # one section: keys|apply|match|memory
+
+Events are built before timing (decoding is measured elsewhere); `gc.collect()` before each timed
+loop. Synthetic engine: block size 16, random 64-bit engine hashes, chunked prefill (2,048-token
+chunks, one BlockStored each), one BlockStored per decoded block, one BlockRemoved per block the
+fake pod's LRU cache (20,000 blocks) drops, 16 events per batch.
+- keys: `block_keys` for 1k/4k/16k/100k-token prompts.
+- apply: blocks per second over such batches from 8 pods (stored, and stored + removed), index
+  uncapped and capped below the pods' caches (every store evicts). Each request's prompt is
+  matched first, outside the timing, as the router would.
+- match: a warm index (~1M entries) over 8 and 64 pods in which every pod holds a 1,024-token
+  system prompt and its own conversations; the query is one pod's stored conversation (the whole
+  prompt matches, the worst case for the walk). keys + match per query, p50 and p99.
+- memory: bytes per record after filling 2M records (tracemalloc's traced bytes, which leave out
+  allocator rounding, and RSS growth of this process), for unique blocks (one holder per key), for
+  blocks shared by all 8 pods, after a 2x turnover by BlockRemoved (the steady state of real
+  engines) and after a 1x turnover by the cap (evictions).
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+
+from epp.kvcache.events import BlockRemoved, BlockStored, Event, EventBatch
+from epp.kvcache.index import BlockIndex
+from epp.kvcache.keys import block_keys, seed_for
+
+BS = 16
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+RNG = random.Random(7)
+
+
+def tokens(n: int) -> list[int]:
+    return [RNG.randrange(128_000) for _ in range(n)]
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    gc.collect()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+class FakeEngine:
+    """A vLLM-like pod: prefix-cached blocks with random engine hashes and an LRU of `capacity`."""
+
+    def __init__(self, capacity: int, system: list[int]) -> None:
+        self.capacity = capacity
+        # (parent engine hash, block tokens) -> engine hash, least recently used first
+        self.cache: OrderedDict[tuple[int | None, tuple[int, ...]], int] = OrderedDict()
+        self.system = system
+
+    def request(self, prompt: list[int], generated: int) -> Iterator[Event]:
+        """Events of prefill (2,048-token chunks, cached blocks skipped) and decode."""
+        seq = prompt + tokens(generated)
+        parent: int | None = None
+        pending: list[tuple[int, tuple[int, ...]]] = []
+        last = len(seq) // BS - 1
+        for i in range(last + 1):
+            blk = tuple(seq[i * BS : (i + 1) * BS])
+            chain = pending[-1][0] if pending else parent
+            h = self.cache.get((chain, blk))
+            if h is not None:
+                self.cache.move_to_end((chain, blk))
+                parent = h
+                continue
+            h = RNG.getrandbits(64)
+            self.cache[(chain, blk)] = h
+            pending.append((h, blk))
+            decoding = (i + 1) * BS > len(prompt)
+            if decoding or len(pending) == 2048 // BS or (i + 2) * BS > len(prompt) or i == last:
+                yield BlockStored(
+                    block_hashes=[x for x, _ in pending],
+                    parent_block_hash=parent,
+                    token_ids=[t for _, b in pending for t in b],
+                    block_size=BS,
+                )
+                parent = pending[-1][0]
+                pending = []
+            while len(self.cache) > self.capacity:
+                _, old = self.cache.popitem(last=False)
+                yield BlockRemoved(block_hashes=[old])
+
+
+def event_batches(engines: list[FakeEngine], requests: int) -> list[tuple[int, list[int], EventBatch]]:
+    """(engine number, the request's prompt or [] after its first batch, batch), 16 events a batch,
+    for `requests` requests spread round robin (prompts: the system prompt + 1k/3k/6k tokens)."""
+    out: list[tuple[int, list[int], EventBatch]] = []
+    for r in range(requests):
+        i = r % len(engines)
+        eng = engines[i]
+        prompt = eng.system + tokens(RNG.choice((1024, 3072, 6144)))
+        events = list(eng.request(prompt, 256))
+        for j in range(0, len(events), 16):
+            out.append((i, prompt if j == 0 else [], EventBatch(ts=0.0, events=events[j : j + 16])))
+    return out
+
+
+def bench_keys() -> None:
+    print("== block_keys (block size 16)")
+    for n in (1024, 4096, 16384, 100_000):
+        ids = tokens(n)
+        seed = seed_for(MODEL)
+        s = timed(lambda ids=ids, seed=seed: block_keys(ids, BS, seed=seed), 2000 if n < 20000 else 200)
+        print(
+            f"  {n:>7} tokens  p50 {pct(s, 0.5) * 1e6:8.1f} us  p99 {pct(s, 0.99) * 1e6:8.1f} us"
+            f"  ({pct(s, 0.5) * 1e9 / (n // BS):.0f} ns/block)"
+        )
+
+
+def bench_apply() -> None:
+    print("== apply: 8 pods, chunked prefill + decode + removals from a full 20,000-block cache")
+    system = tokens(1024)
+    engines = [FakeEngine(20_000, system) for _ in range(8)]
+    warm = event_batches(engines, 800)  # fills the fake caches: later batches carry removals
+    batches = event_batches(engines, 1600)
+    names = [f"10.0.0.{i}:8000" for i in range(8)]
+    seed = seed_for(MODEL)
+    for label, cap in (("uncapped", 10_000_000), ("capped at 100k (evicting)", 100_000)):
+        index = BlockIndex(max_entries=cap)
+        # The router matches each request's prompt before the engine reports it, which keeps the
+        # keys of a shared prefix recently used (else evicting them would orphan every later
+        # event chained to them); done outside the timed loop.
+        for i, prompt, b in warm:
+            if prompt:
+                index.match(block_keys(prompt, BS, seed=seed))
+            index.apply(names[i], b, model=MODEL)
+        touches = [block_keys(prompt, BS, seed=seed) if prompt else [] for _, prompt, _ in batches]
+        gc.collect()
+        stored = removed = evicted = 0
+        elapsed = 0.0
+        for (i, _, b), ks in zip(batches, touches, strict=True):
+            if ks:
+                index.match(ks)
+            t0 = time.perf_counter()
+            st = index.apply(names[i], b, model=MODEL)
+            elapsed += time.perf_counter() - t0
+            stored += st.stored
+            removed += st.removed
+            evicted += st.evicted
+        n_events = sum(len(b.events) for _, _, b in batches)
+        print(
+            f"  {label:26} stored {stored / elapsed / 1e3:4.0f}k blocks/s, stored+removed"
+            f" {(stored + removed) / elapsed / 1e3:4.0f}k/s  ({stored} stored, {removed} removed,"
+            f" {evicted} evicted; {n_events} events in {len(batches)} batches, {elapsed:.2f} s)"
+            f"\n    {index.stats()}"
+        )
+
+
+def fill(index: BlockIndex, pods: list[str], system: list[int], target: int) -> None:
+    """Every pod stores `system`, then conversations (4k-8k tokens) until `target` records."""
+    for pod in pods:
+        sys_ev = BlockStored(
+            block_hashes=[RNG.getrandbits(64) for _ in range(len(system) // BS)],
+            parent_block_hash=None,
+            token_ids=system,
+            block_size=BS,
+        )
+        index.apply(pod, EventBatch(ts=0.0, events=[sys_ev]), model=MODEL)
+    i = 0
+    while index.stats().entries < target:
+        pod = pods[i % len(pods)]
+        i += 1
+        ids = tokens(RNG.choice((4096, 8192)))
+        index.apply(pod, EventBatch(ts=0.0, events=[stored_event(system + ids)]), model=MODEL)
+
+
+def stored_event(seq: list[int]) -> BlockStored:
+    """A BlockStored of `seq` from its start, with fresh engine hashes."""
+    return BlockStored(
+        block_hashes=[RNG.getrandbits(64) for _ in range(len(seq) // BS)],
+        parent_block_hash=None,
+        token_ids=seq[: len(seq) // BS * BS],
+        block_size=BS,
+    )
+
+
+def bench_match() -> None:
+    print("== keys + match, warm index (~1M records), system prompt on every pod, whole prompt matches")
+    for n_pods in (8, 64):
+        index = BlockIndex(max_entries=10_000_000)
+        pods = [f"10.0.{i // 256}.{i % 256}:8000" for i in range(n_pods)]
+        system = tokens(1024)
+        fill(index, pods, system, 1_000_000)
+        seed = seed_for(MODEL)
+        for n in (1024, 4096, 16384, 100_000):
+            queries = []
+            for q in range(20):
+                seq = system + tokens(n - len(system))
+                index.apply(pods[q % n_pods], EventBatch(ts=0.0, events=[stored_event(seq)]), model=MODEL)
+                queries.append(seq)
+            reps = 100 if n < 20000 else 30
+            k_s: list[float] = []
+            m_s: list[float] = []
+            both: list[float] = []
+            gc.collect()
+            for _ in range(reps):
+                for seq in queries:
+                    t0 = time.perf_counter()
+                    ks = block_keys(seq, BS, seed=seed)
+                    t1 = time.perf_counter()
+                    res = index.match(ks)
+                    t2 = time.perf_counter()
+                    k_s.append(t1 - t0)
+                    m_s.append(t2 - t1)
+                    both.append(t2 - t0)
+            assert max(r.blocks for r in res.values()) == n // BS, res
+            print(
+                f"  {n_pods:>2} pods {n:>7} tokens: keys+match p50 {pct(both, 0.5) * 1e3:6.3f} ms"
+                f" p99 {pct(both, 0.99) * 1e3:6.3f} ms  (keys p50 {pct(k_s, 0.5) * 1e3:6.3f},"
+                f" match p50 {pct(m_s, 0.5) * 1e3:6.3f} p99 {pct(m_s, 0.99) * 1e3:6.3f})"
+            )
+        print(f"     index {index.stats()}")
+
+
+MEM_TARGET = 2_000_000
+MEM_PODS = [f"10.0.0.{i}:8000" for i in range(8)]
+
+
+def mem_unique(index: BlockIndex) -> None:
+    i = 0
+    while index.stats().entries < MEM_TARGET:
+        index.apply(MEM_PODS[i % 8], EventBatch(ts=0.0, events=[stored_event(tokens(4096))]), model=MODEL)
+        i += 1
+
+
+def mem_shared(index: BlockIndex) -> None:
+    while index.stats().entries < MEM_TARGET:
+        ids = tokens(4096)
+        for pod in MEM_PODS:
+            index.apply(pod, EventBatch(ts=0.0, events=[stored_event(ids)]), model=MODEL)
+
+
+def mem_steady(index: BlockIndex) -> None:
+    """Fill, then as many records again stored while the oldest are removed (the engines' LRU)."""
+    live: list[tuple[str, list[int]]] = []
+    i = stored_total = 0
+    while stored_total < 2 * MEM_TARGET:
+        pod = MEM_PODS[i % 8]
+        ev = stored_event(tokens(4096))
+        index.apply(pod, EventBatch(ts=0.0, events=[ev]), model=MODEL)
+        live.append((pod, ev.block_hashes))
+        stored_total += len(ev.block_hashes)
+        while index.stats().entries > MEM_TARGET - 256:
+            p, hs = live.pop(0)
+            index.apply(
+                p, EventBatch(ts=0.0, events=[BlockRemoved(block_hashes=[h]) for h in hs]), model=MODEL
+            )
+        i += 1
+
+
+def mem_evicting(index: BlockIndex) -> None:
+    """Fill to the cap, then as many records again, each store evicting (no removals)."""
+    i = 0
+    while index.stats().evictions < MEM_TARGET:
+        index.apply(MEM_PODS[i % 8], EventBatch(ts=0.0, events=[stored_event(tokens(4096))]), model=MODEL)
+        i += 1
+
+
+MEM_CASES: dict[str, tuple[str, Callable[[BlockIndex], None]]] = {
+    "unique": ("unique blocks (1 holder per key)", mem_unique),
+    "shared": ("every block on all 8 pods", mem_shared),
+    "steady": ("unique, after 2x turnover by removals", mem_steady),
+    "evicting": ("unique, after 1x turnover by the cap", mem_evicting),
+}
+
+
+def measure_memory(case: str, method: str) -> None:
+    """One measurement, in a fresh process (RSS never gives memory back between cases)."""
+    label, build = MEM_CASES[case]
+    gc.collect()
+    if method == "tracemalloc":
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+    else:
+        base = rss()
+    index = BlockIndex(max_entries=MEM_TARGET)
+    build(index)
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - base if method == "tracemalloc" else rss() - base
+    st = index.stats()
+    per = used / st.entries
+    print(f"  {label:34} {method:11} {per:6.1f} B/record  ({st.entries} records, {st.keys} keys)")
+
+
+def bench_memory() -> None:
+    print("== bytes per record, 2M records, 8 pods (tracemalloc: traced bytes; rss: process growth)")
+    for case in MEM_CASES:
+        for method in ("tracemalloc", "rss"):
+            subprocess.run([sys.executable, __file__, "_memory", case, method], check=True)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["_memory"]:
+        measure_memory(sys.argv[2], sys.argv[3])
+        return
+    sections = {"keys": bench_keys, "apply": bench_apply, "match": bench_match, "memory": bench_memory}
+    for name in sys.argv[1:] or list(sections):
+        sections[name]()
+    print(f"Python {sys.version.split()[0]}")
+
+
+if __name__ == "__main__":
+    main()
