@@ -18,15 +18,15 @@ Scheme:
   pure-integer re-implementation of that mixer and in a subprocess with another `PYTHONHASHSEED`.
   A future CPython that changed tuple hashing would change the keys; that is harmless for the index
   (both sides hash in the same process) and the tests would say so.
-- The mixer is a bijection of the parent for a fixed block, so distinct parents never collide on
-  the same block; keys are not collision-resistant against a crafted prompt, which at worst skews a
-  routing hint (the model server checks its own cache).
+- Collisions: keys are 60-bit, so among 10M distinct blocks the chance of any is ~4e-5. They are
+  not resistant to a crafted prompt, which at worst skews a routing hint (the model server checks
+  its own cache).
 - Keys are 60-bit, i.e. uint64 values with the top 4 bits clear: CPython stores an int below 2**60
   in two 30-bit digits, a 32-byte object instead of 48 (measured with RSS over 2M keys; the
   index keeps one such object per distinct block).
 
-Cost (tests/kvcache/bench_index.py, Python 3.11, this machine): ~195 ns per block, i.e. ~50 us for
-a 4k-token prompt. Measured alternatives per 4k-token prompt (256 blocks of 16), p50: this list
+Cost (tests/kvcache/bench_index.py, Python 3.11, this machine): 195-300 ns per block, i.e. 50-80 us
+for a 4k-token prompt. Measured alternatives per 4k-token prompt (256 blocks of 16), p50: this list
 comprehension over `zip(*[iter(ids)] * 16)` 51 us; the same as a for loop 52 us; slicing the list
 into tuples 64-75 us; blake2b(digest_size=8) over `array('q')` bytes 250 us (180 us over 4-byte
 tokens with `update` on a memoryview). blake2b is used only for the seed, once per model.
