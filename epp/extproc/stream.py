@@ -158,12 +158,12 @@ class Stream:
 
     def _fail(self, exc: errors.RequestError) -> list[m.ProcessingResponse]:
         self.closed = True
-        model = "-"
         if exc.status >= 500:
             log.warning("answering %d: %s", exc.status, exc.reason, extra={"path": self.headers.get(":path")})
         else:
             log.info("answering %d: %s", exc.status, exc.reason, extra={"path": self.headers.get(":path")})
-        metrics.request_errors_total.labels(model, str(exc.status)).inc()
+        # Answered before (or instead of) parsing succeeded: no trustworthy model name to label.
+        metrics.request_errors_total.labels("-", str(exc.status)).inc()
         return [m.immediate(exc.status, errors.error_body(exc.status, exc.reason))]
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:

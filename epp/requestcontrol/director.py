@@ -48,7 +48,6 @@ class RequestContext:
     __slots__ = (
         "_director",
         "_finished",
-        "body",
         "booked",
         "destination",
         "picked_at",
@@ -58,20 +57,22 @@ class RequestContext:
         "tracker",
     )
 
-    def __init__(
-        self, director: Director, request: InferenceRequest, result: SchedulingResult, body: bytes
-    ) -> None:
+    def __init__(self, director: Director, request: InferenceRequest, result: SchedulingResult) -> None:
         self._director = director
         self._finished = False
         self.request = request
         self.result = result
-        self.body = body
         targets = result.targets
         self.destination = ",".join(ep.hostport for ep in targets)
         self.booked: Endpoint = targets[0]
         self.served: Endpoint | None = None
         self.picked_at = time.monotonic()
         self.tracker = ResponseTracker(incoming_model=request.model, target_model=request.target_model)
+
+    @property
+    def body(self) -> bytes:
+        """The body to forward: the client's, or re-encoded when the model name was rewritten."""
+        return self.request.body_bytes
 
     @property
     def rewrites_response(self) -> bool:
@@ -143,7 +144,7 @@ class Director:
             raise errors.NoCapacity("the scheduler found no endpoint for the request")
         for hook in self._pre_request:
             hook.pre_request(request, result)
-        ctx = RequestContext(self, request, result, request.body_bytes)
+        ctx = RequestContext(self, request, result)
         primary = ctx.booked
         primary.book(request.prompt_tokens_estimate)
         self._child(metrics.picks_total, primary.name).inc()
