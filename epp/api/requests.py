@@ -62,6 +62,11 @@ class InferenceRequest:
     body_bytes: bytes = b""
     # A cheap prompt-size estimate in tokens (exact when token ids were given), for load accounting.
     prompt_tokens_estimate: int = 0
+    # vLLM's `cache_salt`: requests with different salts never share KV blocks.
+    cache_salt: str | None = None
+    # The first (or only) prompt as the token ids the model server will compute, when known: given
+    # as ids, or filled in by the tokenizer before scheduling (requestcontrol). None = unknown.
+    token_ids: list[int] | None = None
     # Envoy's subset hint: None = no restriction; else the allowed IPs (ports ignored, as GIE).
     subset_ips: frozenset[str] | None = None
 
@@ -97,6 +102,7 @@ class _Item(msgspec.Struct):
 class _Body(msgspec.Struct):
     model: str | None = None
     stream: bool | None = None  # some clients send null
+    cache_salt: str | None = None
 
 
 class _ChatBody(_Body):
@@ -197,6 +203,7 @@ def parse_request(
         stream=bool(parsed.stream),
         body_bytes=body,
         subset_ips=subset_ips,
+        cache_salt=parsed.cache_salt or None,
     )
     if api is Api.CHAT:
         _fill_chat(req, parsed)
@@ -209,6 +216,7 @@ def parse_request(
 
     if req.prompt_token_ids:
         req.prompt_tokens_estimate = sum(map(len, req.prompt_token_ids))
+        req.token_ids = req.prompt_token_ids[0]  # a batch's prompts are separate sequences
     else:
         n = 0
         for text in req.prompt_texts:
@@ -221,6 +229,21 @@ def parse_request(
         req.target_model = target
         req.body_bytes = _rewrite_model(body, target)
     return req
+
+
+def plain_prompt(req: InferenceRequest) -> str | None:
+    """The text to tokenize "plainly" (no chat template): the first prompt of a completions or
+    embeddings request, or the chat/responses texts joined by newlines; None if there is none.
+
+    An interim rendering until chat templates are applied as vLLM does: for chat it does not give
+    vLLM's tokens, so it matches only servers that tokenize the same way (the simulator).
+    """
+    texts = req.prompt_texts
+    if not texts:
+        return None
+    if req.api is Api.COMPLETIONS or req.api is Api.EMBEDDINGS:
+        return texts[0]
+    return "\n".join(texts)
 
 
 def header_only_request(

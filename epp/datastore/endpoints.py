@@ -42,6 +42,9 @@ class EndpointSpec:
     pod: str = ""  # pod name; "" for static endpoints
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     metrics_port: int | None = None  # None: scrape `port`
+    model: str = ""  # the base model served, when the source says ("" = unknown): seeds KV block keys
+    kv_events: str | None = None  # its KV-event publisher, "tcp://host:port"; None = epp's default
+    kv_replay: str | None = None  # that publisher's replay (ROUTER) endpoint, when enabled
 
     @property
     def hostport(self) -> str:

@@ -9,8 +9,9 @@ is `host:port` (IPv6 in brackets); the endpoint's name is that same `host:port`.
 
 ```yaml
 endpoints:
-  - address: 10.0.0.1         # required: IP or DNS name (IPv6 without brackets)
-    port: 8000                # required: the serving port Envoy sends requests to
+  - address: 10.0.0.1         # required: IP or DNS name (IPv6 without brackets), or
+                              #   "host:port" ("[v6]:port") with the port inline
+    port: 8000                # required unless inline: the serving port Envoy sends requests to
     name: vllm-0              # optional; default "address:port". Must be unique.
     metricsPort: 9100         # optional; default: port. Where /metrics is scraped.
     labels: {zone: a}         # optional; string values (numbers are turned into strings)
@@ -18,6 +19,13 @@ endpoints:
                               #   port .. port+ranks-1, one endpoint per rank, named
                               #   "<name>-rank-<i>", or by its own "address:port" when no name
                               #   is given; metricsPort, if set, is offset by the rank too.
+    model: llama              # optional: the base model served (seeds KV block keys; needed to
+                              #   tell LoRA adapters from the base model in KV events)
+    kvEvents: tcp://10.0.0.1:5557   # optional: the pod's vLLM KV-event publisher; default
+                              #   tcp://<address>:<--kv-events-port>. Offset by the rank, as vLLM
+                              #   offsets a data-parallel rank's publisher port.
+    kvReplay: tcp://10.0.0.1:5558   # optional: its replay endpoint (vLLM's replay_endpoint);
+                              #   offset by the rank too
   - 10.0.0.2:8000             # a plain "host:port" string is an entry with only address and port
 ```
 
@@ -60,7 +68,8 @@ log = logging.getLogger(__name__)
 
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9_])?")  # DNS name or IPv4
 _PORT = re.compile(r"[0-9]{1,5}")
-_KEYS = ("address", "port", "name", "metricsPort", "labels", "ranks")
+_KEYS = ("address", "port", "name", "metricsPort", "labels", "ranks", "model", "kvEvents", "kvReplay")
+_ZMQ_TCP = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
 _MAX_RANKS = 64  # far above any real data-parallel size; catches "ranks: 8000" typos
 
 
@@ -164,20 +173,30 @@ def _entry_specs(entry: object) -> list[EndpointSpec]:
             close = difflib.get_close_matches(str(key), _KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(_KEYS)})"
             raise ValueError(f"unknown key {key!r}{hint}")
-    for key in ("address", "port"):
-        if key not in entry:
-            raise ValueError(f"missing required key {key!r}")
+    if "address" not in entry:
+        raise ValueError("missing required key 'address'")
     address = entry["address"]
     if not isinstance(address, str):
         raise ValueError(f"address must be a string, got {address!r}")
-    address = _check_address(address.strip())
-    port = _check_port(entry["port"])
+    address = address.strip()
+    if "port" in entry:
+        address = _check_address(address)
+        port = _check_port(entry["port"])
+    elif (address.startswith("[") and "]:" in address) or address.count(":") == 1:
+        address, port = _split_hostport(address)  # "10.0.0.5:8000": the port given inline
+    else:
+        raise ValueError("missing required key 'port' (or give the address as host:port)")
     raw_metrics_port = entry.get("metricsPort")
     metrics_port = None if raw_metrics_port is None else _check_port(raw_metrics_port, "metricsPort")
     name = entry.get("name")
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     labels = _labels(entry.get("labels"))
+    model = entry.get("model", "")
+    if not isinstance(model, str):
+        raise ValueError(f"model must be a string, got {model!r}")
+    kv_events = _zmq_endpoint(entry.get("kvEvents"), "kvEvents")
+    kv_replay = _zmq_endpoint(entry.get("kvReplay"), "kvReplay")
     ranks = entry.get("ranks", 1)
     if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= _MAX_RANKS:
         raise ValueError(f"ranks must be an integer in 1-{_MAX_RANKS}, got {ranks!r}")
@@ -197,9 +216,29 @@ def _entry_specs(entry: object) -> list[EndpointSpec]:
                 rank=r,
                 labels=dict(labels),
                 metrics_port=None if metrics_port is None else metrics_port + r,
+                model=model.strip(),
+                kv_events=None if kv_events is None else _offset(kv_events, r),
+                kv_replay=None if kv_replay is None else _offset(kv_replay, r),
             )
         )
     return specs
+
+
+def _zmq_endpoint(value: object, key: str) -> tuple[str, int] | None:
+    """A `tcp://host:port` ZMQ endpoint as (host, port); None when absent."""
+    if value is None:
+        return None
+    m = _ZMQ_TCP.fullmatch(value.strip()) if isinstance(value, str) else None
+    if m is None:
+        raise ValueError(f"{key} must be 'tcp://host:port', got {value!r}")
+    return m.group(1), _check_port(int(m.group(2)), key)
+
+
+def _offset(endpoint: tuple[str, int], rank: int) -> str:
+    host, port = endpoint
+    if port + rank > 65535:
+        raise ValueError(f"rank {rank} runs port {port} past 65535")
+    return f"tcp://{host}:{port + rank}"
 
 
 def _labels(value: object) -> dict[str, str]:

@@ -104,7 +104,7 @@ class IndexStats(msgspec.Struct, frozen=True, gc=False):
 class _Pod:
     """One pod's side of the index."""
 
-    __slots__ = ("block_size", "dups", "engine", "mask", "name", "prefixes", "slot", "tiers")
+    __slots__ = ("block_size", "dups", "engine", "mask", "model", "name", "prefixes", "slot", "tiers")
 
     def __init__(self, name: str, slot: int) -> None:
         self.name = name
@@ -115,6 +115,7 @@ class _Pod:
         self.dups: dict[int, int] = {}  # pe -> extra copies, only while > 0
         self.tiers = 0  # a bit per tier stored in (parent lookups try those)
         self.block_size: int | None = None
+        self.model = ""
 
 
 class BlockIndex:
@@ -158,6 +159,7 @@ class BlockIndex:
         `default_block_size` stands in for a BlockStored's `block_size` of 0."""
         st = ApplyStats()
         p = self._pods.get(pod) or self._add_pod(pod)
+        p.model = model
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 self._stored(p, ev, model, default_block_size, st)
@@ -561,6 +563,12 @@ class BlockIndex:
         """The block size of `pod`'s last stored event (prompts must be hashed at it to match)."""
         p = self._pods.get(pod)
         return None if p is None else p.block_size
+
+    def model_of(self, pod: str) -> str | None:
+        """The model `pod`'s last batch was applied with (the base of its key seeds); None if the
+        pod has no events. A request must seed its keys with the same name to match."""
+        p = self._pods.get(pod)
+        return None if p is None else p.model
 
     def stats(self) -> IndexStats:
         return IndexStats(

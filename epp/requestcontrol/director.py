@@ -1,9 +1,16 @@
 """The Director owns one request's lifecycle, from the parsed body to the end of the response.
 
-    route():   parse body -> candidate endpoints (subset hint) -> scheduler -> pre-request hooks
-               -> book in-flight load on the primary -> RequestContext
+    route():   parse body -> candidate endpoints (subset hint) -> token ids (when a plugin consumes
+               them) -> scheduler -> pre-request hooks -> book in-flight load on the primary
+               -> RequestContext
     context:   on_response_headers / on_response_body (usage, model name rewritten back)
                -> finish(): release the booking, run response-complete hooks, record metrics
+
+Tokenization runs here, before the scheduler, because it is the one slow step of a decision
+(milliseconds for long prompts, off the event loop in the tokenizer) and the scheduler is
+synchronous. It happens only when a configured plugin `consumes_tokens`, and a tokenizer failure
+only costs the request its token ids (prefix scorers then see none), never the request itself.
+Until chat templates are applied as vLLM does, prompts are rendered plainly (`plain_prompt`).
 
 `finish()` is idempotent and the ext-proc layer calls it from a `finally`, so every way a stream
 can end (completion, model-server error, client reset, Envoy cancelling the stream, epp answering
@@ -17,10 +24,12 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
+
+import msgspec
 
 from epp.api import errors
-from epp.api.requests import InferenceRequest, header_only_request, parse_request
+from epp.api.requests import InferenceRequest, header_only_request, parse_request, plain_prompt
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.observability import metrics
@@ -32,6 +41,14 @@ log = logging.getLogger("epp.director")
 
 MAX_MODEL_LABELS = 256
 """Distinct model names kept as metric label values; later ones are counted as "other"."""
+
+
+class PromptTokenizer(Protocol):
+    """What the Director needs of a tokenizer registry (`epp.tokenize`)."""
+
+    async def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int] | None:
+        """The token ids of `text` for `model`; None when no tokenizer is known for it."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,10 +120,12 @@ class Director:
         pre_request: Sequence[PreRequest] = (),
         response_complete: Sequence[ResponseComplete] = (),
         settings: DirectorSettings = DirectorSettings(),
+        tokenizer: PromptTokenizer | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
         self.settings = settings
+        self._tokenizer = tokenizer if scheduler.consumes_tokens() else None
         self._pre_request = list(pre_request)
         self._response_complete = list(response_complete)
         # Bound Prometheus children: `labels()` costs ~1.5 µs a call and a request needs a dozen.
@@ -139,6 +158,8 @@ class Director:
         `body` None means a header-only request (GET /v1/models): it is routed too.
         """
         request, candidates = self._prepare(path=path, headers=headers, body=body, subset=subset)
+        if self._tokenizer is not None:
+            await self._tokenize(request)
         result = self.scheduler.schedule(request, candidates)
         if not result.targets:
             raise errors.NoCapacity("the scheduler found no endpoint for the request")
@@ -146,6 +167,8 @@ class Director:
             hook.pre_request(request, result)
         ctx = RequestContext(self, request, result)
         primary = ctx.booked
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_decision(request, result)
         primary.book(request.prompt_tokens_estimate)
         self._child(metrics.picks_total, primary.name).inc()
         self._child(metrics.inflight_requests, primary.name).set(primary.inflight_requests)
@@ -160,7 +183,49 @@ class Director:
         keep a cursor (round-robin) still advance. Raises `errors.RequestError` like `route`.
         """
         request, candidates = self._prepare(path=path, headers=headers, body=body, subset=None)
+        if self._tokenizer is not None:
+            await self._tokenize(request)
         return request, self.scheduler.schedule(request, candidates, explain=True)
+
+    async def _tokenize(self, request: InferenceRequest) -> None:
+        """Fill `request.token_ids` (and the exact prompt size) unless the ids came with it."""
+        assert self._tokenizer is not None
+        if request.token_ids is not None:
+            return
+        text = plain_prompt(request)
+        if text is None:
+            return
+        try:
+            ids = await self._tokenizer.encode(request.target_model, text)
+        except Exception:  # a tokenizer bug costs the prefix hint, never the request
+            log.exception("tokenizing the prompt for model %r failed", request.target_model)
+            return
+        if ids is not None:
+            request.token_ids = ids
+            request.prompt_tokens_estimate = len(ids)
+
+    def _log_decision(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        """One debug line per decision: the pick, and what the explainers (prefix match) found."""
+        facts = self.scheduler.facts(result)
+        matched = {
+            name: fields.get("matched_blocks")
+            for name, fields in facts["endpoints"].items()
+            if fields.get("matched_blocks")
+        }
+        log.debug(
+            "routed %s to %s",
+            request.request_id,
+            result.targets[0].hostport,
+            extra={
+                "request_id": request.request_id,
+                "model": request.target_model,
+                "pick": result.targets[0].name,
+                "targets": ",".join(ep.hostport for ep in result.targets),
+                "prompt_tokens": request.prompt_tokens_estimate,
+                "request_blocks": facts["request"].get("request_blocks"),
+                "matched_blocks": _json(matched),
+            },
+        )
 
     def _prepare(
         self, *, path: str, headers: Mapping[str, str], body: bytes | None, subset: list[str] | None
@@ -230,6 +295,10 @@ class Director:
                 child(metrics.output_tokens, model).inc(usage.completion_tokens)
             if usage.cached_tokens:
                 child(metrics.cached_tokens, model).inc(usage.cached_tokens)
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
 
 
 def _host_of(hostport: str) -> str:

@@ -21,32 +21,44 @@ async def explain(
     """Raises `epp.api.errors.RequestError` exactly as routing the request would."""
     request, result = await director.explain(path=path, headers=headers, body=body)
     profile_result = result.profiles[result.primary]
-    weights = {}
+    weights: dict[str, float] = {}
     for profile in director.scheduler.profiles:
         if profile.name == result.primary:
             weights = {scorer.name: weight for scorer, weight in profile.scorers}
+    facts = profile_result.facts
+    per_endpoint = facts.get("endpoints", {})
     rows = []
     for name, scores in profile_result.scores.items():
         ep = director.datastore.get(name)
+        address = ep.hostport if ep is not None else ""
+        found = per_endpoint.get(name, {})
         rows.append(
             {
                 "name": name,
-                "address": ep.hostport if ep is not None else "",
+                "address": address,
+                "endpoint": address,
                 "total": sum(score * weights.get(scorer, 1.0) for scorer, score in scores.items()),
-                "scores": [
-                    {"scorer": scorer, "score": score, "weight": weights.get(scorer, 1.0)}
-                    for scorer, score in scores.items()
-                ],
+                "scores": scores,
+                "matched_blocks": found.get("matched_blocks", 0),
+                "tier": found.get("tier", ""),
+                "cached_tokens": found.get("cached_tokens", 0),
             }
         )
     rows.sort(key=lambda row: row["total"], reverse=True)
+    targets = [ep.hostport for ep in result.targets]
+    about = facts.get("request", {})
     return {
         "model": request.model,
         "target_model": request.target_model,
         "profile": result.primary,
-        "targets": [ep.hostport for ep in result.targets],
+        "targets": targets,
+        "pick": targets[0] if targets else "",
+        "weights": weights,
         "endpoints": rows,
         "prompt_tokens_estimate": request.prompt_tokens_estimate,
+        "request_blocks": about.get("request_blocks", 0),
+        "request_tokens": about.get("request_tokens", 0),
+        "block_size": about.get("block_size", 0),
     }
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from epp.api import errors
 from epp.api.requests import InferenceRequest
@@ -127,7 +128,22 @@ class Profile:
             self._observe_pick(clock() - start)
         if not targets:
             raise errors.NoCapacity(f"no endpoints available: picker {self.picker.name!r} chose none")
-        return interfaces.ProfileResult(self.name, targets, breakdown)
+        result = interfaces.ProfileResult(self.name, targets, breakdown)
+        if explain:
+            result.facts = self.facts(cycle)
+        return result
+
+    def facts(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        """The explainers' findings for the request scored in `cycle`, merged."""
+        request: dict[str, Any] = {}
+        per_endpoint: dict[str, dict[str, Any]] = {}
+        for plugin in (*self.filters, *(s for s, _ in self.scorers), self.picker):
+            if isinstance(plugin, interfaces.Explainer):
+                found = plugin.explain(cycle)
+                request.update(found.get("request", {}))
+                for name, fields in found.get("endpoints", {}).items():
+                    per_endpoint.setdefault(name, {}).update(fields)
+        return {"request": request, "endpoints": per_endpoint}
 
 
 class Scheduler:
@@ -149,6 +165,14 @@ class Scheduler:
     def profile_names(self) -> list[str]:
         return [p.name for p in self.profiles]
 
+    def consumes_tokens(self) -> bool:
+        """Whether any plugin reads `InferenceRequest.token_ids` (worth tokenizing for)."""
+        return any(
+            getattr(plugin, "consumes_tokens", False)
+            for p in self.profiles
+            for plugin in (*p.filters, *(s for s, _ in p.scorers), p.picker)
+        )
+
     def schedule(
         self, request: InferenceRequest, endpoints: list[Endpoint], *, explain: bool = False
     ) -> interfaces.SchedulingResult:
@@ -160,11 +184,16 @@ class Scheduler:
         if not endpoints:
             raise errors.ServiceUnavailable("no ready endpoints")
         start = time.perf_counter()
+        cycle: interfaces.CycleState = {}
         try:
-            result = self._profile.run({}, request, endpoints, explain=explain)
+            result = self._profile.run(cycle, request, endpoints, explain=explain)
         finally:
             self._observe(time.perf_counter() - start)
-        return interfaces.SchedulingResult(self.primary, {self.primary: result})
+        return interfaces.SchedulingResult(self.primary, {self.primary: result}, cycle)
+
+    def facts(self, result: interfaces.SchedulingResult) -> dict[str, Any]:
+        """The primary profile's explainer findings for a decision made without `explain`."""
+        return self._profile.facts(result.cycle)
 
 
 def lower_is_better(values: Sequence[float]) -> list[float]:

@@ -10,6 +10,11 @@ profile: "no endpoints available", 429), then every Scorer, then the profile's o
   state. Effects (booking load, learning from a decision) belong in `PreRequest` hooks.
 - `CycleState` is a per-request scratch dict shared by the plugins of one scheduling cycle, keyed
   by plugin name, for work a scorer does that a later plugin reuses.
+- A plugin that needs the prompt's token ids says so with a class attribute `consumes_tokens =
+  True`; the request then arrives with `InferenceRequest.token_ids` filled when a tokenizer is
+  known for its model (tokenizing costs milliseconds, so it is skipped when nothing consumes it).
+- A plugin may also be an `Explainer`: what it found for a request (matched blocks, ...) then
+  appears in the explain API and the per-decision debug log.
 - A plugin is created by a factory `(name, parameters, handle) -> plugin`. Parameters are decoded
   into the plugin's msgspec `Params` struct with unknown fields forbidden, so a misspelt parameter
   is a startup error naming it.
@@ -23,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Datastore, Endpoint
+from epp.kvcache.index import BlockIndex
 
 CycleState = dict[str, Any]
 
@@ -41,12 +47,15 @@ class ProfileResult:
     targets: list[Endpoint]
     # Per-endpoint breakdown for explain/debug: {endpoint name: {scorer name: raw clamped score}}.
     scores: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # Explainers' findings, merged (explain only): {"request": {...}, "endpoints": {name: {...}}}.
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(slots=True)
 class SchedulingResult:
     primary: str  # the name of the profile whose targets are sent to the proxy
     profiles: dict[str, ProfileResult]
+    cycle: CycleState = dataclasses.field(default_factory=dict)  # the plugins' scratch, for explainers
 
     @property
     def targets(self) -> list[Endpoint]:
@@ -90,6 +99,15 @@ class Picker(Plugin, Protocol):
 
 
 @runtime_checkable
+class Explainer(Plugin, Protocol):
+    def explain(self, cycle: CycleState) -> Mapping[str, Any]:
+        """What this plugin found for the request scored in `cycle`: request-level facts under
+        "request", per-endpoint facts under "endpoints" as {endpoint name: {field: value}}.
+        Called only for the explain API and debug logs, never on the routing hot path."""
+        ...
+
+
+@runtime_checkable
 class PreRequest(Plugin, Protocol):
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         """Called once the decision is final, before the request goes to the proxy."""
@@ -122,7 +140,8 @@ class Handle:
     """What a plugin factory may use: shared services, passed explicitly."""
 
     datastore: Datastore
-    # Later issues add: kv-cache index, tokenizer, model profiles.
+    # Where vLLM's KV-cache events land (None when KV events are off): precise prefix scoring.
+    kv_index: BlockIndex | None = None
     extras: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 

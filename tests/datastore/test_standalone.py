@@ -98,6 +98,24 @@ def test_full_format() -> None:
     assert specs[1].labels == {}
 
 
+def test_kv_event_keys_and_inline_port() -> None:
+    """The issue's example: port inline in the address, the model and the KV-event publishers;
+    a data-parallel entry offsets both publisher ports by the rank, as vLLM does."""
+    specs = parse_endpoints_yaml(
+        "endpoints:\n"
+        '  - {address: "10.0.0.5:8000", model: llama, kvEvents: "tcp://10.0.0.5:5557",'
+        ' kvReplay: "tcp://10.0.0.5:5558"}\n'
+        "  - {address: 10.0.0.6, port: 8000, ranks: 2, kvEvents: 'tcp://[fd00::6]:6000'}\n"
+        "  - {address: '[fd00::7]:8000'}\n"
+    )
+    assert [(s.name, s.model, s.kv_events, s.kv_replay) for s in specs] == [
+        ("10.0.0.5:8000", "llama", "tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558"),
+        ("10.0.0.6:8000", "", "tcp://[fd00::6]:6000", None),
+        ("10.0.0.6:8001", "", "tcp://[fd00::6]:6001", None),
+        ("[fd00::7]:8000", "", None, None),
+    ]
+
+
 def test_bare_list_and_empty_pool() -> None:
     assert [s.name for s in parse_endpoints_yaml("- a:1\n- address: b\n  port: 2\n")] == ["a:1", "b:2"]
     assert parse_endpoints_yaml("endpoints: []\n") == []
@@ -119,6 +137,11 @@ def test_bare_list_and_empty_pool() -> None:
         ("- address: a\n  port: 1\n  zzz: 2", "unknown key 'zzz' (known keys: address, port"),
         ("- a:1\n- port: 1", "entry 2: missing required key 'address'"),
         ("- address: a", "missing required key 'port'"),
+        ("- address: a\n  port: 1\n  kvEvents: 5557", "kvEvents must be 'tcp://host:port', got 5557"),
+        ("- address: a\n  port: 1\n  kvReplay: udp://a:1", "kvReplay must be 'tcp://host:port'"),
+        ("- address: a\n  port: 1\n  kvEvents: tcp://a:0", "kvEvents 0 is outside 1-65535"),
+        ("- address: a\n  port: 1\n  model: [x]", "model must be a string"),
+        ("- address: 'a:1'\n  port: 1", "'a:1' is not a valid IPv6 address"),
         ("- address: a\n  port: true", "port must be an integer"),
         ("- address: a\n  port: 1.5", "port must be an integer"),
         ("- address: a\n  port: 70000", "outside 1-65535"),

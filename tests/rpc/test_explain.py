@@ -35,9 +35,9 @@ async def test_grpc_explain_shows_every_candidate_and_books_nothing() -> None:
             assert list(res.targets) == ["10.0.0.2:8000"]  # the only one with an empty queue
             assert res.endpoints[0].name == "pod-1"
             best = res.endpoints[0]
-            by_scorer = {s.scorer: (s.score, s.weight) for s in best.scores}
-            assert by_scorer["queue-scorer"] == (1.0, 2.0)
-            assert best.total == pytest.approx(sum(s * w for s, w in by_scorer.values()))
+            assert best.scores["queue-scorer"] == 1.0 and res.weights["queue-scorer"] == 2.0
+            assert best.total == pytest.approx(sum(s * res.weights[n] for n, s in best.scores.items()))
+            assert res.pick == "10.0.0.2:8000" == best.endpoint
             assert res.prompt_tokens_estimate > 0
             assert all(ep.inflight_requests == 0 for ep in ds.endpoints())
 

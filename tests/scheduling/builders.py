@@ -8,6 +8,7 @@ from typing import Any
 import epp.scheduling.plugins  # noqa: F401  (importing it registers the built-in plugins)
 from epp.api.requests import Api, InferenceRequest
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
+from epp.kvcache.index import BlockIndex
 from epp.scheduling import interfaces, registry
 
 
@@ -49,8 +50,8 @@ def request(*, headers: Mapping[str, str] | None = None, target_model: str = "ba
     )
 
 
-def handle() -> interfaces.Handle:
-    return interfaces.Handle(datastore=Datastore())
+def handle(index: BlockIndex | None = None) -> interfaces.Handle:
+    return interfaces.Handle(datastore=Datastore(), kv_index=index if index is not None else BlockIndex())
 
 
 def plugin(type_name: str, parameters: Mapping[str, Any] | None = None, *, name: str = "") -> Any:

@@ -54,6 +54,7 @@ def tokens(*ids: list[int], model: str = "llama") -> InferenceRequest:
         model=model,
         target_model=model,
         prompt_token_ids=list(ids),
+        token_ids=ids[0],  # as parse_request sets it: a batch's first prompt
     )
 
 
@@ -285,8 +286,8 @@ def test_token_id_prompts_hash_blocks_of_ids() -> None:
     assert plugin.score({}, tokens(ids, model="other"), eps) == [0.0, 0.0]
     # 40 ids: 2 full blocks and a partial one, the full ones matching.
     assert plugin.score({}, tokens(ids[:40]), eps) == [0.0, pytest.approx(2 / 3)]
-    # Batched prompts are concatenated, like chat messages.
-    assert plugin.score({}, tokens(ids[:20], ids[20:]), eps) == [0.0, 1.0]
+    # In a batch, each prompt is its own sequence: the first one is scored.
+    assert plugin.score({}, tokens(ids[:32] + [7] * 16, ids), eps) == [0.0, pytest.approx(2 / 3)]
     # Fewer ids than one block: no hashes.
     assert plugin.block_hashes(tokens(ids[:15])) == []
 

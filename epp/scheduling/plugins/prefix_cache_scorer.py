@@ -14,17 +14,18 @@ never share entries), so a block hash stands for the whole prefix up to and incl
 - Index: per endpoint an LRU of block hashes, plus a reverse map hash -> endpoint(s) for `score`.
   Entries of endpoints removed from the datastore are purged at once (datastore subscription).
 
-Blocks: text is cut every `blockSizeTokens * 4` characters (GIE assumes 4 characters per token);
-token-id prompts every `blockSizeTokens` ids. At most `maxPrefixBlocksToMatch` blocks are hashed,
+Blocks: token ids are cut every `blockSizeTokens` ids; they are the tokenizer's output when a
+tokenizer is known for the model (`consumes_tokens`), or the ids a completions prompt was given as.
+Without them the text is cut every `blockSizeTokens * 4` characters, as GIE does (it assumes 4
+characters per token). At most `maxPrefixBlocksToMatch` blocks are hashed,
 the rest of a longer prompt is ignored. A trailing partial block is hashed too (GIE PR #2823), so a
 repeated identical prompt scores 1.0 rather than (n-1)/n. A prompt shorter than one full block
 gets no hashes at all, hence score 0 everywhere and nothing recorded: vLLM caches only full blocks,
 so such a prompt gains nothing from affinity, and hashing it would pile every repeat of a short
 prompt (health probes, "hi") onto one endpoint.
 
-Inputs consumed: `InferenceRequest.target_model`; `prompt_token_ids` when given (lists
-concatenated), else `prompt_texts` concatenated in order (completions prompt(s), chat message
-texts; to be replaced by real tokens when the tokenizer component arrives); `Endpoint.metrics`
+Inputs consumed: `InferenceRequest.target_model`; `token_ids` when known, else `prompt_texts`
+concatenated in order (completions prompt(s), chat message texts); `Endpoint.metrics`
 `num_gpu_blocks` and `block_size` (scraped `vllm:cache_config_info`) when `autoTune` is on. Writes
 the request's block-hash list (`list[int]`) to `CycleState[<plugin name>]`.
 
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
@@ -57,6 +58,7 @@ _Positive = Annotated[int, msgspec.Meta(gt=0)]
 
 @registry.register("prefix-cache-scorer")
 class PrefixCacheScorer(registry.PluginBase):
+    consumes_tokens: Final = True
     class Params(msgspec.Struct, forbid_unknown_fields=True):
         blockSizeTokens: _Positive = 16
         maxPrefixBlocksToMatch: _Positive = 256
@@ -109,20 +111,19 @@ class PrefixCacheScorer(registry.PluginBase):
         """
         h = hash(request.target_model)
         out: list[int] = []
-        prompt: str | list[int]
-        if request.prompt_token_ids:
+        ids = request.token_ids
+        if ids:
             size = self._block_tokens
-            limit = size * self._max_blocks
-            prompt = _ids_prefix(request.prompt_token_ids, limit)
-            if len(prompt) < size:
+            if len(ids) < size:
                 return out
-            for i in range(0, min(len(prompt), limit), size):
-                h = hash((h, tuple(prompt[i : i + size])))
+            for i in range(0, min(len(ids), size * self._max_blocks), size):
+                h = hash((h, tuple(ids[i : i + size])))
                 out.append(h)
             return out
         if not request.prompt_texts:
             return out
         size = self._block_chars
+        prompt: str
         limit = size * self._max_blocks
         prompt = _text_prefix(request.prompt_texts, limit)
         if len(prompt) < size:
@@ -243,18 +244,6 @@ class PrefixCacheScorer(registry.PluginBase):
     def indexed_blocks(self) -> int:
         """Distinct block hashes held by any endpoint."""
         return len(self._owners)
-
-
-def _ids_prefix(lists: list[list[int]], limit: int) -> list[int]:
-    """The id lists concatenated, stopping once `limit` ids are reached (no copy for one list)."""
-    if len(lists) == 1:
-        return lists[0]
-    out: list[int] = []
-    for ids in lists:
-        out += ids
-        if len(out) >= limit:
-            break
-    return out
 
 
 def _text_prefix(texts: list[str], limit: int) -> str:

@@ -1,0 +1,276 @@
+"""`precise-prefix-cache-scorer`: prefer endpoints whose KV cache holds the request's leading blocks,
+as the model servers themselves report it (vLLM KV-cache events -> `epp.kvcache.index.BlockIndex`).
+
+What it does: the request's prompt token ids (`InferenceRequest.token_ids`, filled before scheduling
+by the tokenizer, or given as ids) are cut into blocks at each endpoint's block size and keyed with
+`epp.kvcache.keys` exactly as ingestion keys the `token_ids` of vLLM's `BlockStored` events. An
+endpoint's match is the run of leading blocks it holds, and it scores
+
+    (gpu_blocks * gpuWeight + offloaded_blocks * offloadWeight) / request blocks
+
+where offloaded blocks are held only in a lower tier (CPU, storage: a reload is cheaper than a
+prefill, dearer than a GPU hit). A request with no full block, or no token ids, scores 0 everywhere.
+
+Keys must be computed the way the pod's events were keyed, so per endpoint:
+- block size: `blockSize` when set; else the pod's events' block_size; else its scraped
+  `vllm:cache_config_info`; else 16 (vLLM's default);
+- seed: the model the pod's events were applied with (`BlockIndex.model_of`, from the endpoints
+  file's `model:` or the events' topic), else the endpoint's configured model; the request's target
+  model is a LoRA adapter when it differs from a known base model (vLLM puts the adapter name in
+  `BlockStored.lora_name`), and its `cache_salt` is mixed in as vLLM mixes it into block hashes.
+Endpoints sharing (block size, seed) share one key list: usually the whole pool is one group.
+
+Speculative entries: between a routing decision and the first KV event of its prefill there are
+tens to hundreds of milliseconds in which a burst of requests sharing a new prefix would see no
+holder and scatter. So `pre_request` records the request's keys as held by the primary endpoint
+for `speculativeTTLSeconds`; a later request sees them like GPU blocks. Real events confirm them
+(the index then holds the same keys) and the TTL drops the ones no event confirmed (the request
+failed, or the model server evicted them). An endpoint leaving the pool drops its entries at once.
+
+Writes to `CycleState[<plugin name>]` a `PrefixMatch` (request blocks, per-endpoint matches) which
+`explain` turns into the explain API's `request_blocks`, `matched_blocks`, `tier` and `cached_tokens`.
+
+Parameters (each checked at startup):
+- `blockSize` (0): tokens per block; 0 = learn it per endpoint as above.
+- `gpuWeight` (1.0), `offloadWeight` (0.8): value of a block matched on GPU / only off GPU.
+- `speculativeTTLSeconds` (2.0): lifetime of a speculative entry; 0 disables them.
+- `maxPrefixBlocksToMatch` (0): blocks keyed per request; 0 = the whole prompt.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from epp.api.requests import InferenceRequest
+from epp.datastore.endpoints import Endpoint
+from epp.kvcache.index import BlockIndex, MatchResult
+from epp.kvcache.keys import BlockKey, block_keys, seed_for
+from epp.scheduling import interfaces, registry
+
+DEFAULT_BLOCK_SIZE: Final = 16  # vLLM's default --block-size on GPUs
+
+_Weight = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+@dataclasses.dataclass(slots=True)
+class PrefixMatch:
+    """What the scorer found for one request (explain and debug logs read it)."""
+
+    request_tokens: int
+    request_blocks: int  # of the first endpoint group (all endpoints, in a uniform pool)
+    block_size: int
+    matches: dict[str, MatchResult]  # endpoint name -> its run (endpoints with none left out)
+    speculative: set[str]  # endpoints whose run came from speculative entries
+
+
+@registry.register("precise-prefix-cache-scorer")
+class PrecisePrefixCacheScorer(registry.PluginBase):
+    consumes_tokens: Final = True
+
+    class Params(msgspec.Struct, forbid_unknown_fields=True):
+        blockSize: Annotated[int, msgspec.Meta(ge=0)] = 0
+        gpuWeight: _Weight = 1.0
+        offloadWeight: _Weight = 0.8
+        speculativeTTLSeconds: Annotated[float, msgspec.Meta(ge=0.0, le=60.0)] = 2.0
+        maxPrefixBlocksToMatch: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
+        self.name = name
+        if handle.kv_index is None:
+            raise registry.ConfigError(
+                f"plugin {name!r} (type {self.type!r}) needs vLLM KV events: start epp with "
+                "--kv-events connect (or bind), or use prefix-cache-scorer (approximate) instead"
+            )
+        self._index: BlockIndex = handle.kv_index
+        self._block_size = params.blockSize
+        self._w_gpu = params.gpuWeight
+        self._w_off = params.offloadWeight
+        self._ttl = params.speculativeTTLSeconds
+        self._max_blocks = params.maxPrefixBlocksToMatch
+        self._spec = _Speculative()
+        # pre_request gets no CycleState; the Director calls it right after `schedule` with no
+        # await in between, so the last request scored is the one being routed (else re-keyed).
+        self._last: tuple[InferenceRequest, dict[str, list[BlockKey]]] | None = None
+        handle.datastore.subscribe(self._on_endpoints_changed)
+
+    # --- decision -------------------------------------------------------------------------------
+
+    def score(
+        self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> list[float]:
+        tokens = request.token_ids
+        if not tokens:
+            self._last = None
+            cycle[self.name] = PrefixMatch(0, 0, 0, {}, set())
+            return [0.0] * len(endpoints)
+        groups = self._groups(request, endpoints)
+        now = time.monotonic()
+        self._spec.expire(now)
+        matches: dict[str, MatchResult] = {}
+        speculative: set[str] = set()
+        keys_of: dict[str, list[BlockKey]] = {}
+        first: tuple[int, int] | None = None
+        for (block_size, _seed), (keys, members) in groups.items():
+            if first is None:
+                first = (len(keys), block_size)
+            for ep in members:
+                keys_of[ep.name] = keys
+            if not keys:
+                continue
+            matches.update(self._index.match(keys, [ep.name for ep in members]))
+            if self._spec:
+                for ep in members:
+                    run = self._spec.run(ep.name, keys)
+                    have = matches.get(ep.name)
+                    if run and (have is None or run > have.blocks):
+                        matches[ep.name] = MatchResult(run, run)
+                        speculative.add(ep.name)
+        self._last = (request, keys_of)
+        n_blocks, block_size = first if first is not None else (0, 0)
+        cycle[self.name] = PrefixMatch(len(tokens), n_blocks, block_size, matches, speculative)
+        out = []
+        for ep in endpoints:
+            m = matches.get(ep.name)
+            keys = keys_of[ep.name]
+            if m is None or not keys:
+                out.append(0.0)
+                continue
+            gpu = m.gpu_blocks
+            out.append((gpu * self._w_gpu + (m.blocks - gpu) * self._w_off) / len(keys))
+        return out
+
+    def _groups(
+        self, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> dict[tuple[int, int], tuple[list[BlockKey], list[Endpoint]]]:
+        """Endpoints grouped by (block size, key seed), each group with the request's keys."""
+        tokens = request.token_ids or []
+        target = request.target_model
+        salt = request.cache_salt
+        index = self._index
+        groups: dict[tuple[int, int], tuple[list[BlockKey], list[Endpoint]]] = {}
+        for ep in endpoints:
+            name = ep.name
+            block_size = self._block_size or index.block_size_of(name) or ep.metrics.block_size
+            block_size = block_size or DEFAULT_BLOCK_SIZE
+            model = index.model_of(name)
+            if model is None:
+                model = ep.spec.model
+            lora = target if model and target and target != model else None
+            seed = seed_for(model, lora_name=lora, cache_salt=salt)
+            group = groups.get((block_size, seed))
+            if group is None:
+                limit = len(tokens)
+                if self._max_blocks:
+                    limit = min(limit, self._max_blocks * block_size)
+                ids = tokens if limit == len(tokens) else tokens[:limit]
+                group = groups[(block_size, seed)] = (block_keys(ids, block_size, seed=seed), [])
+            group[1].append(ep)
+        return groups
+
+    # --- learning -------------------------------------------------------------------------------
+
+    def pre_request(self, request: InferenceRequest, result: interfaces.SchedulingResult) -> None:
+        if not self._ttl or not result.targets:
+            return
+        last = self._last
+        if last is None or last[0] is not request:
+            return  # not scored by this plugin (another profile, or no tokens)
+        primary = result.targets[0]
+        keys = last[1].get(primary.name)
+        if keys:
+            self._spec.add(primary.name, keys, time.monotonic() + self._ttl)
+
+    def _on_endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        for ep in removed:
+            self._spec.drop(ep.name)
+
+    # --- explain --------------------------------------------------------------------------------
+
+    def explain(self, cycle: interfaces.CycleState) -> Mapping[str, Any]:
+        found = cycle.get(self.name)
+        if not isinstance(found, PrefixMatch):
+            return {}
+        per_endpoint: dict[str, dict[str, Any]] = {}
+        for name, m in found.matches.items():
+            tier = "gpu" if m.gpu_blocks == m.blocks else "offload"
+            if name in found.speculative:
+                tier = "speculative"
+            per_endpoint[name] = {
+                "matched_blocks": m.blocks,
+                "tier": tier,
+                "cached_tokens": cached_tokens(found.request_tokens, m.blocks, found.block_size),
+            }
+        return {
+            "request": {
+                "request_blocks": found.request_blocks,
+                "request_tokens": found.request_tokens,
+                "block_size": found.block_size,
+            },
+            "endpoints": per_endpoint,
+        }
+
+
+def cached_tokens(prompt_tokens: int, matched_blocks: int, block_size: int) -> int:
+    """The prompt tokens vLLM will report as cached for a run of `matched_blocks`: it always
+    computes at least the prompt's last token, so a prompt fully cached block by block reuses one
+    block less."""
+    if prompt_tokens <= 0 or block_size <= 0:
+        return 0
+    return min(matched_blocks, (prompt_tokens - 1) // block_size) * block_size
+
+
+class _Speculative:
+    """Keys assumed held by an endpoint until a deadline: endpoint -> {key: deadline}.
+
+    A deadline queue drops entries lazily (on `expire`), so adding costs one dict update per key
+    and nothing runs on a timer. A key re-added by a later request gets the later deadline; the
+    earlier queue entry then finds a newer deadline and leaves it.
+    """
+
+    __slots__ = ("_by_pod", "_queue")
+
+    def __init__(self) -> None:
+        self._by_pod: dict[str, dict[int, float]] = {}
+        self._queue: collections.deque[tuple[float, str, list[BlockKey]]] = collections.deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._by_pod)
+
+    def add(self, pod: str, keys: list[BlockKey], deadline: float) -> None:
+        held = self._by_pod.setdefault(pod, {})
+        held.update(dict.fromkeys(keys, deadline))
+        self._queue.append((deadline, pod, keys))
+
+    def expire(self, now: float) -> None:
+        queue = self._queue
+        while queue and queue[0][0] <= now:
+            deadline, pod, keys = queue.popleft()
+            held = self._by_pod.get(pod)
+            if held is None:
+                continue
+            for k in keys:
+                if held.get(k, now + 1.0) <= deadline:
+                    del held[k]
+            if not held:
+                del self._by_pod[pod]
+
+    def run(self, pod: str, keys: list[BlockKey]) -> int:
+        """The number of leading `keys` held speculatively by `pod`."""
+        held = self._by_pod.get(pod)
+        if not held:
+            return 0
+        n = 0
+        for k in keys:
+            if k not in held:
+                break
+            n += 1
+        return n
+
+    def drop(self, pod: str) -> None:
+        self._by_pod.pop(pod, None)

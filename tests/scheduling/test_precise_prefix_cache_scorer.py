@@ -1,0 +1,297 @@
+"""precise-prefix-cache-scorer: index matches -> scores, key seeds per endpoint, tiers, speculative
+entries, explain facts, and conformance with the KV events of a real vLLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epp.api.requests import InferenceRequest
+from epp.datastore.endpoints import Datastore, Endpoint
+from epp.kvcache.events import BlockStored, EventBatch, decode_batch
+from epp.kvcache.index import BlockIndex
+from epp.scheduling import interfaces, registry
+from epp.scheduling.plugins import precise_prefix_cache_scorer as mod
+
+from . import builders
+
+VECTORS = Path(__file__).parent.parent / "kvcache" / "data" / "vllm-0.32-cpu-capture-1.json"
+
+
+def stored(tokens: list[int], *, block_size: int = 16, medium: str | None = "gpu", **kw: Any) -> BlockStored:
+    n = len(tokens) // block_size
+    base = kw.pop("hash_base", 1000)
+    return BlockStored(
+        block_hashes=[base + i for i in range(n)],
+        parent_block_hash=None,
+        token_ids=tokens,
+        block_size=block_size,
+        lora_id=None,
+        medium=medium,
+        lora_name=kw.pop("lora_name", None),
+        extra_keys=kw.pop("extra_keys", None),
+    )
+
+
+def feed(index: BlockIndex, pod: str, *events: BlockStored, model: str = "m") -> None:
+    index.apply(pod, EventBatch(0.0, list(events), 0), model=model)
+
+
+def request(
+    tokens: list[int] | None, *, target_model: str = "m", cache_salt: str | None = None
+) -> InferenceRequest:
+    req = builders.request(target_model=target_model)
+    req.token_ids = tokens
+    req.cache_salt = cache_salt
+    return req
+
+
+def scorer(index: BlockIndex, **params: Any) -> tuple[Any, interfaces.Handle]:
+    handle = builders.handle(index)
+    plugin = registry.default.build("precise-prefix-cache-scorer", "precise", params, handle)
+    return plugin, handle
+
+
+def toks(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def test_scores_the_leading_run_over_request_blocks() -> None:
+    index = BlockIndex()
+    prompt = toks(64)  # 4 blocks of 16
+    feed(index, "pod-0", stored(prompt[:64]))
+    feed(index, "pod-1", stored(prompt[:32]))
+    feed(index, "pod-2", stored(toks(64, start=500)))  # other content
+    plugin, _ = scorer(index)
+    eps = builders.pool(4)
+    cycle: interfaces.CycleState = {}
+    assert plugin.score(cycle, request([*prompt, 9, 9, 9]), eps) == [1.0, 0.5, 0.0, 0.0]
+    facts = plugin.explain(cycle)
+    assert facts["request"] == {"request_blocks": 4, "request_tokens": 67, "block_size": 16}
+    assert facts["endpoints"] == {
+        "pod-0": {"matched_blocks": 4, "tier": "gpu", "cached_tokens": 64},
+        "pod-1": {"matched_blocks": 2, "tier": "gpu", "cached_tokens": 32},
+    }
+
+
+def test_no_tokens_or_less_than_a_block_scores_zero() -> None:
+    index = BlockIndex()
+    feed(index, "pod-0", stored(toks(32)))
+    plugin, _ = scorer(index)
+    eps = builders.pool(2)
+    assert plugin.score({}, request(None), eps) == [0.0, 0.0]
+    assert plugin.score({}, request(toks(15)), eps) == [0.0, 0.0]
+    cycle: interfaces.CycleState = {}
+    plugin.score(cycle, request([]), eps)
+    assert plugin.explain(cycle)["request"]["request_blocks"] == 0
+
+
+def test_offloaded_blocks_weigh_less() -> None:
+    index = BlockIndex()
+    prompt = toks(64)
+    feed(index, "pod-0", stored(prompt, medium="GPU"))
+    feed(index, "pod-1", stored(prompt, medium="CPU"))
+    plugin, _ = scorer(index, offloadWeight=0.5)
+    cycle: interfaces.CycleState = {}
+    assert plugin.score(cycle, request(prompt), builders.pool(2)) == [1.0, 0.5]
+    assert plugin.explain(cycle)["endpoints"]["pod-1"]["tier"] == "offload"
+
+
+def test_block_size_comes_from_events_then_metrics_then_the_parameter() -> None:
+    index = BlockIndex()
+    prompt = toks(64)
+    feed(index, "pod-0", stored(prompt, block_size=32))
+    plugin, _ = scorer(index)
+    eps = builders.pool(2)
+    eps[1].metrics.block_size = 8
+    cycle: interfaces.CycleState = {}
+    assert plugin.score(cycle, request(prompt), eps) == [1.0, 0.0]
+    assert plugin.explain(cycle)["request"]["block_size"] == 32
+    # A fixed blockSize that differs from the events' keys nothing they stored.
+    fixed, _ = scorer(index, blockSize=16)
+    assert fixed.score({}, request(prompt), eps) == [0.0, 0.0]
+
+
+def test_lora_adapter_and_cache_salt_select_their_own_blocks() -> None:
+    index = BlockIndex()
+    prompt = toks(32)
+    feed(index, "pod-0", stored(prompt, lora_name="adapter", extra_keys=[("adapter",), None]), model="base")
+    feed(index, "pod-1", stored(prompt, extra_keys=[("s3cret",), None]), model="base")
+    feed(index, "pod-2", stored(prompt), model="base")
+    plugin, _ = scorer(index)
+    eps = builders.pool(3)
+    assert plugin.score({}, request(prompt, target_model="adapter"), eps) == [1.0, 0.0, 0.0]
+    assert plugin.score({}, request(prompt, target_model="base", cache_salt="s3cret"), eps) == [0.0, 1.0, 0.0]
+    assert plugin.score({}, request(prompt, target_model="base"), eps) == [0.0, 0.0, 1.0]
+
+
+def test_model_unknown_to_the_index_falls_back_to_the_endpoint_spec() -> None:
+    """Speculative entries on a pod without events yet are keyed with the configured model."""
+    index = BlockIndex()
+    plugin, _ = scorer(index)
+    eps = builders.pool(1)
+    req = request(toks(32), target_model="base")
+    plugin.score({}, req, eps)
+    plugin.pre_request(req, _result(eps[0]))
+    assert plugin.score({}, request(toks(32), target_model="base"), eps) == [1.0]
+
+
+def _result(primary: Endpoint) -> interfaces.SchedulingResult:
+    return interfaces.SchedulingResult("default", {"default": interfaces.ProfileResult("default", [primary])})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_speculative_entries_hold_until_the_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(mod, "time", clock)
+    index = BlockIndex()
+    plugin, _ = scorer(index, speculativeTTLSeconds=2.0)
+    eps = builders.pool(3)
+    prompt = toks(64)
+    first = request(prompt)
+    assert plugin.score({}, first, eps) == [0.0, 0.0, 0.0]
+    plugin.pre_request(first, _result(eps[1]))
+    # A burst sibling sharing the first 2 blocks follows the first request.
+    cycle: interfaces.CycleState = {}
+    assert plugin.score(cycle, request(prompt[:32] + toks(32, 900)), eps) == [0.0, 0.5, 0.0]
+    assert plugin.explain(cycle)["endpoints"]["pod-1"]["tier"] == "speculative"
+    # The real event lands: the index now answers (and outlives the speculative entry).
+    feed(index, "pod-1", stored(prompt))
+    clock.now += 2.5
+    cycle = {}
+    assert plugin.score(cycle, request(prompt), eps) == [0.0, 1.0, 0.0]
+    assert plugin.explain(cycle)["endpoints"]["pod-1"]["tier"] == "gpu"
+    # Never confirmed: gone after the TTL.
+    other = request(toks(64, 5000))
+    plugin.score({}, other, eps)
+    plugin.pre_request(other, _result(eps[2]))
+    assert plugin.score({}, request(toks(64, 5000)), eps) == [0.0, 0.0, 1.0]
+    clock.now += 2.01
+    assert plugin.score({}, request(toks(64, 5000)), eps) == [0.0, 0.0, 0.0]
+
+
+def test_a_re_added_key_keeps_its_later_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(mod, "time", clock)
+    plugin, _ = scorer(BlockIndex(), speculativeTTLSeconds=2.0)
+    eps = builders.pool(1)
+    for _ in range(2):
+        req = request(toks(32))
+        plugin.score({}, req, eps)
+        plugin.pre_request(req, _result(eps[0]))
+        clock.now += 1.5
+    # The first deadline (101.5... now 103) passed, the second (103.5) has not.
+    assert plugin.score({}, request(toks(32)), eps) == [1.0]
+
+
+def test_speculation_off_and_removed_endpoints_drop_entries() -> None:
+    off, _ = scorer(BlockIndex(), speculativeTTLSeconds=0)
+    eps = builders.pool(1)
+    req = request(toks(32))
+    off.score({}, req, eps)
+    off.pre_request(req, _result(eps[0]))
+    assert off.score({}, request(toks(32)), eps) == [0.0]
+
+    plugin, handle = scorer(BlockIndex())
+    ds = handle.datastore
+    ds.sync("test", [ep.spec for ep in builders.pool(2)])
+    eps = ds.candidates()
+    req = request(toks(32))
+    plugin.score({}, req, eps)
+    plugin.pre_request(req, _result(eps[0]))
+    assert plugin.score({}, request(toks(32)), eps) == [1.0, 0.0]
+    ds.sync("test", [eps[1].spec])
+    assert plugin.score({}, request(toks(32)), ds.candidates()) == [0.0]
+    # A request pre_request never scored (another profile) records nothing.
+    plugin.pre_request(request(toks(32)), _result(ds.candidates()[0]))
+    assert plugin.score({}, request(toks(32)), ds.candidates()) == [0.0]
+
+
+def test_max_prefix_blocks_limits_the_keys() -> None:
+    index = BlockIndex()
+    prompt = toks(64)
+    feed(index, "pod-0", stored(prompt[:16]))
+    plugin, _ = scorer(index, maxPrefixBlocksToMatch=2)
+    assert plugin.score({}, request(prompt), builders.pool(1)) == [0.5]
+
+
+def test_needs_an_index() -> None:
+    with pytest.raises(registry.ConfigError, match="needs vLLM KV events"):
+        registry.default.build(
+            "precise-prefix-cache-scorer", "p", {}, interfaces.Handle(datastore=Datastore())
+        )
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ({"gpuWeight": 1.5}, "$.gpuWeight"),
+        ({"blockSize": -1}, "$.blockSize"),
+        ({"speculativeTTL": 1}, "unknown field `speculativeTTL`"),
+    ],
+)
+def test_bad_parameters(params: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(registry.ConfigError, match=fragment.replace("$", r"\$").replace(".", r"\.")):
+        scorer(BlockIndex(), **params)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "blocks", "size", "expected"),
+    [(100, 3, 32, 96), (96, 3, 32, 64), (97, 3, 32, 96), (10, 0, 16, 0), (0, 2, 16, 0), (64, 4, 16, 48)],
+)
+def test_cached_tokens_as_vllm_reports_them(prompt: int, blocks: int, size: int, expected: int) -> None:
+    assert mod.cached_tokens(prompt, blocks, size) == expected
+
+
+DATA = json.loads(VECTORS.read_text())
+
+
+@pytest.mark.parametrize("capture", DATA["captures"], ids=[c["name"] for c in DATA["captures"]])
+def test_conformance_with_real_vllm_events(capture: dict[str, Any]) -> None:
+    """The frames a real vLLM 0.32 published for each step of the captured scenario (every hash
+    setting captured), fed in order: after each, the requests seen so far match as far as vLLM
+    itself still caches them."""
+    steps = {s["step"].split(":")[0]: s.get("prompt_token_ids") for s in DATA["steps"]}
+    p1, p2, p3, e1 = steps["P1"], steps["P2"], steps["P3"], steps["E1"]
+    index = BlockIndex()
+    plugin, _ = scorer(index)
+    eps = builders.pool(2)
+    frames = [bytes.fromhex(m["payload_hex"]) for m in capture["messages"]]
+
+    def blocks(tokens: list[int]) -> int:
+        cycle: interfaces.CycleState = {}
+        plugin.score(cycle, request(tokens, target_model="tiny"), eps)
+        found = plugin.explain(cycle)["endpoints"]
+        assert set(found) <= {"pod-0"}  # pod-1 never had events
+        return int(found["pod-0"]["matched_blocks"]) if found else 0
+
+    def apply(i: int) -> None:
+        index.apply("pod-0", decode_batch(frames[i]), model="")
+
+    apply(0)  # P1: 3 full blocks of 32
+    assert (blocks(p1), blocks(p2)) == (3, 2)
+    apply(1)  # P2 adds its own third block under P1's second
+    assert (blocks(p1), blocks(p2)) == (3, 3)
+    apply(2)  # P3: 30 prompt tokens + 8 generated: the block completed during decode
+    assert blocks(p3) == 0  # its prompt alone has no full block
+    apply(3)
+    apply(4)
+    assert blocks(e1) == 15
+    apply(5)  # E3 evicts P1, P2, P3 and the last 7 blocks of E1 (freed tail first)
+    assert (blocks(p1), blocks(p2), blocks(e1)) == (0, 0, 8)
+    apply(6)  # /reset_prefix_cache, then P1 again
+    assert (blocks(p1), blocks(p2), blocks(e1)) == (3, 2, 0)
+    # What vLLM will report as cached for P1 now: 3 blocks of 32 (100 tokens, last one computed).
+    cycle: interfaces.CycleState = {}
+    plugin.score(cycle, request(p1, target_model="tiny"), eps)
+    assert plugin.explain(cycle)["endpoints"]["pod-0"]["cached_tokens"] == 96
