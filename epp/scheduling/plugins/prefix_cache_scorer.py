@@ -59,6 +59,7 @@ _Positive = Annotated[int, msgspec.Meta(gt=0)]
 @registry.register("prefix-cache-scorer")
 class PrefixCacheScorer(registry.PluginBase):
     consumes_tokens: Final = True
+
     class Params(msgspec.Struct, forbid_unknown_fields=True):
         blockSizeTokens: _Positive = 16
         maxPrefixBlocksToMatch: _Positive = 256
