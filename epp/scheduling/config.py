@@ -124,9 +124,11 @@ class _Document(msgspec.Struct, forbid_unknown_fields=True):
     parser: _Ref | None = None
 
 
-def default_config_text() -> str:
-    """The YAML used when no configuration is given (`epp/scheduling/default-config.yaml`)."""
-    return importlib.resources.files(__package__).joinpath("default-config.yaml").read_text("utf-8")
+def default_config_text(*, precise: bool = False) -> str:
+    """The YAML used when no configuration is given: `epp/scheduling/default-config.yaml`, or
+    `default-precise-config.yaml` when KV events feed an index (`precise`)."""
+    name = "default-precise-config.yaml" if precise else "default-config.yaml"
+    return importlib.resources.files(__package__).joinpath(name).read_text("utf-8")
 
 
 def load_config_file(path: str | os.PathLike[str], handle: interfaces.Handle) -> SchedulerConfig:
@@ -143,8 +145,11 @@ def load_config_file(path: str | os.PathLike[str], handle: interfaces.Handle) ->
 
 
 def load_config(text: str | None, handle: interfaces.Handle) -> SchedulerConfig:
-    """Build the scheduler from EndpointPickerConfig YAML; `None` means the default configuration."""
-    root, data = _parse_yaml(default_config_text() if text is None else text)
+    """Build the scheduler from EndpointPickerConfig YAML; `None` means the default configuration
+    (the precise one when `handle` has a KV index)."""
+    if text is None:
+        text = default_config_text(precise=handle.kv_index is not None)
+    root, data = _parse_yaml(text)
     where = _Locator(root)
     if not isinstance(data, dict):
         raise ConfigError(f"the configuration must be a YAML mapping (an {KIND}), got {type(data).__name__}")

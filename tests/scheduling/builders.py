@@ -51,12 +51,13 @@ def request(*, headers: Mapping[str, str] | None = None, target_model: str = "ba
 
 
 def handle(index: BlockIndex | None = None) -> interfaces.Handle:
-    return interfaces.Handle(datastore=Datastore(), kv_index=index if index is not None else BlockIndex())
+    """A handle with a fresh datastore, and `index` as the KV index (None: KV events off)."""
+    return interfaces.Handle(datastore=Datastore(), kv_index=index)
 
 
 def plugin(type_name: str, parameters: Mapping[str, Any] | None = None, *, name: str = "") -> Any:
     """A built-in plugin built as the config would build it (typed Any: tests call its methods)."""
-    return registry.default.build(type_name, name or type_name, parameters, handle())
+    return registry.default.build(type_name, name or type_name, parameters, handle(BlockIndex()))
 
 
 def scored(*pairs: tuple[Endpoint, float]) -> list[interfaces.ScoredEndpoint]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from epp.kvcache.index import BlockIndex
 from epp.scheduling import config, framework, interfaces
 from epp.scheduling.plugins import queue_scorer
 
@@ -54,6 +55,16 @@ def test_default_config() -> None:
     # The prefix scorer learns from each decision; nothing listens for responses by default.
     assert [p.type for p in cfg.pre_request] == ["prefix-cache-scorer"]
     assert cfg.response_complete == []
+
+
+def test_default_config_with_kv_events_is_the_precise_one() -> None:
+    cfg = config.load_config(None, builders.handle(BlockIndex()))
+    assert shape(only_profile(cfg))[1][2] == ("precise-prefix-cache-scorer", 3.0)
+    assert cfg.scheduler.consumes_tokens()
+    text = config.default_config_text(precise=True)
+    assert shape(only_profile(config.load_config(text, builders.handle(BlockIndex())))) == shape(
+        only_profile(cfg)
+    )
 
 
 def test_default_config_is_the_packaged_yaml() -> None:
