@@ -564,6 +564,12 @@ class BlockIndex:
         p = self._pods.get(pod)
         return None if p is None else p.block_size
 
+    def pod_info(self, pod: str) -> tuple[int | None, str] | None:
+        """(`block_size_of`, `model_of`) in one lookup, None for a pod without events: what a
+        scorer needs per endpoint to key a prompt as the pod's events were keyed."""
+        p = self._pods.get(pod)
+        return None if p is None else (p.block_size, p.model)
+
     def model_of(self, pod: str) -> str | None:
         """The model `pod`'s last batch was applied with (the base of its key seeds); None if the
         pod has no events. A request must seed its keys with the same name to match."""

@@ -42,7 +42,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -123,14 +123,14 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
                 keys_of[ep.name] = keys
             if not keys:
                 continue
-            matches.update(self._index.match(keys, [ep.name for ep in members]))
+            names = [ep.name for ep in members]
+            matches.update(self._index.match(keys, names))
             if self._spec:
-                for ep in members:
-                    run = self._spec.run(ep.name, keys)
-                    have = matches.get(ep.name)
+                for name, run in self._spec.runs(keys, names).items():
+                    have = matches.get(name)
                     if run and (have is None or run > have.blocks):
-                        matches[ep.name] = MatchResult(run, run)
-                        speculative.add(ep.name)
+                        matches[name] = MatchResult(run, run)
+                        speculative.add(name)
         self._last = (request, keys_of)
         n_blocks, block_size = first if first is not None else (0, 0)
         cycle[self.name] = PrefixMatch(len(tokens), n_blocks, block_size, matches, speculative)
@@ -148,29 +148,38 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
     def _groups(
         self, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> dict[tuple[int, int], tuple[list[BlockKey], list[Endpoint]]]:
-        """Endpoints grouped by (block size, key seed), each group with the request's keys."""
+        """Endpoints grouped by (block size, key seed), each group with the request's keys.
+
+        Per endpoint this is one index lookup and one dict lookup: pools are usually one group,
+        and at 64 endpoints a seed computed per endpoint cost more than a 1k-token prompt's walk.
+        """
         tokens = request.token_ids or []
         target = request.target_model
-        salt = request.cache_salt
         index = self._index
+        fixed = self._block_size
         groups: dict[tuple[int, int], tuple[list[BlockKey], list[Endpoint]]] = {}
+        by_pod_kind: dict[tuple[int, str], list[Endpoint]] = {}
         for ep in endpoints:
-            name = ep.name
-            block_size = self._block_size or index.block_size_of(name) or ep.metrics.block_size
-            block_size = block_size or DEFAULT_BLOCK_SIZE
-            model = index.model_of(name)
-            if model is None:
+            info = index.pod_info(ep.name)
+            if info is None:
+                block_size = fixed or ep.metrics.block_size or DEFAULT_BLOCK_SIZE
                 model = ep.spec.model
-            lora = target if model and target and target != model else None
-            seed = seed_for(model, lora_name=lora, cache_salt=salt)
-            group = groups.get((block_size, seed))
-            if group is None:
-                limit = len(tokens)
-                if self._max_blocks:
-                    limit = min(limit, self._max_blocks * block_size)
-                ids = tokens if limit == len(tokens) else tokens[:limit]
-                group = groups[(block_size, seed)] = (block_keys(ids, block_size, seed=seed), [])
-            group[1].append(ep)
+            else:
+                block_size = fixed or info[0] or ep.metrics.block_size or DEFAULT_BLOCK_SIZE
+                model = info[1]
+            members = by_pod_kind.get((block_size, model))
+            if members is None:
+                lora = target if model and target and target != model else None
+                seed = seed_for(model, lora_name=lora, cache_salt=request.cache_salt)
+                group = groups.get((block_size, seed))
+                if group is None:
+                    limit = len(tokens)
+                    if self._max_blocks:
+                        limit = min(limit, self._max_blocks * block_size)
+                    ids = tokens if limit == len(tokens) else tokens[:limit]
+                    group = groups[(block_size, seed)] = (block_keys(ids, block_size, seed=seed), [])
+                members = by_pod_kind[(block_size, model)] = group[1]
+            members.append(ep)
         return groups
 
     # --- learning -------------------------------------------------------------------------------
@@ -226,11 +235,17 @@ def cached_tokens(prompt_tokens: int, matched_blocks: int, block_size: int) -> i
 
 
 class _Speculative:
-    """Keys assumed held by an endpoint until a deadline: endpoint -> {key: deadline}.
+    """Keys assumed held by endpoints until a deadline: endpoint -> {key: deadline}.
 
-    A deadline queue drops entries lazily (on `expire`), so adding costs one dict update per key
-    and nothing runs on a timer. A key re-added by a later request gets the later deadline; the
-    earlier queue entry then finds a newer deadline and leaves it.
+    An endpoint's speculative keys are prefix-closed: each entry is a prompt's whole chain of keys
+    from the seed, a key stands for its whole prefix, and a key expires only once every entry
+    holding it has. So the run of a prompt's leading keys an endpoint holds is found by binary
+    search (~13 lookups for 100k tokens) instead of a walk: 64 endpoints each walking a 4k-token
+    prompt cost ~0.3 ms. (A 60-bit key collision could break the closure; it would skew one hint.)
+
+    A deadline queue drops entries lazily (on `expire`): adding costs one dict update per key and
+    nothing runs on a timer. Deadlines grow with time (one TTL), so the queue is in order; a key
+    re-added by a later entry keeps the later deadline and the earlier entry leaves it.
     """
 
     __slots__ = ("_by_pod", "_queue")
@@ -243,7 +258,9 @@ class _Speculative:
         return bool(self._by_pod)
 
     def add(self, pod: str, keys: list[BlockKey], deadline: float) -> None:
-        held = self._by_pod.setdefault(pod, {})
+        held = self._by_pod.get(pod)
+        if held is None:
+            held = self._by_pod[pod] = {}
         held.update(dict.fromkeys(keys, deadline))
         self._queue.append((deadline, pod, keys))
 
@@ -260,17 +277,26 @@ class _Speculative:
             if not held:
                 del self._by_pod[pod]
 
-    def run(self, pod: str, keys: list[BlockKey]) -> int:
-        """The number of leading `keys` held speculatively by `pod`."""
-        held = self._by_pod.get(pod)
-        if not held:
-            return 0
-        n = 0
-        for k in keys:
-            if k not in held:
-                break
-            n += 1
-        return n
+    def runs(self, keys: list[BlockKey], pods: Collection[str]) -> dict[str, int]:
+        """For each of `pods` holding the first key, the number of leading `keys` it holds."""
+        out: dict[str, int] = {}
+        if not keys:
+            return out
+        first = keys[0]
+        by_pod = self._by_pod
+        for pod in pods:
+            held = by_pod.get(pod)
+            if held is None or first not in held:
+                continue
+            lo, hi = 1, len(keys)  # keys[:lo] held; keys[hi:] not known to be
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if keys[mid - 1] in held:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out[pod] = lo
+        return out
 
     def drop(self, pod: str) -> None:
         self._by_pod.pop(pod, None)
