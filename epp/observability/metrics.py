@@ -8,7 +8,13 @@ existing dashboards keep working; epp-specific series use the `epp_` prefix.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import NamedTuple
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -140,3 +146,120 @@ extproc_stream_errors = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+
+# --- KV events (epp.kvcache.ingest) ---------------------------------------------------------------
+# Computed at scrape time from the ingester's own counters (`KVCollector`), not kept in Counter
+# objects: ingestion runs at ~10k batches/s and a Counter costs a lock per increment (a label
+# lookup too, unless cached), for values read every few seconds. The numbers `status()` shows are
+# then exactly the ones exported, and a pod's series disappear with the pod.
+
+
+class KVPodCounts(NamedTuple):
+    """One pod's KV-event counters since it was configured."""
+
+    batches: int
+    blocks_stored: int
+    blocks_removed: int
+    gaps: int
+    resets: int
+    replays: Mapping[str, int]  # outcome (ok, partial, failed) -> replays
+    errors: Mapping[str, int]  # reason -> messages (events for invalid_event)
+    last_event_age: float  # seconds since the last applied batch; inf if none
+
+
+class KVSnapshot(NamedTuple):
+    """What `KVCollector` exposes, from one source (an ingester and its index)."""
+
+    pods: Mapping[str, KVPodCounts]
+    unrouted: Mapping[str, int]  # reason -> messages no pod could be named for (label pod="")
+    entries: int
+    keys: int
+    evictions: int
+
+
+class KVCollector(Collector):
+    """The `epp_kv_events_*` and `epp_kv_index_*` series, read from registered sources."""
+
+    def __init__(self) -> None:
+        self._sources: list[Callable[[], KVSnapshot]] = []
+
+    def add(self, source: Callable[[], KVSnapshot]) -> None:
+        self._sources.append(source)
+
+    def discard(self, source: Callable[[], KVSnapshot]) -> None:
+        with contextlib.suppress(ValueError):
+            self._sources.remove(source)
+
+    def describe(self) -> list[Metric]:
+        return list(self._families([]))
+
+    def collect(self) -> list[Metric]:
+        return list(self._families([source() for source in self._sources]))
+
+    @staticmethod
+    def _families(snaps: list[KVSnapshot]) -> Iterator[Metric]:
+        pod = ["pod"]
+        batches = CounterMetricFamily(
+            "epp_kv_events_batches_total", "KV-event batches applied to the block index.", labels=pod
+        )
+        blocks = CounterMetricFamily(
+            "epp_kv_events_blocks_total",
+            "Blocks recorded (kind=stored) or dropped (kind=removed) in the block index by KV events.",
+            labels=["pod", "kind"],
+        )
+        errors = CounterMetricFamily(
+            "epp_kv_events_errors_total",
+            "KV-event messages rejected, by reason: frames, seq, decode, replay_frames, apply, "
+            "unknown_topic; invalid_event counts events dropped from decodable batches. pod is "
+            "empty when no pod could be named.",
+            labels=["pod", "reason"],
+        )
+        gaps = CounterMetricFamily(
+            "epp_kv_events_gaps_total",
+            "Sequence gaps in a pod's KV-event stream (messages lost on the way).",
+            labels=pod,
+        )
+        replays = CounterMetricFamily(
+            "epp_kv_events_replays_total",
+            "Replays asked of a pod, by outcome: ok; partial (the start was gone: pod purged, the rest "
+            "applied); failed (timeout or error: pod purged).",
+            labels=["pod", "outcome"],
+        )
+        resets = CounterMetricFamily(
+            "epp_kv_events_resets_total",
+            "Sequence numbers going back (the publisher restarted): the pod's entries were purged.",
+            labels=pod,
+        )
+        ages = GaugeMetricFamily(
+            "epp_kv_events_last_event_age_seconds",
+            "Seconds since the pod's last KV-event batch was applied (+Inf if none yet).",
+            labels=pod,
+        )
+        entries = GaugeMetricFamily("epp_kv_index_entries", "Block records (key, pod, tier) in the index.")
+        keys = GaugeMetricFamily("epp_kv_index_keys", "Distinct block keys in the index.")
+        evictions = CounterMetricFamily(
+            "epp_kv_index_evictions", "Block records evicted by the index's max_entries cap."
+        )
+        for snap in snaps:
+            for name, c in snap.pods.items():
+                batches.add_metric([name], c.batches)
+                blocks.add_metric([name, "stored"], c.blocks_stored)
+                blocks.add_metric([name, "removed"], c.blocks_removed)
+                gaps.add_metric([name], c.gaps)
+                resets.add_metric([name], c.resets)
+                ages.add_metric([name], c.last_event_age)
+                for outcome, n in c.replays.items():
+                    replays.add_metric([name, outcome], n)
+                for reason, n in c.errors.items():
+                    errors.add_metric([name, reason], n)
+            for reason, n in snap.unrouted.items():
+                errors.add_metric(["", reason], n)
+        if snaps:
+            entries.add_metric([], sum(s.entries for s in snaps))
+            keys.add_metric([], sum(s.keys for s in snaps))
+            evictions.add_metric([], sum(s.evictions for s in snaps))
+        yield from (batches, blocks, errors, gaps, replays, resets, ages, entries, keys, evictions)
+
+
+kv_collector = KVCollector()
+REGISTRY.register(kv_collector)

@@ -1,0 +1,421 @@
+"""One pod's KV-event stream: sequence health, replay, and what reaches the block index.
+
+`epp.kvcache.ingest` owns the sockets and hands each decoded message to its pod's `Feed`. The
+index must never keep blocks that a missed `BlockRemoved` would have dropped, so nothing is
+applied across a hole in the sequence numbers (reference notes, kv-events.md 1.1-1.2):
+
+- First message: applied; with replay configured and seq > 0 (joining mid-stream), a replay from
+  0 first catches up on what the publisher still buffers.
+- seq == last + 1: applied.
+- Gap (seq > last + 1): with replay, live messages are held (at most `hold_limit`) while a DEALER
+  asks the pod's ROUTER for everything from last + 1 (`[b"", seq8]`); replayed batches are
+  applied in order as they arrive, yielding to the loop every `_YIELD_EVERY`, then the held ones.
+  If the replay starts after last + 1, has a hole, or stops short of the held messages (the
+  publisher no longer has the data), the pod is purged (`BlockIndex.remove_pod`) and what follows
+  the hole applied: outcome "partial" (rebuilding from new events, starting from the oldest
+  ones the publisher still has). A timeout (`replay_timeout` without a reply),
+  a socket error or an overflowing hold buffer purge the pod and go on from the held messages:
+  outcome "failed", after which gaps purge without replaying for `replay_cooldown` seconds (a
+  dead replay port must not delay every later gap by a timeout). Without replay: purge, then
+  apply from this message.
+- seq <= last (the publisher restarted): purge, then treat the message as a first one. Batches a
+  replay just applied can still arrive live afterwards (they were queued in the SUB); those are
+  skipped as duplicates, not taken for a restart.
+
+At most `max_replays` replays run at once over all pods (the others hold their messages and
+wait). Replies are accepted in both vLLM styles: after the empty delimiter, `[seq, payload]` (0.9-0.25)
+or `[topic, seq, payload]` (0.26+); the end is an empty payload or a sequence frame of 8 x 0xff.
+
+Rejected messages are counted per pod and reason; warnings are rate-limited per pod (one line
+per `log_interval`, with the count of those suppressed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import math
+import time
+from typing import Final, Literal
+
+import zmq
+import zmq.asyncio
+
+from epp import tasks
+from epp.kvcache import events
+from epp.kvcache.index import BlockIndex
+from epp.observability import metrics
+
+log = logging.getLogger("epp.kvcache")
+
+_YIELD_EVERY: Final = 64  # replayed or held batches applied between yields to the loop
+_POLL_SLICE_MS: Final = 50  # replay waits in slices, so an overflowing hold buffer ends it at once
+END_SEQ: Final = b"\xff" * 8
+Outcome = Literal["ok", "partial", "failed"]
+OUTCOMES: Final[tuple[Outcome, ...]] = ("ok", "partial", "failed")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FeedSpec:
+    """One pod's KV-event source."""
+
+    pod: str  # index pod id (the datastore endpoint name; rank-qualified)
+    # Base model the pod serves, the seed of block keys ("" = unknown; a `kv@<ip:port>@<model>`
+    # topic then supplies it).
+    model: str
+    events: str | None  # "tcp://host:port" publisher to connect a SUB socket to; None = only via bind mode
+    replay: str | None = None  # "tcp://host:port" of the pod's replay ROUTER (a DEALER talks to it)
+    hostport: str = ""  # the pod's serving "ip:port": bind mode maps topic kv@<ip:port>@<model> to the pod
+    rank: int = 0  # data-parallel rank; bind mode also matches the batch's data_parallel_rank
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FeedStatus:
+    """A pod's ingestion health, for status pages and tests."""
+
+    # Connect mode: the SUB has a live ZMTP connection (socket monitor). Bind mode (no socket of
+    # its own): a message from the pod has arrived since it was configured.
+    connected: bool
+    last_seq: int | None  # of the last applied batch; None before the first or after a purge
+    batches: int
+    blocks_stored: int
+    blocks_removed: int
+    gaps: int
+    replays_ok: int
+    replays_partial: int
+    replays_failed: int
+    resets: int
+    decode_errors: int  # messages rejected (frames, sequence frame, payload, replay reply) or failed
+    invalid_events: int  # events dropped from otherwise decodable batches
+    held: int  # live messages waiting for a replay to finish
+    last_event_age_s: float  # since the last applied batch; inf if none
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """What every feed of an ingester shares; see `KVEventIngester`'s arguments."""
+
+    default_block_size: int | None = None
+    replay_timeout: float = 5.0
+    replay_cooldown: float = 30.0
+    hold_limit: int = 10_000
+    log_interval: float = 10.0
+
+
+# A held message: (seq, batch, model). A plain tuple: built per held message only.
+Held = tuple[int, events.EventBatch, str]
+
+
+class Limiter:
+    """Warnings at most once per interval, counting the ones it swallowed."""
+
+    __slots__ = ("at", "interval", "suppressed")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.at = -math.inf
+        self.suppressed = 0
+
+    def warn(self, pod: str, reason: str, detail: str) -> None:
+        now = time.monotonic()
+        if now - self.at < self.interval:
+            self.suppressed += 1
+            return
+        more = f" ({self.suppressed} more since the last report)" if self.suppressed else ""
+        log.warning("kv events: pod=%s dropped a message (%s): %s%s", pod or "?", reason, detail, more)
+        self.at = now
+        self.suppressed = 0
+
+
+class Feed:
+    """One pod: its sequence state, held messages, replay task and counters. The ingester sets
+    `ctx` (for replay DEALERs) and owns `sock`, `monitor` and `task`."""
+
+    def __init__(
+        self, spec: FeedSpec, index: BlockIndex, settings: Settings, replay_slots: asyncio.Semaphore
+    ) -> None:
+        self.spec = spec
+        self.pod = spec.pod
+        self._index = index
+        self._settings = settings
+        self._replay_slots = replay_slots
+        self.ctx: zmq.asyncio.Context | None = None
+        self.sock: zmq.asyncio.Socket | None = None
+        self.monitor: zmq.asyncio.Socket | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.replay_task: asyncio.Task[None] | None = None
+        self.connected = False
+        self.last_seq: int | None = None
+        # Live copies of replayed batches are duplicates, not a restart: while the held messages
+        # are drained, those from the replay's start on; afterwards, those the SUB still had
+        # queued (after the last live one read). Skipped until a newer message arrives.
+        self._dup_floor: int | None = None
+        self._last_live = -1  # seq of the last live message read
+        self._busy = False  # a replay is under way: live messages go to `_held`
+        self._held: collections.deque[Held] = collections.deque()
+        self._overflow = False
+        self._cooldown_until = -math.inf
+        self._last_event = -math.inf
+        self.limiter = Limiter(settings.log_interval)
+        # Plain ints, exported at scrape time (epp.observability.metrics.KVCollector).
+        self._batches = self._stored = self._removed = self._gaps = self._resets = 0
+        self._rejected = 0
+        self._errors: dict[str, int] = {}  # reason -> messages (events for invalid_event)
+        self._replays: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+
+    def stop_replay(self) -> asyncio.Task[None] | None:
+        """Cancel the replay under way (the ingester awaits the task); drop held messages."""
+        task, self.replay_task = self.replay_task, None
+        if task is not None:
+            task.cancel()
+        self._busy = False
+        self._held.clear()
+        return task
+
+    # --- live messages --------------------------------------------------------------------------
+
+    def live(self, seq: int, batch: events.EventBatch, model: str) -> None:
+        """A decoded live message from the pod."""
+        self._last_live = seq
+        if self._busy:
+            if len(self._held) < self._settings.hold_limit:
+                self._held.append((seq, batch, model))
+            else:
+                self._overflow = True  # the replay gives up; what is lost now shows as a gap
+            return
+        start = self._advance(seq, batch, model, may_join=True)
+        if start is not None:
+            self._busy = True
+            self._held.append((seq, batch, model))
+            self.replay_task = tasks.create_guarded_task(
+                self._replay(start), name=f"kv-replay {self.pod}", logger=log, eternal=False
+            )
+
+    def reject(self, reason: str, detail: str) -> None:
+        """Count and (rate-limited) log a message that cannot be used."""
+        self._rejected += 1
+        self._errors[reason] = self._errors.get(reason, 0) + 1
+        self.limiter.warn(self.pod, reason, detail)
+
+    def _advance(self, seq: int, batch: events.EventBatch, model: str, *, may_join: bool) -> int | None:
+        """Apply the batch if `seq` continues the sequence, else handle the gap or restart.
+        Returns the seq to replay from when a replay must come first (nothing applied then)."""
+        last = self.last_seq
+        if last is not None:
+            if seq == last + 1:  # the common case first
+                self._dup_floor = None
+                self._apply(seq, batch, model)
+                return None
+            if seq <= last:
+                if self._dup_floor is not None and seq >= self._dup_floor:
+                    return None
+                self._resets += 1
+                log.info("kv events: pod=%s seq went back %d -> %d (restart): purged", self.pod, last, seq)
+                self._purge()
+                last = None
+        self._dup_floor = None
+        if last is None:
+            if seq > 0 and may_join and self._can_replay():
+                return 0
+        else:
+            self._gaps += 1
+            if self._can_replay():
+                return last + 1
+            log.info("kv events: pod=%s gap %d -> %d without replay: purged", self.pod, last, seq)
+            self._purge()
+        self._apply(seq, batch, model)
+        return None
+
+    def _can_replay(self) -> bool:
+        return self.spec.replay is not None and time.monotonic() >= self._cooldown_until
+
+    def _apply(self, seq: int, batch: events.EventBatch, model: str) -> None:
+        try:
+            st = self._index.apply(
+                self.pod, batch, model=model, default_block_size=self._settings.default_block_size
+            )
+        except Exception:
+            # A bug, not bad input (apply does not raise on event content). The pod's entries may
+            # be half updated: purge them rather than trust them.
+            log.exception("kv events: pod=%s apply failed: purged", self.pod)
+            self._rejected += 1
+            self._errors["apply"] = self._errors.get("apply", 0) + 1
+            self._purge()
+            return
+        self.last_seq = seq
+        self._last_event = time.monotonic()
+        self._batches += 1
+        self._stored += st.stored
+        self._removed += st.removed
+        if batch.invalid:
+            self._errors["invalid_event"] = self._errors.get("invalid_event", 0) + batch.invalid
+            self.limiter.warn(self.pod, "invalid_event", batch.invalid_reason or "")
+
+    def _purge(self) -> None:
+        self._index.remove_pod(self.pod)
+        self.last_seq = self._dup_floor = None
+
+    # --- replay ---------------------------------------------------------------------------------
+
+    async def _replay(self, start: int | None) -> None:
+        """Replay from `start`, then apply the held messages; again while they show a new gap."""
+        try:
+            while start is not None:
+                async with self._replay_slots:
+                    outcome = await self._replay_once(start)
+                self._replays[outcome] += 1
+                if outcome == "failed":
+                    self._purge()
+                    self._cooldown_until = time.monotonic() + self._settings.replay_cooldown
+                log.info(
+                    "kv events: pod=%s replay from %d: %s (at seq %s, %d held)",
+                    self.pod,
+                    start,
+                    outcome,
+                    self.last_seq,
+                    len(self._held),
+                )
+                self._overflow = False
+                start = await self._drain_held()
+        except Exception:
+            log.exception("kv events: pod=%s replay crashed: purged", self.pod)
+            self._purge()
+            self._held.clear()
+        last = self.last_seq
+        # A restart's small sequence numbers stay below this floor (they would come after the
+        # last live message read), so it does not hide a restart.
+        self._dup_floor = self._last_live + 1 if last is not None and self._last_live < last else None
+        self._busy = False
+        self.replay_task = None
+
+    async def _drain_held(self) -> int | None:
+        """Apply the held messages in order; the seq to replay from if they show a gap."""
+        n = 0
+        while self._held:
+            seq, batch, model = held = self._held.popleft()
+            start = self._advance(seq, batch, model, may_join=False)
+            if start is not None:
+                self._held.appendleft(held)
+                return start
+            n += 1
+            if n % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # live messages keep going to `_held` meanwhile
+        return None
+
+    async def _replay_once(self, start: int) -> Outcome:
+        """Ask the pod's ROUTER for everything from `start` and apply it in order."""
+        assert self.ctx is not None and self.spec.replay is not None
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        sock: zmq.Socket[bytes] = zmq.Socket.shadow(dealer.underlying)  # plain, future-free receives
+        outcome: Outcome = "ok"
+        expected = start
+        applied = 0
+        # Legacy replies carry no topic: the model of the live message that led here.
+        fallback_model = self._held[0][2] if self._held else self.spec.model
+        try:
+            dealer.connect(self.spec.replay)
+            # Queued until the connection is up (a connecting DEALER has its pipe at once).
+            sock.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
+            deadline = time.monotonic() + self._settings.replay_timeout
+            while True:
+                # Short waits, so an overflowing hold buffer ends the replay at once.
+                if self._overflow or time.monotonic() >= deadline:
+                    return "failed"
+                if not await dealer.poll(_POLL_SLICE_MS):
+                    continue
+                deadline = time.monotonic() + self._settings.replay_timeout
+                while not self._overflow:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if frames and not frames[0]:
+                        frames = frames[1:]  # the delimiter
+                    if len(frames) not in (2, 3):
+                        self.reject("replay_frames", f"replay reply of {len(frames)} frames")
+                        continue
+                    seq_frame, payload = frames[-2], frames[-1]
+                    if seq_frame == END_SEQ or not payload:
+                        held = self._held
+                        if self.last_seq is not None and held and held[0][0] > self.last_seq + 1:
+                            self._purge()  # the replay stopped short of what is held: the rest is gone
+                            outcome = "partial"
+                        return outcome
+                    if len(seq_frame) != 8:
+                        self.reject("replay_frames", f"sequence frame of {len(seq_frame)} bytes")
+                        continue
+                    seq = int.from_bytes(seq_frame, "big")
+                    if seq < expected:
+                        continue
+                    try:
+                        batch = events.decode_batch(payload)
+                    except events.EventDecodeError as exc:
+                        self.reject("decode", f"replayed seq {seq}: {exc}")
+                        continue  # its seq becomes a hole
+                    if seq > expected and self.last_seq is not None:
+                        # The publisher no longer has [expected, seq): forget what those could
+                        # have removed, keep what follows.
+                        self._purge()
+                        outcome = "partial"
+                    model = self.spec.model or (_topic_model(frames[0]) if len(frames) == 3 else "")
+                    self._apply(seq, batch, model or fallback_model)
+                    expected = seq + 1
+                    applied += 1
+                    if applied % _YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
+        except zmq.ZMQError as exc:
+            log.warning("kv events: pod=%s replay from %s failed: %s", self.pod, self.spec.replay, exc)
+            return "failed"
+        finally:
+            if self.last_seq is not None:
+                self._dup_floor = start
+            dealer.close(linger=0)
+
+    # --- status ---------------------------------------------------------------------------------
+
+    def status(self, now: float) -> FeedStatus:
+        """Health at monotonic time `now`."""
+        return FeedStatus(
+            connected=self.connected,
+            last_seq=self.last_seq,
+            batches=self._batches,
+            blocks_stored=self._stored,
+            blocks_removed=self._removed,
+            gaps=self._gaps,
+            replays_ok=self._replays["ok"],
+            replays_partial=self._replays["partial"],
+            replays_failed=self._replays["failed"],
+            resets=self._resets,
+            decode_errors=self._rejected,
+            invalid_events=self._errors.get("invalid_event", 0),
+            held=len(self._held),
+            last_event_age_s=now - self._last_event,
+        )
+
+    def counts(self, now: float) -> metrics.KVPodCounts:
+        """The pod's counters for the metrics exposition."""
+        return metrics.KVPodCounts(
+            self._batches,
+            self._stored,
+            self._removed,
+            self._gaps,
+            self._resets,
+            dict(self._replays),
+            dict(self._errors),
+            now - self._last_event,
+        )
+
+
+def parse_topic(topic: bytes) -> tuple[str, str]:
+    """(address, model) of a `kv@<address>@<model>` topic; ("", "") for other topics."""
+    parts = topic.decode("utf-8", "replace").split("@", 2)
+    if parts[0] != "kv" or len(parts) < 2:
+        return "", ""
+    return parts[1], parts[2] if len(parts) == 3 else ""
+
+
+def _topic_model(topic: bytes) -> str:
+    return parse_topic(topic)[1]
