@@ -3,24 +3,36 @@
 `epp.sim.server` serves this model over vLLM's OpenAI-compatible HTTP API; this module holds the
 state and the timing it serves. What is modelled, and why:
 
+* **Tokens.** A prompt is rendered as epp renders it before tokenizing (`epp.api.requests`:
+  completions and embeddings their first prompt, chat and responses their texts joined by newlines;
+  a completions prompt given as token ids is used as it is) and tokenized with BOS by the
+  tokenizer epp ships (epp-tiny) or `SimConfig.tokenizer`. So the token ids epp computes for
+  routing are the ids this server caches, which is what precise prefix routing relies on with a
+  real vLLM (whose chat template epp does not apply yet). `usage.prompt_tokens` is their count.
 * **Admission.** At most `max_num_seqs` requests run at once; the rest wait in FIFO order. So
   `vllm:num_requests_waiting` / `vllm:num_requests_running` move the way a load-aware scorer expects.
-* **Prefix cache.** The prompt text (completions prompt, chat message contents, responses input,
-  embeddings input) is cut into blocks of `block_size * chars_per_token` characters; each full
-  block gets a hash chained on the previous one (seeded by the model name), kept in an LRU of
-  `num_gpu_blocks` entries. Leading blocks already in the LRU are "cached": they cost no prefill
-  time and are reported in `usage.prompt_tokens_details.cached_tokens`. Blocks enter the LRU when
+* **Prefix cache.** vLLM's block pool (`epp.sim.blocks`): `num_gpu_blocks` blocks of `block_size`
+  tokens, chained hashes of full blocks (LoRA adapter and `cache_salt` mixed in), blocks held by
+  running requests, free cached blocks evicted least recently freed first, only when a block is
+  needed. A request's leading cached blocks cost no prefill time; vLLM always computes the last
+  prompt token, so `usage.prompt_tokens_details.cached_tokens` is
+  `min(hit blocks, (prompt_tokens - 1) // block_size) * block_size`. Blocks become cached when
   prefill ends, so two identical requests that overlap both miss, as on a real server.
-* **Latency.** Time to first token = `base_latency + uncached_chars * prefill_per_char`; later
-  tokens come every `decode_per_token`. All delays are multiplied by `time_scale`, so tests can
-  keep the relative numbers (a cold 4k-token prompt ~ 0.3 s at scale 1) and still run fast.
+* **KV events.** With `kv_events` set, the pool's events go out on vLLM's ZMQ wire
+  (`epp.sim.kvpublisher`), one batch per step that has any: the evictions a request's allocation
+  causes when it starts, its `BlockStored` when its prefill ends, further evictions as decode
+  grows it, `AllBlocksCleared` on a prefix-cache reset.
+* **Latency.** Time to first token = `base_latency + uncached_tokens * prefill cost per token`;
+  later tokens come every `decode_per_token`. All delays are multiplied by `time_scale`, so tests
+  can keep the relative numbers (a cold 4k-token prompt ~ 0.33 s at scale 1) and still run fast.
   `SimConfig.fixed(latency)` gives a constant-cost server for overhead measurements.
-* **KV usage.** Blocks held by running requests (prompt + generated tokens) over
-  `num_gpu_blocks`; idle cached blocks count as free, as in vLLM.
+* **KV usage.** Pool blocks held by running requests over `num_gpu_blocks` (prompt blocks at
+  prefill, one more each `block_size` generated tokens); idle cached blocks count as free, as in
+  vLLM.
 * **Metrics.** `render_metrics` writes the Prometheus text a picker scrapes, with vLLM's names.
 
-Deliberately absent: tokenization (4 characters = 1 token), batching effects on speed, preemption,
-real LoRA loading. A later simulator can grow those behind the same HTTP surface.
+Deliberately absent: chat templates, batching effects on speed, preemption, caching of blocks
+filled by decode, real LoRA loading. A batch of prompts is served as its first prompt.
 """
 
 from __future__ import annotations
@@ -29,14 +41,22 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import hashlib
+import functools
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from epp.api.requests import InferenceRequest, plain_prompt
+from epp.sim.blocks import Block, BlockPool, Digest, block_digests
+from epp.sim.kvpublisher import KVEventPublisher
+from epp.tokenize.registry import Tokenizers
+from epp.tokenize.tokenizer import Tokenizer, load_shipped
+
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
+# The simulator tokenizes whole prompts, as vLLM does (epp cuts long texts for routing only).
+_NO_CUT = 1 << 62
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,14 +68,21 @@ class SimConfig:
     lora_adapters: tuple[str, ...] = ()
     max_loras: int = 4
     # Reject models other than served_model / lora_adapters with 404 (vLLM does); off by default
-    # so tests can send any name and see it echoed.
+    # so tests can send any name and see it echoed (an unknown name is served as the base model).
     strict_models: bool = False
     max_num_seqs: int = 8
     block_size: int = 16  # tokens per KV block, as reported in vllm:cache_config_info
     num_gpu_blocks: int = 4096
-    chars_per_token: int = 4
+    # tokenizer.json, or a directory holding it; None = epp-tiny, epp's default tokenizer.
+    tokenizer: str | None = None
     base_latency: float = 0.01
-    prefill_per_char: float = 2.0e-5  # 4k tokens = 16k chars cold -> 0.32 s
+    # Prefill seconds per uncached prompt token; None = prefill_per_char * chars_per_token (8e-5:
+    # a cold 4k-token prompt takes 0.33 s with base_latency).
+    prefill_per_token: float | None = None
+    # The cost knob of the character model this simulator had; kept so callers that set it keep
+    # their timing. chars_per_token only converts it (and `block_chars`): tokens are real now.
+    prefill_per_char: float = 2.0e-5
+    chars_per_token: int = 4
     decode_per_token: float = 0.02
     time_scale: float = 1.0
     default_max_tokens: int = 16
@@ -68,12 +95,20 @@ class SimConfig:
     fault_reset: bool = False
     # Added to the reported vllm:num_requests_waiting: makes this replica look busier to scorers.
     extra_waiting: int = 0
+    # KV events (vLLM's --kv-events-config): the PUB endpoint, bound when it has a wildcard or port
+    # 0 ("tcp://127.0.0.1:0": an ephemeral port), connected otherwise; None = no events. The
+    # replay ROUTER endpoint (always bound; None = no replay). The topic; None =
+    # "kv@<host>:<port>@<served_model>" with the HTTP address, llm-d's convention.
+    kv_events: str | None = None
+    kv_replay: str | None = None
+    kv_topic: str | None = None
 
     @classmethod
     def fixed(cls, latency: float = 0.0, **overrides: Any) -> SimConfig:
         """Constant cost per request: `latency` before the answer, no prefill or decode time."""
         fields: dict[str, Any] = {
             "base_latency": latency,
+            "prefill_per_token": 0.0,
             "prefill_per_char": 0.0,
             "decode_per_token": 0.0,
             "time_scale": 1.0,
@@ -82,65 +117,34 @@ class SimConfig:
         return cls(**fields)
 
     @property
+    def prefill_cost(self) -> float:
+        """Prefill seconds per uncached prompt token."""
+        if self.prefill_per_token is not None:
+            return self.prefill_per_token
+        return self.prefill_per_char * self.chars_per_token
+
+    @property
     def block_chars(self) -> int:
+        """A block's size in characters of English text, roughly (for reports that talk in text)."""
         return self.block_size * self.chars_per_token
+
+    def lora_id(self, model: str) -> int | None:
+        """vLLM's int id of an adapter (1-based, in `lora_adapters` order); None for the base model."""
+        try:
+            return self.lora_adapters.index(model) + 1
+        except ValueError:
+            return None
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(path: str | None) -> Tokenizer:
+    """The tokenizer at `path` (epp-tiny for None), loaded once per process: replicas share it."""
+    return load_shipped() if path is None else Tokenizer.load(path)
 
 
 def output_tokens(n: int) -> list[str]:
     """The text of the `n` tokens every request generates (deterministic, for tests)."""
     return [f" {_WORDS[i % len(_WORDS)]}" for i in range(n)]
-
-
-class PrefixCache:
-    """LRU of chained block hashes; only full blocks are cached, as in vLLM."""
-
-    def __init__(self, capacity_blocks: int, block_chars: int) -> None:
-        self.capacity = capacity_blocks
-        self.block_chars = block_chars
-        self._lru: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def block_hashes(self, text: str, seed: str) -> list[bytes]:
-        data = text.encode("utf-8", "surrogatepass")
-        prev = hashlib.blake2b(seed.encode(), digest_size=16).digest()
-        out: list[bytes] = []
-        # Blocks are cut on characters (the picker's estimate is per character, too), hashed as bytes.
-        n_full = len(text) // self.block_chars
-        if len(data) == len(text):  # ASCII fast path: byte offsets equal character offsets
-            chunks: Iterable[bytes] = (
-                data[i * self.block_chars : (i + 1) * self.block_chars] for i in range(n_full)
-            )
-        else:
-            chunks = (
-                text[i * self.block_chars : (i + 1) * self.block_chars].encode("utf-8", "surrogatepass")
-                for i in range(n_full)
-            )
-        for chunk in chunks:
-            prev = hashlib.blake2b(prev + chunk, digest_size=16).digest()
-            out.append(prev)
-        return out
-
-    def match(self, hashes: Sequence[bytes]) -> int:
-        """Number of leading blocks cached; those blocks become most recently used."""
-        hit = 0
-        for h in hashes:
-            if h not in self._lru:
-                break
-            self._lru.move_to_end(h)
-            hit += 1
-        return hit
-
-    def insert(self, hashes: Sequence[bytes]) -> None:
-        for h in hashes:
-            self._lru[h] = None
-            self._lru.move_to_end(h)
-        while len(self._lru) > self.capacity:
-            self._lru.popitem(last=False)
-
-    def clear(self) -> None:
-        self._lru.clear()
 
 
 class Histogram:
@@ -200,8 +204,11 @@ class SimStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generation_tokens: int = 0
-    cache_query_blocks: int = 0
-    cache_hit_blocks: int = 0
+    # Per prefill, finished or not (vLLM counts a query when it schedules a request).
+    cache_query_blocks: int = 0  # full prompt blocks looked up
+    cache_hit_blocks: int = 0  # of those, found cached and used
+    cache_query_tokens: int = 0
+    cache_hit_tokens: int = 0
     max_running: int = 0
     max_waiting: int = 0
     by_path: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
@@ -209,7 +216,10 @@ class SimStats:
 
 
 class SimState:
-    """Live state of one replica; reachable from the runner with `epp.sim.server.sim_state(runner)`."""
+    """Live state of one replica; reachable from the runner with `epp.sim.server.sim_state(runner)`.
+
+    Call `close()` when done (the tokenizer's worker thread, the KV-event publisher's sockets).
+    """
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
@@ -217,10 +227,14 @@ class SimState:
         self.sem = asyncio.Semaphore(config.max_num_seqs)
         self.running = 0
         self.waiting = 0
-        self.kv_blocks = 0
         self.lora_running: collections.Counter[str] = collections.Counter()
         self.lora_waiting: collections.Counter[str] = collections.Counter()
-        self.cache = PrefixCache(config.num_gpu_blocks, config.block_chars)
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        # One worker: long prompts are encoded off the loop (the encode releases the GIL), and a
+        # fleet of replicas in one process should not start a pool of threads each.
+        self.tokenizers = Tokenizers(default=load_tokenizer(config.tokenizer), max_chars=_NO_CUT, workers=1)
+        self.publisher: KVEventPublisher | None = None
+        self.kv_last_seq = -1  # sequence number of the last KV-event batch published
         self.stats = SimStats()
         self.success: collections.Counter[str] = collections.Counter()
         self.ttft = Histogram(_LATENCY_BUCKETS)
@@ -228,8 +242,68 @@ class SimState:
         self.queue_time = Histogram(_LATENCY_BUCKETS)
         self.started = time.time()
 
+    # --- KV events ------------------------------------------------------------------------------
+
+    def start_kv_events(self, address: str) -> None:
+        """Open the publisher `config.kv_events` asks for; `address` ("host:port", this replica's
+        HTTP address) goes into the default topic. Nothing happens without `kv_events`."""
+        cfg = self.config
+        if cfg.kv_events is None or self.publisher is not None:
+            return
+        topic = cfg.kv_topic if cfg.kv_topic is not None else f"kv@{address}@{cfg.served_model}"
+        self.publisher = KVEventPublisher(cfg.kv_events, replay_endpoint=cfg.kv_replay, topic=topic)
+        self.pool.record_events = True
+
+    @property
+    def kv_endpoint(self) -> str | None:
+        """The live KV-event endpoint as bound (port 0 resolved) or connected; None without events."""
+        return None if self.publisher is None else self.publisher.endpoint
+
+    @property
+    def kv_replay_endpoint(self) -> str | None:
+        return None if self.publisher is None else self.publisher.replay_endpoint
+
+    def publish_events(self) -> None:
+        """Send the pool's pending events as one batch (an engine step's worth), if there are any."""
+        events = self.pool.take_events()
+        if events and self.publisher is not None:
+            self.kv_last_seq = self.publisher.publish(events)
+
+    def close(self) -> None:
+        self.tokenizers.close()
+        if self.publisher is not None:
+            self.publisher.close()
+
+    # --- cache ----------------------------------------------------------------------------------
+
+    def reset_prefix_cache(self, *, force: bool = False) -> bool:
+        """vLLM's prefix-cache reset: refused while requests hold blocks, unless `force`."""
+        done = self.pool.reset(force=force)
+        self.publish_events()
+        return done
+
+    def cached_blocks(
+        self, token_ids: Sequence[int], *, lora_name: str | None = None, cache_salt: str | None = None
+    ) -> int:
+        """How many leading full blocks of `token_ids` are cached now (nothing is touched)."""
+        digests = block_digests(token_ids, self.config.block_size, lora_name=lora_name, cache_salt=cache_salt)
+        return len(self.pool.lookup(digests))
+
+    async def prompt_token_ids(self, req: InferenceRequest, *, add_special_tokens: bool = True) -> list[int]:
+        """The token ids the engine runs for `req`: its given ids, else its rendered text tokenized."""
+        if req.token_ids is not None:
+            return req.token_ids
+        ids = await self.tokenizers.encode(
+            req.model, plain_prompt(req) or "", add_special_tokens=add_special_tokens
+        )
+        assert ids is not None  # a default tokenizer serves every model
+        return ids
+
+    # --- stats ----------------------------------------------------------------------------------
+
     def reset(self) -> None:
-        self.cache.clear()
+        """Counters and histograms back to zero, and the prefix cache cleared (even under load)."""
+        self.reset_prefix_cache(force=True)
         self.stats = SimStats()
         self.success.clear()
         self.ttft = Histogram(_LATENCY_BUCKETS)
@@ -255,43 +329,56 @@ class SimState:
             "generation_tokens": s.generation_tokens,
             "cache_query_blocks": s.cache_query_blocks,
             "cache_hit_blocks": s.cache_hit_blocks,
-            "cache_blocks": len(self.cache),
+            "cache_blocks": self.pool.cached,
+            "kv_blocks_held": self.pool.held + self.pool.outside,
             "kv_cache_usage_perc": self.kv_usage(),
+            "kv_events_seq": self.kv_last_seq,
             "by_path": dict(s.by_path),
             "destinations": dict(s.destinations),
         }
 
     def kv_usage(self) -> float:
-        return min(1.0, self.kv_blocks / self.config.num_gpu_blocks) if self.config.num_gpu_blocks else 0.0
+        return self.pool.usage()
 
     def delay(self, seconds: float) -> float:
         return max(0.0, seconds * self.config.time_scale)
 
 
 class SimRequest:
-    """One inference request while it is on the replica: bookkeeping for queue, cache and KV."""
+    """One inference request while it is on the replica: bookkeeping for queue, blocks and events."""
 
-    def __init__(self, state: SimState, api: str, body: Mapping[str, Any], text: str, n_out: int) -> None:
+    def __init__(
+        self,
+        state: SimState,
+        api: str,
+        body: Mapping[str, Any],
+        token_ids: list[int],
+        n_out: int,
+        *,
+        cache_salt: str | None = None,
+    ) -> None:
         self.state = state
         self.api = api
         self.body = body
-        self.text = text
+        self.token_ids = token_ids
         self.n_out = n_out
+        self.cache_salt = cache_salt
         cfg = state.config
         self.model = body["model"] if isinstance(body.get("model"), str) else cfg.served_model
         self.lora = self.model if self.model in cfg.lora_adapters else ""
-        self.prompt_tokens = max(1, math.ceil(len(text) / cfg.chars_per_token)) if text else 0
+        self.prompt_tokens = len(token_ids)
         self.cached_tokens = 0
         self.generated = 0
-        self._blocks = 0
+        self.blocks: list[Block] = []  # block i holds tokens [i * block_size, (i + 1) * block_size)
+        self._digests: list[Digest] = []
         self.id = uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
-    def _set_blocks(self) -> None:
-        bs = self.state.config.block_size
-        blocks = math.ceil((self.prompt_tokens + self.generated) / bs)
-        self.state.kv_blocks += blocks - self._blocks
-        self._blocks = blocks
+    def _grow(self, tokens: int) -> None:
+        """Hold enough blocks for the KV of `tokens` tokens (new ones may evict cached blocks)."""
+        need = math.ceil(tokens / self.state.config.block_size)
+        if need > len(self.blocks):
+            self.blocks += self.state.pool.allocate(need - len(self.blocks))
 
     @contextlib.asynccontextmanager
     async def admitted(self) -> AsyncIterator[None]:
@@ -323,23 +410,37 @@ class SimRequest:
                 state.lora_running[self.lora] -= 1
                 if not state.lora_running[self.lora]:
                     del state.lora_running[self.lora]
-            state.kv_blocks -= self._blocks
-            self._blocks = 0
+            # Finished or aborted alike: blocks a cancelled prefill never computed stay uncached.
+            state.pool.free(self.blocks)
+            self.blocks = []
             state.sem.release()
 
     async def prefill(self) -> None:
-        state, cfg = self.state, self.state.config
-        hashes = state.cache.block_hashes(self.text, self.model)
-        hit = state.cache.match(hashes)
-        cached_chars = hit * cfg.block_chars
-        self.cached_tokens = min(self.prompt_tokens, hit * cfg.block_size)
-        state.stats.cache_query_blocks += len(hashes)
-        state.stats.cache_hit_blocks += hit
-        self._set_blocks()
-        await asyncio.sleep(
-            state.delay(cfg.base_latency + (len(self.text) - cached_chars) * cfg.prefill_per_char)
+        state, cfg, pool = self.state, self.state.config, self.state.pool
+        n, bs = self.prompt_tokens, cfg.block_size
+        lora = self.lora or None
+        self._digests = block_digests(self.token_ids, bs, lora_name=lora, cache_salt=self.cache_salt)
+        # vLLM computes at least the last prompt token, so a hit covers at most (n - 1) // bs blocks.
+        hit = pool.lookup(self._digests)[: max(0, n - 1) // bs]
+        pool.touch(hit)  # before allocating: allocation must not evict what this request uses
+        self.blocks = list(hit)
+        self.cached_tokens = len(hit) * bs
+        self._grow(n)
+        state.publish_events()
+        state.stats.cache_query_blocks += len(self._digests)
+        state.stats.cache_hit_blocks += len(hit)
+        state.stats.cache_query_tokens += n
+        state.stats.cache_hit_tokens += self.cached_tokens
+        await asyncio.sleep(state.delay(cfg.base_latency + (n - self.cached_tokens) * cfg.prefill_cost))
+        pool.cache(
+            self.blocks,
+            self._digests,
+            self.token_ids,
+            lora_id=cfg.lora_id(self.lora) if self.lora else None,
+            lora_name=lora,
+            cache_salt=self.cache_salt,
         )
-        state.cache.insert(hashes)
+        state.publish_events()
 
     async def decode(self) -> AsyncIterator[str]:
         """Yields each output token; the first right after prefill, then one per decode step."""
@@ -347,8 +448,10 @@ class SimRequest:
         for i, tok in enumerate(output_tokens(self.n_out)):
             if i:
                 await asyncio.sleep(state.delay(state.config.decode_per_token))
+                # This step computes the KV of the previous output token.
+                self._grow(self.prompt_tokens + i)
+                state.publish_events()
             self.generated += 1
-            self._set_blocks()
             yield tok
 
     def usage(self) -> dict[str, Any]:
@@ -398,10 +501,10 @@ def render_metrics(state: SimState) -> str:
         f"vllm:generation_tokens_total{{{m}}} {float(s.generation_tokens)}",
         "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
         "# TYPE vllm:prefix_cache_queries_total counter",
-        f"vllm:prefix_cache_queries_total{{{m}}} {float(s.cache_query_blocks * cfg.block_size)}",
+        f"vllm:prefix_cache_queries_total{{{m}}} {float(s.cache_query_tokens)}",
         "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.",
         "# TYPE vllm:prefix_cache_hits_total counter",
-        f"vllm:prefix_cache_hits_total{{{m}}} {float(s.cache_hit_blocks * cfg.block_size)}",
+        f"vllm:prefix_cache_hits_total{{{m}}} {float(s.cache_hit_tokens)}",
         "# HELP vllm:request_success_total Count of successfully processed requests.",
         "# TYPE vllm:request_success_total counter",
     ]

@@ -9,6 +9,7 @@ Use:
 
     with SimFleet([SimConfig(name="pod-1"), SimConfig(name="pod-2")]) as fleet:
         fleet.addresses   # ["127.0.0.1:40123", "127.0.0.1:40125"], in config order
+        fleet.kv_endpoints  # each replica's KV-event endpoint (None where kv_events is unset)
         fleet.stats()     # /sim/stats of each replica, read directly from its state
         fleet.reset()     # clear counters and prefix caches between runs
 
@@ -43,6 +44,10 @@ class SimFleet:
         self._thread = threading.Thread(target=self._loop.run_forever, name="sim-fleet", daemon=True)
         self._runners: list[web.AppRunner] = []
         self.addresses: list[str] = []
+        # Bound KV-event and replay endpoints per replica (port 0 resolved), for an endpoints file's
+        # kvEvents / kvReplay; None where the config asks for no events (or no replay).
+        self.kv_endpoints: list[str | None] = []
+        self.kv_replay_endpoints: list[str | None] = []
 
     def start(self, timeout: float = 15.0) -> None:
         self._thread.start()
@@ -53,6 +58,9 @@ class SimFleet:
             runner = await start_sim_server(self.host, 0, config=cfg)
             self._runners.append(runner)
             self.addresses.append(bound_address(runner))
+            state = sim_state(runner)
+            self.kv_endpoints.append(state.kv_endpoint)
+            self.kv_replay_endpoints.append(state.kv_replay_endpoint)
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
         """Run `coro` on the fleet's loop and wait (at most `timeout`) for its result."""
@@ -76,8 +84,22 @@ class SimFleet:
     def stats_by_address(self) -> dict[str, dict[str, Any]]:
         return dict(zip(self.addresses, self.stats(), strict=True))
 
+    def kv_subscriptions(self) -> list[int]:
+        """Subscriptions each replica's KV-event publisher has seen (0 without events). A PUB drops
+        what it sends before a subscriber is there, so wait for >= 1 before traffic that matters."""
+
+        async def get() -> list[int]:
+            out = []
+            for r in self._runners:
+                publisher = sim_state(r).publisher
+                out.append(0 if publisher is None else publisher.subscriptions)
+            return out
+
+        return self.call(get())
+
     def reset(self) -> None:
-        """Clear every replica's counters and prefix cache (as POST /sim/reset does)."""
+        """Clear every replica's counters and prefix cache (as POST /sim/reset does; with KV events,
+        each publishes AllBlocksCleared)."""
 
         async def do() -> None:
             for r in self._runners:

@@ -7,7 +7,11 @@ does, and starts and addresses the server.
 Every response carries `x-sim-server` (this replica's name, by default `host:port`) and
 `x-sim-received-destination` (the `x-gateway-destination-endpoint` request header it got, or ""),
 so a test can tell which backend served and what the gateway told it. GET /sim/stats returns
-counters as JSON; POST /sim/reset clears them and the cache.
+counters as JSON; POST /sim/reset clears them and the cache (even while requests run).
+
+Requests are parsed by epp's own parser (`epp.api.requests.parse_request`), so what epp accepts
+and how it renders a prompt for tokenizing is what this server does; vLLM's own routes beside the
+OpenAI ones: POST /tokenize (same rendering) and POST /reset_prefix_cache.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ import asyncio
 import hashlib
 import json
 import time
+from array import array
 from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
+from epp.api.errors import BadRequest
+from epp.api.requests import InferenceRequest, parse_request
 from epp.sim.engine import SimConfig, SimRequest, SimState, render_metrics
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -38,72 +45,31 @@ class _BadRequest(Exception):
     pass
 
 
-def _text_of_content(content: Any) -> str:
-    """Chat / responses content: a string, or a list of parts of which text parts count."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, Mapping):
-                text = part.get("text")
-                if isinstance(text, str):
-                    parts.append(text)
-        return "".join(parts)
-    raise _BadRequest("content must be a string or a list of parts")
+def _parse(path: str, raw: bytes, config: SimConfig) -> tuple[dict[str, Any], InferenceRequest]:
+    """The body as JSON, and as epp parses it (so the prompt is rendered as epp renders it)."""
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _BadRequest(f"invalid JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object")
+    if "model" not in body:
+        # vLLM serves its model when none is named; epp's parser insists on one.
+        body["model"] = config.served_model
+        raw = json.dumps(body).encode()
+    # No headers: a model-name rewrite is the gateway's business, the body is what vLLM sees.
+    try:
+        req = parse_request(path=path, headers={}, body=raw, request_id="")
+    except BadRequest as exc:
+        raise _BadRequest(exc.reason) from None
+    return body, req
 
 
-def _text_of_prompt(prompt: Any, field: str) -> str:
-    """Completions prompt / embeddings input: string, list of strings, token ids, or lists of ids."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return "".join(prompt)
-        if all(isinstance(p, int) for p in prompt):
-            # A token id stands for one token: give it chars_per_token-ish characters.
-            return "".join(f"{p:>4}"[-4:] for p in prompt)
-        if all(isinstance(p, list) for p in prompt):
-            return "".join(_text_of_prompt(p, field) for p in prompt)
-    raise _BadRequest(f"'{field}' must be a string, a list of strings or token ids")
-
-
-def _prompt_text(api: str, body: Mapping[str, Any]) -> str:
-    if api == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _BadRequest("'messages' is required and must be a non-empty list")
-        texts: list[str] = []
-        for m in messages:
-            if not isinstance(m, Mapping):
-                raise _BadRequest("each message must be an object")
-            texts.append(_text_of_content(m.get("content")))
-        return "".join(texts)
-    if api == "completions":
-        if "prompt" not in body:
-            raise _BadRequest("'prompt' is required")
-        return _text_of_prompt(body["prompt"], "prompt")
-    if api == "embeddings":
-        if "input" not in body:
-            raise _BadRequest("'input' is required")
-        return _text_of_prompt(body["input"], "input")
-    # responses
-    if "input" not in body:
-        raise _BadRequest("'input' is required")
-    instructions = body.get("instructions")
-    text = instructions if isinstance(instructions, str) else ""
-    inp = body["input"]
-    if isinstance(inp, str):
-        return text + inp
-    if isinstance(inp, list):
-        return text + "".join(
-            _text_of_content(i.get("content")) if isinstance(i, Mapping) else str(i) for i in inp
-        )
-    raise _BadRequest("'input' must be a string or a list of items")
+def _check_token_ids(ids: list[int]) -> None:
+    if not ids:
+        raise _BadRequest("the prompt cannot be empty")
+    if min(ids) < 0 or max(ids) >= 1 << 63:
+        raise _BadRequest("token ids must be in [0, 2**63)")
 
 
 def _max_tokens(api: str, body: Mapping[str, Any], config: SimConfig) -> int:
@@ -145,20 +111,21 @@ async def _inference(request: web.Request, api: str) -> web.StreamResponse:
         state.stats.faults += 1
         return _error(cfg.fault_status, "injected fault", "SimulatedFault")
     try:
-        body = json.loads(await request.read())
-        if not isinstance(body, dict):
-            raise _BadRequest("request body must be a JSON object")
-        if "model" in body and not isinstance(body["model"], str):
-            raise _BadRequest("'model' must be a string")
-        text = _prompt_text(api, body)
+        body, parsed = _parse(request.path, await request.read(), cfg)
         n_out = _max_tokens(api, body, cfg)
-    except (ValueError, _BadRequest) as exc:  # json.JSONDecodeError is a ValueError
+    except _BadRequest as exc:
         state.stats.errors += 1
-        return _error(400, str(exc) if isinstance(exc, _BadRequest) else f"invalid JSON body: {exc}")
-    req = SimRequest(state, api, body, text, n_out)
-    if cfg.strict_models and req.model not in (cfg.served_model, *cfg.lora_adapters):
+        return _error(400, str(exc))
+    if cfg.strict_models and parsed.model not in (cfg.served_model, *cfg.lora_adapters):
         state.stats.errors += 1
-        return _error(404, f"The model `{req.model}` does not exist.", "NotFoundError")
+        return _error(404, f"The model `{parsed.model}` does not exist.", "NotFoundError")
+    try:
+        ids = await state.prompt_token_ids(parsed)
+        _check_token_ids(ids)
+    except _BadRequest as exc:
+        state.stats.errors += 1
+        return _error(400, str(exc))
+    req = SimRequest(state, api, body, ids, n_out, cache_salt=parsed.cache_salt)
 
     started = time.monotonic()
     try:
@@ -191,7 +158,7 @@ async def _complete(req: SimRequest, started: float) -> web.Response:
     head = {"id": f"{_ID_PREFIX[req.api]}{req.id}", "created": req.created, "model": req.model}
     if req.api == "embeddings":
         req.state.ttft.observe(time.monotonic() - started)
-        digest = hashlib.blake2b(req.text.encode("utf-8", "surrogatepass"), digest_size=64).digest()
+        digest = hashlib.blake2b(array("q", req.token_ids).tobytes(), digest_size=64).digest()
         vector = [round((digest[i % 64] - 127.5) / 127.5, 6) for i in range(req.state.config.embedding_dims)]
         payload: dict[str, Any] = {
             "object": "list",
@@ -376,6 +343,36 @@ async def _reset(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def _reset_prefix_cache(request: web.Request) -> web.Response:
+    # vLLM's dev route: refused (409, as recent vLLM answers) while requests hold blocks, unless
+    # ?reset_running_requests=true, which vLLM serves by preempting them.
+    force = request.query.get("reset_running_requests", "").lower() == "true"
+    if not request.app[SIM_STATE].reset_prefix_cache(force=force):
+        return _error(409, "Prefix cache reset failed.", "Conflict")
+    return web.Response(status=200)
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    """vLLM's POST /tokenize: {"model", "prompt"} or {"model", "messages"}, rendered as the
+    inference routes render them (add_special_tokens defaults to true, as they tokenize)."""
+    state = request.app[SIM_STATE]
+    try:
+        body = json.loads(await request.read())
+        if not isinstance(body, dict):
+            raise _BadRequest("request body must be a JSON object")
+        special = body.get("add_special_tokens", True)
+        if not isinstance(special, bool):
+            raise _BadRequest("'add_special_tokens' must be a boolean")
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        _, parsed = _parse(path, json.dumps(body).encode(), state.config)
+    except (ValueError, _BadRequest) as exc:
+        return _error(400, str(exc))
+    ids = await state.prompt_token_ids(parsed, add_special_tokens=special)
+    return web.json_response(
+        {"count": len(ids), "max_model_len": state.config.max_model_len, "tokens": ids, "token_strs": None}
+    )
+
+
 @web.middleware
 async def _count(request: web.Request, handler: Any) -> web.StreamResponse:
     state = request.app[SIM_STATE]
@@ -394,15 +391,22 @@ async def _tag_response(request: web.Request, response: web.StreamResponse) -> N
     response.headers[RECEIVED_DESTINATION_HEADER] = request.headers.get(DESTINATION_HEADER, "")
 
 
+async def _close_state(app: web.Application) -> None:
+    app[SIM_STATE].close()
+
+
 def make_app(config: SimConfig) -> web.Application:
     app = web.Application(middlewares=[_count], client_max_size=64 * 1024 * 1024)
     app[SIM_STATE] = SimState(config)
     app.on_response_prepare.append(_tag_response)
+    app.on_cleanup.append(_close_state)
     app.router.add_post("/v1/completions", _route("completions"))
     app.router.add_post("/v1/chat/completions", _route("chat"))
     app.router.add_post("/v1/responses", _route("responses"))
     app.router.add_post("/v1/embeddings", _route("embeddings"))
     app.router.add_get("/v1/models", _models)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/health", _health)
     app.router.add_get("/sim/stats", _stats)
@@ -414,17 +418,25 @@ async def start_sim_server(host: str, port: int, *, config: SimConfig | None = N
     """Serve one simulated replica on host:port (port 0 = any free port); returns the runner.
 
     Stop it with `await runner.cleanup()`. `sim_state(runner)` gives the live state and
-    `bound_address(runner)` the actual "host:port".
+    `bound_address(runner)` the actual "host:port"; with `config.kv_events`, the state's
+    `kv_endpoint` / `kv_replay_endpoint` are where its KV events are published.
     """
     cfg = config or SimConfig()
     app = make_app(cfg)
     # handler_cancellation: a client disconnect aborts the request, freeing its slot (as vLLM).
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    if not cfg.name:
-        app[SIM_STATE].name = bound_address(runner)
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        state = app[SIM_STATE]
+        address = bound_address(runner)
+        if not cfg.name:
+            state.name = address
+        state.start_kv_events(address)
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from epp.sim.engine import PrefixCache, SimConfig, output_tokens
+from epp.sim.engine import SimConfig, output_tokens
 from epp.sim.server import (
     DESTINATION_HEADER,
     RECEIVED_DESTINATION_HEADER,
@@ -20,6 +20,9 @@ from epp.sim.server import (
     sim_state,
     start_sim_server,
 )
+from epp.tokenize.tokenizer import load_shipped
+
+TOKENIZER = load_shipped()
 
 FAST = SimConfig(time_scale=0.01)
 
@@ -78,7 +81,7 @@ async def test_chat_completion_shape_and_headers(start: Start, http: aiohttp.Cli
     assert body["model"] == "m-1"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "".join(output_tokens(3))}
     assert body["usage"]["completion_tokens"] == 3
-    assert body["usage"]["prompt_tokens"] == 2  # 5 chars / 4 per token, rounded up
+    assert body["usage"]["prompt_tokens"] == len(TOKENIZER.encode("hello")) == 2  # BOS + "hello"
     assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     async with http.get(url + "/health") as r:
         assert r.status == 200
@@ -87,23 +90,89 @@ async def test_chat_completion_shape_and_headers(start: Start, http: aiohttp.Cli
 
 async def test_prefix_cache_hits_on_shared_prefix(start: Start, http: aiohttp.ClientSession) -> None:
     url = await start(FAST)
-    system = "You are a careful assistant. " * 40  # 1160 chars = 18 full 64-char blocks
+    system = "You are a careful assistant. " * 40
     first = chat(system + "Question one?")
     async with http.post(url + "/v1/chat/completions", json=first) as r:
         assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     async with http.post(url + "/v1/chat/completions", json=chat(system + "Question two?")) as r:
         cached = (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached == 18 * 16
+    a, b = TOKENIZER.encode(system + "Question one?"), TOKENIZER.encode(system + "Question two?")
+    common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert common >= 16 * 14
+    assert cached == common // 16 * 16  # the shared full blocks
     async with http.post(url + "/v1/chat/completions", json=chat("Different start. " + system)) as r:
         assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     async with http.get(url + "/sim/stats") as r:
         stats = await r.json()
-    assert stats["cache_hit_blocks"] == 18
+    assert stats["cache_hit_blocks"] == common // 16
     assert stats["completed"] == 3
+    m = await metrics(http, url)
+    assert m['vllm:prefix_cache_hits_total{model_name="sim-model"}'] == cached
+
+
+async def test_token_id_prompts_and_the_last_token_rule(start: Start, http: aiohttp.ClientSession) -> None:
+    url = await start(FAST)
+    ids = list(range(100, 164))  # exactly 4 blocks
+
+    async def cached(prompt: list[int] | list[list[int]]) -> tuple[int, int]:
+        async with http.post(
+            url + "/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 1}
+        ) as r:
+            usage = (await r.json())["usage"]
+        return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+
+    assert await cached(ids) == (64, 0)
+    # vLLM computes the last prompt token, so the 4th block is never a hit for the same prompt.
+    assert await cached(ids) == (64, 48)
+    assert await cached([*ids, 7]) == (65, 64)
+    assert await cached([[*ids[:20]], [1, 2]]) == (20, 16)  # a batch is served as its first prompt
+
+
+async def test_tokenize_renders_like_the_inference_routes(start: Start, http: aiohttp.ClientSession) -> None:
+    url = await start(FAST)
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    }
+    async with http.post(url + "/tokenize", json=body) as r:
+        tok = await r.json()
+    assert tok["tokens"] == TOKENIZER.encode("Be brief.\nHi") and tok["count"] == len(tok["tokens"])
+    assert tok["max_model_len"] == 32768
+    async with http.post(url + "/v1/chat/completions", json=body | {"max_tokens": 1}) as r:
+        assert (await r.json())["usage"]["prompt_tokens"] == tok["count"]
+    async with http.post(
+        url + "/tokenize", json={"model": "m", "prompt": "Hi", "add_special_tokens": False}
+    ) as r:
+        assert (await r.json())["tokens"] == TOKENIZER.encode("Hi", add_special_tokens=False)
+    async with http.post(url + "/tokenize", json={"model": "m"}) as r:
+        assert r.status == 400
+
+
+async def test_reset_prefix_cache_route(start: Start, http: aiohttp.ClientSession) -> None:
+    url = await start(SimConfig(time_scale=0.05, decode_per_token=0.05))
+    prompt = {"model": "m", "prompt": list(range(1, 40)), "max_tokens": 1}
+    async with http.post(url + "/v1/completions", json=prompt) as r:
+        await r.read()
+    task = asyncio.create_task(http.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 100}))
+    deadline = time.monotonic() + 5
+    while (await (await http.get(url + "/sim/stats")).json())["running"] == 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.005)
+    async with http.post(url + "/reset_prefix_cache") as r:
+        assert r.status == 409  # a running request holds blocks
+    async with http.post(url + "/reset_prefix_cache?reset_running_requests=true") as r:
+        assert r.status == 200
+    async with http.get(url + "/sim/stats") as r:
+        assert (await r.json())["cache_blocks"] == 0
+    resp = await task
+    await resp.read()
+    resp.release()
+    async with http.post(url + "/reset_prefix_cache") as r:
+        assert r.status == 200
 
 
 async def test_cached_prefill_is_faster(start: Start, http: aiohttp.ClientSession) -> None:
-    # Cold 16k chars at scale 0.2: (0.01 + 0.32) * 0.2 = 66 ms; warm: ~2 ms + decode.
+    # Cold 8k tokens at scale 0.2: (0.01 + 8001 * 8e-5) * 0.2 = 130 ms; warm: ~2 ms + decode.
     url = await start(SimConfig(time_scale=0.2, decode_per_token=0.0))
     prompt = "abcdefgh" * 2000
 
@@ -170,7 +239,7 @@ async def test_responses_and_embeddings(start: Start, http: aiohttp.ClientSessio
     async with http.post(url + "/v1/embeddings", json={"model": "m", "input": ["a", "b"]}) as r:
         emb = await r.json()
     assert emb["object"] == "list" and len(emb["data"][0]["embedding"]) == FAST.embedding_dims
-    assert emb["usage"]["prompt_tokens"] == 1
+    assert emb["usage"]["prompt_tokens"] == 2  # the first input, with BOS
 
 
 @pytest.mark.parametrize(
@@ -312,21 +381,6 @@ async def test_reset_and_stats_destinations(start: Start, http: aiohttp.ClientSe
         assert r.status == 200
     async with http.get(url + "/sim/stats") as r:
         assert (await r.json())["requests"] == 0
-
-
-def test_prefix_cache_lru_eviction() -> None:
-    cache = PrefixCache(capacity_blocks=4, block_chars=4)
-    a = cache.block_hashes("aaaabbbbcccc", "m")
-    assert len(a) == 3
-    assert cache.block_hashes("aaaabbbbcccc", "other-model") != a  # seeded by model
-    cache.insert(a)
-    assert cache.match(a) == 3
-    b = cache.block_hashes("zzzzyyyy", "m")
-    cache.insert(b)  # 5 blocks > 4: the least recently used (a[0]) goes
-    assert len(cache) == 4
-    assert cache.match(a) == 0  # chain broken at the first block
-    assert cache.match(b) == 2
-    assert cache.block_hashes("aaaabbbbcc", "m") == a[:2]  # only full blocks are hashed
 
 
 async def test_named_replica() -> None:

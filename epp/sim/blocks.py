@@ -1,0 +1,302 @@
+"""The simulated engine's KV block pool: vLLM's prefix cache, as far as routing can observe it.
+
+What vLLM's block pool (`vllm/v1/core/block_pool.py`) does and this module does too:
+
+* **Physical blocks.** `num_blocks` blocks of `block_size` token slots. A running request holds one
+  block per `block_size` tokens it has KV for; blocks are shared (reference-counted) when several
+  requests hit the same cached prefix.
+* **Block hashes.** Only full blocks are hashed, each over (parent hash, its token ids, its extra
+  keys), so a hash stands for the whole prefix up to its block. Extra keys are the LoRA adapter's
+  name on every block and the request's `cache_salt` on the first one (vLLM 0.19-0.30 order), so
+  adapters and salts never share blocks. The hash is this simulator's own (blake2b, 16 bytes, a
+  fixed root like vLLM >= 0.29's sha256 default, so every replica hashes the same content alike);
+  events carry its low 64 bits as vLLM does by default. It is deliberately not epp's key scheme:
+  epp keys blocks from the events' token ids and treats these hashes as opaque.
+* **Free queue and eviction.** Blocks nobody holds sit in a queue, least recently freed first; a
+  request frees its blocks tail first, so a prompt's last blocks go before its first ones. Cached
+  blocks stay cached while free and are evicted only when a new block is needed: the head of the
+  queue is taken and, if it had a hash, it leaves the cache (`BlockRemoved`, one per block).
+  Never-used blocks come before any freed one (vLLM's queue starts with every block in id order).
+  A hit on a free cached block takes it out of the queue.
+* **Duplicates.** A block computed while an identical one is already cached (two requests racing,
+  or a prompt whose last full block is never reused because the last prompt token must be
+  computed) is cached again under the same hash and announced again; evicting either copy sends
+  a `BlockRemoved` for that hash.
+* **Events.** `BlockStored` when blocks are cached (one event per request step, with the parent's
+  hash, the blocks' tokens, LoRA id and name, medium "GPU" and the untagged extra keys),
+  `BlockRemoved` on eviction, `AllBlocksCleared` on reset. They queue in the pool until the
+  caller `take_events()`s them, as the engine core takes them once per step.
+
+Deliberately absent: the null block (all `num_blocks` are usable), preemption (a request that finds
+no free block runs on blocks outside the pool, never cached, which vLLM would instead make wait),
+caching of blocks filled during decode, hybrid models, multimodal extra keys, CPU offloading.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from array import array
+from collections.abc import Sequence
+from typing import Final, NewType
+
+from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+
+Digest = NewType("Digest", bytes)
+"""A block hash: 16 bytes of blake2b over parent digest, extra keys and token ids."""
+
+_PERSON: Final = b"epp-sim-block"
+# The parent of a sequence's first block: fixed, as vLLM >= 0.29's NONE_HASH for sha256.
+NONE_HASH: Final = Digest(hashlib.blake2b(b"none-hash", digest_size=16, person=_PERSON).digest())
+MEDIUM: Final = "GPU"
+
+
+def wire_hash(digest: Digest) -> int:
+    """The int a KV event carries for `digest`: its last 8 bytes, big-endian (vLLM's default)."""
+    return int.from_bytes(digest[-8:], "big")
+
+
+def extra_keys(index: int, lora_name: str | None, cache_salt: str | None) -> list[str] | None:
+    """Block `index`'s extra keys as events publish them (untagged): the adapter name on every block,
+    then the salt on block 0; None when there are none."""
+    keys = [lora_name] if lora_name else []
+    if index == 0 and cache_salt:
+        keys.append(cache_salt)
+    return keys or None
+
+
+def _encode_extra(keys: list[str] | None) -> bytes:
+    if not keys:
+        return b"\x00"
+    out = bytearray(b"\x01")
+    for key in keys:
+        raw = key.encode("utf-8", "surrogatepass")
+        out += len(raw).to_bytes(4, "big") + raw
+    return bytes(out)
+
+
+def block_digests(
+    token_ids: Sequence[int], block_size: int, *, lora_name: str | None = None, cache_salt: str | None = None
+) -> list[Digest]:
+    """The chained hashes of the full blocks of `token_ids` (a partial last block has none).
+
+    Raises:
+        OverflowError: a token id outside the signed 64-bit range.
+    """
+    # One conversion for the whole prompt, then fixed-width slices: 8 bytes a token, so a block's
+    # bytes cannot be read as another's.
+    data = array("q", token_ids).tobytes()
+    width = block_size * 8
+    rest = _encode_extra(extra_keys(1, lora_name, None))  # blocks after the first
+    parent = NONE_HASH
+    out: list[Digest] = []
+    for i in range(len(token_ids) // block_size):
+        extra = _encode_extra(extra_keys(0, lora_name, cache_salt)) if i == 0 else rest
+        h = hashlib.blake2b(parent, digest_size=16, person=_PERSON)
+        h.update(extra)
+        h.update(data[i * width : (i + 1) * width])
+        parent = Digest(h.digest())
+        out.append(parent)
+    return out
+
+
+class Block:
+    """One physical block. `digest` is set while it is cached; `ref` counts requests holding it."""
+
+    __slots__ = ("digest", "id", "ref")
+
+    def __init__(self, block_id: int) -> None:
+        self.id = block_id  # < 0: outside the pool (see BlockPool.allocate)
+        self.digest: Digest | None = None
+        self.ref = 0
+
+
+class BlockPool:
+    """vLLM's block pool for prefix caching; see the module docstring.
+
+    Single-threaded: callers are the simulator's coroutines, on one event loop.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, record_events: bool = False) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.record_events = record_events
+        self.held = 0  # pool blocks some request holds
+        self.outside = 0  # blocks running requests hold beyond the pool (no free block was left)
+        self.cached = 0  # blocks with a digest (a digest held by two blocks counts twice)
+        self._fresh = max(0, num_blocks)  # never-used blocks, handed out before any freed one
+        self._free: collections.OrderedDict[int, Block] = collections.OrderedDict()  # oldest first
+        # digest -> its blocks: one block, or a dict of duplicates by id (the common case is one,
+        # so no dict is built for it).
+        self._by_digest: dict[Digest, Block | dict[int, Block]] = {}
+        self._events: list[Event] = []
+        self._outside_ids = 0
+
+    # --- queries --------------------------------------------------------------------------------
+
+    def usage(self) -> float:
+        """Share of the pool held by running requests (cached free blocks count as free, as vLLM)."""
+        if self.num_blocks <= 0:
+            return 0.0
+        return min(1.0, (self.held + self.outside) / self.num_blocks)
+
+    def lookup(self, digests: Sequence[Digest]) -> list[Block]:
+        """The cached blocks of the longest cached prefix of `digests` (nothing is touched)."""
+        found: list[Block] = []
+        for d in digests:
+            hit = self._by_digest.get(d)
+            if hit is None:
+                break
+            found.append(hit if isinstance(hit, Block) else next(iter(hit.values())))
+        return found
+
+    @property
+    def distinct_cached(self) -> int:
+        """Distinct hashes cached (`cached` counts duplicate copies too)."""
+        return len(self._by_digest)
+
+    # --- request lifecycle ----------------------------------------------------------------------
+
+    def touch(self, blocks: Sequence[Block]) -> None:
+        """A request starts holding these (cached) blocks: a free one leaves the queue."""
+        for b in blocks:
+            if b.ref == 0:
+                del self._free[b.id]
+                self.held += 1
+            b.ref += 1
+
+    def allocate(self, n: int) -> list[Block]:
+        """`n` new blocks: never-used ones first, then the least recently freed, evicting its hash.
+
+        With nothing free, blocks outside the pool are made up (vLLM would not schedule the request):
+        the request runs, its usage shows 100%, and those blocks are never cached.
+        """
+        out: list[Block] = []
+        for _ in range(n):
+            if self._fresh:
+                block = Block(self.num_blocks - self._fresh)
+                self._fresh -= 1
+                self.held += 1
+            elif self._free:
+                _, block = self._free.popitem(last=False)
+                if block.digest is not None:
+                    self._evict(block)
+                self.held += 1
+            else:
+                self._outside_ids -= 1
+                block = Block(self._outside_ids)
+                self.outside += 1
+            block.ref = 1
+            out.append(block)
+        return out
+
+    def cache(
+        self,
+        blocks: Sequence[Block],
+        digests: Sequence[Digest],
+        token_ids: Sequence[int],
+        *,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int:
+        """Cache the request's computed full blocks that have no digest yet; one `BlockStored`.
+
+        `blocks[i]` holds block i of the request, whose hash is `digests[i]`. The blocks to store
+        are those from the first one without a digest (after a hit: the first computed one; after
+        a forced reset: block 0) up to the last full block or the first block outside the pool.
+        Returns how many were stored.
+        """
+        n = min(len(blocks), len(digests))
+        start = 0
+        while start < n and blocks[start].digest is not None:
+            start += 1
+        end = start
+        while end < n and blocks[end].id >= 0 and blocks[end].digest is None:
+            block, digest = blocks[end], digests[end]
+            block.digest = digest
+            self._index(block, digest)
+            end += 1
+        if end == start:
+            return 0
+        self.cached += end - start
+        if self.record_events:
+            bs = self.block_size
+            self._events.append(
+                BlockStored(
+                    block_hashes=[wire_hash(d) for d in digests[start:end]],
+                    parent_block_hash=wire_hash(digests[start - 1]) if start else None,
+                    token_ids=list(token_ids[start * bs : end * bs]),
+                    block_size=bs,
+                    lora_id=lora_id,
+                    medium=MEDIUM,
+                    lora_name=lora_name,
+                    extra_keys=[extra_keys(i, lora_name, cache_salt) for i in range(start, end)],
+                )
+            )
+        return end - start
+
+    def free(self, blocks: Sequence[Block]) -> None:
+        """A request lets go of its blocks, tail first (so its last blocks are evicted first)."""
+        for b in reversed(blocks):
+            b.ref -= 1
+            if b.ref:
+                continue
+            if b.id < 0:
+                self.outside -= 1
+            else:
+                self.held -= 1
+                self._free[b.id] = b
+
+    def reset(self, *, force: bool = False) -> bool:
+        """Drop every cached hash (vLLM's reset_prefix_cache); one `AllBlocksCleared`.
+
+        Refused (False, nothing changes) while requests hold blocks, unless `force`: then held
+        blocks lose their hashes too and their requests cache them again from block 0, as vLLM
+        recomputes the requests it preempts for a forced reset.
+        """
+        if (self.held or self.outside) and not force:
+            return False
+        for hit in self._by_digest.values():
+            for b in (hit,) if isinstance(hit, Block) else hit.values():
+                b.digest = None
+        self._by_digest.clear()
+        self.cached = 0
+        if self.record_events:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[Event]:
+        """The events since the last call, oldest first (the list is handed over, not copied)."""
+        events, self._events = self._events, []
+        return events
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _index(self, block: Block, digest: Digest) -> None:
+        known = self._by_digest.get(digest)
+        if known is None:
+            self._by_digest[digest] = block
+        elif isinstance(known, Block):
+            self._by_digest[digest] = {known.id: known, block.id: block}
+        else:
+            known[block.id] = block
+
+    def _evict(self, block: Block) -> None:
+        digest = block.digest
+        assert digest is not None
+        block.digest = None
+        self.cached -= 1
+        known = self._by_digest[digest]
+        if isinstance(known, Block):
+            del self._by_digest[digest]
+        else:
+            del known[block.id]
+            if len(known) == 1:
+                self._by_digest[digest] = next(iter(known.values()))
+        if self.record_events:
+            self._events.append(BlockRemoved(block_hashes=[wire_hash(digest)], medium=MEDIUM))
