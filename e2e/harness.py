@@ -183,6 +183,9 @@ class StackOptions:
     epp_wait: str = "serving"
     num_retries: int = 2
     process_responses: bool = True
+    # The sims publish vLLM KV events (and serve replay); epp reads an endpoints file naming each
+    # publisher and the served model, with --kv-events connect (the precise default config).
+    kv_events: bool = False
 
 
 class Stack:
@@ -202,6 +205,10 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
     opts = options or StackOptions()
     workdir.mkdir(parents=True, exist_ok=True)
     configs = list(opts.sim_configs) if opts.sim_configs is not None else [E2E_SIM] * opts.n_backends
+    if opts.kv_events:
+        configs = [
+            dataclasses.replace(c, kv_events=f"tcp://{HOST}:0", kv_replay=f"tcp://{HOST}:0") for c in configs
+        ]
     sims = SimBackends(configs)
     cleanup.push("sim backends", sims.stop)
     sims.start()
@@ -209,7 +216,21 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
     endpoints = [*extra, *sims.addresses] if opts.prepend_extra_endpoints else [*sims.addresses, *extra]
 
     endpoints_file: Path | None = None
-    if opts.endpoints_source != "flag":
+    epp_args = list(opts.epp_args)
+    if opts.kv_events:
+        endpoints_file = workdir / "endpoints.yaml"
+        entries: list[Any] = [*extra] if opts.prepend_extra_endpoints else []
+        for address, cfg, events, replay in zip(
+            sims.addresses, configs, sims.kv_endpoints, sims.kv_replay_endpoints, strict=True
+        ):
+            entries.append(
+                {"address": address, "model": cfg.served_model, "kvEvents": events, "kvReplay": replay}
+            )
+        if not opts.prepend_extra_endpoints:
+            entries += extra
+        endpoints_file.write_text(yaml.safe_dump({"endpoints": entries}))
+        epp_args = ["--kv-events", "connect", *epp_args]
+    elif opts.endpoints_source != "flag":
         endpoints_file = workdir / "endpoints.yaml"
         # epp's YAML format; `endpoints: []` is a valid empty pool (a 0-byte file is rejected).
         listed = [] if opts.endpoints_source == "empty-file" else endpoints
@@ -219,7 +240,7 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         endpoints=endpoints if endpoints_file is None else None,
         endpoints_file=endpoints_file,
         secure=opts.epp_tls,
-        extra_args=opts.epp_args,
+        extra_args=epp_args,
     )
     cleanup.add_log("epp log", epp.process.log_path)
     cleanup.push("epp", epp.stop)
@@ -244,6 +265,15 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
     cleanup.add_log("envoy access log", workdir / "access.log")
     cleanup.push("envoy", envoy.stop)
     envoy.start()
+    if opts.kv_events:
+        # A PUB socket drops what it sends before a subscriber is there: wait for epp's.
+        deadline = time.monotonic() + 15.0
+        while min(sims.kv_subscriptions()) < 1:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"epp never subscribed to every sim publisher: {sims.kv_subscriptions()}"
+                )
+            time.sleep(0.05)
     return Stack(sims, epp, envoy, endpoints)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from e2e.harness import Stack, eventually, parse_prometheus, request, wait_routable
 from epp.sim.engine import SimConfig
+from epp.tokenize.tokenizer import load_shipped
 
 pytestmark = pytest.mark.e2e
 
@@ -39,9 +40,9 @@ async def test_chunked_upload_without_content_length_is_routed(
         assert resp.request_info.headers.get("Transfer-Encoding") == "chunked"
         text = await resp.text()
         assert resp.status == 200, text
-        # the sim saw the whole prompt (it counts 4 characters a token), re-sent by epp in
-        # 62,000-byte chunks
-        assert json.loads(text)["usage"]["prompt_tokens"] == len(prompt) // 4
+        # the sim saw the whole prompt (it tokenizes with epp's shipped tokenizer), re-sent by
+        # epp in 62,000-byte chunks
+        assert json.loads(text)["usage"]["prompt_tokens"] == len(load_shipped().encode(prompt))
         assert resp.headers["x-sim-received-destination"] == resp.headers["x-sim-server"]
 
 

@@ -53,6 +53,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port in 1-65535: {text!r}")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -111,6 +121,64 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--endpoints", help="comma-separated host:port list of model-server endpoints")
     g.add_argument("--endpoints-file", help="YAML file of endpoints, reloaded when it changes")
     g.add_argument("--pool-name", default="standalone", help="pool name used in metrics and logs")
+
+    g = p.add_argument_group("KV-cache events (precise prefix-cache routing)")
+    g.add_argument(
+        "--kv-events",
+        choices=["off", "connect", "bind"],
+        default="off",
+        help="consume vLLM's KV-cache events: connect a subscriber to each endpoint's publisher, "
+        "or bind one that the model servers connect to (default off)",
+    )
+    g.add_argument(
+        "--kv-events-port",
+        type=port_number,
+        default=5557,
+        help="connect mode: the publisher port of endpoints whose entry names no kvEvents, "
+        "plus the endpoint's data-parallel rank, as vLLM offsets it (default 5557)",
+    )
+    g.add_argument(
+        "--kv-replay-port",
+        type=port_number,
+        default=None,
+        help="the replay port of endpoints whose entry names no kvReplay (plus the rank); "
+        "default: no replay for them (a gap purges the pod's blocks until new events rebuild them)",
+    )
+    g.add_argument(
+        "--kv-events-bind",
+        default="tcp://*:5557",
+        help="bind mode: where to listen for publishers (vLLM's endpoint tcp://<epp>:5557, "
+        "topic kv@<ip>:<port>@<model>) (default tcp://*:5557)",
+    )
+    g.add_argument(
+        "--kv-index-max-entries",
+        type=positive_int,
+        default=10_000_000,
+        help="cap on (block, pod) entries in the KV index; least recently used go first (default 10M)",
+    )
+    g.add_argument(
+        "--kv-block-size",
+        type=positive_int,
+        default=None,
+        help="block size for events that carry none (offload connectors); default: none",
+    )
+
+    g = p.add_argument_group("tokenizers")
+    g.add_argument(
+        "--tokenizer",
+        action="append",
+        default=[],
+        metavar="[MODEL=]PATH",
+        help="a Hugging Face tokenizer directory or tokenizer.json, for MODEL or (without MODEL=) "
+        "for every model; repeatable. Default: epp-tiny, shipped with epp, for every model",
+    )
+    g.add_argument(
+        "--tokenizer-workers",
+        type=positive_int,
+        default=None,
+        help="threads tokenizing long prompts off the event loop (default: CPUs, at most 4; "
+        "in a container set it to the CPU limit)",
+    )
 
     g = p.add_argument_group("model-server metrics")
     g.add_argument(

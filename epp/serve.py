@@ -1,6 +1,7 @@
 """`epp serve`: wire the datastore, its sources, the scheduler, the director and the servers.
 
-Start order: config (fail fast on a bad one) -> endpoint sources -> metrics scraper -> servers.
+Start order: tokenizers and config (fail fast on a bad one) -> endpoint sources -> KV-event
+ingestion -> metrics scraper -> servers.
 Stop order on SIGTERM/SIGINT: health goes NOT_SERVING, the ext-proc server drains in-flight
 streams for a grace period, then background tasks stop.
 """
@@ -13,10 +14,12 @@ import logging
 import signal
 
 from epp.datastore import standalone
-from epp.datastore.endpoints import Datastore
+from epp.datastore.endpoints import Datastore, Endpoint
 from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
+from epp.kvcache.index import BlockIndex
+from epp.kvcache.ingest import FeedSpec, KVEventIngester
 from epp.observability import http as obs_http
 from epp.observability import logs, metrics
 from epp.requestcontrol.director import Director, DirectorSettings
@@ -24,6 +27,8 @@ from epp.rpc import http as rpc_http
 from epp.rpc import service as rpc_service
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
+from epp.tokenize.registry import Tokenizers, parse_tokenizer_arg
+from epp.tokenize.tokenizer import TokenizerError
 
 log = logging.getLogger("epp")
 
@@ -37,15 +42,42 @@ def main(args: argparse.Namespace) -> int:
     except sched_config.ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, TokenizerError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     return 0
 
 
+def feed_spec(ep: Endpoint, args: argparse.Namespace) -> FeedSpec:
+    """Where `ep`'s KV events come from: its entry's kvEvents/kvReplay, else the default ports
+    offset by its data-parallel rank (vLLM's DP ranks publish on base port + rank)."""
+    spec = ep.spec
+    host = f"[{spec.address}]" if ":" in spec.address else spec.address
+    events = None
+    if args.kv_events == "connect":
+        events = spec.kv_events or f"tcp://{host}:{args.kv_events_port + spec.rank}"
+    replay = spec.kv_replay
+    if replay is None and args.kv_replay_port is not None:
+        replay = f"tcp://{host}:{args.kv_replay_port + spec.rank}"
+    return FeedSpec(
+        pod=ep.name, model=spec.model, events=events, replay=replay, hostport=ep.hostport, rank=spec.rank
+    )
+
+
 async def run(args: argparse.Namespace) -> None:
     datastore = Datastore()
-    handle = Handle(datastore=datastore)
+    index = BlockIndex(max_entries=args.kv_index_max_entries) if args.kv_events != "off" else None
+    handle = Handle(datastore=datastore, kv_index=index)
+    tokenizers = Tokenizers.from_spec(parse_tokenizer_arg(args.tokenizer), workers=args.tokenizer_workers)
+    try:
+        await _run(args, datastore, handle, tokenizers)
+    finally:
+        tokenizers.close()
+
+
+async def _run(
+    args: argparse.Namespace, datastore: Datastore, handle: Handle, tokenizers: Tokenizers
+) -> None:
     if args.config_file:
         config = sched_config.load_config_file(args.config_file, handle)
     else:
@@ -62,10 +94,25 @@ async def run(args: argparse.Namespace) -> None:
             max_body_bytes=args.max_body_bytes,
             disable_subset_filter=args.disable_endpoint_subset_filter,
         ),
+        tokenizer=tokenizers,
     )
 
     pool_gauge = metrics.ready_endpoints.labels(args.pool_name)
     datastore.subscribe(lambda added, removed: pool_gauge.set(len(datastore.candidates())))
+    ingester: KVEventIngester | None = None
+    if handle.kv_index is not None:
+        ingester = KVEventIngester(
+            handle.kv_index,
+            bind=args.kv_events_bind if args.kv_events == "bind" else None,
+            default_block_size=args.kv_block_size,
+        )
+        feeds = ingester
+
+        def follow_membership(added: list[Endpoint], removed: list[Endpoint]) -> None:
+            # Every change re-states the whole set: the ingester reconciles (new, gone, moved).
+            feeds.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
+
+        datastore.subscribe(follow_membership)
     endpoints_file: standalone.EndpointsFile | None = None
     if args.endpoints:
         datastore.sync("flag", standalone.parse_endpoints_arg(args.endpoints))
@@ -75,6 +122,8 @@ async def run(args: argparse.Namespace) -> None:
     if not args.endpoints and not args.endpoints_file:
         raise ValueError("no endpoint source: give --endpoints or --endpoints-file")
     pool_gauge.set(len(datastore.candidates()))
+    if ingester is not None:
+        ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
 
     scraper = MetricsScraper(
         datastore,
@@ -97,6 +146,8 @@ async def run(args: argparse.Namespace) -> None:
     rpc_http.add_routes(app, director)
     http_runner = await obs_http.start(app, host=args.bind_address, port=args.metrics_port)
 
+    if ingester is not None:
+        await ingester.start()
     await scraper.start()
     if endpoints_file is not None:
         await endpoints_file.start()
@@ -112,6 +163,8 @@ async def run(args: argparse.Namespace) -> None:
             "tls": bool(args.secure_serving),
             "endpoints": len(datastore.endpoints()),
             "profiles": ",".join(config.scheduler.profile_names()),
+            "kv_events": args.kv_events,
+            "tokenizers": _tokenizer_names(tokenizers),
         },
     )
 
@@ -129,4 +182,13 @@ async def run(args: argparse.Namespace) -> None:
         if endpoints_file is not None:
             await endpoints_file.stop()
         await scraper.stop()
+        if ingester is not None:
+            await ingester.stop()
         await http_runner.cleanup()
+
+
+def _tokenizer_names(tokenizers: Tokenizers) -> str:
+    names = [f"{model}={tok.name}" for model, tok in sorted(tokenizers.models.items())]
+    if tokenizers.default is not None:
+        names.append(f"*={tokenizers.default.name}")
+    return ",".join(names) or "none"
