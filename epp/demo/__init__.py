@@ -4,14 +4,18 @@ What it runs, all on 127.0.0.1 and all started and stopped by the demo itself:
 
 * a fleet of `--pods` simulated vLLM replicas in this process (`epp.sim.fleet`). A simulator, not
   a GPU: a replica sleeps for the time a request would take. Time to first token grows with the
-  prompt characters that are *not* in its prefix cache, the cache is an LRU of 64-character
-  blocks holding only a few tenants' system prompts, and at most `--max-num-seqs` requests run at
-  once (the rest queue). So where a request lands decides whether its long shared prefix is
-  recomputed, and that is what an endpoint picker can improve.
+  prompt tokens that are *not* in its prefix cache, the cache holds 16-token blocks (only a few
+  tenants' system prompts), each replica publishes vLLM's KV-cache events, and at most
+  `--max-num-seqs` requests run at once (the rest queue). So where a request lands decides
+  whether its long shared prefix is recomputed, and that is what an endpoint picker can improve.
 * per arm, a fresh real Envoy (and, for the epp arms, a fresh `epp serve` subprocess with plaintext
   gRPC, ext-proc FULL_DUPLEX_STREAMED) after the replicas' caches and counters are reset:
     - ``round-robin``: Envoy's ROUND_ROBIN cluster over the pods, no ext-proc at all;
     - ``epp``: epp with its default scheduling config (queue, kv-cache, prefix-cache, in-flight);
+    - ``epp-precise`` (opt-in with ``--arms``): epp fed by the replicas' vLLM KV-cache events
+      (ZMQ, ``--kv-events connect``) with the precise prefix-cache scorer. It routes on what the
+      caches really hold; on this capacity-starved workload that loses to the approximate
+      scorer's stickiness (BENCHMARKS.md), which the TTFT-predicting policy is to fix;
     - ``epp-load-only`` (opt-in with ``--arms``): epp without the prefix-cache scorer, to show
       which part of epp does the work.
 * the same seeded workload in every arm: `--groups` tenants, each with its own long system prompt,

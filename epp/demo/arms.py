@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 HOST = "127.0.0.1"
 
-ARMS = ("round-robin", "epp", "epp-load-only")
+ARMS = ("round-robin", "epp", "epp-precise", "epp-load-only")
 DEFAULT_ARMS = ("round-robin", "epp")
 
 # epp's default profile minus the prefix-cache scorer: the same load signals, no cache affinity.
@@ -71,7 +71,31 @@ def sim_config(args: argparse.Namespace, name: str) -> SimConfig:
         decode_per_token=args.decode_ms_per_token / 1e3,
         time_scale=args.time_scale,
         default_max_tokens=args.output_tokens,
+        # Every replica publishes vLLM KV events (the epp-precise arm subscribes; in the other arms
+        # nobody listens and the PUB socket drops them, as vLLM's does).
+        kv_events=f"tcp://{HOST}:0",
     )
+
+
+def endpoints_yaml(fleet: SimFleet) -> str:
+    """An endpoints file naming each replica's KV-event publisher and served model."""
+    import yaml
+
+    entries = [
+        {"address": address, "model": cfg.served_model, "kvEvents": events}
+        for address, cfg, events in zip(fleet.addresses, fleet.configs, fleet.kv_endpoints, strict=True)
+    ]
+    return yaml.safe_dump({"endpoints": entries})
+
+
+def _wait_subscribed(fleet: SimFleet, before: list[int], within: float = 15.0) -> None:
+    """Until every replica's publisher has seen one more subscription than `before` (epp's): a PUB
+    socket drops what it sends while nobody subscribes."""
+    deadline = time.monotonic() + within
+    while any(now <= was for now, was in zip(fleet.kv_subscriptions(), before, strict=True)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("epp did not subscribe to every replica's KV events in time")
+        time.sleep(0.05)
 
 
 def _wait_idle(fleet: SimFleet, within: float = 10.0) -> None:
@@ -104,9 +128,18 @@ def run_arm(
             extra = ["--log-level", "warning"]
             if arm == "epp-load-only":
                 extra += ["--config-text", LOAD_ONLY_CONFIG]
-            epp = EppServer(workdir / f"epp-{arm}.log", endpoints=fleet.addresses, extra_args=extra)
+            if arm == "epp-precise":
+                extra += ["--kv-events", "connect"]
+                endpoints_file = workdir / "endpoints-precise.yaml"
+                endpoints_file.write_text(endpoints_yaml(fleet))
+                subscribed = fleet.kv_subscriptions()
+                epp = EppServer(workdir / f"epp-{arm}.log", endpoints_file=endpoints_file, extra_args=extra)
+            else:
+                epp = EppServer(workdir / f"epp-{arm}.log", endpoints=fleet.addresses, extra_args=extra)
             logs.append((f"epp ({arm})", epp.process.log_path))
             epp.start(timeout=60.0)
+            if arm == "epp-precise":
+                _wait_subscribed(fleet, subscribed)
         listen, admin = free_ports(2)
         if epp is None:
             params = GatewayParams(

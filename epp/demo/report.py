@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 ARM_TITLES = {
     "round-robin": "Envoy alone, ROUND_ROBIN over the pods (no epp)",
     "epp": "Envoy + epp, default config (queue 2, kv-cache 2, prefix-cache 3, in-flight 1)",
+    "epp-precise": "Envoy + epp with vLLM KV events (queue 2, kv-cache 2, precise-prefix 3, in-flight 1)",
     "epp-load-only": "Envoy + epp, load only (queue 2, kv-cache 2, in-flight 1; no prefix-cache scorer)",
 }
 
@@ -193,20 +194,26 @@ def render_comparison(arms: Sequence[ArmResult], best: float) -> str:
 
 def setup_paragraph(args: argparse.Namespace, cfg: SimConfig, workload: Workload) -> str:
     scale = "" if args.time_scale == 1 else f" (all times below x{args.time_scale:g})"
-    cold_ms = (cfg.base_latency + args.prompt_chars * cfg.prefill_per_char) * 1e3
-    tenants_fit = cfg.num_gpu_blocks * cfg.block_chars / max(1, args.prompt_chars)
+    from epp.tokenize.tokenizer import load_shipped
+
+    prompt_tokens = len(load_shipped().encode(workload.system_prompts[0])) if workload.system_prompts else 0
+    cold_ms = (cfg.base_latency + prompt_tokens * cfg.prefill_cost) * 1e3
+    tenants_fit = cfg.num_gpu_blocks * cfg.block_size / max(1, prompt_tokens)
     question_chars = sum(len(r.question) for r in workload.requests) // max(1, len(workload.requests))
     return (
         f'Setup: {args.pods} simulated vLLM replicas ("pods") run inside this process. They are a '
         "simulator, not GPUs: a replica sleeps for the time a request would take instead of "
         f"computing it{scale}. Time to first token is {cfg.base_latency * 1e3:g} ms plus "
-        f"{cfg.prefill_per_char * 1e6:g} us per prompt character not found in that pod's prefix "
+        f"{cfg.prefill_cost * 1e6:g} us per prompt token not found in that pod's prefix "
         f"cache; then {cfg.decode_per_token * 1e3:g} ms per further token ({args.output_tokens} "
         f"tokens per answer). A pod runs at most {cfg.max_num_seqs} requests at once and queues "
-        f"the rest. Its prefix cache is an LRU of {cfg.num_gpu_blocks} blocks of "
-        f"{cfg.block_chars} characters, room for about {tenants_fit:.1f} tenants' system prompts. "
+        f"the rest. Its prefix cache holds {cfg.num_gpu_blocks} blocks of {cfg.block_size} "
+        f"tokens (evicted least recently used, as vLLM's), room for about {tenants_fit:.1f} "
+        f"tenants' system prompts; it publishes vLLM's KV-cache events over ZMQ. Prompts are "
+        f"tokenized with epp-tiny, the tokenizer shipped with epp. "
         f"Workload: {args.groups} tenants, each with its own {args.prompt_chars:,}-character "
-        f"system prompt (a cold prefill costs ~{cold_ms:.0f} ms); {len(workload.requests)} "
+        f"({prompt_tokens:,}-token) system prompt (a cold prefill costs ~{cold_ms:.0f} ms); "
+        f"{len(workload.requests)} "
         f"streaming chat requests per arm, each a random tenant's system prompt plus a unique "
         f"~{question_chars}-character question, sent by {args.concurrency} concurrent clients "
         f"(seed {args.seed}). Every arm starts with empty caches, a fresh Envoy (and a fresh epp) "

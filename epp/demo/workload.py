@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 MODEL = "demo-model"
-CHARS_PER_TOKEN = 4  # the simulator's (and epp's) estimate; there is no tokenizer
+CHARS_PER_TOKEN = 4  # a rough sizing rule (epp-tiny gives ~3.7 for these prompts)
 BLOCK_TOKENS = 16  # KV block size reported by the sims; epp's prefix scorer uses 16 too
 
 # Bounds: one request may take at most this long; an arm's whole workload at most ARM_TIMEOUT_S.
@@ -110,17 +110,23 @@ def build_workload(*, groups: int, requests: int, seed: int, prompt_chars: int) 
 def best_hit_rate(workload: Workload) -> float:
     """Cached/prompt tokens if every request hit its tenant's whole system prompt except the first.
 
-    Only full 64-character blocks of the prompt are cacheable (the sim caches full blocks only),
-    and the block that straddles the system prompt and the question is unique per request.
+    Counted on the tokens the simulator sees (the chat texts joined by a newline, epp-tiny with
+    BOS): only full blocks are cacheable, and the block that straddles the system prompt and the
+    question is unique per request.
     """
-    block_chars = BLOCK_TOKENS * CHARS_PER_TOKEN
+    from epp.tokenize.tokenizer import load_shipped
+
+    tok = load_shipped()
+    shared = [
+        len(tok.encode(system + "\n")) // BLOCK_TOKENS * BLOCK_TOKENS for system in workload.system_prompts
+    ]
     seen: set[int] = set()
     cached = prompt = 0
     for req in workload.requests:
-        system = workload.system_prompts[req.group]
-        prompt += max(1, math.ceil((len(system) + len(req.question)) / CHARS_PER_TOKEN))
+        n = len(tok.encode(workload.system_prompts[req.group] + "\n" + req.question))
+        prompt += n
         if req.group in seen:
-            cached += (len(system) // block_chars) * BLOCK_TOKENS
+            cached += min(shared[req.group], (n - 1) // BLOCK_TOKENS * BLOCK_TOKENS)
         seen.add(req.group)
     return cached / prompt if prompt else 0.0
 

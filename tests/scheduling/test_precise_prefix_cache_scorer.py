@@ -4,6 +4,9 @@ entries, explain facts, and conformance with the KV events of a real vLLM."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,7 @@ def request(
 
 
 def scorer(index: BlockIndex, **params: Any) -> tuple[Any, interfaces.Handle]:
+    """The plugin built as the config builds it, with `params`."""
     handle = builders.handle(index)
     plugin = registry.default.build("precise-prefix-cache-scorer", "precise", params, handle)
     return plugin, handle
@@ -223,6 +227,48 @@ def test_max_prefix_blocks_limits_the_keys() -> None:
     feed(index, "pod-0", stored(prompt[:16]))
     plugin, _ = scorer(index, maxPrefixBlocksToMatch=2)
     assert plugin.score({}, request(prompt), builders.pool(1)) == [0.5]
+
+
+def test_a_prompt_nobody_holds_has_a_home_endpoint() -> None:
+    index = BlockIndex()
+    plugin, _ = scorer(index, homeScore=0.5)
+    eps = builders.pool(8)
+    cycle: interfaces.CycleState = {}
+    scores = plugin.score(cycle, request(toks(64)), eps)
+    assert sorted(scores) == [0.0] * 7 + [0.5]
+    home = eps[scores.index(0.5)].name
+    assert plugin.explain(cycle)["endpoints"] == {
+        home: {"matched_blocks": 0, "tier": "home", "cached_tokens": 0}
+    }
+    # The same first block: the same home, whatever follows, and in any endpoint order.
+    assert plugin.score({}, request([*toks(16), *toks(48, 700)]), eps[::-1]) == scores[::-1]
+    # Spread: different prompts have different homes.
+    homes = {plugin.score({}, request(toks(32, 1000 * i)), eps).index(0.5) for i in range(40)}
+    assert len(homes) >= 6
+    # Once any endpoint holds a block, matches decide alone.
+    feed(index, "pod-3", stored(toks(16)))
+    assert plugin.score({}, request(toks(64)), eps) == [0.0, 0.0, 0.0, 0.25, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_homes_agree_across_processes() -> None:
+    """Independent epp replicas must pick the same home: no salted str hash in it."""
+    code = (
+        "from tests.scheduling.test_precise_prefix_cache_scorer import scorer, request, toks;"
+        "from tests.scheduling import builders; from epp.kvcache.index import BlockIndex;"
+        "p, _ = scorer(BlockIndex(), homeScore=1.0);"
+        "print(p.score({}, request(toks(64, 3)), builders.pool(16)).index(1.0))"
+    )
+    picks = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(picks) == 1, picks
 
 
 def test_needs_an_index() -> None:
