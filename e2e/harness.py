@@ -183,9 +183,11 @@ class StackOptions:
     epp_wait: str = "serving"
     num_retries: int = 2
     process_responses: bool = True
-    # The sims publish vLLM KV events (and serve replay); epp reads an endpoints file naming each
-    # publisher and the served model, with --kv-events connect (the precise default config).
-    kv_events: bool = False
+    # "connect": the sims bind vLLM KV-event publishers (and replay); epp reads an endpoints file
+    # naming each publisher and the served model, with --kv-events connect. "bind": epp binds one
+    # socket the sims connect to (topic kv@<ip:port>@<model>). Either way epp runs the precise
+    # default config. None: no KV events.
+    kv_events: str | None = None
 
 
 class Stack:
@@ -205,10 +207,14 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
     opts = options or StackOptions()
     workdir.mkdir(parents=True, exist_ok=True)
     configs = list(opts.sim_configs) if opts.sim_configs is not None else [E2E_SIM] * opts.n_backends
-    if opts.kv_events:
+    bind_port = 0
+    if opts.kv_events == "connect":
         configs = [
             dataclasses.replace(c, kv_events=f"tcp://{HOST}:0", kv_replay=f"tcp://{HOST}:0") for c in configs
         ]
+    elif opts.kv_events == "bind":
+        (bind_port,) = free_ports(1)
+        configs = [dataclasses.replace(c, kv_events=f"tcp://{HOST}:{bind_port}") for c in configs]
     sims = SimBackends(configs)
     cleanup.push("sim backends", sims.stop)
     sims.start()
@@ -217,7 +223,9 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
 
     endpoints_file: Path | None = None
     epp_args = list(opts.epp_args)
-    if opts.kv_events:
+    if opts.kv_events == "bind":
+        epp_args = ["--kv-events", "bind", "--kv-events-bind", f"tcp://{HOST}:{bind_port}", *epp_args]
+    elif opts.kv_events == "connect":
         endpoints_file = workdir / "endpoints.yaml"
         entries: list[Any] = [*extra] if opts.prepend_extra_endpoints else []
         for address, cfg, events, replay in zip(

@@ -47,10 +47,13 @@ async def complete(session: aiohttp.ClientSession, stack: Stack, prompt: str) ->
     return reply.received_destination, reply.json()["usage"]
 
 
+@pytest.mark.parametrize("mode", ["connect", "bind"])
 async def test_routes_on_blocks_the_pods_report_and_predicts_their_cached_tokens(
-    stacks: Any, session: aiohttp.ClientSession
+    stacks: Any, session: aiohttp.ClientSession, mode: str
 ) -> None:
-    stack: Stack = stacks(StackOptions(n_backends=3, kv_events=True))
+    """connect: epp subscribes to each pod's publisher (endpoints file); bind: the pods connect to
+    epp's socket and are told apart by their topics, kv@<ip:port>@<model>."""
+    stack: Stack = stacks(StackOptions(n_backends=3, kv_events=mode))
     await wait_routable(session, stack.url)
     first, usage = await complete(session, stack, SHARED + "Question one: can I return a rake?")
     assert usage["prompt_tokens_details"]["cached_tokens"] == 0
@@ -92,7 +95,7 @@ async def test_routes_on_blocks_the_pods_report_and_predicts_their_cached_tokens
 async def test_reset_prefix_cache_clears_the_pods_entries(
     stacks: Any, session: aiohttp.ClientSession
 ) -> None:
-    stack: Stack = stacks(StackOptions(n_backends=2, kv_events=True))
+    stack: Stack = stacks(StackOptions(n_backends=2, kv_events="connect"))
     await wait_routable(session, stack.url)
     prompt = SHARED + "Question: which gloves fit?"
     served, _ = await complete(session, stack, prompt)
