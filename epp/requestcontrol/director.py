@@ -10,7 +10,8 @@ Tokenization runs here, before the scheduler, because it is the one slow step of
 (milliseconds for long prompts, off the event loop in the tokenizer) and the scheduler is
 synchronous. It happens only when a configured plugin `consumes_tokens`, and a tokenizer failure
 only costs the request its token ids (prefix scorers then see none), never the request itself.
-Until chat templates are applied as vLLM does, prompts are rendered plainly (`plain_prompt`).
+Chat requests are rendered with the model's chat template after vLLM's own preprocessing
+(`epp.tokenize.chat`); other prompts are tokenized as they are (`plain_prompt`).
 
 `finish()` is idempotent and the ext-proc layer calls it from a `finally`, so every way a stream
 can end (completion, model-server error, client reset, Envoy cancelling the stream, epp answering
@@ -29,12 +30,13 @@ from typing import Any, Protocol
 import msgspec
 
 from epp.api import errors
-from epp.api.requests import InferenceRequest, header_only_request, parse_request, plain_prompt
+from epp.api.requests import Api, InferenceRequest, header_only_request, parse_request, plain_prompt
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.observability import metrics
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
+from epp.tokenize.chat import ChatTemplateError
 
 log = logging.getLogger("epp.director")
 
@@ -48,6 +50,11 @@ class PromptTokenizer(Protocol):
 
     async def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int] | None:
         """The token ids of `text` for `model`; None when no tokenizer is known for it."""
+        ...
+
+    async def encode_chat(self, model: str, body: Mapping[str, Any]) -> list[int] | None:
+        """The prompt token ids vLLM's chat endpoint computes for a decoded chat `body`; None
+        when no tokenizer is known for `model`. Raises when vLLM would refuse the request."""
         ...
 
 
@@ -192,11 +199,19 @@ class Director:
         assert self._tokenizer is not None
         if request.token_ids is not None:
             return
-        text = plain_prompt(request)
-        if text is None:
-            return
         try:
-            ids = await self._tokenizer.encode(request.target_model, text)
+            if request.api is Api.CHAT:
+                # The model server sees the template's rendering of the (re-written) body.
+                body = msgspec.json.decode(request.body_bytes)
+                ids = await self._tokenizer.encode_chat(request.target_model, body)
+            else:
+                text = plain_prompt(request)
+                if text is None:
+                    return
+                ids = await self._tokenizer.encode(request.target_model, text)
+        except ChatTemplateError as exc:  # vLLM will answer 400; route it without a prefix hint
+            log.debug("chat template refused request %s: %s", request.request_id, exc)
+            return
         except Exception:  # a tokenizer bug costs the prefix hint, never the request
             log.exception("tokenizing the prompt for model %r failed", request.target_model)
             return

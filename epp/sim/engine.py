@@ -48,7 +48,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from epp.api.requests import InferenceRequest, plain_prompt
+from epp.api.requests import Api, InferenceRequest, plain_prompt
 from epp.sim.blocks import Block, BlockPool, Digest, block_digests
 from epp.sim.kvpublisher import KVEventPublisher
 from epp.tokenize.registry import Tokenizers
@@ -289,13 +289,24 @@ class SimState:
         digests = block_digests(token_ids, self.config.block_size, lora_name=lora_name, cache_salt=cache_salt)
         return len(self.pool.lookup(digests))
 
-    async def prompt_token_ids(self, req: InferenceRequest, *, add_special_tokens: bool = True) -> list[int]:
-        """The token ids the engine runs for `req`: its given ids, else its rendered text tokenized."""
+    async def prompt_token_ids(
+        self,
+        req: InferenceRequest,
+        *,
+        body: Mapping[str, Any] | None = None,
+        add_special_tokens: bool = True,
+    ) -> list[int]:
+        """The token ids the engine runs for `req`: its given ids; for chat, the decoded `body`
+        rendered with the chat template as vLLM's chat endpoint does (raises ChatTemplateError
+        where vLLM answers 400); else its text tokenized."""
         if req.token_ids is not None:
             return req.token_ids
-        ids = await self.tokenizers.encode(
-            req.model, plain_prompt(req) or "", add_special_tokens=add_special_tokens
-        )
+        if req.api is Api.CHAT and body is not None:
+            ids = await self.tokenizers.encode_chat(req.model, body)
+        else:
+            ids = await self.tokenizers.encode(
+                req.model, plain_prompt(req) or "", add_special_tokens=add_special_tokens
+            )
         assert ids is not None  # a default tokenizer serves every model
         return ids
 

@@ -29,6 +29,7 @@ from aiohttp import web
 from epp.api.errors import BadRequest
 from epp.api.requests import InferenceRequest, parse_request
 from epp.sim.engine import SimConfig, SimRequest, SimState, render_metrics
+from epp.tokenize.chat import ChatTemplateError
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SERVER_HEADER = "x-sim-server"
@@ -120,9 +121,9 @@ async def _inference(request: web.Request, api: str) -> web.StreamResponse:
         state.stats.errors += 1
         return _error(404, f"The model `{parsed.model}` does not exist.", "NotFoundError")
     try:
-        ids = await state.prompt_token_ids(parsed)
+        ids = await state.prompt_token_ids(parsed, body=body)
         _check_token_ids(ids)
-    except _BadRequest as exc:
+    except (_BadRequest, ChatTemplateError) as exc:
         state.stats.errors += 1
         return _error(400, str(exc))
     req = SimRequest(state, api, body, ids, n_out, cache_salt=parsed.cache_salt)
@@ -367,7 +368,10 @@ async def _tokenize(request: web.Request) -> web.Response:
         _, parsed = _parse(path, json.dumps(body).encode(), state.config)
     except (ValueError, _BadRequest) as exc:
         return _error(400, str(exc))
-    ids = await state.prompt_token_ids(parsed, add_special_tokens=special)
+    try:
+        ids = await state.prompt_token_ids(parsed, body=body, add_special_tokens=special)
+    except ChatTemplateError as exc:
+        return _error(400, str(exc))
     return web.json_response(
         {"count": len(ids), "max_model_len": state.config.max_model_len, "tokens": ids, "token_strs": None}
     )

@@ -42,8 +42,9 @@ import types
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from epp.tokenize import tokenizer
+from epp.tokenize import chat, tokenizer
 
 DEFAULT_MAX_CHARS = 400_000
 INLINE_CHARS = 256
@@ -188,11 +189,12 @@ class Tokenizers:
         """
         if self._closed:
             raise RuntimeError("Tokenizers.encode after close()")
-        tok = self.for_model(model, base_model=base_model)
+        tok = self._serving(model, base_model)
         if tok is None:
-            key = model if model in self.missing or len(self.missing) < MAX_COUNTED_MODELS else OTHER_MODELS
-            self.missing[key] = self.missing.get(key, 0) + 1
             return None
+        return await self._encode_with(tok, text, add_special_tokens)
+
+    async def _encode_with(self, tok: tokenizer.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
         if len(text) > self.max_chars:
             text = text[: self.max_chars]
             self.truncated[tok.name] = self.truncated.get(tok.name, 0) + 1
@@ -200,6 +202,39 @@ class Tokenizers:
             return tok.encode(text, add_special_tokens=add_special_tokens)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, _encode, tok, text, add_special_tokens)
+
+    async def encode_chat(
+        self, model: str, body: Mapping[str, Any], *, base_model: str | None = None
+    ) -> list[int] | None:
+        """The prompt token ids vLLM's chat endpoint computes for a decoded chat completions `body`
+        (as `chat.encode_chat`: the template rendered after vLLM's preprocessing, encoded without
+        special tokens unless the body asks); None, counted in `missing`, if `model` has no tokenizer.
+
+        The template is rendered on the loop: a 10-turn, 4k-token chat rendered in 25-65 us
+        (median, four template styles; a one-message chat ~20 us), less than a hand-off to a worker
+        costs the loop (~100 us), while encoding the result took ~2.6 ms. The text then takes
+        `encode`'s path (cut to `max_chars`, inline when short, else a worker).
+
+        Raises:
+            chat.ChatTemplateError: vLLM would refuse the request (400) or the template failed;
+                the caller routes without token ids.
+            RuntimeError: after `close()`.
+        """
+        if self._closed:
+            raise RuntimeError("Tokenizers.encode_chat after close()")
+        tok = self._serving(model, base_model)
+        if tok is None:
+            return None
+        text = chat.render_chat(tok, body)
+        return await self._encode_with(tok, text, chat.add_special_tokens(body))
+
+    def _serving(self, model: str, base_model: str | None) -> tokenizer.Tokenizer | None:
+        """`for_model`, counting a miss in `missing`."""
+        tok = self.for_model(model, base_model=base_model)
+        if tok is None:
+            key = model if model in self.missing or len(self.missing) < MAX_COUNTED_MODELS else OTHER_MODELS
+            self.missing[key] = self.missing.get(key, 0) + 1
+        return tok
 
     def close(self) -> None:
         """Stop the workers: queued encodes are cancelled, running ones (at most `workers`) finish."""

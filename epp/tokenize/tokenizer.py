@@ -29,6 +29,8 @@ lagged the loop by 100-150 ms on 2 vCPUs, so epp does not use them.
 from __future__ import annotations
 
 import json
+import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,15 @@ class TokenizerError(Exception):
 class Tokenizer:
     """A loaded tokenizer for one model. Immutable; safe to share between threads."""
 
-    __slots__ = ("_backend", "bos_token_id", "chat_template", "eos_token_id", "name", "path")
+    __slots__ = (
+        "_backend",
+        "bos_token_id",
+        "chat_template",
+        "eos_token_id",
+        "name",
+        "path",
+        "special_tokens",
+    )
 
     def __init__(
         self,
@@ -61,6 +71,7 @@ class Tokenizer:
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
         chat_template: str | None = None,
+        special_tokens: Mapping[str, str | list[str]] | None = None,
     ) -> None:
         self._backend = backend
         self.name = name  # for logs and metrics: the model directory's name unless given
@@ -68,6 +79,11 @@ class Tokenizer:
         self.bos_token_id = bos_token_id  # from tokenizer_config.json's bos_token; None if not named
         self.eos_token_id = eos_token_id
         self.chat_template = chat_template  # Jinja source; chat_template.jinja wins over the config's
+        # The config's special-token strings by name (bos_token, eos_token, ..., and the list
+        # additional_special_tokens): chat templates read them as variables, as transformers passes them.
+        self.special_tokens: Mapping[str, str | list[str]] = types.MappingProxyType(
+            dict(special_tokens or {})
+        )
 
     @classmethod
     def load(cls, path: str | Path, *, name: str | None = None) -> Tokenizer:
@@ -104,6 +120,7 @@ class Tokenizer:
             bos_token_id=_special_id(backend, config, "bos_token", folder / CONFIG_FILE),
             eos_token_id=_special_id(backend, config, "eos_token", folder / CONFIG_FILE),
             chat_template=template,
+            special_tokens=_special_strings(config),
         )
 
     @property
@@ -175,6 +192,39 @@ def _config_template(config: dict[str, Any], file: Path) -> str | None:
                     return template
         return None
     raise TokenizerError(f"{file}: chat_template must be a string or a list, got {type(value).__name__}")
+
+
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+def _special_strings(config: Mapping[str, Any]) -> dict[str, str | list[str]]:
+    """The special tokens the config names, as strings (AddedToken objects give their content).
+
+    Only tokens that are set appear, as in transformers' `special_tokens_map`: a template testing
+    `pad_token is defined` sees the same answer.
+    """
+    found: dict[str, str | list[str]] = {}
+    for key in SPECIAL_TOKEN_NAMES:
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            found[key] = value
+    extra = config.get("additional_special_tokens")
+    if isinstance(extra, list):
+        texts = [t.get("content") if isinstance(t, dict) else t for t in extra]
+        strings = [t for t in texts if isinstance(t, str)]
+        if strings:
+            found["additional_special_tokens"] = strings
+    return found
 
 
 def _special_id(backend: tokenizers.Tokenizer, config: dict[str, Any], key: str, file: Path) -> int | None:

@@ -20,6 +20,7 @@ from epp.sim.server import (
     sim_state,
     start_sim_server,
 )
+from epp.tokenize.chat import encode_chat
 from epp.tokenize.tokenizer import load_shipped
 
 TOKENIZER = load_shipped()
@@ -81,7 +82,9 @@ async def test_chat_completion_shape_and_headers(start: Start, http: aiohttp.Cli
     assert body["model"] == "m-1"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "".join(output_tokens(3))}
     assert body["usage"]["completion_tokens"] == 3
-    assert body["usage"]["prompt_tokens"] == len(TOKENIZER.encode("hello")) == 2  # BOS + "hello"
+    # The chat template's rendering, as vLLM's chat endpoint tokenizes it.
+    expected = encode_chat(TOKENIZER, chat("hello"))
+    assert body["usage"]["prompt_tokens"] == len(expected) > len(TOKENIZER.encode("hello"))
     assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     async with http.get(url + "/health") as r:
         assert r.status == 200
@@ -96,7 +99,7 @@ async def test_prefix_cache_hits_on_shared_prefix(start: Start, http: aiohttp.Cl
         assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     async with http.post(url + "/v1/chat/completions", json=chat(system + "Question two?")) as r:
         cached = (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
-    a, b = TOKENIZER.encode(system + "Question one?"), TOKENIZER.encode(system + "Question two?")
+    a, b = encode_chat(TOKENIZER, first), encode_chat(TOKENIZER, chat(system + "Question two?"))
     common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     assert common >= 16 * 14
     assert cached == common // 16 * 16  # the shared full blocks
@@ -136,7 +139,7 @@ async def test_tokenize_renders_like_the_inference_routes(start: Start, http: ai
     }
     async with http.post(url + "/tokenize", json=body) as r:
         tok = await r.json()
-    assert tok["tokens"] == TOKENIZER.encode("Be brief.\nHi") and tok["count"] == len(tok["tokens"])
+    assert tok["tokens"] == encode_chat(TOKENIZER, body) and tok["count"] == len(tok["tokens"])
     assert tok["max_model_len"] == 32768
     async with http.post(url + "/v1/chat/completions", json=body | {"max_tokens": 1}) as r:
         assert (await r.json())["usage"]["prompt_tokens"] == tok["count"]

@@ -17,13 +17,14 @@ import aiohttp
 import pytest
 import zmq
 
-from epp.api.requests import parse_request, plain_prompt
+from epp.api.requests import Api, parse_request, plain_prompt
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch
 from epp.kvcache.index import ApplyStats, BlockIndex
 from epp.kvcache.keys import block_keys, seed_for
 from epp.sim.engine import SimConfig, SimState
 from epp.sim.fleet import SimFleet
 from epp.sim.server import bound_address, sim_state, start_sim_server
+from epp.tokenize.chat import encode_chat
 from epp.tokenize.tokenizer import load_shipped
 
 MODEL = "sim-model"
@@ -130,6 +131,8 @@ def epp_tokens(path: str, body: dict[str, Any]) -> list[int]:
     req = parse_request(path=path, headers={}, body=json.dumps(body).encode(), request_id="t")
     if req.token_ids is not None:
         return req.token_ids
+    if req.api is Api.CHAT:
+        return encode_chat(_TOKENIZER, body)  # the chat template, as vLLM's chat endpoint
     text = plain_prompt(req)
     assert text is not None
     return _TOKENIZER.encode(text)
