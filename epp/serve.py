@@ -13,6 +13,8 @@ import asyncio
 import logging
 import signal
 
+import zmq
+
 from epp.datastore import standalone
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.datastore.scraper import MetricsScraper
@@ -42,7 +44,8 @@ def main(args: argparse.Namespace) -> int:
     except sched_config.ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
-    except (ValueError, OSError, TokenizerError) as exc:
+    except (ValueError, OSError, TokenizerError, zmq.ZMQError) as exc:
+        # ZMQError (e.g. --kv-events-bind on a port in use) is not an OSError.
         log.error("cannot start: %s", exc)
         return 2
     return 0
@@ -69,9 +72,12 @@ async def run(args: argparse.Namespace) -> None:
     index = BlockIndex(max_entries=args.kv_index_max_entries) if args.kv_events != "off" else None
     handle = Handle(datastore=datastore, kv_index=index)
     tokenizers = Tokenizers.from_spec(parse_tokenizer_arg(args.tokenizer), workers=args.tokenizer_workers)
+    collector = metrics.TokenizerCollector(lambda: tokenizers.missing, lambda: tokenizers.truncated)
+    metrics.REGISTRY.register(collector)
     try:
         await _run(args, datastore, handle, tokenizers)
     finally:
+        metrics.REGISTRY.unregister(collector)
         tokenizers.close()
 
 

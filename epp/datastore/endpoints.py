@@ -86,7 +86,8 @@ class Endpoint:
 
 
 Listener = Callable[[list[Endpoint], list[Endpoint]], None]
-"""Called after each change with (added, removed) endpoints; e.g. to start/stop KV-event feeds."""
+"""Called after each change with (added, removed) endpoints, both empty when only an endpoint's
+metadata changed (labels, model, KV-event addresses); e.g. to start/stop KV-event feeds."""
 
 
 class Datastore:
@@ -108,15 +109,18 @@ class Datastore:
         old = self._by_source.get(source, {})
         new: dict[str, Endpoint] = {}
         added: list[Endpoint] = []
+        changed = False
         for spec in specs:
             prev = old.get(spec.name)
             if prev is not None and prev.spec == spec:
                 new[spec.name] = prev
                 continue
             if prev is not None and (prev.spec.address, prev.spec.port) == (spec.address, spec.port):
-                # Labels or metadata changed only: keep the measured state.
+                # Labels or metadata changed only: keep the measured state (listeners still hear of
+                # it: a new KV-event publisher or model must reach the subscriptions).
                 prev.spec = spec
                 new[spec.name] = prev
+                changed = True
                 continue
             ep = Endpoint(spec=spec, hostport=spec.hostport)
             new[spec.name] = ep
@@ -125,7 +129,7 @@ class Datastore:
         self._by_source[source] = new
         self.synced = True
         self._rebuild()
-        if added or removed:
+        if added or removed or changed:
             for listener in self._listeners:
                 listener(added, removed)
         return added, removed

@@ -263,3 +263,43 @@ class KVCollector(Collector):
 
 kv_collector = KVCollector()
 REGISTRY.register(kv_collector)
+
+
+# --- Tokenizers (epp.tokenize) --------------------------------------------------------------------
+
+
+class TokenizerCollector(Collector):
+    """`epp_tokenizer_missing_total{model}` and `epp_tokenizer_truncated_total{tokenizer}`, read at
+    scrape time from the tokenizer registry's plain counters (it counts in worker threads' callers
+    on the event loop; a Counter there would add a label lookup per request for a rare event)."""
+
+    def __init__(
+        self, missing: Callable[[], Mapping[str, int]], truncated: Callable[[], Mapping[str, int]]
+    ) -> None:
+        self._missing = missing
+        self._truncated = truncated
+
+    def describe(self) -> list[Metric]:
+        return list(self._families({}, {}))
+
+    def collect(self) -> list[Metric]:
+        return list(self._families(dict(self._missing()), dict(self._truncated())))
+
+    @staticmethod
+    def _families(missing: Mapping[str, int], truncated: Mapping[str, int]) -> Iterator[Metric]:
+        m = CounterMetricFamily(
+            "epp_tokenizer_missing",
+            "Requests that needed token ids for a model with no tokenizer (routed without them).",
+            labels=["model"],
+        )
+        for model, n in sorted(missing.items()):
+            m.add_metric([model], n)
+        yield m
+        t = CounterMetricFamily(
+            "epp_tokenizer_truncated",
+            "Prompts cut to the tokenizer's max_chars before tokenizing (only leading blocks matter).",
+            labels=["tokenizer"],
+        )
+        for name, n in sorted(truncated.items()):
+            t.add_metric([name], n)
+        yield t

@@ -132,7 +132,8 @@ class Director:
         self.datastore = datastore
         self.scheduler = scheduler
         self.settings = settings
-        self._tokenizer = tokenizer if scheduler.consumes_tokens() else None
+        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer if scheduler.consumes_tokens() else None  # None: skip the work
         self._pre_request = list(pre_request)
         self._response_complete = list(response_complete)
         # Bound Prometheus children: `labels()` costs ~1.5 µs a call and a request needs a dozen.
@@ -194,21 +195,32 @@ class Director:
             await self._tokenize(request)
         return request, self.scheduler.schedule(request, candidates, explain=True)
 
-    async def _tokenize(self, request: InferenceRequest) -> None:
+    async def tokenize(
+        self, *, path: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[InferenceRequest, bool]:
+        """The request with the token ids epp computes for it, and whether the configured plugins
+        score them (`POST /debug/tokenize`). Raises `errors.RequestError` like `route`."""
+        request, _ = self._prepare(path=path, headers=headers, body=body, subset=None)
+        if self.tokenizer is not None:
+            await self._tokenize(request, self.tokenizer)
+        return request, self._tokenizer is not None
+
+    async def _tokenize(self, request: InferenceRequest, tokenizer: PromptTokenizer | None = None) -> None:
         """Fill `request.token_ids` (and the exact prompt size) unless the ids came with it."""
-        assert self._tokenizer is not None
+        tokenizer = tokenizer or self._tokenizer
+        assert tokenizer is not None
         if request.token_ids is not None:
             return
         try:
             if request.api is Api.CHAT:
                 # The model server sees the template's rendering of the (re-written) body.
                 body = msgspec.json.decode(request.body_bytes)
-                ids = await self._tokenizer.encode_chat(request.target_model, body)
+                ids = await tokenizer.encode_chat(request.target_model, body)
             else:
                 text = plain_prompt(request)
                 if text is None:
                     return
-                ids = await self._tokenizer.encode(request.target_model, text)
+                ids = await tokenizer.encode(request.target_model, text)
         except ChatTemplateError as exc:  # vLLM will answer 400; route it without a prefix hint
             log.debug("chat template refused request %s: %s", request.request_id, exc)
             return

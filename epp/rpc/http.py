@@ -3,6 +3,10 @@
 - `POST /debug/score` takes an OpenAI request body (path from `?path=`, default by body shape:
   `messages` -> chat, else completions) and answers the `ExplainResponse` fields as JSON.
 - `GET /debug/endpoints` answers `ListEndpointsResponse` as JSON.
+- `POST /debug/tokenize` takes an OpenAI request body (path as for /debug/score) and answers
+  `{"model": ..., "token_ids": [...] | null, "count": n, "scored": bool}`: the token ids epp
+  computes for it (null: none, e.g. no tokenizer for the model), and whether the configured
+  plugins score them (when none consumes them, routing skips tokenizing).
 """
 
 from __future__ import annotations
@@ -28,8 +32,25 @@ def add_routes(app: web.Application, director: Director) -> None:
             return web.Response(status=exc.status, body=body, content_type="application/json")
         return web.json_response(payload)
 
+    async def tokenize(request: web.Request) -> web.Response:
+        body = await request.read()
+        path = request.query.get("path") or (
+            "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
+        )
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            req, scored = await director.tokenize(path=path, headers=headers, body=body)
+        except errors.RequestError as exc:
+            body = errors.error_body(exc.status, exc.reason)
+            return web.Response(status=exc.status, body=body, content_type="application/json")
+        ids = req.token_ids
+        return web.json_response(
+            {"model": req.target_model, "token_ids": ids, "count": len(ids or ()), "scored": scored}
+        )
+
     async def endpoints(_: web.Request) -> web.Response:
         return web.json_response(explain.list_endpoints(director.datastore))
 
     app.router.add_post("/debug/score", score)
+    app.router.add_post("/debug/tokenize", tokenize)
     app.router.add_get("/debug/endpoints", endpoints)

@@ -17,11 +17,11 @@ state and the timing it serves. What is modelled, and why:
   needed. A request's leading cached blocks cost no prefill time; vLLM always computes the last
   prompt token, so `usage.prompt_tokens_details.cached_tokens` is
   `min(hit blocks, (prompt_tokens - 1) // block_size) * block_size`. Blocks become cached when
-  prefill ends, so two identical requests that overlap both miss, as on a real server.
+  prefill starts, as vLLM caches them when it allocates them for the step computing them.
 * **KV events.** With `kv_events` set, the pool's events go out on vLLM's ZMQ wire
   (`epp.sim.kvpublisher`), one batch per step that has any: the evictions a request's allocation
-  causes when it starts, its `BlockStored` when its prefill ends, further evictions as decode
-  grows it, `AllBlocksCleared` on a prefix-cache reset.
+  causes and its `BlockStored` when it starts, further evictions as decode grows it,
+  `AllBlocksCleared` on a prefix-cache reset.
 * **Latency.** Time to first token = `base_latency + uncached_tokens * prefill cost per token`;
   later tokens come every `decode_per_token`. All delays are multiplied by `time_scale`, so tests
   can keep the relative numbers (a cold 4k-token prompt ~ 0.33 s at scale 1) and still run fast.
@@ -437,12 +437,10 @@ class SimRequest:
         self.blocks = list(hit)
         self.cached_tokens = len(hit) * bs
         self._grow(n)
-        state.publish_events()
-        state.stats.cache_query_blocks += len(self._digests)
-        state.stats.cache_hit_blocks += len(hit)
-        state.stats.cache_query_tokens += n
-        state.stats.cache_hit_tokens += self.cached_tokens
-        await asyncio.sleep(state.delay(cfg.base_latency + (n - self.cached_tokens) * cfg.prefill_cost))
+        # vLLM caches a request's full blocks when it allocates them for the step that computes
+        # them (KVCacheManager.allocate_slots), and publishes BlockStored with that step's events:
+        # a request scheduled in a later step already hits them. There are no steps here, so the
+        # blocks are cached as prefill starts (a sibling may then finish first, a small optimism).
         pool.cache(
             self.blocks,
             self._digests,
@@ -452,6 +450,11 @@ class SimRequest:
             cache_salt=self.cache_salt,
         )
         state.publish_events()
+        state.stats.cache_query_blocks += len(self._digests)
+        state.stats.cache_hit_blocks += len(hit)
+        state.stats.cache_query_tokens += n
+        state.stats.cache_hit_tokens += self.cached_tokens
+        await asyncio.sleep(state.delay(cfg.base_latency + (n - self.cached_tokens) * cfg.prefill_cost))
 
     async def decode(self) -> AsyncIterator[str]:
         """Yields each output token; the first right after prefill, then one per decode step."""

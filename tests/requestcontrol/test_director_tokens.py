@@ -8,10 +8,15 @@ from typing import Any
 
 import msgspec
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
 
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.kvcache.index import BlockIndex
+from epp.observability import metrics
 from epp.requestcontrol.director import Director
+from epp.rpc import http as rpc_http
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 from epp.tokenize.chat import encode_chat
@@ -87,3 +92,42 @@ async def test_nothing_is_tokenized_without_a_consumer(tokenizers: Tokenizers) -
     d = director(tokenizers, LOAD_ONLY)
     assert await tokens_seen(d, "/v1/completions", {"model": "m", "prompt": "Hello there"}) is None
     assert tokenizers.missing == {}
+
+
+async def test_debug_tokenize_answers_the_scored_tokens(tokenizers: Tokenizers) -> None:
+    d = director(tokenizers)
+    app = web.Application()
+    rpc_http.add_routes(app, d)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi there"}]}
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/debug/tokenize", json=chat)
+        assert resp.status == 200
+        payload = await resp.json()
+        assert payload == {
+            "model": "m",
+            "token_ids": encode_chat(load_shipped(), chat),
+            "count": len(encode_chat(load_shipped(), chat)),
+            "scored": True,
+        }
+        resp = await client.post(
+            "/debug/tokenize?path=/v1/completions", json={"model": "m", "prompt": [1, 2]}
+        )
+        assert (await resp.json())["token_ids"] == [1, 2]
+        resp = await client.post("/debug/tokenize", data=b"{")
+        assert resp.status == 400
+    # Without a consumer, routing skips tokenizing but the endpoint still says what epp would use.
+    d = director(tokenizers, LOAD_ONLY)
+    request, scored = await d.tokenize(
+        path="/v1/completions", headers={}, body=b'{"model": "m", "prompt": "Hi"}'
+    )
+    assert request.token_ids == load_shipped().encode("Hi") and not scored
+
+
+def test_tokenizer_metrics_are_read_at_scrape_time() -> None:
+    missing = {"llama": 3}
+    registry = CollectorRegistry()
+    registry.register(metrics.TokenizerCollector(lambda: missing, lambda: {"epp-tiny": 1}))
+    assert registry.get_sample_value("epp_tokenizer_missing_total", {"model": "llama"}) == 3
+    missing["llama"] = 5
+    assert registry.get_sample_value("epp_tokenizer_missing_total", {"model": "llama"}) == 5
+    assert registry.get_sample_value("epp_tokenizer_truncated_total", {"tokenizer": "epp-tiny"}) == 1

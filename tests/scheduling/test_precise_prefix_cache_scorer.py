@@ -119,6 +119,18 @@ def test_block_size_comes_from_events_then_metrics_then_the_parameter() -> None:
     assert fixed.score({}, request(prompt), eps) == [0.0, 0.0]
 
 
+def test_cached_tokens_use_each_endpoints_block_size() -> None:
+    index = BlockIndex()
+    prompt = toks(100)
+    feed(index, "pod-0", stored(prompt[:32], block_size=16))
+    feed(index, "pod-1", stored(prompt[:64], block_size=32))
+    plugin, _ = scorer(index)
+    cycle: interfaces.CycleState = {}
+    plugin.score(cycle, request(prompt), builders.pool(2))
+    found = plugin.explain(cycle)["endpoints"]
+    assert found["pod-0"]["cached_tokens"] == 32 and found["pod-1"]["cached_tokens"] == 64
+
+
 def test_lora_adapter_and_cache_salt_select_their_own_blocks() -> None:
     index = BlockIndex()
     prompt = toks(32)
@@ -242,9 +254,12 @@ def test_a_prompt_nobody_holds_has_a_home_endpoint() -> None:
     }
     # The same first block: the same home, whatever follows, and in any endpoint order.
     assert plugin.score({}, request([*toks(16), *toks(48, 700)]), eps[::-1]) == scores[::-1]
-    # Spread: different prompts have different homes.
+    # Spread: different prompts have different homes, and every prompt has one (hashes may be
+    # negative: none may be missed).
     homes = {plugin.score({}, request(toks(32, 1000 * i)), eps).index(0.5) for i in range(40)}
     assert len(homes) >= 6
+    for i in range(200):
+        assert sorted(plugin.score({}, request(toks(32, 7 * i)), eps[:2])) == [0.0, 0.5]
     # Once any endpoint holds a block, matches decide alone.
     feed(index, "pod-3", stored(toks(16)))
     assert plugin.score({}, request(toks(64)), eps) == [0.0, 0.0, 0.0, 0.25, 0.0, 0.0, 0.0, 0.0]

@@ -78,6 +78,7 @@ class PrefixMatch:
     block_size: int
     matches: dict[str, MatchResult]  # endpoint name -> its run (endpoints with none left out)
     speculative: set[str]  # endpoints whose run came from speculative entries
+    block_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # endpoint -> its block size
     home: str = ""  # the endpoint given `homeScore` (no endpoint held any block)
 
 
@@ -131,11 +132,13 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
         speculative: set[str] = set()
         keys_of: dict[str, list[BlockKey]] = {}
         first: tuple[int, int] | None = None
+        block_sizes: dict[str, int] = {}
         for (block_size, _seed), (keys, members) in groups.items():
             if first is None:
                 first = (len(keys), block_size)
             for ep in members:
                 keys_of[ep.name] = keys
+                block_sizes[ep.name] = block_size
             if not keys:
                 continue
             names = [ep.name for ep in members]
@@ -148,7 +151,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
                         speculative.add(name)
         self._last = (request, keys_of)
         n_blocks, block_size = first if first is not None else (0, 0)
-        found = PrefixMatch(len(tokens), n_blocks, block_size, matches, speculative)
+        found = PrefixMatch(len(tokens), n_blocks, block_size, matches, speculative, block_sizes)
         cycle[self.name] = found
         if not matches and self._home_score:
             return self._home(endpoints, keys_of, found)
@@ -168,7 +171,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
     ) -> list[float]:
         """No endpoint holds any block: `homeScore` for the endpoint rendezvous hashing picks from
         the prompt's first block key, 0 for the others."""
-        best = -1
+        best: int | None = None  # hash() may be negative
         home: Endpoint | None = None
         ids = self._name_ids
         for ep in endpoints:
@@ -179,7 +182,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
             if name_id is None:
                 name_id = ids[ep.name] = zlib.crc32(ep.name.encode())
             h = hash((keys[0], name_id))
-            if h > best:
+            if best is None or h > best:
                 best, home = h, ep
         if home is None:
             return [0.0] * len(endpoints)
@@ -256,7 +259,9 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
             per_endpoint[name] = {
                 "matched_blocks": m.blocks,
                 "tier": tier,
-                "cached_tokens": cached_tokens(found.request_tokens, m.blocks, found.block_size),
+                "cached_tokens": cached_tokens(
+                    found.request_tokens, m.blocks, found.block_sizes.get(name, found.block_size)
+                ),
             }
         return {
             "request": {
