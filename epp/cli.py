@@ -120,7 +120,41 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("endpoints (standalone pool)")
     g.add_argument("--endpoints", help="comma-separated host:port list of model-server endpoints")
     g.add_argument("--endpoints-file", help="YAML file of endpoints, reloaded when it changes")
-    g.add_argument("--pool-name", default="standalone", help="pool name used in metrics and logs")
+    g.add_argument(
+        "--pool-name",
+        default=None,
+        help="the InferencePool to serve: without --endpoints/--endpoints-file, epp watches it and "
+        "its pods in Kubernetes (as GIE's EPP); always the pool name in metrics (default: standalone)",
+    )
+
+    g = p.add_argument_group("endpoints (Kubernetes)")
+    g.add_argument(
+        "--pool-namespace",
+        default=None,
+        help="namespace of the InferencePool or selected pods (default: $NAMESPACE, else default)",
+    )
+    g.add_argument(
+        "--pool-group",
+        default="inference.networking.k8s.io",
+        choices=["inference.networking.k8s.io"],
+        help="API group of the InferencePool (v1; the only one supported)",
+    )
+    g.add_argument(
+        "--endpoint-selector",
+        default=None,
+        help="pool-less mode: pods matching these labels (k=v,k2=v2) are the endpoints; "
+        "needs --endpoint-target-ports",
+    )
+    g.add_argument(
+        "--endpoint-target-ports",
+        default=None,
+        help="pool-less mode: the model-server port(s) of each pod, 8000[,8001...] (1-8; one rank each)",
+    )
+    g.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config)",
+    )
 
     g = p.add_argument_group("KV-cache events (precise prefix-cache routing)")
     g.add_argument(

@@ -11,15 +11,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 
 import zmq
 
+from epp import tasks
 from epp.datastore import standalone
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
+from epp.k8s import connections as k8s_connections
+from epp.k8s import operator as k8s_operator
+from epp.k8s import pools as k8s_pools
 from epp.kvcache.index import BlockIndex
 from epp.kvcache.ingest import FeedSpec, KVEventIngester
 from epp.observability import http as obs_http
@@ -103,7 +108,8 @@ async def _run(
         tokenizer=tokenizers,
     )
 
-    pool_gauge = metrics.ready_endpoints.labels(args.pool_name)
+    pool_label = args.pool_name or "standalone"
+    pool_gauge = metrics.ready_endpoints.labels(pool_label)
     datastore.subscribe(lambda added, removed: pool_gauge.set(len(datastore.candidates())))
     ingester: KVEventIngester | None = None
     if handle.kv_index is not None:
@@ -125,8 +131,11 @@ async def _run(
     if args.endpoints_file:
         endpoints_file = standalone.EndpointsFile(args.endpoints_file, datastore)
         endpoints_file.load()
-    if not args.endpoints and not args.endpoints_file:
-        raise ValueError("no endpoint source: give --endpoints or --endpoints-file")
+    pool_operator = kubernetes_source(args, datastore)
+    if not args.endpoints and not args.endpoints_file and pool_operator is None:
+        raise ValueError(
+            "no endpoint source: give --pool-name, --endpoint-selector, --endpoints or --endpoints-file"
+        )
     pool_gauge.set(len(datastore.candidates()))
     if ingester is not None:
         ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
@@ -136,7 +145,7 @@ async def _run(
         interval=args.refresh_metrics_interval,
         staleness=args.metrics_staleness_threshold,
         failure_threshold=args.scrape_failure_threshold,
-        pool_name=args.pool_name,
+        pool_name=pool_label,
     )
 
     health = extproc_server.Health()
@@ -157,9 +166,26 @@ async def _run(
     await scraper.start()
     if endpoints_file is not None:
         await endpoints_file.start()
+    if pool_operator is not None:
+        await pool_operator.start()
+        try:  # usually listed within milliseconds; if not, serve NOT_SERVING until it is
+            await asyncio.wait_for(pool_operator.wait_synced(), 5.0)
+        except TimeoutError:
+            log.warning("%s: not synced yet; health stays NOT_SERVING until it is", pool_operator.source)
     await grpc_server.start()
     await health_server.start()
     await health.set(datastore.synced)
+    ready_task = None
+    if pool_operator is not None and not pool_operator.synced:
+        operator = pool_operator
+
+        async def serve_once_synced() -> None:
+            await operator.wait_synced()
+            await health.set(True)
+
+        ready_task = tasks.create_guarded_task(
+            serve_once_synced(), name="health after sync", logger=log, eternal=False
+        )
     log.info(
         "epp serving",
         extra={
@@ -185,12 +211,45 @@ async def _run(
         await health.set(False)
         await grpc_server.stop(DRAIN_GRACE_S)
         await health_server.stop(0)
+        if ready_task is not None:
+            await tasks.cancel_and_wait([ready_task])
+        if pool_operator is not None:
+            await pool_operator.stop()
         if endpoints_file is not None:
             await endpoints_file.stop()
         await scraper.stop()
         if ingester is not None:
             await ingester.stop()
         await http_runner.cleanup()
+
+
+def kubernetes_source(args: argparse.Namespace, datastore: Datastore) -> k8s_operator.PoolOperator | None:
+    """The Kubernetes endpoint source the flags ask for (GIE's), or None.
+
+    --endpoint-selector (+ --endpoint-target-ports): pool-less mode. --pool-name without
+    --endpoints/--endpoints-file: watch that InferencePool. Raises ValueError on bad flags or
+    no cluster configuration.
+    """
+    namespace = args.pool_namespace or os.environ.get("NAMESPACE") or "default"
+    pool: k8s_pools.PoolSpec | None = None
+    if args.endpoint_selector or args.endpoint_target_ports:
+        if not (args.endpoint_selector and args.endpoint_target_ports):
+            raise ValueError("--endpoint-selector and --endpoint-target-ports go together")
+        if args.pool_name and not (args.endpoints or args.endpoints_file):
+            raise ValueError("give either --pool-name or --endpoint-selector, not both")
+        pool = k8s_pools.PoolSpec(
+            selector=k8s_pools.parse_selector(args.endpoint_selector),
+            target_ports=k8s_pools.parse_target_ports(args.endpoint_target_ports),
+        )
+    elif not args.pool_name or args.endpoints or args.endpoints_file:
+        return None
+    return k8s_operator.PoolOperator(
+        datastore,
+        connection=k8s_connections.load(args.kubeconfig),
+        namespace=namespace,
+        pool_name=None if pool is not None else args.pool_name,
+        pool=pool,
+    )
 
 
 def _tokenizer_names(tokenizers: Tokenizers) -> str:

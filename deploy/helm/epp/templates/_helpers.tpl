@@ -1,0 +1,82 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "epp.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Resource base name: fullnameOverride, else <release>-epp (or the release name when it
+already contains the chart name). */}}
+{{- define "epp.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "epp.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "epp.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "epp.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "epp.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: endpoint-picker
+{{- end }}
+
+{{- define "epp.envoySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "epp.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: envoy
+{{- end }}
+
+{{- define "epp.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "epp.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The InferencePool epp serves. */}}
+{{- define "epp.poolName" -}}
+{{- default .Release.Name .Values.pool.name }}
+{{- end }}
+
+{{- define "epp.poolNamespace" -}}
+{{- default .Release.Namespace .Values.pool.namespace }}
+{{- end }}
+
+{{/* The EndpointPickerConfig: the user's, else the default epp ships for the KV-events mode. */}}
+{{- define "epp.schedulingConfig" -}}
+{{- if .Values.schedulingConfig }}
+{{- .Values.schedulingConfig }}
+{{- else if eq .Values.epp.kvEvents.mode "off" }}
+{{- .Files.Get "files/default-config.yaml" }}
+{{- else }}
+{{- .Files.Get "files/default-precise-config.yaml" }}
+{{- end }}
+{{- end }}
+
+{{/* epp's in-cluster gRPC address (ext-proc). */}}
+{{- define "epp.serviceHost" -}}
+{{- printf "%s.%s.svc.cluster.local" (include "epp.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{/* Which tokenizer volume is set: pvc, hostPath, configMap or "". */}}
+{{- define "epp.tokenizerSource" -}}
+{{- $t := .Values.tokenizer }}
+{{- $n := 0 }}
+{{- if $t.pvc.claimName }}{{ $n = add1 $n }}{{ end }}
+{{- if $t.hostPath.path }}{{ $n = add1 $n }}{{ end }}
+{{- if $t.configMap.name }}{{ $n = add1 $n }}{{ end }}
+{{- if gt $n 1 }}{{ fail "tokenizer: set only one of pvc.claimName, hostPath.path, configMap.name" }}{{ end }}
+{{- if $t.pvc.claimName }}pvc{{ else if $t.hostPath.path }}hostPath{{ else if $t.configMap.name }}configMap{{ end }}
+{{- end }}

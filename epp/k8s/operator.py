@@ -1,0 +1,211 @@
+"""The InferencePool operator: keeps the datastore's endpoints equal to a pool's ready pods.
+
+Two modes, as GIE's EPP:
+
+- **pool** (`--pool-name`, `--pool-namespace`): a reflector on the InferencePool object (field
+  selector `metadata.name=<pool>`) and, once its selector is known, a reflector on the pods
+  matching it (server-side `labelSelector`). A selector edit restarts the pod reflector with the
+  new selector (a fresh list); a targetPorts or annotation edit only re-derives the endpoints.
+  A deleted pool clears its endpoints (logged); a re-created one brings them back. An invalid
+  pool edit is logged and the last good spec stays in force.
+- **pool-less** (`--endpoint-selector`, `--endpoint-target-ports`): only the pod reflector, with
+  a fixed `PoolSpec`.
+
+Every change from either reflector re-derives the whole endpoint set (`pools.pool_endpoints`,
+sorted) and, when it differs from the last one, replaces the source's endpoints with
+`Datastore.sync("k8s:<namespace>/<pool>", ...)`. Events reach the datastore as soon as they
+arrive on the watch (there is no batching window).
+
+Readiness: `wait_synced()` returns once endpoints were derived from a listed pool and a listed
+set of pods; while the pool does not exist, it does not return (GIE's EPP is not ready then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from epp import tasks
+from epp.datastore import endpoints
+from epp.k8s import connections, pools, watching
+
+log = logging.getLogger(__name__)
+
+
+class PoolOperator:
+    """Feeds one datastore source from the Kubernetes API. `start()`, then `stop()`."""
+
+    def __init__(
+        self,
+        datastore: endpoints.Datastore,
+        *,
+        connection: connections.Connection,
+        namespace: str,
+        pool_name: str | None = None,
+        pool: pools.PoolSpec | None = None,
+        settings: watching.WatchSettings = watching.DEFAULT_SETTINGS,
+    ) -> None:
+        if (pool_name is None) == (pool is None):
+            raise ValueError("give exactly one of pool_name (a pool object) or pool (pool-less mode)")
+        self._datastore = datastore
+        self._conn = connection
+        self.namespace = namespace
+        self.pool_name = pool_name
+        self.source = f"k8s:{namespace}/{pool_name or 'selector:' + pool.label_selector}"  # type: ignore[union-attr]
+        self._settings = settings
+        self._pool: pools.PoolSpec | None = pool
+        self._pool_rv: str | None = None  # of the pool object last parsed (good or bad)
+        self._pool_reflector: watching.Reflector | None = None
+        self._pods: watching.Reflector | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._last: list[endpoints.EndpointSpec] | None = None
+        self._problems: set[str] = set()
+        self._synced = asyncio.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        self._session = aiohttp.ClientSession()
+        if self.pool_name is None:
+            self._start_pods()
+            return
+        self._pool_reflector = watching.Reflector(
+            session=self._session,
+            connection=self._conn,
+            path=pools.pools_path(self.namespace),
+            field_selector=f"metadata.name={self.pool_name}",
+            on_change=self._on_pool_change,
+            settings=self._settings,
+            name=f"inferencepool {self.namespace}/{self.pool_name}",
+        )
+        self._spawn("pool", self._pool_reflector)
+
+    async def stop(self) -> None:
+        running, self._tasks = list(self._tasks.values()), {}
+        await tasks.cancel_and_wait(running)
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def _spawn(self, key: str, reflector: watching.Reflector) -> None:
+        old = self._tasks.pop(key, None)
+        if old is not None:
+            old.cancel()  # the guard keeps it referenced until its cancellation completes
+        name = f"watch {reflector.name}"
+        self._tasks[key] = tasks.create_guarded_task(reflector.run(), name=name, logger=log)
+
+    def _start_pods(self) -> None:
+        assert self._session is not None and self._pool is not None
+        selector = self._pool.label_selector
+        self._pods = watching.Reflector(
+            session=self._session,
+            connection=self._conn,
+            path=pools.pods_path(self.namespace),
+            label_selector=selector,
+            on_change=self._on_pods_change,
+            settings=self._settings,
+            name=f"pods {self.namespace} {selector}",
+        )
+        self._spawn("pods", self._pods)
+
+    def _stop_pods(self) -> None:
+        task = self._tasks.pop("pods", None)
+        if task is not None:
+            task.cancel()
+        self._pods = None
+
+    # -- reactions ------------------------------------------------------------------------------
+
+    def _on_pool_change(self) -> None:
+        reflector = self._pool_reflector
+        if reflector is None:
+            return
+        obj = reflector.objects.get(self.pool_name or "")
+        if obj is None:
+            if self._pool is not None:
+                log.warning(
+                    "InferencePool %s/%s is gone: removing its %d endpoints",
+                    self.namespace,
+                    self.pool_name,
+                    len(self._last or []),
+                )
+            elif self._pool_rv is None:
+                log.warning(
+                    "InferencePool %s/%s does not exist (yet): no endpoints", self.namespace, self.pool_name
+                )
+            self._pool = None
+            self._pool_rv = ""
+            self._stop_pods()
+            if self._last:
+                self._publish([])
+            return
+        rv = obj.get("metadata", {}).get("resourceVersion")
+        if rv == self._pool_rv:
+            return
+        self._pool_rv = rv
+        try:
+            spec = pools.parse_pool(obj)
+        except ValueError as e:
+            log.error(
+                "InferencePool %s/%s is invalid (%s); keeping the last good spec",
+                self.namespace,
+                self.pool_name,
+                e,
+            )
+            return
+        old, self._pool = self._pool, spec
+        if old is None or old.selector != spec.selector:
+            log.info(
+                "InferencePool %s/%s: selector %s, target ports %s, appProtocol %s",
+                self.namespace,
+                self.pool_name,
+                spec.label_selector,
+                ",".join(map(str, spec.target_ports)),
+                spec.app_protocol,
+            )
+            self._start_pods()  # a new selector needs a new list; the current endpoints stand till then
+        else:
+            if old.target_ports != spec.target_ports:
+                log.info(
+                    "InferencePool %s/%s: target ports %s",
+                    self.namespace,
+                    self.pool_name,
+                    ",".join(map(str, spec.target_ports)),
+                )
+            self._derive()
+
+    def _on_pods_change(self) -> None:
+        self._derive()
+
+    def _derive(self) -> None:
+        pods_reflector = self._pods
+        if self._pool is None or pods_reflector is None or not pods_reflector.synced:
+            return
+        specs, problems = pools.pool_endpoints(pods_reflector.objects.values(), self._pool)
+        for problem in problems:
+            if problem not in self._problems:
+                log.warning("%s: %s", self.source, problem)
+        self._problems = set(problems)
+        if specs != self._last:
+            self._publish(specs)
+        self._synced.set()
+
+    def _publish(self, specs: list[endpoints.EndpointSpec]) -> None:
+        self._last = specs
+        added, removed = self._datastore.sync(self.source, specs)
+        if added or removed:
+            log.info(
+                "%s: %d endpoints (%d added, %d removed)", self.source, len(specs), len(added), len(removed)
+            )

@@ -1,0 +1,420 @@
+"""A small, honest Kubernetes API server for tests: pods and InferencePools in namespaces.
+
+It speaks the parts of the real protocol that epp's reflector uses, with the real semantics:
+
+- `GET /api/v1/namespaces/{ns}/pods` and
+  `GET /apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools`: a List whose
+  `metadata.resourceVersion` is the store's current version. `limit` is ignored (all items, no
+  `continue`), which the API allows a server to do.
+- `?labelSelector=` (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`) and
+  `?fieldSelector=` (`metadata.name`, `metadata.namespace`; any other field is a 400, as for
+  custom resources).
+- `?watch=true&resourceVersion=N`: JSON lines `{"type", "object"}` for every change after N
+  (history replay, then live). No version (or "0"): synthetic ADDED for the current objects
+  first. A version older than the compacted history: one ERROR event with a 410 Status, then the
+  stream ends, as a real server does. An object that stops matching the label selector arrives as
+  DELETED, one that starts matching as ADDED. `allowWatchBookmarks` enables `bookmark()`;
+  `timeoutSeconds` ends the stream.
+- A bearer token, when configured: 401 without it.
+
+Test controls: `create`/`update`/`delete`, `compact()` (history before now is gone -> 410),
+`drop_watches()` (abort every watch connection), `bookmark()`, `fail_next(n, status)` (the next n
+requests get an error Status), and `requests` (what was asked, to count lists and watches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+Object = dict[str, Any]
+
+KINDS = {
+    "pods": ("v1", "Pod"),
+    "inferencepools": ("inference.networking.k8s.io/v1", "InferencePool"),
+}
+
+_REQUIREMENT = re.compile(
+    r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*"
+    r"(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9._-]*)|\s+(?P<setop>in|notin)\s*\((?P<values>[^)]*)\))?\s*"
+)
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p for p in parts if p.strip()]
+
+
+def label_matcher(text: str) -> Callable[[dict[str, str]], bool]:
+    """A label selector string as a predicate; ValueError if it does not parse."""
+    checks: list[Callable[[dict[str, str]], bool]] = []
+    for part in _split_top(text):
+        m = _REQUIREMENT.fullmatch(part)
+        if m is None or (m["neg"] and (m["op"] or m["setop"])):
+            raise ValueError(f"unable to parse requirement: {part!r}")
+        key = m["key"]
+        if m["neg"]:
+            checks.append(lambda labels, k=key: k not in labels)
+        elif m["op"] in ("=", "=="):
+            checks.append(lambda labels, k=key, v=m["value"]: labels.get(k) == v)
+        elif m["op"] == "!=":
+            checks.append(lambda labels, k=key, v=m["value"]: labels.get(k) != v)
+        elif m["setop"]:
+            values = {v.strip() for v in m["values"].split(",")}
+            if m["setop"] == "in":
+                checks.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
+            else:
+                checks.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+        else:
+            checks.append(lambda labels, k=key: k in labels)
+    return lambda labels: all(c(labels) for c in checks)
+
+
+def field_matcher(text: str) -> Callable[[Object], bool]:
+    checks: list[Callable[[Object], bool]] = []
+    for part in _split_top(text):
+        key, op, value = re.split(r"(==|!=|=)", part.strip(), maxsplit=1) if "=" in part else (part, "", "")
+        if key not in ("metadata.name", "metadata.namespace") or not op:
+            raise ValueError(f"field label not supported: {key}")
+        field = key.split(".")[1]
+        if op == "!=":
+            checks.append(lambda o, f=field, v=value: o["metadata"].get(f) != v)
+        else:
+            checks.append(lambda o, f=field, v=value: o["metadata"].get(f) == v)
+    return lambda obj: all(c(obj) for c in checks)
+
+
+@dataclasses.dataclass
+class _Event:
+    rv: int
+    type: str  # ADDED | MODIFIED | DELETED
+    kind: str
+    namespace: str
+    old: Object | None  # the object before (None for ADDED)
+    new: Object  # the object after (for DELETED: as it was deleted)
+
+
+@dataclasses.dataclass(eq=False)
+class _Watcher:
+    kind: str
+    namespace: str
+    select: Callable[[Object], bool]
+    queue: asyncio.Queue[_Event | str] = dataclasses.field(default_factory=asyncio.Queue)
+
+
+def _status(code: int, reason: str, message: str) -> Object:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+class FakeApiServer:
+    def __init__(self, *, token: str | None = None) -> None:
+        self.token = token
+        self.rv = 100
+        self.oldest_rv = 100  # watches from a version older than this get 410
+        self.objects: dict[tuple[str, str, str], Object] = {}
+        self.history: list[_Event] = []
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self.url = ""
+        self._watchers: set[_Watcher] = set()
+        self._failures: list[int] = []
+        self._runner: web.AppRunner | None = None
+        self._watch_tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/{ns}/pods", self._handle_pods)
+        app.router.add_get(
+            "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools", self._handle_pools
+        )
+        self._runner = web.AppRunner(
+            app, handle_signals=False, shutdown_timeout=0.1, handler_cancellation=True
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        for w in list(self._watchers):
+            w.queue.put_nowait("close")
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- test controls ---------------------------------------------------------------------------
+
+    def _commit(self, type_: str, kind: str, old: Object | None, new: Object) -> Object:
+        self.rv += 1
+        new["metadata"]["resourceVersion"] = str(self.rv)
+        meta = new["metadata"]
+        key = (kind, meta["namespace"], meta["name"])
+        if type_ == "DELETED":
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = new
+        event = _Event(self.rv, type_, kind, meta["namespace"], old, copy.deepcopy(new))
+        self.history.append(event)
+        for w in self._watchers:
+            if w.kind == kind and w.namespace == meta["namespace"]:
+                w.queue.put_nowait(event)
+        return new
+
+    def create(self, kind: str, obj: Object) -> Object:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        key = (kind, meta["namespace"], meta["name"])
+        assert key not in self.objects, f"{key} exists"
+        api_version, kind_name = KINDS[kind]
+        obj.setdefault("apiVersion", api_version)
+        obj.setdefault("kind", kind_name)
+        meta.setdefault("uid", f"uid-{meta['name']}-{self.rv + 1}")
+        meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+        return self._commit("ADDED", kind, None, obj)
+
+    def update(
+        self, kind: str, name: str, change: Callable[[Object], None], namespace: str = "default"
+    ) -> Object:
+        old = self.objects[(kind, namespace, name)]
+        new = copy.deepcopy(old)
+        change(new)
+        return self._commit("MODIFIED", kind, old, new)
+
+    def delete(self, kind: str, name: str, namespace: str = "default") -> None:
+        old = self.objects[(kind, namespace, name)]
+        self._commit("DELETED", kind, old, copy.deepcopy(old))
+
+    def compact(self) -> None:
+        """Forget all history up to now: a watch from any earlier version gets 410 Gone."""
+        self.oldest_rv = self.rv
+        self.history.clear()
+
+    def drop_watches(self) -> None:
+        """Abort every open watch connection (as a restarting API server or a lost network)."""
+        for w in list(self._watchers):
+            w.queue.put_nowait("abort")
+
+    def bookmark(self) -> None:
+        for w in list(self._watchers):
+            w.queue.put_nowait("bookmark")
+
+    def fail_next(self, n: int, status: int = 500) -> None:
+        self._failures.extend([status] * n)
+
+    def count(self, kind: str, *, watch: bool) -> int:
+        return sum(
+            1
+            for path, q in self.requests
+            if path.endswith("/" + kind) and (q.get("watch") == "true") == watch
+        )
+
+    @property
+    def watchers(self) -> int:
+        return len(self._watchers)
+
+    # -- handlers --------------------------------------------------------------------------------
+
+    async def _handle_pods(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "pods")
+
+    async def _handle_pools(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "inferencepools")
+
+    def _error(self, code: int, reason: str, message: str) -> web.Response:
+        return web.json_response(_status(code, reason, message), status=code)
+
+    async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        q = dict(request.query)
+        self.requests.append((request.path, q))
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return self._error(401, "Unauthorized", "Unauthorized")
+        if self._failures:
+            code = self._failures.pop(0)
+            return self._error(code, "InternalError", "injected failure")
+        ns = request.match_info["ns"]
+        try:
+            labels = label_matcher(q.get("labelSelector", ""))
+            fields = field_matcher(q.get("fieldSelector", ""))
+        except ValueError as e:
+            return self._error(400, "BadRequest", str(e))
+
+        def select(obj: Object) -> bool:
+            return labels(obj["metadata"].get("labels") or {}) and fields(obj)
+
+        if q.get("watch") in ("true", "1"):
+            return await self._watch(request, kind, ns, select, q)
+        api_version, kind_name = KINDS[kind]
+        items = [
+            copy.deepcopy(o)
+            for (k, n, _), o in sorted(self.objects.items())
+            if k == kind and n == ns and select(o)
+        ]
+        return web.json_response(
+            {
+                "kind": f"{kind_name}List",
+                "apiVersion": api_version,
+                "metadata": {"resourceVersion": str(self.rv)},
+                "items": items,
+            }
+        )
+
+    async def _watch(
+        self, request: web.Request, kind: str, ns: str, select: Callable[[Object], bool], q: dict[str, str]
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        since_text = q.get("resourceVersion", "")
+        since = int(since_text) if since_text not in ("", "0") else None
+        if since is not None and since < self.oldest_rv:
+            status = _status(410, "Expired", f"too old resource version: {since} ({self.oldest_rv})")
+            await resp.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+            return resp
+        watcher = _Watcher(kind, ns, select)
+        # Registering and reading history in one synchronous step: nothing is missed or doubled.
+        self._watchers.add(watcher)
+        if since is None:
+            backlog = [
+                _Event(self.rv, "ADDED", kind, ns, None, copy.deepcopy(o))
+                for (k, n, _), o in sorted(self.objects.items())
+                if k == kind and n == ns
+            ]
+        else:
+            backlog = [e for e in self.history if e.rv > since and e.kind == kind and e.namespace == ns]
+        for e in backlog:
+            watcher.queue.put_nowait(e)
+        timeout = float(q["timeoutSeconds"]) if "timeoutSeconds" in q else None
+        bookmarks = q.get("allowWatchBookmarks") == "true"
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    item = await watcher.queue.get()
+                    if item == "abort":
+                        assert request.transport is not None
+                        request.transport.abort()
+                        return resp
+                    if item == "close":
+                        return resp
+                    if item == "bookmark":
+                        if bookmarks:
+                            api_version, kind_name = KINDS[kind]
+                            obj = {
+                                "kind": kind_name,
+                                "apiVersion": api_version,
+                                "metadata": {"resourceVersion": str(self.rv)},
+                            }
+                            await resp.write(json.dumps({"type": "BOOKMARK", "object": obj}).encode() + b"\n")
+                        continue
+                    assert isinstance(item, _Event)
+                    line = self._event_line(item, watcher)
+                    if line is not None:
+                        await resp.write(line)
+        except TimeoutError:
+            return resp
+        finally:
+            self._watchers.discard(watcher)
+
+    @staticmethod
+    def _event_line(event: _Event, watcher: _Watcher) -> bytes | None:
+        was = event.old is not None and watcher.select(event.old)
+        now = watcher.select(event.new)
+        if event.type == "DELETED":
+            type_ = "DELETED" if was else None
+        elif now:
+            type_ = "MODIFIED" if was else "ADDED"
+        else:
+            type_ = "DELETED" if was else None
+        if type_ is None:
+            return None
+        return json.dumps({"type": type_, "object": event.new}).encode() + b"\n"
+
+
+# -- object builders -------------------------------------------------------------------------------
+
+
+def pod(
+    name: str,
+    ip: str | None = "10.0.0.1",
+    *,
+    labels: dict[str, str] | None = None,
+    ready: bool = True,
+    annotations: dict[str, str] | None = None,
+    namespace: str = "default",
+) -> Object:
+    status: Object = {
+        "phase": "Running",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True" if ready else "False"},
+        ],
+    }
+    if ip is not None:
+        status["podIP"] = ip
+        status["podIPs"] = [{"ip": ip}]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(labels or {"app": "vllm"}),
+            "annotations": dict(annotations or {}),
+        },
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
+        "status": status,
+    }
+
+
+def pool(
+    name: str = "pool",
+    *,
+    selector: dict[str, str] | None = None,
+    ports: tuple[int, ...] = (8000,),
+    annotations: dict[str, str] | None = None,
+    namespace: str = "default",
+) -> Object:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
+        "spec": {
+            "selector": {"matchLabels": dict(selector or {"app": "vllm"})},
+            "targetPorts": [{"number": p} for p in ports],
+            "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
+        },
+    }
+
+
+def kubeconfig(url: str, token: str | None = None) -> str:
+    """A kubeconfig document pointing at `url` (plain HTTP, optional bearer token)."""
+    user = f"    token: {token}\n" if token else "    {}\n"
+    return (
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters:\n- name: fake\n  cluster:\n    server: {url}\n"
+        "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n"
+        f"users:\n- name: fake\n  user:\n{user}"
+    )

@@ -1,0 +1,97 @@
+"""Cluster configuration: kubeconfig and in-cluster service account."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+
+from epp.k8s import connections
+from tests.k8s import fake_apiserver as fake
+
+
+def test_kubeconfig_with_token(tmp_path: Path) -> None:
+    path = tmp_path / "config"
+    path.write_text(fake.kubeconfig("http://127.0.0.1:1234/", token="abc"))
+    conn = connections.from_kubeconfig(path)
+    assert conn.server == "http://127.0.0.1:1234"
+    assert conn.ssl_context is None
+    assert conn.namespace == "default"
+    assert conn.headers()["Authorization"] == "Bearer abc"
+
+
+def test_kubeconfig_https_insecure_and_token_file(tmp_path: Path) -> None:
+    (tmp_path / "tok").write_text("one\n")
+    path = tmp_path / "config"
+    path.write_text(
+        "current-context: c\nclusters:\n- name: k\n  cluster:\n    server: https://k:6443\n"
+        "    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context: {cluster: k, user: u}\n"
+        "users:\n- name: u\n  user: {tokenFile: tok}\n"
+    )
+    conn = connections.from_kubeconfig(path)
+    assert isinstance(conn.ssl_context, ssl.SSLContext)
+    assert conn.ssl_context.verify_mode == ssl.CERT_NONE
+    assert conn.headers()["Authorization"] == "Bearer one"
+    (tmp_path / "tok").write_text("two")  # rotated: read again on the next request
+    assert conn.headers()["Authorization"] == "Bearer two"
+
+
+@pytest.mark.parametrize(
+    ("user", "error"),
+    [
+        ("  user: {exec: {command: aws}}\n", "not supported"),
+        ("  user: {}\n", None),
+    ],
+)
+def test_kubeconfig_user_kinds(tmp_path: Path, user: str, error: str | None) -> None:
+    path = tmp_path / "config"
+    path.write_text(
+        "current-context: c\nclusters:\n- name: k\n  cluster: {server: 'http://k'}\n"
+        f"contexts:\n- name: c\n  context: {{cluster: k, user: u}}\nusers:\n- name: u\n{user}"
+    )
+    if error:
+        with pytest.raises(connections.ConfigError, match=error):
+            connections.from_kubeconfig(path)
+    else:
+        assert "Authorization" not in connections.from_kubeconfig(path).headers()
+
+
+def test_kubeconfig_errors(tmp_path: Path) -> None:
+    with pytest.raises(connections.ConfigError, match="cannot read"):
+        connections.from_kubeconfig(tmp_path / "missing")
+    path = tmp_path / "config"
+    path.write_text("current-context: nope\ncontexts: []\n")
+    with pytest.raises(connections.ConfigError, match="no context named 'nope'"):
+        connections.from_kubeconfig(path)
+
+
+def test_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(connections.ConfigError, match="not in a cluster"):
+        connections.in_cluster(tmp_path)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    (tmp_path / "token").write_text("sa-token")
+    (tmp_path / "namespace").write_text("inference")
+    (tmp_path / "ca.crt").write_text(_self_signed_pem())
+    conn = connections.in_cluster(tmp_path)
+    assert conn.server == "https://10.96.0.1:443"
+    assert conn.namespace == "inference"
+    assert conn.headers()["Authorization"] == "Bearer sa-token"
+
+
+def test_load_prefers_explicit_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "config"
+    path.write_text(fake.kubeconfig("http://a:1"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    assert connections.load(str(path)).server == "http://a:1"
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    assert connections.load().server == "http://a:1"
+
+
+def _self_signed_pem() -> str:
+    from epp.extproc import tls
+
+    _, cert_pem = tls.self_signed()
+    return cert_pem.decode()
