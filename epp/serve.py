@@ -41,6 +41,8 @@ log = logging.getLogger("epp")
 
 DRAIN_GRACE_S = 5.0
 
+_warned_bind_ranks: list[bool] = []  # warn once per process
+
 
 def main(args: argparse.Namespace) -> int:
     logs.setup(level=args.log_level, fmt=args.log_format)
@@ -60,6 +62,16 @@ def feed_spec(ep: Endpoint, args: argparse.Namespace) -> FeedSpec:
     """Where `ep`'s KV events come from: its entry's kvEvents/kvReplay, else the default ports
     offset by its data-parallel rank (vLLM's DP ranks publish on base port + rank)."""
     spec = ep.spec
+    if args.kv_events == "bind" and spec.rank > 0 and not _warned_bind_ranks:
+        # vLLM offsets every rank's endpoint port, connect or bind: rank r dials <epp>:5557+r,
+        # and epp binds one port. Until it binds one per rank, DP servers need connect mode.
+        _warned_bind_ranks.append(True)
+        log.warning(
+            "kv events: bind mode receives only data-parallel rank 0 (rank %d of %s dials another "
+            "port); use --kv-events connect for data-parallel servers",
+            spec.rank,
+            ep.name,
+        )
     host = f"[{spec.address}]" if ":" in spec.address else spec.address
     events = None
     if args.kv_events == "connect":
