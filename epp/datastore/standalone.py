@@ -19,7 +19,8 @@ endpoints:
                               #   port .. port+ranks-1, one endpoint per rank, named
                               #   "<name>-rank-<i>", or by its own "address:port" when no name
                               #   is given; metricsPort, if set, is offset by the rank too.
-    model: llama              # optional: the base model served (seeds KV block keys; needed to
+    model: llama              # optional: the base model, as clients name it (vLLM's
+                              #   --served-model-name): seeds KV block keys; needed to
                               #   tell LoRA adapters from the base model in KV events)
     kvEvents: tcp://10.0.0.1:5557   # optional: the pod's vLLM KV-event publisher; default
                               #   tcp://<address>:<--kv-events-port>. Offset by the rank, as vLLM

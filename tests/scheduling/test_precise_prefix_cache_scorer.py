@@ -144,6 +144,20 @@ def test_lora_adapter_and_cache_salt_select_their_own_blocks() -> None:
     assert plugin.score({}, request(prompt, target_model="base"), eps) == [0.0, 0.0, 1.0]
 
 
+def test_an_adapter_the_pod_reports_running_is_one_even_with_the_base_model_unknown() -> None:
+    index = BlockIndex()
+    prompt = toks(32)
+    feed(index, "pod-0", stored(prompt, lora_name="sql", extra_keys=[("sql",), None]), model="")
+    feed(index, "pod-1", stored(prompt), model="")
+    plugin, _ = scorer(index)
+    eps = builders.pool(2)
+    # Unknown base model, adapter not seen: taken for the base model (vLLM would not hit).
+    assert plugin.score({}, request(prompt, target_model="sql"), eps) == [0.0, 1.0]
+    eps[0].metrics.running_loras = frozenset({"sql"})
+    eps[1].metrics.waiting_loras = frozenset({"sql"})
+    assert plugin.score({}, request(prompt, target_model="sql"), eps) == [1.0, 0.0]
+
+
 def test_model_unknown_to_the_index_falls_back_to_the_endpoint_spec() -> None:
     """Speculative entries on a pod without events yet are keyed with the configured model."""
     index = BlockIndex()

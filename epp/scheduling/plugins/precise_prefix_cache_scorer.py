@@ -16,8 +16,10 @@ Keys must be computed the way the pod's events were keyed, so per endpoint:
   `vllm:cache_config_info`; else 16 (vLLM's default);
 - seed: the model the pod's events were applied with (`BlockIndex.model_of`, from the endpoints
   file's `model:` or the events' topic), else the endpoint's configured model; the request's target
-  model is a LoRA adapter when it differs from a known base model (vLLM puts the adapter name in
-  `BlockStored.lora_name`), and its `cache_salt` is mixed in as vLLM mixes it into block hashes.
+  model is a LoRA adapter when it differs from a known base model or the pod reports it as a
+  running or waiting adapter (`vllm:lora_requests_info`); vLLM puts the adapter name in
+  `BlockStored.lora_name`. The base model must be named as clients name it (vLLM's
+  `--served-model-name`). `cache_salt` is mixed in as vLLM mixes it into block hashes.
 Endpoints sharing (block size, seed) share one key list: usually the whole pool is one group.
 
 Speculative entries: between a routing decision and the first KV event of its prefill there are
@@ -202,7 +204,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
         index = self._index
         fixed = self._block_size
         groups: dict[tuple[int, int], tuple[list[BlockKey], list[Endpoint]]] = {}
-        by_pod_kind: dict[tuple[int, str], list[Endpoint]] = {}
+        by_pod_kind: dict[tuple[int, str, bool], list[Endpoint]] = {}
         for ep in endpoints:
             info = index.pod_info(ep.name)
             if info is None:
@@ -211,10 +213,16 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
             else:
                 block_size = fixed or info[0] or ep.metrics.block_size or DEFAULT_BLOCK_SIZE
                 model = info[1]
-            members = by_pod_kind.get((block_size, model))
+            # An adapter: named differently from a known base model, or seen running as a LoRA
+            # adapter there (vllm:lora_requests_info), which also covers an unknown base model.
+            m = ep.metrics
+            adapter = bool(target) and (
+                (bool(model) and target != model) or target in m.running_loras or target in m.waiting_loras
+            )
+            kind = (block_size, model, adapter)
+            members = by_pod_kind.get(kind)
             if members is None:
-                lora = target if model and target and target != model else None
-                seed = seed_for(model, lora_name=lora, cache_salt=request.cache_salt)
+                seed = seed_for(model, lora_name=target if adapter else None, cache_salt=request.cache_salt)
                 group = groups.get((block_size, seed))
                 if group is None:
                     limit = len(tokens)
@@ -222,7 +230,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
                         limit = min(limit, self._max_blocks * block_size)
                     ids = tokens if limit == len(tokens) else tokens[:limit]
                     group = groups[(block_size, seed)] = (block_keys(ids, block_size, seed=seed), [])
-                members = by_pod_kind[(block_size, model)] = group[1]
+                members = by_pod_kind[kind] = group[1]
             members.append(ep)
         return groups
 
