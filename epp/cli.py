@@ -213,6 +213,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="threads tokenizing long prompts off the event loop (default: CPUs, at most 4; "
         "in a container set it to the CPU limit)",
     )
+    g.add_argument(
+        "--tokenizer-prefix-cache-bytes",
+        type=byte_size,
+        default=64 << 20,
+        help="per tokenizer: memory for token ids of prompt prefixes seen before, so a repeated "
+        "system prompt or a growing conversation encodes only its new part; 0 disables (default 64Mi)",
+    )
 
     g = p.add_argument_group("model-server metrics")
     g.add_argument(

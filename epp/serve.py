@@ -88,8 +88,14 @@ async def run(args: argparse.Namespace) -> None:
     datastore = Datastore()
     index = BlockIndex(max_entries=args.kv_index_max_entries) if args.kv_events != "off" else None
     handle = Handle(datastore=datastore, kv_index=index)
-    tokenizers = Tokenizers.from_spec(parse_tokenizer_arg(args.tokenizer), workers=args.tokenizer_workers)
-    collector = metrics.TokenizerCollector(lambda: tokenizers.missing, lambda: tokenizers.truncated)
+    tokenizers = Tokenizers.from_spec(
+        parse_tokenizer_arg(args.tokenizer),
+        workers=args.tokenizer_workers,
+        prefix_cache_bytes=args.tokenizer_prefix_cache_bytes,
+    )
+    collector = metrics.TokenizerCollector(
+        lambda: tokenizers.missing, lambda: tokenizers.truncated, lambda: tokenizers.prefix_caches
+    )
     metrics.REGISTRY.register(collector)
     try:
         await _run(args, datastore, handle, tokenizers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -268,25 +268,45 @@ REGISTRY.register(kv_collector)
 # --- Tokenizers (epp.tokenize) --------------------------------------------------------------------
 
 
+_PREFIX_COUNTERS = (
+    ("hits", "whole texts found cached"),
+    ("partial_hits", "texts whose leading part was found cached"),
+    ("misses", "texts with nothing cached"),
+    ("fallbacks", "reuses abandoned because the seam did not re-encode identically"),
+    ("evictions", "cached chunks evicted by the byte budget"),
+    ("reused_tokens", "token ids taken from the cache"),
+    ("encoded_tokens", "token ids computed by the tokenizer"),
+)
+_PREFIX_GAUGES = (("cached_bytes", "bytes held (estimated)"), ("cached_tokens", "token ids held"))
+
+
 class TokenizerCollector(Collector):
-    """`epp_tokenizer_missing_total{model}` and `epp_tokenizer_truncated_total{tokenizer}`, read at
-    scrape time from the tokenizer registry's plain counters (it counts in worker threads' callers
-    on the event loop; a Counter there would add a label lookup per request for a rare event)."""
+    """`epp_tokenizer_missing_total{model}`, `epp_tokenizer_truncated_total{tokenizer}` and the
+    prefix-tokenization caches' `epp_tokenizer_prefix_cache_*{tokenizer}`, read at scrape time from
+    the tokenizer registry's plain counters (they count on the event loop and in worker threads; a
+    Counter there would add a lock and a label lookup per request)."""
 
     def __init__(
-        self, missing: Callable[[], Mapping[str, int]], truncated: Callable[[], Mapping[str, int]]
+        self,
+        missing: Callable[[], Mapping[str, int]],
+        truncated: Callable[[], Mapping[str, int]],
+        prefix_caches: Callable[[], Mapping[str, Any]] = dict,
     ) -> None:
         self._missing = missing
         self._truncated = truncated
+        self._prefix_caches = prefix_caches
 
     def describe(self) -> list[Metric]:
-        return list(self._families({}, {}))
+        return list(self._families({}, {}, {}))
 
     def collect(self) -> list[Metric]:
-        return list(self._families(dict(self._missing()), dict(self._truncated())))
+        missing, truncated = dict(self._missing()), dict(self._truncated())
+        return list(self._families(missing, truncated, dict(self._prefix_caches())))
 
     @staticmethod
-    def _families(missing: Mapping[str, int], truncated: Mapping[str, int]) -> Iterator[Metric]:
+    def _families(
+        missing: Mapping[str, int], truncated: Mapping[str, int], caches: Mapping[str, Any]
+    ) -> Iterator[Metric]:
         m = CounterMetricFamily(
             "epp_tokenizer_missing",
             "Requests that needed token ids for a model with no tokenizer (routed without them).",
@@ -303,3 +323,15 @@ class TokenizerCollector(Collector):
         for name, n in sorted(truncated.items()):
             t.add_metric([name], n)
         yield t
+        label = ["tokenizer"]
+        prefix = "epp_tokenizer_prefix_cache_"
+        for field, text in _PREFIX_COUNTERS:
+            c = CounterMetricFamily(prefix + field, f"Prefix cache: {text}.", labels=label)
+            for name, cache in sorted(caches.items()):
+                c.add_metric([name], getattr(cache, field))
+            yield c
+        for field, text in _PREFIX_GAUGES:
+            g = GaugeMetricFamily(prefix + field, f"Prefix cache: {text}.", labels=label)
+            for name, cache in sorted(caches.items()):
+                g.add_metric([name], getattr(cache, field))
+            yield g

@@ -131,3 +131,19 @@ def test_tokenizer_metrics_are_read_at_scrape_time() -> None:
     missing["llama"] = 5
     assert registry.get_sample_value("epp_tokenizer_missing_total", {"model": "llama"}) == 5
     assert registry.get_sample_value("epp_tokenizer_truncated_total", {"tokenizer": "epp-tiny"}) == 1
+
+
+async def test_prefix_cache_metrics_follow_the_registry(tokenizers: Tokenizers) -> None:
+    registry = CollectorRegistry()
+    registry.register(
+        metrics.TokenizerCollector(
+            lambda: tokenizers.missing, lambda: tokenizers.truncated, lambda: tokenizers.prefix_caches
+        )
+    )
+    system = "You are a careful assistant. Answer in full sentences. " * 30
+    await tokenizers.encode("m", system + "First question?")
+    await tokenizers.encode("m", system + "Second question?")
+    labels = {"tokenizer": "epp-tiny"}
+    assert registry.get_sample_value("epp_tokenizer_prefix_cache_partial_hits_total", labels) == 1
+    assert (registry.get_sample_value("epp_tokenizer_prefix_cache_reused_tokens_total", labels) or 0) > 100
+    assert (registry.get_sample_value("epp_tokenizer_prefix_cache_cached_bytes", labels) or 0) > 0

@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from epp.tokenize import registry, tokenizer
+from epp.tokenize import chat, prefixcache, registry, tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = {1_000: 200, 4_000: 100, 16_000: 40, 100_000: 10}  # tokens -> repetitions
@@ -205,10 +205,82 @@ async def bench_concurrency(tok: tokenizer.Tokenizer, by_size: dict[int, str]) -
             toks.close()
 
 
+def _chunks_of(tok: tokenizer.Tokenizer, text: str, tokens: int) -> list[str]:
+    """`text` cut into consecutive pieces of about `tokens` tokens (at ~2.7 characters per token)."""
+    size = int(tokens * 2.7)
+    return [text[i : i + size] for i in range(0, len(text) - size, size)]
+
+
+def bench_prefix(tok: tokenizer.Tokenizer) -> None:
+    print("== prefix cache (PrefixCache.encode, sync): p50 / p99 ms")
+    base = source_text() * 4
+    cache = prefixcache.PrefixCache(tok)
+    # Cold: every text new (a miss, with chunking and insertion), one core.
+    cold = [base[i * 997 : i * 997 + 10_800] for i in range(1, 60)]
+    t0 = time.perf_counter()
+    n = sum(len(cache.encode(t)) for t in cold)
+    print(f"cold, one thread: {n / (time.perf_counter() - t0) / 1e3:7.0f}k tokens/s (cache on)")
+    t0 = time.perf_counter()
+    n = sum(len(tok.encode(t)) for t in cold)
+    print(f"cold, one thread: {n / (time.perf_counter() - t0) / 1e3:7.0f}k tokens/s (no cache)")
+    cold2 = [base[i * 991 : i * 991 + 10_800] for i in range(60, 188)]
+    for label, fn in (("cache on", cache.encode), ("no cache", tok.encode)):
+        with ThreadPoolExecutor(2) as pool:
+            t0 = time.perf_counter()
+            n = sum(len(ids) for ids in pool.map(fn, cold2))
+            print(f"cold, two threads: {n / (time.perf_counter() - t0) / 1e3:7.0f}k tokens/s ({label})")
+        cold2 = [t + "x" for t in cold2]
+
+    # Warm 4k: a 3.5k-token system prompt seen before, a new ~500-token user message each time.
+    system = base[: int(3_500 * 2.7)]
+    users = _chunks_of(tok, base[len(system) :], 500)[:200]
+
+    def body(user: str) -> dict[str, object]:
+        return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+
+    cache = prefixcache.PrefixCache(tok)
+    cache.encode(chat.render_chat(tok, body("Hello")), add_special_tokens=False)
+    prompts = [chat.render_chat(tok, body(u)) for u in users]
+    print(f"warm 4k chat: {len(tok.encode(prompts[0]))} tokens")
+    gc.collect()
+    samples = []
+    for text in prompts:
+        t0 = time.perf_counter()
+        cache.encode(text, add_special_tokens=False)
+        samples.append(time.perf_counter() - t0)
+    full = timed(lambda: tok.encode(prompts[0], add_special_tokens=False), 50)
+    print(
+        f"warm 4k chat: {ms(pct(samples, 0.5))} / {ms(pct(samples, 0.99))}  (no cache {ms(pct(full, 0.5))})"
+    )
+
+    # Warm 100k: a conversation of ~300-token turns; the previous turn's prompt was seen.
+    turns = _chunks_of(tok, base, 300)
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+    cache = prefixcache.PrefixCache(tok)
+    k = 2
+    while len(chat.render_chat(tok, {"messages": messages[:k]})) < 100_000 * 2.7:
+        k += 2
+    samples = []
+    for j in range(k, k + 60, 2):
+        cache.encode(chat.render_chat(tok, {"messages": messages[: j - 1], "add_generation_prompt": False}))
+        text = chat.render_chat(tok, {"messages": messages[: j + 1]})
+        t0 = time.perf_counter()
+        cache.encode(text, add_special_tokens=False)
+        samples.append(time.perf_counter() - t0)
+    print(
+        f"warm 100k conversation: {len(tok.encode(text))} tokens,"
+        f" {ms(pct(samples, 0.5))} / {ms(pct(samples, 0.99))}"
+    )
+    print(
+        f"memory: {cache.cached_bytes / cache.cached_tokens:.1f} bytes per cached token "
+        f"({cache.cached_tokens} tokens, {cache.nodes} chunks, {cache.cached_bytes / 2**20:.1f} MiB)"
+    )
+
+
 def main(argv: list[str]) -> None:
     tok = tokenizer.load_shipped()
-    by_size = texts(tok)
-    sections = set(argv) or {"sync", "async", "stall", "concurrency"}
+    by_size = texts(tok) if set(argv) - {"prefix"} or not argv else {}
+    sections = set(argv) or {"sync", "async", "stall", "concurrency", "prefix"}
     if "sync" in sections:
         bench_sync(tok, by_size)
     if "async" in sections:
@@ -217,6 +289,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(bench_stall(tok, by_size))
     if "concurrency" in sections:
         asyncio.run(bench_concurrency(tok, by_size))
+    if "prefix" in sections:
+        bench_prefix(tok)
 
 
 if __name__ == "__main__":

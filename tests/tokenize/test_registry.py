@@ -192,7 +192,8 @@ async def test_long_texts_do_not_block_the_loop(track: Track, shipped: tokenizer
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
     gated = _Gated(shipped, on_start=lambda: loop.call_soon_threadsafe(started.set))
-    toks = track(registry.Tokenizers(default=gated, workers=1))
+    # Without the prefix cache, which tokenizes through the backend and would bypass the gate.
+    toks = track(registry.Tokenizers(default=gated, workers=1, prefix_cache_bytes=0))
     task = asyncio.create_task(toks.encode("m", LONG))
     await asyncio.wait_for(started.wait(), 5)  # the loop runs while the worker is inside encode
     gated.gate.set()

@@ -1,0 +1,495 @@
+"""Prefix-tokenization cache: a text that extends one tokenized before costs only its new part.
+
+Typical traffic repeats a long system prompt or grows a conversation turn by turn, so most of the
+~1.1 us per token `Tokenizer.encode` spends is spent again on text it has seen. `PrefixCache.encode`
+returns exactly `Tokenizer.encode(text)` (tests/tokenize/test_prefixcache.py checks this with
+generated texts), reusing the token ids of the longest cached prefix it can prove safe.
+
+Structure. A trie of chunks: each node holds a piece of text `[start, end)` and its token ids,
+children are keyed by the first KEY_CHARS characters of their text. A chunk ends at a *checkpoint*:
+a character offset where, in the full tokenization of the text that inserted it, a pre-token
+starts (the token's word id changes) and a token starts. Chunks are at least
+`max(min_chunk_chars, start // 256)` characters long, so a 400k-character conversation is a chain
+of ~1,000 nodes rather than 3,000, and the same text always cuts at the same places (two texts
+sharing a prefix share its chunks). The last piece of each inserted text, after its last
+checkpoint, is stored as a *final* node that only matches a text ending exactly there.
+
+Lookup walks the trie along the text (a dict lookup and a `str.startswith` per node: O(len) with
+memcmp constants). With an exact match (the whole text was seen) the ids are returned as they are.
+Otherwise, with matched chunks n1..nk (k >= 2), the text from the start of nk (the *seam*) is
+encoded, its first tokens are checked against nk's ids (the *overlap window*), and the result is
+n1..n(k-1)'s ids followed by the new encoding. The text need not continue past nk's end as the
+cached text did, so only the window's ids up to `margin` characters before its end must agree; if
+they do not, the whole text is encoded instead (`fallbacks` counts this). The new encoding's
+checkpoints then insert the text's new chunks.
+
+Why the stitched result equals full tokenization. A `tokenizers` pipeline splits the text at added
+tokens (special or not, e.g. `<|user|>`: leftmost-longest matching, at most the longest added
+token's length of context), normalizes each segment, pre-tokenizes it (left-to-right regex scans:
+each piece is decided by the text from the piece's start up to a few characters past its end) and
+runs the model on each pre-token on its own (BPE without dropout, WordPiece, WordLevel and Unigram
+depend only on the pre-token). So if position c is a pre-token start of text X, and the scans have
+no look-behind or anchors, the tokens of X are the tokens of X[:c] followed by the tokens of X[c:]
+encoded alone (the scans restart at c in the same state they would have inside X). And whether c is
+a pre-token start of X depends only on X[:c + L] for a small L: the scans' right context. A
+checkpoint c of a cached text T is a pre-token start of T; the seam is reused only when X equals T up
+to the end of the following chunk, at least min_chunk_chars >= MARGIN_CHARS characters past c, which
+exceeds L for every pattern accepted here (the GPT-2, Llama 3 and Qwen patterns look at most one
+character past a whitespace run; the margin also covers the longest added token). Chunk ends are
+stored only when they lie MARGIN_CHARS before the end of the inserting text, for the same reason.
+The overlap window re-checks this at each seam, in the new text's context, for patterns whose
+look-ahead is longer than the margin (a `(?=...)` could be): a disagreement falls back to a full encode.
+
+What the cache refuses (`UnsupportedTokenizer`, checked at construction): normalizers other than
+Unicode normal forms and Lowercase (NFC and friends can compose across a seam, so with them a
+checkpoint must sit on an ASCII character, which no composition involves); pre-tokenizers that add
+text at a segment's start (ByteLevel `add_prefix_space`, Metaspace with a prepend scheme), merge
+runs (`Contiguous`) or use look-behind, anchors or `\\b` in their patterns; BPE dropout; truncation
+or padding; and post-processors that do not just add fixed ids before and after the text (checked
+on sample texts). Special tokens from the post-processor (BOS) are added around the cached content
+ids, as they are around a full encode's.
+
+Memory: per cached token about 4 bytes of ids, plus its text (1 byte per character for ASCII, 2-4
+beyond; ~2.7 characters per epp-tiny token on English prose and code), plus NODE_OVERHEAD_BYTES per
+chunk (bench: ~8-9 bytes per cached token in all). `max_bytes` bounds the total; least recently used
+chunks are evicted first. A node is always touched after its children, so the least recently used
+node is a leaf and eviction never orphans a subtree.
+
+Threads: `encode` runs in the tokenizer's worker threads. One lock guards the trie, the LRU order
+and the counters; encoding, verifying and building chunks happen outside it. The critical sections
+are the walk (string compares over the matched text: ~30 us for 400k characters) and the insert;
+`contended` counts acquisitions that had to wait.
+"""
+
+from __future__ import annotations
+
+import array
+import collections
+import json
+import re
+import threading
+from typing import Any
+
+import tokenizers
+
+from epp.tokenize import tokenizer
+
+DEFAULT_MAX_BYTES = 64 << 20
+KEY_CHARS = 32  # children are keyed by this many leading characters of their text
+MARGIN_CHARS = 32  # right context that decides a pre-token start; plus the longest added token
+MIN_CHUNK_CHARS = 128
+DEPTH_DIVISOR = 256  # a chunk starting at offset p is at least p // DEPTH_DIVISOR characters long
+NODE_OVERHEAD_BYTES = 250  # node object, its dict and LRU entries, array and str headers (estimate)
+
+_NORMALIZERS_LOCAL = {"Lowercase"}
+_NORMALIZERS_ASCII = {"NFC", "NFD", "NFKC", "NFKD"}
+_SPLIT_BEHAVIOURS = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext"}
+# Constructs that make a regex scan depend on text before the piece, or on where the text starts.
+_UNSAFE_REGEX = re.compile(r"\(\?<[=!]|\\[bBAzZG]")
+
+
+class UnsupportedTokenizer(Exception):
+    """The cache cannot prove its results equal full tokenization for this tokenizer; says why."""
+
+
+class _Node:
+    __slots__ = ("alive", "children", "end", "final", "ids", "nbytes", "parent", "text")
+
+    def __init__(self, parent: _Node | None, text: str, ids: array.array[int], end: int, final: bool) -> None:
+        self.parent = parent
+        self.text = text
+        self.ids = ids
+        self.end = end  # character offset of this chunk's end in the texts that contain it
+        self.final = final  # matches only a text that ends exactly here
+        self.children: dict[str, _Node | list[_Node]] = {}
+        self.alive = True
+        self.nbytes = len(text.encode("utf-8", "surrogatepass")) + 4 * len(ids) + NODE_OVERHEAD_BYTES
+
+
+class PrefixCache:
+    """Token ids of texts through one tokenizer, reusing those of cached prefixes. Thread-safe.
+
+    Counters (plain attributes, read them for metrics; updated under the lock):
+    `hits` (the whole text was cached), `partial_hits` (a prefix was reused), `misses`,
+    `fallbacks` (a seam failed verification: counted as a miss too), `evictions` (chunks),
+    `cached_bytes`, `cached_tokens`, `nodes`, `reused_tokens` and `encoded_tokens` (tokens taken
+    from the cache and tokens the tokenizer produced, seam windows included), `contended`.
+
+    Raises:
+        UnsupportedTokenizer: at construction, for a tokenizer the cache cannot prove safe.
+    """
+
+    def __init__(
+        self,
+        tok: tokenizer.Tokenizer,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        min_chunk_chars: int = MIN_CHUNK_CHARS,
+    ) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        config = json.loads(tok.backend.to_str())
+        self.ascii_checkpoints, longest_added = _check(config)
+        self.margin = MARGIN_CHARS + longest_added
+        if min_chunk_chars < max(KEY_CHARS, self.margin):
+            raise ValueError(
+                f"min_chunk_chars must be >= {max(KEY_CHARS, self.margin)}, got {min_chunk_chars}"
+            )
+        self.name = tok.name
+        self.max_bytes = max_bytes
+        self.min_chunk_chars = min_chunk_chars
+        self._tok = tok
+        # The same pipeline without its post-processor: content ids and untrimmed offsets (ByteLevel's
+        # post-processor trims spaces off offsets); special tokens are added around the content.
+        self._raw = tokenizers.Tokenizer.from_str(tok.backend.to_str())
+        self._raw.post_processor = None
+        self._head, self._tail = _specials(tok.backend, self._raw)
+        self._root = _Node(None, "", array.array("I"), 0, False)
+        self._lru: collections.OrderedDict[_Node, None] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.partial_hits = 0
+        self.misses = 0
+        self.fallbacks = 0
+        self.evictions = 0
+        self.cached_bytes = 0
+        self.cached_tokens = 0
+        self.nodes = 0
+        self.reused_tokens = 0
+        self.encoded_tokens = 0
+        self.contended = 0
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Exactly `Tokenizer.encode(text, add_special_tokens=...)`, reusing cached prefixes.
+
+        Releases the GIL while tokenizing; the lookup and the join of cached ids hold it (~1-3 ms
+        for 100k cached tokens).
+        """
+        ids = self._content(text)
+        if add_special_tokens and (self._head or self._tail):
+            return self._head + ids + self._tail
+        return ids
+
+    def _content(self, text: str) -> list[int]:
+        path, exact = self._lookup(text)
+        if exact:
+            ids = _join(path)
+            with self._locked():
+                self.hits += 1
+                self.reused_tokens += len(ids)
+            return ids
+        seam = path[-2] if len(path) >= 2 else None
+        fresh: tokenizers.Encoding | None = None
+        if seam is not None:
+            window = path[-1]
+            fresh = self._raw.encode_batch([text[seam.end :]], add_special_tokens=False)[0]
+            if not _window_agrees(fresh, window, window.end - seam.end, self.margin):
+                fresh = None
+        if fresh is None or seam is None:
+            base = self._root
+            fresh = self._raw.encode_batch([text], add_special_tokens=False)[0]
+            ids = fresh.ids
+            reused = 0
+        else:
+            base = seam
+            head = _join(path[:-1])
+            reused = len(head)
+            head.extend(fresh.ids)
+            ids = head
+        chunks = self._chunks(text, base.end, fresh)
+        with self._locked():
+            if base is self._root:
+                self.misses += 1
+                if seam is not None:
+                    self.fallbacks += 1
+            else:
+                self.partial_hits += 1
+            self.reused_tokens += reused
+            self.encoded_tokens += len(fresh.ids)
+            self._insert(base, chunks)
+        return ids
+
+    def _locked(self) -> _Lock:
+        return _Lock(self)
+
+    def _lookup(self, text: str) -> tuple[list[_Node], bool]:
+        """The chain of chunks `text` starts with, and whether the last is a final node ending it."""
+        path: list[_Node] = []
+        exact = False
+        size = len(text)
+        with self._locked():
+            node = self._root
+            pos = 0
+            while True:
+                found = node.children.get(text[pos : pos + KEY_CHARS])
+                if found is None:
+                    break
+                nxt = None
+                for child in found if isinstance(found, list) else (found,):
+                    if child.final:
+                        if child.end == size and text.startswith(child.text, pos):
+                            nxt = child
+                            exact = True
+                            break
+                    elif text.startswith(child.text, pos):
+                        nxt = child
+                if nxt is None:
+                    break
+                path.append(nxt)
+                if exact:
+                    break
+                node = nxt
+                pos = nxt.end
+            if path:
+                self._touch(path[-1])
+        return path, exact
+
+    def _chunks(
+        self, text: str, start: int, fresh: tokenizers.Encoding
+    ) -> list[tuple[str, array.array[int], bool]]:
+        """Cut `fresh` (the encoding of text[start:]) at checkpoints into (text, ids, final) chunks.
+
+        Each chunk ends at the first checkpoint at least `need` characters after its start. To
+        find it, the scan jumps `need // 4` tokens ahead (tokens average ~2.7 characters here) and
+        then steps one token at a time: a Python pass over every token, or building the whole
+        offsets list, cost as much as half of the encode itself (measured, bench `prefix`).
+        """
+        words = fresh.word_ids
+        ids = fresh.ids
+        chars = fresh.token_to_chars
+        count = len(ids)
+        limit = len(text) - start - self.margin
+        ascii_only = self.ascii_checkpoints
+        out: list[tuple[str, array.array[int], bool]] = []
+        cur_char = 0
+        cur_tok = 0
+        while True:
+            need = max(self.min_chunk_chars, (start + cur_char) // DEPTH_DIVISOR)
+            target = cur_char + need
+            if target > limit:
+                break
+            i = cur_tok + max(1, need // 4)
+            cut = -1
+            while i < count:
+                word = words[i]
+                if word is not None and word != words[i - 1]:
+                    span = chars(i)
+                    assert span is not None
+                    c = span[0]
+                    if c > limit:
+                        break
+                    if c >= target and not (ascii_only and text[start + c] >= "\x80"):
+                        cut = c
+                        break
+                i += 1
+            if cut < 0:
+                break
+            out.append((text[start + cur_char : start + cut], array.array("I", ids[cur_tok:i]), False))
+            cur_char = cut
+            cur_tok = i
+        out.append((text[start + cur_char :], array.array("I", ids[cur_tok:]), True))
+        return out
+
+    def _insert(self, base: _Node, chunks: list[tuple[str, array.array[int], bool]]) -> None:
+        """Add `chunks` below `base` (reusing equal chunks), touch the path, evict. Under the lock."""
+        if not base.alive:
+            return  # evicted meanwhile; the next request for this text inserts it again
+        node = base
+        for text, ids, final in chunks:
+            key = text[:KEY_CHARS]
+            found = node.children.get(key)
+            same = None
+            if found is not None:
+                for child in found if isinstance(found, list) else (found,):
+                    if child.final == final and child.text == text:
+                        same = child
+                        break
+            if same is None:
+                same = _Node(node, text, ids, node.end + len(text), final)
+                if found is None:
+                    node.children[key] = same
+                elif isinstance(found, list):
+                    found.append(same)
+                else:
+                    node.children[key] = [found, same]
+                self._lru[same] = None
+                self.cached_bytes += same.nbytes
+                self.cached_tokens += len(ids)
+                self.nodes += 1
+            node = same
+        if node is not base:
+            self._touch(node)
+        self._evict()
+
+    def _touch(self, node: _Node | None) -> None:
+        """Mark `node` and its ancestors used, children before parents (the LRU's invariant)."""
+        lru = self._lru
+        while node is not None and node.parent is not None:
+            lru.move_to_end(node)
+            node = node.parent
+
+    def _evict(self) -> None:
+        while self.cached_bytes > self.max_bytes and self._lru:
+            node, _ = self._lru.popitem(last=False)
+            assert not node.children, "LRU order puts parents after their children"
+            parent = node.parent
+            assert parent is not None
+            key = node.text[:KEY_CHARS]
+            found = parent.children[key]
+            if isinstance(found, list):
+                found.remove(node)
+                if len(found) == 1:
+                    parent.children[key] = found[0]
+            else:
+                del parent.children[key]
+            node.alive = False
+            self.cached_bytes -= node.nbytes
+            self.cached_tokens -= len(node.ids)
+            self.nodes -= 1
+            self.evictions += 1
+
+    def clear(self) -> None:
+        """Drop every cached chunk (counters other than the sizes are kept)."""
+        with self._locked():
+            for node in self._lru:
+                node.alive = False
+            self._lru.clear()
+            self._root.children = {}
+            self.cached_bytes = self.cached_tokens = self.nodes = 0
+
+
+class _Lock:
+    """The cache's lock as a context manager that counts contended acquisitions."""
+
+    __slots__ = ("_cache",)
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self._cache = cache
+
+    def __enter__(self) -> None:
+        lock = self._cache._lock
+        if not lock.acquire(blocking=False):
+            lock.acquire()
+            self._cache.contended += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._cache._lock.release()
+
+
+def _join(path: list[_Node]) -> list[int]:
+    if not path:
+        return []
+    joined = array.array("I")
+    for node in path:
+        joined.extend(node.ids)
+    return joined.tolist()
+
+
+def _window_agrees(fresh: tokenizers.Encoding, window: _Node, length: int, margin: int) -> bool:
+    """Whether `fresh` (the text encoded from the window's start) repeats the window's cached ids
+    up to `margin` characters before the window's end (`length`): beyond that point the new text
+    may legitimately tokenize differently, since it need not continue as the cached one did."""
+    n = len(window.ids)
+    ids = fresh.ids
+    if array.array("I", ids[:n]) == window.ids:
+        return True
+    cached = window.ids
+    same = 0
+    limit = min(n, len(ids))
+    while same < limit and ids[same] == cached[same]:
+        same += 1
+    if same >= len(ids):
+        return False
+    span = fresh.token_to_chars(same)
+    return span is not None and span[0] >= length - margin
+
+
+def _specials(backend: tokenizers.Tokenizer, raw: tokenizers.Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the post-processor puts before and after the content; refuses anything else."""
+    probes = ("Hello world", "a", " x\n<s> 12 <|user|>\n", "日本語 ok")
+    found: tuple[list[int], list[int]] | None = None
+    for probe in probes:
+        content = raw.encode(probe, add_special_tokens=False).ids
+        if backend.encode(probe, add_special_tokens=False).ids != content:
+            raise UnsupportedTokenizer("the post-processor changes ids even without special tokens")
+        full = backend.encode(probe, add_special_tokens=True).ids
+        at = _find(full, content)
+        if at is None:
+            raise UnsupportedTokenizer("the post-processor does more than add ids around the text")
+        pair = (full[:at], full[at + len(content) :])
+        if found is not None and pair != found:
+            raise UnsupportedTokenizer("the post-processor adds different ids to different texts")
+        found = pair
+    assert found is not None
+    return found
+
+
+def _find(full: list[int], part: list[int]) -> int | None:
+    for at in range(len(full) - len(part) + 1):
+        if full[at : at + len(part)] == part:
+            return at
+    return None
+
+
+def _check(config: dict[str, Any]) -> tuple[bool, int]:
+    """Refuse what the exactness argument does not cover; return (ASCII-only checkpoints, longest
+    added token in characters)."""
+    if config.get("truncation") is not None or config.get("padding") is not None:
+        raise UnsupportedTokenizer("truncation or padding is configured in tokenizer.json")
+    ascii_only = False
+    for norm in _flatten(config.get("normalizer"), "normalizers"):
+        kind = norm.get("type")
+        if kind in _NORMALIZERS_ASCII:
+            ascii_only = True
+        elif kind not in _NORMALIZERS_LOCAL:
+            raise UnsupportedTokenizer(f"normalizer {kind} is not known to be local")
+    for pre in _flatten(config.get("pre_tokenizer"), "pretokenizers"):
+        _check_pre(pre)
+    model = config.get("model") or {}
+    if model.get("type") == "BPE" and model.get("dropout") not in (None, 0, 0.0):
+        raise UnsupportedTokenizer("BPE dropout makes tokenization random")
+    if model.get("type") not in ("BPE", "WordPiece", "WordLevel", "Unigram"):
+        raise UnsupportedTokenizer(f"model {model.get('type')} is not supported")
+    longest = max((len(t.get("content", "")) for t in config.get("added_tokens") or ()), default=0)
+    return ascii_only, longest
+
+
+def _check_pre(pre: dict[str, Any]) -> None:
+    kind = pre.get("type")
+    if kind == "ByteLevel":
+        if pre.get("add_prefix_space"):
+            raise UnsupportedTokenizer("ByteLevel add_prefix_space adds a space at each segment's start")
+    elif kind == "Split":
+        if pre.get("behavior") not in _SPLIT_BEHAVIOURS:
+            raise UnsupportedTokenizer(f"Split behavior {pre.get('behavior')} is not supported")
+        pattern = pre.get("pattern") or {}
+        regex = pattern.get("Regex")
+        if regex is not None and _unsafe_regex(regex):
+            raise UnsupportedTokenizer(f"Split pattern {regex!r} uses look-behind, anchors or \\b")
+    elif kind == "Metaspace":
+        if pre.get("prepend_scheme", "always") != "never":
+            raise UnsupportedTokenizer("Metaspace prepends a marker at a segment's start")
+    elif kind == "Punctuation":
+        if pre.get("behavior", "Isolated") not in _SPLIT_BEHAVIOURS:
+            raise UnsupportedTokenizer(f"Punctuation behavior {pre.get('behavior')} is not supported")
+    elif kind not in ("Digits", "Whitespace", "WhitespaceSplit", "BertPreTokenizer"):
+        raise UnsupportedTokenizer(f"pre-tokenizer {kind} is not supported")
+
+
+def _unsafe_regex(regex: str) -> bool:
+    if _UNSAFE_REGEX.search(regex):
+        return True
+    # ^ and $ anchor unless escaped or (for ^) negating a character class.
+    stripped = regex.replace("\\\\", "").replace("\\^", "").replace("\\$", "").replace("[^", "[")
+    return "^" in stripped or "$" in stripped
+
+
+def _flatten(item: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
+    if item is None:
+        return []
+    if item.get("type") == "Sequence":
+        out: list[dict[str, Any]] = []
+        for sub in item.get(key) or ():
+            out.extend(_flatten(sub, key))
+        return out
+    return [item]

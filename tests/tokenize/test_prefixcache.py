@@ -1,0 +1,439 @@
+"""PrefixCache: equal to full tokenization (property tests over generated texts and tokenizers),
+counters, the byte bound and LRU structure, thread safety, refusals, and the registry's wiring."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tokenizers
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from epp.tokenize import chat, prefixcache, registry, tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parent / "data"
+CORPUS = (ROOT / "README.md").read_text(encoding="utf-8") + (ROOT / "docs" / "architecture.md").read_text(
+    encoding="utf-8"
+)
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIALS = [
+    "<s>",
+    "</s>",
+    "<|user|>",
+    "<|system|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "[CLS]",
+    "[SEP]",
+    "<|sep|>",
+]
+FRAGMENTS = [
+    "the",
+    " quick",
+    " brown",
+    "  ",
+    "    ",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\t",
+    " \n ",
+    "123",
+    "4567890",
+    "3.14",
+    "é",
+    "e\u0301",
+    "\u0301",
+    "\u0308a",
+    "\u1100\u1161\u11a8",
+    "👍",
+    "👍🏽",
+    "👨\u200d👩\u200d👧",
+    "日本語",
+    "中文\uff0c",  # a fullwidth comma
+    "한국어",
+    "Ω",
+    "ß",
+    "İ",
+    "!?",
+    "...",
+    "'s",
+    "'LL",
+    "x" * 40,
+    *SPECIALS,
+]
+_chars = st.characters(blacklist_categories=("Cs",))
+_piece = st.one_of(
+    st.sampled_from(FRAGMENTS),
+    st.text(alphabet=_chars, max_size=8),
+    st.integers(0, len(CORPUS) - 400).flatmap(
+        lambda i: st.integers(20, 400).map(lambda n: CORPUS[i : i + n])
+    ),
+)
+texts = st.lists(_piece, max_size=40).map("".join)
+
+
+# -- tokenizers under test ------------------------------------------------------------------------
+
+
+def _train(tok: tokenizers.Tokenizer, trainer: Any) -> tokenizers.Tokenizer:
+    tok.train_from_iterator([CORPUS[i : i + 2000] for i in range(0, len(CORPUS), 2000)], trainer=trainer)
+    return tok
+
+
+def gpt2_like() -> tokenizer.Tokenizer:
+    """Byte-level BPE with the GPT-2 pattern (ByteLevel's own regex), BOS and EOS added around texts,
+    and a non-special added token that strips whitespace on both sides."""
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=["<|endoftext|>", "<|user|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    _train(tok, trainer)
+    tok.add_tokens([tokenizers.AddedToken("<|sep|>", lstrip=True, rstrip=True, special=False)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A <|endoftext|>",
+        special_tokens=[("<|endoftext|>", tok.token_to_id("<|endoftext|>"))],
+    )
+    return tokenizer.Tokenizer(tok, name="gpt2-like")
+
+
+def llama3_like() -> tokenizer.Tokenizer:
+    """Qwen/Llama 3 shape: NFC, the Llama 3 split pattern, byte-level BPE, ByteLevel post-processor
+    (which trims offsets)."""
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(tokenizers.Regex(LLAMA3_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=["<|im_start|>", "<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    _train(tok, trainer)
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    return tokenizer.Tokenizer(tok, name="llama3-like")
+
+
+def wordpiece() -> tokenizer.Tokenizer:
+    """BERT shape without BertNormalizer: Lowercase, BertPreTokenizer, WordPiece, [CLS] ... [SEP]."""
+    tok = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    _train(tok, trainers.WordPieceTrainer(vocab_size=500, special_tokens=["[UNK]", "[CLS]", "[SEP]"]))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
+    )
+    return tokenizer.Tokenizer(tok, name="wordpiece")
+
+
+BUILDERS: dict[str, Callable[[], tokenizer.Tokenizer]] = {
+    "epp-tiny": tokenizer.load_shipped,
+    "gpt2-like": gpt2_like,
+    "llama3-like": llama3_like,
+    "wordpiece": wordpiece,
+}
+_built: dict[str, tuple[tokenizer.Tokenizer, prefixcache.PrefixCache]] = {}
+
+
+def cached(name: str) -> tuple[tokenizer.Tokenizer, prefixcache.PrefixCache]:
+    """One tokenizer and one small-chunked, small-budget cache per name, shared by every example:
+    state left by earlier examples must never change a result."""
+    if name not in _built:
+        tok = BUILDERS[name]()
+        _built[name] = (tok, prefixcache.PrefixCache(tok, max_bytes=400_000, min_chunk_chars=64))
+    return _built[name]
+
+
+def assert_same(tok: tokenizer.Tokenizer, cache: prefixcache.PrefixCache, text: str) -> None:
+    for special in (True, False):
+        assert cache.encode(text, add_special_tokens=special) == tok.encode(
+            text, add_special_tokens=special
+        ), (
+            text,
+            special,
+        )
+
+
+PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- equality with full tokenization ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+@PROPERTY
+@given(prefix=texts, suffixes=st.lists(texts, min_size=1, max_size=4))
+def test_texts_sharing_prefixes_and_growing(name: str, prefix: str, suffixes: list[str]) -> None:
+    tok, cache = cached(name)
+    assert_same(tok, cache, prefix)
+    for suffix in suffixes:  # siblings: the same prefix, different continuations
+        assert_same(tok, cache, prefix + suffix)
+    grown = prefix
+    for suffix in suffixes:  # a text growing turn by turn
+        grown += suffix
+        assert_same(tok, cache, grown)
+    assert_same(tok, cache, prefix)  # exact hit
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+@PROPERTY
+@given(text=texts, cuts=st.lists(st.floats(0, 1), min_size=1, max_size=6))
+def test_prefixes_of_a_text_in_any_order(name: str, text: str, cuts: list[float]) -> None:
+    tok, cache = cached(name)
+    assert_same(tok, cache, text)
+    for cut in cuts:  # shorter texts after the longer one, cut anywhere (inside words, runs, tokens)
+        assert_same(tok, cache, text[: int(len(text) * cut)])
+
+
+TEMPLATES = ("epp-tiny", "llama3_like", "chatml_tools", "mistral_like", "openai_parts")
+DATE = {"date_string": "01 Jan 2026"}
+
+
+def _with_template(shipped: tokenizer.Tokenizer, name: str) -> tokenizer.Tokenizer:
+    if name == "epp-tiny":
+        return shipped
+    return tokenizer.Tokenizer(
+        shipped.backend,
+        name=name,
+        chat_template=(DATA / f"{name}.jinja").read_text(),
+        bos_token_id=shipped.bos_token_id,
+        special_tokens={"bos_token": "<s>", "eos_token": "</s>"},
+    )
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(system=st.none() | texts, turns=st.lists(texts, min_size=1, max_size=6))
+def test_growing_conversations_through_chat_templates(
+    template: str, system: str | None, turns: list[str]
+) -> None:
+    shipped, cache = cached("epp-tiny")
+    tok = _with_template(shipped, template)
+    messages: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
+    for i, content in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": content})
+        for gen in (True, False):
+            body = {
+                "model": "m",
+                "messages": messages,
+                "add_generation_prompt": gen,
+                "chat_template_kwargs": DATE,
+            }
+            try:
+                text = chat.render_chat(tok, body)
+            except chat.ChatTemplateError:
+                continue
+            assert cache.encode(text, add_special_tokens=False) == chat.encode_chat(tok, body)
+
+
+def test_the_property_tests_went_through_seams() -> None:
+    # Runs after the tests above (file order): their shared caches must have reused prefixes, or
+    # they proved nothing about seams.
+    for name, (_, cache) in _built.items():
+        print(name, cache.hits, cache.partial_hits, cache.misses, cache.fallbacks, cache.evictions)
+        if cache.hits + cache.partial_hits + cache.misses >= 100:
+            assert cache.partial_hits > 20 and cache.hits > 20, name
+            assert cache.fallbacks == 0, name  # no seam ever needed more right context than the margin
+
+
+# -- counters, bound, structure ----------------------------------------------------------------------
+
+
+def _fresh(name: str = "epp-tiny", **kwargs: Any) -> tuple[tokenizer.Tokenizer, prefixcache.PrefixCache]:
+    tok = cached(name)[0]
+    return tok, prefixcache.PrefixCache(tok, **kwargs)
+
+
+def test_counters_hit_partial_miss() -> None:
+    tok, cache = _fresh()
+    text = CORPUS[:8000]
+    assert_same(tok, cache, text)  # a miss, then an exact hit
+    assert (cache.misses, cache.hits, cache.partial_hits) == (1, 1, 0)
+    n = len(tok.encode(text, add_special_tokens=False))
+    assert cache.encoded_tokens == n and cache.reused_tokens == n
+    assert cache.cached_tokens >= n  # the chunks, plus the final piece
+    longer = text + "\n<|user|>\nAnd now something new."
+    assert cache.encode(longer) == tok.encode(longer)
+    assert cache.partial_hits == 1
+    # Only the new part, the overlap window and the chunk before the seam were tokenized again.
+    assert cache.encoded_tokens - n < 200
+    assert cache.reused_tokens > 2 * n - 200
+    assert cache.fallbacks == 0
+    assert cache.cached_bytes > 0 and cache.nodes > 0
+
+
+def _walk(node: Any) -> list[Any]:
+    out = []
+    for found in node.children.values():
+        for child in found if isinstance(found, list) else [found]:
+            assert child.parent is node and child.alive
+            assert child.end == node.end + len(child.text)
+            out.append(child)
+            out.extend(_walk(child))
+    return out
+
+
+def test_byte_budget_evicts_least_recently_used_leaves() -> None:
+    tok, cache = _fresh(max_bytes=30_000)
+    for i in range(0, 40_000, 1_000):
+        assert_same(tok, cache, CORPUS[i : i + 3_000])
+        assert cache.cached_bytes <= cache.max_bytes
+    assert cache.evictions > 0
+    nodes = _walk(cache._root)
+    assert len(nodes) == cache.nodes == len(cache._lru)
+    assert sum(n.nbytes for n in nodes) == cache.cached_bytes
+    assert sum(len(n.ids) for n in nodes) == cache.cached_tokens
+    # The most recent text is still cached whole.
+    recent = CORPUS[39_000:42_000]
+    hits = cache.hits
+    assert cache.encode(recent) == tok.encode(recent)
+    assert cache.hits == hits + 1
+    cache.clear()
+    assert (cache.cached_bytes, cache.nodes, _walk(cache._root)) == (0, 0, [])
+
+
+def test_threads_share_one_cache() -> None:
+    tok, cache = _fresh(max_bytes=200_000, min_chunk_chars=64)
+    system = CORPUS[:6_000]
+    jobs = [system + CORPUS[10_000 + 97 * i : 10_000 + 97 * i + 50 * (i % 7)] for i in range(40)]
+    expected = [tok.encode(t) for t in jobs]
+    errors: list[str] = []
+
+    def run(offset: int) -> None:
+        for k in range(len(jobs)):
+            i = (k + offset) % len(jobs)
+            if cache.encode(jobs[i]) != expected[i]:
+                errors.append(f"job {i}")
+
+    threads = [threading.Thread(target=run, args=(n * 5,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert cache.hits + cache.partial_hits + cache.misses == 4 * len(jobs)
+    nodes = _walk(cache._root)
+    assert len(nodes) == cache.nodes and sum(n.nbytes for n in nodes) == cache.cached_bytes
+
+
+def test_a_seam_that_fails_verification_falls_back_to_a_full_encode() -> None:
+    tok, cache = _fresh(min_chunk_chars=64)
+    text = CORPUS[:4_000]
+    cache.encode(text)
+    # Corrupt every cached chunk's first id: the overlap window no longer matches, so the cache
+    # must not trust the prefix before it either.
+    for node in cache._lru:
+        if not node.final and len(node.ids):
+            node.ids[0] = 0
+    longer = text + " and more"
+    assert cache.encode(longer) == tok.encode(longer)
+    assert cache.fallbacks == 1
+
+
+# -- what the cache refuses -----------------------------------------------------------------------------
+
+
+def _refused(tok: tokenizers.Tokenizer) -> str:
+    with pytest.raises(prefixcache.UnsupportedTokenizer) as e:
+        prefixcache.PrefixCache(tokenizer.Tokenizer(tok, name="t"))
+    return str(e.value)
+
+
+def _small_bpe() -> tokenizers.Tokenizer:
+    tok = tokenizers.Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2, " ": 3}, merges=[("a", "b")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return tok
+
+
+def test_refuses_what_it_cannot_prove() -> None:
+    tok = _small_bpe()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    assert "add_prefix_space" in _refused(tok)
+    tok = _small_bpe()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    assert "Metaspace" in _refused(tok)
+    tok = _small_bpe()
+    tok.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex(r"(?<=a)b|\w+"), behavior="isolated")
+    assert "look-behind" in _refused(tok)
+    tok.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex(r"^\s+|\w+"), behavior="isolated")
+    assert "anchors" in _refused(tok)
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="contiguous")
+    assert "Contiguous" in _refused(tok)
+    tok = _small_bpe()
+    tok.normalizer = normalizers.BertNormalizer()
+    assert "BertNormalizer" in _refused(tok)
+    tok = _small_bpe()
+    tok.enable_truncation(10)
+    assert "truncation" in _refused(tok)
+    tok = tokenizers.Tokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[], dropout=0.5))
+    assert "dropout" in _refused(tok)
+    unigram = tokenizers.Tokenizer(models.Unigram([("a", -1.0), ("b", -2.0)], 0, False))
+    unigram.pre_tokenizer = pre_tokenizers.Metaspace()  # prepend_scheme "always"
+    assert "Metaspace" in _refused(unigram)
+
+
+def test_accepts_the_gpt2_and_digit_split_patterns() -> None:
+    tok = _small_bpe()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(tokenizers.Regex(LLAMA3_PATTERN), behavior="isolated"), pre_tokenizers.Digits()]
+    )
+    prefixcache.PrefixCache(tokenizer.Tokenizer(tok, name="t"))
+
+
+# -- the registry --------------------------------------------------------------------------------------
+
+
+async def test_registry_uses_a_cache_per_tokenizer(
+    track: Callable[[registry.Tokenizers], registry.Tokenizers],
+) -> None:
+    tiny = cached("epp-tiny")[0]
+    gpt2 = cached("gpt2-like")[0]
+    toks = track(registry.Tokenizers({"g": gpt2}, default=tiny))
+    assert set(toks.prefix_caches) == {"epp-tiny", "gpt2-like"}
+    text = CORPUS[:5_000]
+    for _ in range(2):
+        assert await toks.encode("m", text) == tiny.encode(text)
+        assert await toks.encode("g", text, add_special_tokens=False) == gpt2.encode(
+            text, add_special_tokens=False
+        )
+    assert toks.prefix_caches["epp-tiny"].hits == 1 and toks.prefix_caches["gpt2-like"].hits == 1
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": text}, {"role": "user", "content": "Hi"}],
+    }
+    assert await toks.encode_chat("m", body) == chat.encode_chat(tiny, body)
+    body["messages"].append({"role": "assistant", "content": "Hello"})
+    assert await toks.encode_chat("m", body) == chat.encode_chat(tiny, body)
+    assert toks.prefix_caches["epp-tiny"].partial_hits >= 1
+
+
+async def test_registry_prefix_cache_can_be_disabled_and_refusals_are_recorded(
+    track: Callable[[registry.Tokenizers], registry.Tokenizers],
+) -> None:
+    tiny = cached("epp-tiny")[0]
+    assert track(registry.Tokenizers(default=tiny, prefix_cache_bytes=0)).prefix_caches == {}
+    odd = _small_bpe()
+    odd.pre_tokenizer = pre_tokenizers.Metaspace()
+    toks = track(registry.Tokenizers({"o": tokenizer.Tokenizer(odd, name="odd")}))
+    assert toks.prefix_caches == {}
+    assert "Metaspace" in toks.prefix_cache_refused["odd"]
+    assert await toks.encode("o", "ab " * 200) == odd.encode_batch_fast(["ab " * 200])[0].ids
