@@ -110,24 +110,28 @@ def build_workload(*, groups: int, requests: int, seed: int, prompt_chars: int) 
 def best_hit_rate(workload: Workload) -> float:
     """Cached/prompt tokens if every request hit its tenant's whole system prompt except the first.
 
-    Counted on the tokens the simulator sees (the chat texts joined by a newline, epp-tiny with
-    BOS): only full blocks are cacheable, and the block that straddles the system prompt and the
-    question is unique per request.
+    Counted on the tokens the simulator computes (the chat template of epp-tiny, as vLLM's chat
+    endpoint renders it): only full blocks are cacheable, so a request can at best reuse the full
+    blocks it shares with its tenant's first request, and never its own last token.
     """
+    from epp.tokenize.chat import encode_chat
     from epp.tokenize.tokenizer import load_shipped
 
     tok = load_shipped()
-    shared = [
-        len(tok.encode(system + "\n")) // BLOCK_TOKENS * BLOCK_TOKENS for system in workload.system_prompts
-    ]
-    seen: set[int] = set()
+    bs = BLOCK_TOKENS
+    first: dict[int, list[int]] = {}
     cached = prompt = 0
-    for req in workload.requests:
-        n = len(tok.encode(workload.system_prompts[req.group] + "\n" + req.question))
+    for i, req in enumerate(workload.requests):
+        ids = encode_chat(tok, workload.body(i, 1))
+        n = len(ids)
         prompt += n
-        if req.group in seen:
-            cached += min(shared[req.group], (n - 1) // BLOCK_TOKENS * BLOCK_TOKENS)
-        seen.add(req.group)
+        seen = first.get(req.group)
+        if seen is None:
+            first[req.group] = ids
+            continue
+        pairs = enumerate(zip(ids, seen, strict=False))
+        common = next((k for k, (a, b) in pairs if a != b), min(n, len(seen)))
+        cached += min(common // bs, (n - 1) // bs) * bs
     return cached / prompt if prompt else 0.0
 
 
