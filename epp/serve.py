@@ -23,12 +23,14 @@ from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
 from epp.k8s import connections as k8s_connections
+from epp.k8s import objectives as k8s_objectives
 from epp.k8s import operator as k8s_operator
 from epp.k8s import pools as k8s_pools
 from epp.kvcache.index import BlockIndex
 from epp.kvcache.ingest import FeedSpec, KVEventIngester
 from epp.observability import http as obs_http
 from epp.observability import logs, metrics
+from epp.requestcontrol import admission
 from epp.requestcontrol.director import Director, DirectorSettings
 from epp.rpc import http as rpc_http
 from epp.rpc import service as rpc_service
@@ -114,6 +116,7 @@ async def _run(
     for warning in config.warnings:
         log.warning("config: %s", warning)
 
+    objective_store = k8s_objectives.ObjectiveStore()
     director = Director(
         datastore=datastore,
         scheduler=config.scheduler,
@@ -124,6 +127,8 @@ async def _run(
             disable_subset_filter=args.disable_endpoint_subset_filter,
         ),
         tokenizer=tokenizers,
+        admission_controller=admission.LegacyAdmissionController(config.saturation_detector),
+        objectives=objective_store,
     )
 
     pool_label = args.pool_name or "standalone"
@@ -149,7 +154,7 @@ async def _run(
     if args.endpoints_file:
         endpoints_file = standalone.EndpointsFile(args.endpoints_file, datastore)
         endpoints_file.load()
-    pool_operator = kubernetes_source(args, datastore)
+    pool_operator = kubernetes_source(args, datastore, objective_store)
     if not args.endpoints and not args.endpoints_file and pool_operator is None:
         raise ValueError(
             "no endpoint source: give --pool-name, --endpoint-selector, --endpoints or --endpoints-file"
@@ -213,6 +218,7 @@ async def _run(
             "tls": bool(args.secure_serving),
             "endpoints": len(datastore.endpoints()),
             "profiles": ",".join(config.scheduler.profile_names()),
+            "saturation_detector": config.saturation_detector.name,
             "kv_events": args.kv_events,
             "tokenizers": _tokenizer_names(tokenizers),
         },
@@ -241,7 +247,11 @@ async def _run(
         await http_runner.cleanup()
 
 
-def kubernetes_source(args: argparse.Namespace, datastore: Datastore) -> k8s_operator.PoolOperator | None:
+def kubernetes_source(
+    args: argparse.Namespace,
+    datastore: Datastore,
+    objective_store: k8s_objectives.ObjectiveStore | None = None,
+) -> k8s_operator.PoolOperator | None:
     """The Kubernetes endpoint source the flags ask for (GIE's), or None.
 
     --endpoint-selector (+ --endpoint-target-ports): pool-less mode. --pool-name without
@@ -267,6 +277,7 @@ def kubernetes_source(args: argparse.Namespace, datastore: Datastore) -> k8s_ope
         namespace=namespace,
         pool_name=None if pool is not None else args.pool_name,
         pool=pool,
+        objective_store=objective_store,
     )
 
 

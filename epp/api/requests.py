@@ -69,6 +69,9 @@ class InferenceRequest:
     token_ids: list[int] | None = None
     # Envoy's subset hint: None = no restriction; else the allowed IPs (ports ignored, as GIE).
     subset_ips: frozenset[str] | None = None
+    # The priority of the request's InferenceObjective (header x-gateway-inference-objective); 0 when
+    # none is named or known. Negative = sheddable under saturation. Set by requestcontrol.
+    priority: int = 0
 
 
 # --- Body shapes: only the fields we read. Unknown fields are skipped by msgspec. ---------------

@@ -16,6 +16,11 @@ sorted) and, when it differs from the last one, replaces the source's endpoints 
 `Datastore.sync("k8s:<namespace>/<pool>", ...)`. Events reach the datastore as soon as they
 arrive on the watch (there is no batching window).
 
+InferenceObjectives (pool mode, when given an `objectives.ObjectiveStore`): a third reflector on
+the namespace's objectives; every change replaces the store's name -> priority map with those
+naming our pool (`objectives.priorities`). It does not gate readiness: without the CRD (or RBAC
+for it) the reflector retries with warnings and every request keeps priority 0.
+
 Readiness: `wait_synced()` returns once endpoints were derived from a listed pool and a listed
 set of pods; while the pool does not exist, it does not return (GIE's EPP is not ready then).
 """
@@ -29,7 +34,7 @@ import aiohttp
 
 from epp import tasks
 from epp.datastore import endpoints
-from epp.k8s import connections, pools, watching
+from epp.k8s import connections, objectives, pools, watching
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,7 @@ class PoolOperator:
         pool_name: str | None = None,
         pool: pools.PoolSpec | None = None,
         settings: watching.WatchSettings = watching.DEFAULT_SETTINGS,
+        objective_store: objectives.ObjectiveStore | None = None,
     ) -> None:
         if (pool_name is None) == (pool is None):
             raise ValueError("give exactly one of pool_name (a pool object) or pool (pool-less mode)")
@@ -64,6 +70,9 @@ class PoolOperator:
         self._last: list[endpoints.EndpointSpec] | None = None
         self._problems: set[str] = set()
         self._synced = asyncio.Event()
+        self._objective_store = objective_store
+        self._objectives: watching.Reflector | None = None
+        self._objective_problems: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -84,6 +93,16 @@ class PoolOperator:
             name=f"inferencepool {self.namespace}/{self.pool_name}",
         )
         self._spawn("pool", self._pool_reflector)
+        if self._objective_store is not None:
+            self._objectives = watching.Reflector(
+                session=self._session,
+                connection=self._conn,
+                path=objectives.objectives_path(self.namespace),
+                on_change=self._on_objectives_change,
+                settings=self._settings,
+                name=f"inferenceobjectives {self.namespace}",
+            )
+            self._spawn("objectives", self._objectives)
 
     async def stop(self) -> None:
         running, self._tasks = list(self._tasks.values()), {}
@@ -185,6 +204,24 @@ class PoolOperator:
                     ",".join(map(str, spec.target_ports)),
                 )
             self._derive()
+
+    def _on_objectives_change(self) -> None:
+        reflector, store = self._objectives, self._objective_store
+        if reflector is None or store is None or self.pool_name is None:
+            return
+        found, problems = objectives.priorities(reflector.objects.values(), self.pool_name)
+        for problem in problems:
+            if problem not in self._objective_problems:
+                log.warning("%s: %s", self.source, problem)
+        self._objective_problems = set(problems)
+        if found != store.snapshot():
+            store.replace(found)
+            log.info(
+                "%s: %d InferenceObjectives (%s)",
+                self.source,
+                len(found),
+                ", ".join(f"{name}={priority}" for name, priority in sorted(found.items())),
+            )
 
     def _on_pods_change(self) -> None:
         self._derive()

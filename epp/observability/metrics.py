@@ -38,8 +38,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 requests_total = Counter(
     "inference_objective_request_total",
-    "Requests seen by epp, by model and HTTP status epp or the model server answered.",
-    ["model_name", "target_model_name", "status"],
+    "Requests seen by epp, by model, HTTP status epp or the model server answered, and the priority "
+    "of the request's InferenceObjective (0 when none).",
+    ["model_name", "target_model_name", "status", "priority"],
     registry=REGISTRY,
 )
 request_errors_total = Counter(

@@ -1,15 +1,17 @@
 """The Director owns one request's lifecycle, from the parsed body to the end of the response.
 
-    route():   parse body -> candidate endpoints (subset hint) -> token ids (when a plugin consumes
-               them) -> scheduler -> pre-request hooks -> book in-flight load on the primary
-               -> RequestContext
+    route():   parse body, priority of its InferenceObjective -> candidate endpoints (subset hint)
+               -> admission (sheddable requests shed with 429 while saturated) -> token ids (when
+               a plugin consumes them) -> scheduler -> pre-request hooks -> book in-flight load on
+               the primary -> RequestContext
     context:   on_response_headers / on_response_body (usage, model name rewritten back)
                -> finish(): release the booking, run response-complete hooks, record metrics
 
 Tokenization runs here, before the scheduler, because it is the one slow step of a decision
 (milliseconds for long prompts, off the event loop in the tokenizer) and the scheduler is
 synchronous. It happens only when a configured plugin `consumes_tokens`, and a tokenizer failure
-only costs the request its token ids (prefix scorers then see none), never the request itself.
+only costs the request its token ids (prefix scorers then see none), never the request itself; a
+chat request vLLM would refuse (the template raises, a malformed part) is answered 400 here.
 Chat requests are rendered with the model's chat template after vLLM's own preprocessing
 (`epp.tokenize.chat`); other prompts are tokenized as they are (`plain_prompt`).
 
@@ -34,9 +36,10 @@ from epp.api.requests import Api, InferenceRequest, header_only_request, parse_r
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.observability import metrics
+from epp.requestcontrol import admission
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
-from epp.tokenize.chat import ChatTemplateError
+from epp.tokenize.chat import ChatTemplateError, UnsupportedChat
 
 log = logging.getLogger("epp.director")
 
@@ -128,7 +131,11 @@ class Director:
         response_complete: Sequence[ResponseComplete] = (),
         settings: DirectorSettings = DirectorSettings(),
         tokenizer: PromptTokenizer | None = None,
+        admission_controller: admission.LegacyAdmissionController | None = None,
+        objectives: admission.Objectives | None = None,
     ) -> None:
+        """`admission_controller` None admits every request; `objectives` None makes every
+        request's priority 0 (no InferenceObjectives: standalone mode)."""
         self.datastore = datastore
         self.scheduler = scheduler
         self.settings = settings
@@ -136,6 +143,8 @@ class Director:
         self._tokenizer = tokenizer if scheduler.consumes_tokens() else None  # None: skip the work
         self._pre_request = list(pre_request)
         self._response_complete = list(response_complete)
+        self.admission_controller = admission_controller
+        self.objectives = objectives
         # Bound Prometheus children: `labels()` costs ~1.5 µs a call and a request needs a dozen.
         self._children: dict[tuple[str, ...], Any] = {}
         self._models: set[str] = set()
@@ -166,6 +175,14 @@ class Director:
         `body` None means a header-only request (GET /v1/models): it is routed too.
         """
         request, candidates = self._prepare(path=path, headers=headers, body=body, subset=subset)
+        if self.admission_controller is not None:
+            try:
+                self.admission_controller.admit(request, candidates)
+            except errors.NoCapacity:
+                model = self._model_label(request.model)
+                target = request.target_model or "-"
+                self._child(metrics.requests_total, model, target, "429", str(request.priority)).inc()
+                raise
         if self._tokenizer is not None:
             await self._tokenize(request)
         result = self.scheduler.schedule(request, candidates)
@@ -221,9 +238,11 @@ class Director:
                 if text is None:
                     return
                 ids = await tokenizer.encode(request.target_model, text)
-        except ChatTemplateError as exc:  # vLLM will answer 400; route it without a prefix hint
-            log.debug("chat template refused request %s: %s", request.request_id, exc)
+        except UnsupportedChat as exc:  # vLLM may serve it (media parts): route without token ids
+            log.debug("request %s routed without token ids: %s", request.request_id, exc)
             return
+        except ChatTemplateError as exc:  # vLLM answers these 400 too: answer before routing
+            raise errors.BadRequest(str(exc)) from None
         except Exception:  # a tokenizer bug costs the prefix hint, never the request
             log.exception("tokenizing the prompt for model %r failed", request.target_model)
             return
@@ -275,6 +294,7 @@ class Director:
             request = parse_request(
                 path=path, headers=headers, body=body, request_id=request_id, subset_ips=subset_ips
             )
+        request.priority = admission.priority(self.objectives, headers.get(admission.OBJECTIVE_HEADER))
         candidates = self.datastore.candidates()
         if subset_ips is not None:
             candidates = [ep for ep in candidates if ep.spec.address in subset_ips]
@@ -310,7 +330,7 @@ class Director:
         model = self._model_label(request.model)
         status = str(tracker.status) if tracker.status else ("aborted" if not complete else "0")
         child = self._child
-        child(metrics.requests_total, model, request.target_model or "-", status).inc()
+        child(metrics.requests_total, model, request.target_model or "-", status, str(request.priority)).inc()
         if complete:
             child(metrics.request_duration, model).observe(outcome.duration_s)
         if outcome.ttft_s is not None:

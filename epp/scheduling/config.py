@@ -13,8 +13,13 @@ the name of the culprit. That covers unknown keys, unknown plugin types and para
 `registry`), undefined or duplicate names, weights on non-scorers, two pickers in a profile and
 more than one profile (multi-profile handlers are not supported yet).
 
-GIE keys that configure parts epp does not have yet (`featureGates`, `saturationDetector`,
-`dataLayer`, `flowControl`, `parser`) are accepted so that GIE configurations load, and each is
+`saturationDetector: {pluginRef}` names the plugin admission asks how saturated the pool is
+(`utilization-detector` or `concurrency-detector`); without the section, a `utilization-detector`
+with GIE's defaults is used, as in GIE. A detector is a filter only where a profile lists it: the
+implicit `default` profile leaves detectors out.
+
+GIE keys that configure parts epp does not have yet (`featureGates`, `dataLayer`, `flowControl`,
+`parser`) are accepted so that GIE configurations load, and each is
 reported in `SchedulerConfig.warnings` for the caller to log. So are the GIE plugin types those
 sections refer to (`_GIE_ONLY`), which are ignored rather than built. Such a section is still
 rejected when its content is nonsense: the wrong shape, or a `pluginRef` to an undefined plugin or
@@ -40,6 +45,7 @@ from epp.scheduling.plugins import single_profile_handler
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 KIND = "EndpointPickerConfig"
 DEFAULT_PICKER = "max-score-picker"  # GIE's default when a profile names no picker
+DEFAULT_DETECTOR = "utilization-detector"  # GIE's default when the config names no detector
 
 ConfigError = registry.ConfigError
 
@@ -48,8 +54,6 @@ _GIE_ONLY = {
     "metrics-data-source": "data source",
     "core-metrics-extractor": "extractor",
     "openai-parser": "parser",
-    "utilization-detector": "saturation detector",
-    "concurrency-detector": "saturation detector",
     "approx-prefix-cache-producer": "data producer",
     "inflight-load-producer": "data producer",
     "global-strict-fairness-policy": "flow-control policy",
@@ -65,7 +69,6 @@ _WHY = {
     "data source": "epp scrapes model-server metrics itself",
     "extractor": "epp scrapes model-server metrics itself",
     "parser": "epp parses OpenAI request bodies itself",
-    "saturation detector": "saturation detection is not implemented yet",
     "data producer": "epp's scorers gather their own inputs",
     "flow-control policy": "flow control is not implemented yet",
 }
@@ -78,6 +81,8 @@ class SchedulerConfig:
     # The configured plugins implementing the director's hooks, in configuration order.
     pre_request: list[interfaces.PreRequest]
     response_complete: list[interfaces.ResponseComplete]
+    # What admission asks how saturated the pool is (the configured one, else GIE's default).
+    saturation_detector: interfaces.SaturationDetector
     warnings: list[str]  # accepted but ignored parts of the configuration, for the caller to log
 
 
@@ -190,6 +195,9 @@ class _Builder:
                 f"{len(profiles)} profiles ({', '.join(p.name for p in profiles)}) need a multi-profile "
                 "handler; multi-profile handlers are not supported yet",
             )
+        detector = self.doc.saturationDetector
+        if detector is not None:
+            self.used.add(detector.pluginRef)
         for name, plugin in self.plugins.items():
             if _is_scheduling(plugin) and name not in self.used:
                 self.warnings.append(f"plugin {name!r} (type {plugin.type!r}) is not used by any profile")
@@ -198,6 +206,7 @@ class _Builder:
             plugins=self.plugins,
             pre_request=[p for p in plugins if isinstance(p, interfaces.PreRequest)],
             response_complete=[p for p in plugins if isinstance(p, interfaces.ResponseComplete)],
+            saturation_detector=self._saturation_detector(),
             warnings=self.warnings,
         )
 
@@ -223,14 +232,6 @@ class _Builder:
         doc = self.doc
         if doc.featureGates:
             self.warnings.append(f"featureGates {doc.featureGates} are ignored: epp has no feature gates yet")
-        if doc.saturationDetector is not None:
-            if doc.saturationDetector.pluginRef:
-                self._check_ref(
-                    ("saturationDetector", "pluginRef"),
-                    doc.saturationDetector.pluginRef,
-                    "saturation detector",
-                )
-            self.warnings.append(f"saturationDetector is ignored: {_WHY['saturation detector']}")
         if doc.dataLayer is not None:
             for i, source in enumerate(doc.dataLayer.sources):
                 self._check_ref(("dataLayer", "sources", i, "pluginRef"), source.pluginRef, "data source")
@@ -246,6 +247,23 @@ class _Builder:
         if doc.parser is not None:
             self._check_ref(("parser", "pluginRef"), doc.parser.pluginRef, "parser")
             self.warnings.append(f"parser is ignored: {_WHY['parser']}")
+
+    def _saturation_detector(self) -> interfaces.SaturationDetector:
+        section = self.doc.saturationDetector
+        if section is None or not section.pluginRef:
+            detector = registry.default.build(DEFAULT_DETECTOR, DEFAULT_DETECTOR, None, self.handle)
+            assert isinstance(detector, interfaces.SaturationDetector)
+            return detector
+        path: _Path = ("saturationDetector", "pluginRef")
+        plugin = self.plugins.get(section.pluginRef)
+        if isinstance(plugin, interfaces.SaturationDetector):
+            return plugin
+        if plugin is None and section.pluginRef not in self.ignored:
+            raise self.where.error(path, f"pluginRef {section.pluginRef!r} is not a defined plugin")
+        type_name = plugin.type if plugin is not None else self.ignored[section.pluginRef]
+        raise self.where.error(
+            path, f"plugin {section.pluginRef!r} (type {type_name!r}) is not a saturation detector"
+        )
 
     def _check_ref(self, path: _Path, ref: str, kind: str) -> None:
         type_name = self.ignored.get(ref)
@@ -263,7 +281,9 @@ class _Builder:
             entries: list[_Entry] = [
                 (("plugins", i), name, None)
                 for i, name in enumerate(self._plugin_names())
-                if name in self.plugins and _is_scheduling(self.plugins[name])
+                if name in self.plugins
+                and _is_scheduling(self.plugins[name])
+                and not isinstance(self.plugins[name], interfaces.SaturationDetector)
             ]
             return [self._build_profile("default", entries)]
         profiles: list[framework.Profile] = []

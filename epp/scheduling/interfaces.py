@@ -15,6 +15,9 @@ profile: "no endpoints available", 429), then every Scorer, then the profile's o
   known for its model (tokenizing costs milliseconds, so it is skipped when nothing consumes it).
 - A plugin may also be an `Explainer`: what it found for a request (matched blocks, ...) then
   appears in the explain API and the per-decision debug log.
+- A `SaturationDetector` is consulted before scheduling, by admission (`epp.requestcontrol`):
+  sheddable requests (priority < 0) are refused with 429 while the pool's saturation is >= 1.0.
+  The config's `saturationDetector.pluginRef` names it (default: `utilization-detector`).
 - A plugin is created by a factory `(name, parameters, handle) -> plugin`. Parameters are decoded
   into the plugin's msgspec `Params` struct with unknown fields forbidden, so a misspelt parameter
   is a startup error naming it.
@@ -118,6 +121,14 @@ class PreRequest(Plugin, Protocol):
 class ResponseComplete(Plugin, Protocol):
     def response_complete(self, request: InferenceRequest, outcome: RequestOutcome) -> None:
         """Called exactly once per scheduled request when its stream ends, however it ends."""
+        ...
+
+
+@runtime_checkable
+class SaturationDetector(Plugin, Protocol):
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float:
+        """How saturated the pool of `endpoints` is: 0.0 idle, >= 1.0 saturated (no endpoints: 1.0).
+        Called by admission on the request path for every request: pure, no I/O, O(endpoints)."""
         ...
 
 

@@ -97,6 +97,12 @@ class ChatTemplateError(Exception):
     """The request cannot be rendered as vLLM would render it; vLLM answers it with 400."""
 
 
+class UnsupportedChat(ChatTemplateError):
+    """epp cannot render this request, though vLLM may well serve it (media parts, whose
+    placeholders depend on the model's processor; a tokenizer without a chat template): route it
+    without token ids rather than refuse it."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CompiledTemplate:
     """A chat template compiled once, with what vLLM decides from its source."""
@@ -243,7 +249,7 @@ def render_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> str:
             vLLM would accept, or the template fails (raise_exception, an undefined operation).
     """
     if tok.chat_template is None:
-        raise ChatTemplateError(f"tokenizer {tok.name!r} has no chat template")
+        raise UnsupportedChat(f"tokenizer {tok.name!r} has no chat template")
     compiled = compile_template(tok.chat_template)
     fmt = compiled.content_format
 
@@ -387,7 +393,7 @@ def _part(part: Mapping[str, Any], index: int) -> tuple[str, Any]:
     kind = part.get("type")
     if kind is None:
         if any(key in part for key in _MEDIA_KEYS):
-            raise ChatTemplateError(f"messages[{index}].content: media parts are not supported")
+            raise UnsupportedChat(f"messages[{index}].content: media parts are not supported")
         if "tool_reference" in part:
             return "tool_reference", part.get("tool_reference")
         raise ChatTemplateError(f"messages[{index}].content: a part has no type")
@@ -399,7 +405,7 @@ def _part(part: Mapping[str, Any], index: int) -> tuple[str, Any]:
     if kind == "tool_reference":
         return kind, part.get("name")
     if kind in _MEDIA_TYPES:
-        raise ChatTemplateError(f"messages[{index}].content: {kind} parts are not supported")
+        raise UnsupportedChat(f"messages[{index}].content: {kind} parts are not supported")
     raise ChatTemplateError(f"messages[{index}].content: unsupported part type {kind!r}")
 
 

@@ -2,8 +2,9 @@
 
 It speaks the parts of the real protocol that epp's reflector uses, with the real semantics:
 
-- `GET /api/v1/namespaces/{ns}/pods` and
-  `GET /apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools`: a List whose
+- `GET /api/v1/namespaces/{ns}/pods`,
+  `GET /apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools` and
+  `GET /apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{ns}/inferenceobjectives`: a List whose
   `metadata.resourceVersion` is the store's current version. `limit` is ignored (all items, no
   `continue`), which the API allows a server to do.
 - `?labelSelector=` (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`) and
@@ -39,6 +40,7 @@ Object = dict[str, Any]
 KINDS = {
     "pods": ("v1", "Pod"),
     "inferencepools": ("inference.networking.k8s.io/v1", "InferencePool"),
+    "inferenceobjectives": ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"),
 }
 
 _REQUIREMENT = re.compile(
@@ -154,6 +156,10 @@ class FakeApiServer:
         app.router.add_get(
             "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools", self._handle_pools
         )
+        app.router.add_get(
+            "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{ns}/inferenceobjectives",
+            self._handle_objectives,
+        )
         self._runner = web.AppRunner(
             app, handle_signals=False, shutdown_timeout=0.1, handler_cancellation=True
         )
@@ -248,6 +254,9 @@ class FakeApiServer:
 
     async def _handle_pools(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "inferencepools")
+
+    async def _handle_objectives(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "inferenceobjectives")
 
     def _error(self, code: int, reason: str, message: str) -> web.Response:
         return web.json_response(_status(code, reason, message), status=code)
@@ -407,6 +416,27 @@ def pool(
             "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
         },
     }
+
+
+def objective(
+    name: str,
+    priority: int | None = None,
+    *,
+    pool: str = "pool",
+    group: str | None = None,
+    kind: str | None = None,
+    namespace: str = "default",
+) -> Object:
+    """An InferenceObjective for `pool` (priority None: unset; group/kind None: left to defaults)."""
+    ref: Object = {"name": pool}
+    if group is not None:
+        ref["group"] = group
+    if kind is not None:
+        ref["kind"] = kind
+    spec: Object = {"poolRef": ref}
+    if priority is not None:
+        spec["priority"] = priority
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
 def kubeconfig(url: str, token: str | None = None) -> str:

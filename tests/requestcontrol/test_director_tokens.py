@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from epp.api import errors
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.kvcache.index import BlockIndex
 from epp.observability import metrics
@@ -80,12 +81,24 @@ async def test_chat_is_rendered_with_the_template_and_text_is_encoded(tokenizers
     assert await tokens_seen(d, "/v1/completions", {"model": "m", "prompt": [5, 6, 7]}) == [5, 6, 7]
 
 
-async def test_a_refused_chat_is_routed_without_token_ids(tokenizers: Tokenizers) -> None:
+async def test_a_chat_vllm_would_refuse_is_answered_400(tokenizers: Tokenizers) -> None:
     d = director(tokenizers)
     bad = {"model": "m", "messages": [{"role": "user", "content": [{"type": "nonsense", "x": 1}]}]}
-    request, result = await d.explain(path="/v1/chat/completions", headers={}, body=msgspec.json.encode(bad))
+    with pytest.raises(errors.BadRequest, match="unsupported part type 'nonsense'"):
+        await d.route(path="/v1/chat/completions", headers={}, body=msgspec.json.encode(bad), subset=None)
+    assert all(ep.inflight_requests == 0 for ep in d.datastore.endpoints())
+
+
+async def test_a_chat_epp_cannot_render_is_routed_without_token_ids(tokenizers: Tokenizers) -> None:
+    d = director(tokenizers)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "What?"}, image]}],
+    }
+    request, result = await d.explain(path="/v1/chat/completions", headers={}, body=msgspec.json.encode(body))
     assert request.token_ids is None
-    assert result.targets  # still routed
+    assert result.targets  # still routed: vLLM serves media
 
 
 async def test_nothing_is_tokenized_without_a_consumer(tokenizers: Tokenizers) -> None:

@@ -267,19 +267,17 @@ def test_gie_sections_epp_does_not_implement_load_with_warnings() -> None:
         [("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0)],
         "max-score-picker",
     )
-    assert list(cfg.plugins) == ["queue-scorer", "kv-cache-utilization-scorer"]
+    assert list(cfg.plugins) == ["queue-scorer", "kv-cache-utilization-scorer", "detector"]
+    assert cfg.saturation_detector is cfg.plugins["detector"]
     assert cfg.warnings == [
         "plugin 'metrics-data-source' (type 'metrics-data-source') is ignored: epp scrapes model-server "
         "metrics itself",
         "plugin 'core-metrics-extractor' (type 'core-metrics-extractor') is ignored: epp scrapes "
         "model-server metrics itself",
-        "plugin 'detector' (type 'utilization-detector') is ignored: saturation detection is not "
-        "implemented yet",
         "plugin 'openai-parser' (type 'openai-parser') is ignored: epp parses OpenAI request bodies itself",
         "plugin 'fcfs-ordering-policy' (type 'fcfs-ordering-policy') is ignored: flow control is not "
         "implemented yet",
         "featureGates ['dataLayer', 'flowControl'] are ignored: epp has no feature gates yet",
-        "saturationDetector is ignored: saturation detection is not implemented yet",
         "dataLayer is ignored: epp scrapes model-server metrics itself",
         "flowControl is ignored: flow control is not implemented yet",
         "parser is ignored: epp parses OpenAI request bodies itself",
@@ -492,12 +490,12 @@ ERRORS: list[tuple[str, str, list[str]]] = [
     (
         "GIE-only plugin in a profile",
         HEAD
-        + "plugins: [{name: u, type: utilization-detector}]\nschedulingProfiles:\n- name: d\n"
+        + "plugins: [{name: u, type: metrics-data-source}]\nschedulingProfiles:\n- name: d\n"
         + "  plugins: [{pluginRef: u}]\n",
         [
-            "schedulingProfiles[0].plugins[0] (line 6): plugin 'u' (type 'utilization-detector') cannot "
-            "be used here: epp does not implement this saturation detector (saturation detection is not "
-            "implemented yet)"
+            "schedulingProfiles[0].plugins[0] (line 6): plugin 'u' (type 'metrics-data-source') cannot "
+            "be used here: epp does not implement this data source (epp scrapes model-server metrics "
+            "itself)"
         ],
     ),
     (

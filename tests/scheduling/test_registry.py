@@ -15,6 +15,7 @@ from . import builders
 
 # Adding or renaming a plugin type must be a deliberate change to this list.
 BUILT_IN_TYPES = [
+    "concurrency-detector",
     "header-based-testing-filter",
     "inflight-load-scorer",
     "kv-cache-utilization-scorer",
@@ -28,10 +29,12 @@ BUILT_IN_TYPES = [
     "running-requests-size-scorer",
     "single-profile-handler",
     "token-load-scorer",
+    "utilization-detector",
     "weighted-random-picker",
 ]
 
 KINDS = {
+    "concurrency-detector": interfaces.SaturationDetector,
     "header-based-testing-filter": interfaces.Filter,
     "inflight-load-scorer": interfaces.Scorer,
     "kv-cache-utilization-scorer": interfaces.Scorer,
@@ -44,6 +47,7 @@ KINDS = {
     "round-robin-picker": interfaces.Picker,
     "running-requests-size-scorer": interfaces.Scorer,
     "token-load-scorer": interfaces.Scorer,
+    "utilization-detector": interfaces.SaturationDetector,
     "weighted-random-picker": interfaces.Picker,
 }
 

@@ -5,6 +5,7 @@ below, and its test; `tests/scheduling/test_registry.py` pins the list of type n
 """
 
 from epp.scheduling.plugins import (
+    concurrency_detector,
     header_based_testing_filter,
     inflight_load_scorer,
     kv_cache_utilization_scorer,
@@ -18,10 +19,12 @@ from epp.scheduling.plugins import (
     running_requests_size_scorer,
     single_profile_handler,
     token_load_scorer,
+    utilization_detector,
     weighted_random_picker,
 )
 
 __all__ = [
+    "concurrency_detector",
     "header_based_testing_filter",
     "inflight_load_scorer",
     "kv_cache_utilization_scorer",
@@ -35,5 +38,6 @@ __all__ = [
     "running_requests_size_scorer",
     "single_profile_handler",
     "token_load_scorer",
+    "utilization_detector",
     "weighted_random_picker",
 ]
