@@ -197,18 +197,16 @@ async def _run(
             log.warning("%s: not synced yet; health stays NOT_SERVING until it is", pool_operator.source)
     await grpc_server.start()
     await health_server.start()
-    await health.set(datastore.synced)
+    await health.set(datastore.synced if pool_operator is None else pool_operator.ready)
     ready_task = None
-    if pool_operator is not None and not pool_operator.synced:
+    if pool_operator is not None:
         operator = pool_operator
 
-        async def serve_once_synced() -> None:
-            await operator.wait_synced()
-            await health.set(True)
+        async def follow_readiness() -> None:  # NOT_SERVING while the pool is missing, till listed
+            async for ready in operator.readiness():
+                await health.set(ready)
 
-        ready_task = tasks.create_guarded_task(
-            serve_once_synced(), name="health after sync", logger=log, eternal=False
-        )
+        ready_task = tasks.create_guarded_task(follow_readiness(), name="health follows the pool", logger=log)
     log.info(
         "epp serving",
         extra={
@@ -232,11 +230,11 @@ async def _run(
         await stop.wait()
     finally:
         log.info("stopping: draining ext-proc streams for up to %.0fs", DRAIN_GRACE_S)
+        if ready_task is not None:  # first: the pool must not turn health back on while draining
+            await tasks.cancel_and_wait([ready_task])
         await health.set(False)
         await grpc_server.stop(DRAIN_GRACE_S)
         await health_server.stop(0)
-        if ready_task is not None:
-            await tasks.cancel_and_wait([ready_task])
         if pool_operator is not None:
             await pool_operator.stop()
         if endpoints_file is not None:

@@ -100,6 +100,19 @@ class Datastore:
         self._candidates: list[Endpoint] = []
         self._listeners: list[Listener] = []
         self.synced = False  # True once any source has reported (readiness)
+        self._unavailable: dict[str, str] = {}  # source -> why it offers no endpoints now
+
+    def set_unavailable(self, source: str, reason: str | None) -> None:
+        """Record why `source` offers no endpoints now (a deleted pool), or clear it with None; the
+        503 answered for an empty pool names it."""
+        if reason is None:
+            self._unavailable.pop(source, None)
+        else:
+            self._unavailable[source] = reason
+
+    def unavailable_reason(self) -> str:
+        """Why the sources offer no endpoints, as far as they said ("" if none did)."""
+        return "; ".join(self._unavailable.values())
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)

@@ -2,8 +2,9 @@
 
 Layers (imports run downward only): `operator` (PoolOperator: pool -> pods -> `Datastore.sync`)
 -> `watching` (Reflector: list/watch of one resource, resourceVersion, 410 relist, backoff) and
-`pools` (pure: InferencePool + pods -> EndpointSpecs; annotations documented there) ->
-`connections` (kubeconfig / in-cluster credentials). `epp.k8s` may import `epp.datastore` and
+`pools` (pure: InferencePool + pods -> EndpointSpecs; annotations documented there) and `events`
+(best-effort core/v1 Events, e.g. `InvalidPoolSpec`) -> `connections` (kubeconfig / in-cluster
+credentials). `epp.k8s` may import `epp.datastore` and
 `epp.tasks`; nothing on the data path imports `epp.k8s` (only `epp.serve` does).
 
 Why not kopf. The design named kopf; embedding it was tried (kopf 1.45, `kopf.operator(...,
@@ -21,8 +22,8 @@ not fit an embedded, routing-critical cache:
   while the pool's selector is data that changes at run time.
 - Shutdown: with the API server unreachable, `kopf.operator()` had not returned 5 s after its
   `stop_flag` was set (it keeps retrying), which would stall `epp serve`'s stop sequence.
-- It brings `kubernetes`, `pydantic` and friends for two GET endpoints, and by default posts
-  Kubernetes Events and patches objects (progress annotations), which our RBAC does not grant.
+- It brings `kubernetes`, `pydantic` and friends for two GET endpoints, and by default patches
+  objects (progress annotations), which our RBAC does not grant.
 
 What epp needs is two list/watch loops and a derivation, so `watching.Reflector` is a small
 client-go-style reflector on aiohttp (already a dependency): no new packages.

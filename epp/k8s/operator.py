@@ -7,7 +7,9 @@ Two modes, as GIE's EPP:
   matching it (server-side `labelSelector`). A selector edit restarts the pod reflector with the
   new selector (a fresh list); a targetPorts or annotation edit only re-derives the endpoints.
   A deleted pool clears its endpoints (logged); a re-created one brings them back. An invalid
-  pool edit is logged and the last good spec stays in force.
+  pool edit is logged, posted as a Warning Event `InvalidPoolSpec` on the pool (once per
+  resourceVersion: `_on_pool_change` parses each version once) and the last good spec stays in
+  force.
 - **pool-less** (`--endpoint-selector`, `--endpoint-target-ports`): only the pod reflector, with
   a fixed `PoolSpec`.
 
@@ -23,18 +25,22 @@ for it) the reflector retries with warnings and every request keeps priority 0.
 
 Readiness: `wait_synced()` returns once endpoints were derived from a listed pool and a listed
 set of pods; while the pool does not exist, it does not return (GIE's EPP is not ready then).
+`ready` is the live state: it turns False when the pool is deleted (or was never valid) and True
+again once a valid pool's pods are listed; `reason` says why it is False, and `readiness()`
+yields each transition (`epp serve` sets gRPC health from it). Each transition is logged once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import aiohttp
 
 from epp import tasks
 from epp.datastore import endpoints
-from epp.k8s import connections, objectives, pools, watching
+from epp.k8s import connections, events, objectives, pools, watching
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +79,11 @@ class PoolOperator:
         self._objective_store = objective_store
         self._objectives: watching.Reflector | None = None
         self._objective_problems: set[str] = set()
+        self._ready = False
+        self.reason = "not listed yet"
+        """Why the source is not ready (meaningless while `ready`)."""
+        self._ready_changed = asyncio.Event()  # replaced on each transition
+        self._event_tasks: set[asyncio.Task[bool]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -105,7 +116,8 @@ class PoolOperator:
             self._spawn("objectives", self._objectives)
 
     async def stop(self) -> None:
-        running, self._tasks = list(self._tasks.values()), {}
+        running, self._tasks = [*self._tasks.values(), *self._event_tasks], {}
+        self._event_tasks = set()
         await tasks.cancel_and_wait(running)
         session, self._session = self._session, None
         if session is not None:
@@ -116,7 +128,39 @@ class PoolOperator:
 
     @property
     def synced(self) -> bool:
+        """Endpoints were derived at least once (stays True; see `ready` for the live state)."""
         return self._synced.is_set()
+
+    @property
+    def ready(self) -> bool:
+        """The pool exists, has a valid spec (now or before) and its pods are listed."""
+        return self._ready
+
+    async def readiness(self) -> AsyncIterator[bool]:
+        """The current readiness, then each change of it (a state that flipped back while the
+        consumer was busy is skipped: only the latest state matters)."""
+        last: bool | None = None
+        while True:
+            changed = self._ready_changed  # taken before reading the state: no change is missed
+            if self._ready != last:
+                last = self._ready
+                yield last
+            else:
+                await changed.wait()
+
+    def _set_ready(self, ready: bool, reason: str = "") -> None:
+        if not ready and (reason != self.reason or self._ready):
+            log.warning("%s: not ready: %s (health NOT_SERVING, requests get 503)", self.source, reason)
+        if not ready:
+            self.reason = reason
+        self._datastore.set_unavailable(self.source, None if ready else reason)
+        if ready == self._ready:
+            return
+        self._ready = ready
+        if ready:
+            log.info("%s: ready with %d endpoints", self.source, len(self._last or []))
+        changed, self._ready_changed = self._ready_changed, asyncio.Event()
+        changed.set()
 
     def _spawn(self, key: str, reflector: watching.Reflector) -> None:
         old = self._tasks.pop(key, None)
@@ -152,18 +196,12 @@ class PoolOperator:
         if reflector is None:
             return
         obj = reflector.objects.get(self.pool_name or "")
+        where = f"InferencePool {self.namespace}/{self.pool_name}"
         if obj is None:
             if self._pool is not None:
-                log.warning(
-                    "InferencePool %s/%s is gone: removing its %d endpoints",
-                    self.namespace,
-                    self.pool_name,
-                    len(self._last or []),
-                )
-            elif self._pool_rv is None:
-                log.warning(
-                    "InferencePool %s/%s does not exist (yet): no endpoints", self.namespace, self.pool_name
-                )
+                self._set_ready(False, f"{where} is gone: removed its {len(self._last or [])} endpoints")
+            elif self._pool_rv != "":  # not yet seen, or never valid: no endpoints to remove
+                self._set_ready(False, f"{where} does not exist")
             self._pool = None
             self._pool_rv = ""
             self._stop_pods()
@@ -177,12 +215,11 @@ class PoolOperator:
         try:
             spec = pools.parse_pool(obj)
         except ValueError as e:
-            log.error(
-                "InferencePool %s/%s is invalid (%s); keeping the last good spec",
-                self.namespace,
-                self.pool_name,
-                e,
-            )
+            if self._pool is None:
+                self._set_ready(False, f"{where} is invalid: {e}")
+            else:
+                log.error("%s (resourceVersion %s) is invalid: %s; keeping the last good spec", where, rv, e)
+            self._post_event(obj, "InvalidPoolSpec", f"epp ignores this version of the pool: {e}")
             return
         old, self._pool = self._pool, spec
         if old is None or old.selector != spec.selector:
@@ -238,6 +275,18 @@ class PoolOperator:
         if specs != self._last:
             self._publish(specs)
         self._synced.set()
+        self._set_ready(True)
+
+    def _post_event(self, obj: watching.Object, reason: str, message: str) -> None:
+        assert self._session is not None
+        involved = events.reference(obj, api_version=f"{pools.GROUP}/{pools.VERSION}", kind="InferencePool")
+        involved.setdefault("namespace", self.namespace)
+        post = events.post(
+            session=self._session, connection=self._conn, involved=involved, reason=reason, message=message
+        )
+        task = tasks.create_guarded_task(post, name=f"event {reason}", logger=log, eternal=False)
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
 
     def _publish(self, specs: list[endpoints.EndpointSpec]) -> None:
         self._last = specs

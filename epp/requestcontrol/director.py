@@ -301,7 +301,10 @@ class Director:
             if not candidates:
                 raise errors.ServiceUnavailable("no ready endpoint matches the proxy's subset hint")
         elif not candidates:
-            raise errors.ServiceUnavailable("no ready endpoints in the pool")
+            why = self.datastore.unavailable_reason()
+            raise errors.ServiceUnavailable(
+                f"no ready endpoints in the pool: {why}" if why else "no ready endpoints in the pool"
+            )
         return request, candidates
 
     def finish(self, ctx: RequestContext, *, complete: bool) -> None:

@@ -208,10 +208,11 @@ EXPECTED_RULES = [
         "resources": ["inferenceobjectives"],
         "verbs": ["get", "list", "watch"],
     },
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 
 
-def test_rbac_is_namespaced_and_read_only_by_default() -> None:
+def test_rbac_is_namespaced_and_read_only_but_events_by_default() -> None:
     docs = chart.render()
     role = chart.one(docs, "Role")
     assert role["metadata"]["namespace"] == chart.NAMESPACE

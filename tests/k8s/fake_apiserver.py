@@ -16,6 +16,9 @@ It speaks the parts of the real protocol that epp's reflector uses, with the rea
   stream ends, as a real server does. An object that stops matching the label selector arrives as
   DELETED, one that starts matching as ADDED. `allowWatchBookmarks` enables `bookmark()`;
   `timeoutSeconds` ends the stream.
+- `POST /api/v1/namespaces/{ns}/events`: a core/v1 Event is created (name from
+  `metadata.generateName`, 201) and kept in `events`; a namespace in the body other than the
+  path's is a 400, as for a real server.
 - A bearer token, when configured: 401 without it.
 
 Test controls: `create`/`update`/`delete`, `compact()` (history before now is gone -> 410),
@@ -142,6 +145,7 @@ class FakeApiServer:
         self.objects: dict[tuple[str, str, str], Object] = {}
         self.history: list[_Event] = []
         self.requests: list[tuple[str, dict[str, str]]] = []
+        self.events: list[Object] = []  # core/v1 Events posted, in order
         self.url = ""
         self._watchers: set[_Watcher] = set()
         self._failures: list[int] = []
@@ -160,6 +164,7 @@ class FakeApiServer:
             "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{ns}/inferenceobjectives",
             self._handle_objectives,
         )
+        app.router.add_post("/api/v1/namespaces/{ns}/events", self._handle_event_post)
         self._runner = web.AppRunner(
             app, handle_signals=False, shutdown_timeout=0.1, handler_cancellation=True
         )
@@ -257,6 +262,27 @@ class FakeApiServer:
 
     async def _handle_objectives(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "inferenceobjectives")
+
+    async def _handle_event_post(self, request: web.Request) -> web.Response:
+        self.requests.append((request.path, {"method": "POST"}))
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return self._error(401, "Unauthorized", "Unauthorized")
+        if self._failures:
+            code = self._failures.pop(0)
+            return self._error(code, "Forbidden" if code == 403 else "InternalError", "injected failure")
+        ns = request.match_info["ns"]
+        try:
+            event = await request.json()
+        except ValueError as e:
+            return self._error(400, "BadRequest", str(e))
+        meta = event.setdefault("metadata", {})
+        if meta.setdefault("namespace", ns) != ns:
+            return self._error(400, "BadRequest", "the namespace of the object does not match the request")
+        if event.get("kind") != "Event" or not event.get("involvedObject") or not event.get("reason"):
+            return self._error(422, "Invalid", "an Event needs kind, involvedObject and reason")
+        meta.setdefault("name", f"{meta.get('generateName', 'event.')}{len(self.events):05x}")
+        self.events.append(event)
+        return web.json_response(event, status=201)
 
     def _error(self, code: int, reason: str, message: str) -> web.Response:
         return web.json_response(_status(code, reason, message), status=code)

@@ -163,7 +163,7 @@ async def test_pool_deleted_clears_endpoints_and_recreated_restores(
     with caplog.at_level(logging.WARNING, logger="epp.k8s.operator"):
         api.delete("inferencepools", "pool")
         await wait_for(lambda: names(datastore) == [])
-    assert "InferencePool default/pool is gone: removing its 1 endpoints" in caplog.text
+    assert "not ready: InferencePool default/pool is gone: removed its 1 endpoints" in caplog.text
     await wait_for(lambda: api.count("pods", watch=True) >= 1 and api.watchers == 1)  # the pool watch only
     api.create("inferencepools", fake.pool(ports=(8000, 8001)))
     await wait_for(lambda: names(datastore) == ["vllm-0-rank-0", "vllm-0-rank-1"])
