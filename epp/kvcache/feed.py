@@ -18,9 +18,18 @@ applied across a hole in the sequence numbers (reference notes, kv-events.md 1.1
   outcome "failed", after which gaps purge without replaying for `replay_cooldown` seconds (a
   dead replay port must not delay every later gap by a timeout). Without replay: purge, then
   apply from this message.
-- seq <= last (the publisher restarted): purge, then treat the message as a first one. Batches a
-  replay just applied can still arrive live afterwards (they were queued in the SUB); those are
-  skipped as duplicates, not taken for a restart.
+- Live seq <= the previous live seq (the publisher restarted: one publisher's live sequence
+  numbers only go up): count a reset, purge, then treat the message as a first one. This holds
+  whatever a replay applied and also while a replay runs: that replay (of the old publisher) is
+  abandoned with the messages held for it, and the new sequence starts from this message (a
+  restart seen during a join replay from 0 must not pass for replayed duplicates).
+- seq <= last but above the previous live seq: a batch a replay already applied that was still
+  queued in the SUB: skipped as a duplicate, not taken for a restart.
+- The first live message after the SUB lost its connection (socket monitor, connect mode only):
+  purged and treated as a first one (join), whatever its seq: a publisher restarted meanwhile may
+  already be past the old one's last seq, which would pass for a gap and be "repaired" with the
+  new process's batches on top of the old one's blocks. A reconnection to the same process thus
+  costs a rebuild (a replay from 0 when configured).
 
 At most `max_replays` replays run at once over all pods (the others hold their messages and
 wait). Replies are accepted in both vLLM styles: after the empty delimiter, `[seq, payload]` (0.9-0.25)
@@ -153,6 +162,10 @@ class Feed:
         # queued (after the last live one read). Skipped until a newer message arrives.
         self._dup_floor: int | None = None
         self._last_live = -1  # seq of the last live message read
+        self._fresh = False  # the connection was lost: the next live message starts a new sequence
+        # A new sequence began while a replay ran: the replay is abandoned and `_held[0]` (its
+        # first message) is handled as a first one.
+        self._renewed = False
         self._busy = False  # a replay is under way: live messages go to `_held`
         self._held: collections.deque[Held] = collections.deque()
         self._overflow = False
@@ -170,16 +183,24 @@ class Feed:
         task, self.replay_task = self.replay_task, None
         if task is not None:
             task.cancel()
-        self._busy = False
+        self._busy = self._renewed = False
         self._held.clear()
         return task
+
+    def disconnected(self) -> None:
+        """The SUB lost its connection (socket monitor): the publisher may have restarted."""
+        self._fresh = True
 
     # --- live messages --------------------------------------------------------------------------
 
     def live(self, seq: int, batch: events.EventBatch, model: str) -> None:
         """A decoded live message from the pod."""
-        self._last_live = seq
-        if self._busy:
+        previous, self._last_live = self._last_live, seq
+        if seq <= previous or self._fresh:
+            self._fresh = False
+            if previous >= 0 and self._new_sequence(previous, seq, batch, model):
+                return
+        elif self._busy:
             if len(self._held) < self._settings.hold_limit:
                 self._held.append((seq, batch, model))
             else:
@@ -192,6 +213,24 @@ class Feed:
             self.replay_task = tasks.create_guarded_task(
                 self._replay(start), name=f"kv-replay {self.pod}", logger=log, eternal=False
             )
+
+    def _new_sequence(self, previous: int, seq: int, batch: events.EventBatch, model: str) -> bool:
+        """A restart (seq went back) or the first message after a reconnection: purge. True if the
+        message was held, as the first of the new sequence, for the replay under way to abandon."""
+        if seq <= previous:
+            self._resets += 1
+            log.info("kv events: pod=%s seq went back %d -> %d (restart): purged", self.pod, previous, seq)
+        else:
+            log.info("kv events: pod=%s reconnected at seq %d (was %d): purged", self.pod, seq, previous)
+        self._purge()
+        if not self._busy:
+            return False
+        # The replay and the held messages belong to the old sequence.
+        self._held.clear()
+        self._held.append((seq, batch, model))
+        self._overflow = False
+        self._renewed = True
+        return True
 
     def reject(self, reason: str, detail: str) -> None:
         """Count and (rate-limited) log a message that cannot be used."""
@@ -264,16 +303,17 @@ class Feed:
         try:
             while start is not None:
                 async with self._replay_slots:
-                    outcome = await self._replay_once(start)
-                self._replays[outcome] += 1
-                if outcome == "failed":
-                    self._purge()
-                    self._cooldown_until = time.monotonic() + self._settings.replay_cooldown
+                    outcome = None if self._renewed else await self._replay_once(start)
+                if outcome is not None:
+                    self._replays[outcome] += 1
+                    if outcome == "failed":
+                        self._purge()
+                        self._cooldown_until = time.monotonic() + self._settings.replay_cooldown
                 log.info(
                     "kv events: pod=%s replay from %d: %s (at seq %s, %d held)",
                     self.pod,
                     start,
-                    outcome,
+                    outcome or "abandoned (new sequence)",
                     self.last_seq,
                     len(self._held),
                 )
@@ -287,15 +327,17 @@ class Feed:
         # A restart's small sequence numbers stay below this floor (they would come after the
         # last live message read), so it does not hide a restart.
         self._dup_floor = self._last_live + 1 if last is not None and self._last_live < last else None
-        self._busy = False
+        self._busy = self._renewed = False
         self.replay_task = None
 
     async def _drain_held(self) -> int | None:
-        """Apply the held messages in order; the seq to replay from if they show a gap."""
+        """Apply the held messages in order; the seq to replay from if they show a gap (or, for
+        the first message of a new sequence, a join)."""
         n = 0
         while self._held:
+            join, self._renewed = self._renewed, False
             seq, batch, model = held = self._held.popleft()
-            start = self._advance(seq, batch, model, may_join=False)
+            start = self._advance(seq, batch, model, may_join=join)
             if start is not None:
                 self._held.appendleft(held)
                 return start
@@ -304,8 +346,9 @@ class Feed:
                 await asyncio.sleep(0)  # live messages keep going to `_held` meanwhile
         return None
 
-    async def _replay_once(self, start: int) -> Outcome:
-        """Ask the pod's ROUTER for everything from `start` and apply it in order."""
+    async def _replay_once(self, start: int) -> Outcome | None:
+        """Ask the pod's ROUTER for everything from `start` and apply it in order. None: abandoned
+        for a new sequence (restart or reconnection) seen meanwhile."""
         assert self.ctx is not None and self.spec.replay is not None
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -321,13 +364,15 @@ class Feed:
             sock.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
             deadline = time.monotonic() + self._settings.replay_timeout
             while True:
-                # Short waits, so an overflowing hold buffer ends the replay at once.
+                # Short waits, so an overflowing hold buffer or a new sequence ends it at once.
+                if self._renewed:
+                    return None
                 if self._overflow or time.monotonic() >= deadline:
                     return "failed"
                 if not await dealer.poll(_POLL_SLICE_MS):
                     continue
                 deadline = time.monotonic() + self._settings.replay_timeout
-                while not self._overflow:
+                while not (self._overflow or self._renewed):
                     try:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:

@@ -18,6 +18,10 @@ Two ways in, usable together:
   pod's) and the batch's `data_parallel_rank` (each DP rank has its own publisher, sequence and
   `FeedSpec.rank`). Messages of unknown topics are counted (`unrouted`) and dropped.
 
+After a disconnection (socket monitor) the pod's next message is handled as a first one (see
+`epp.kvcache.feed`): the publisher may have restarted meanwhile. Bind mode sees no per-pod
+disconnection; there a restart shows only as the sequence going back.
+
 A message is exactly 3 frames: topic, 8-byte big-endian sequence number, msgpack payload.
 Anything else (another frame count, a short sequence frame, an undecodable payload) is counted
 for its pod with a reason, logged rate-limited, and dropped: it never reaches the index or
@@ -267,7 +271,10 @@ class KVEventIngester:
                 await asyncio.sleep(0)
 
     def _on_monitor(self, feed: Feed, frames: list[bytes]) -> None:
-        connected = zmq_monitor.parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        event = zmq_monitor.parse_monitor_message(frames)["event"]
+        connected = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        if event == zmq.EVENT_DISCONNECTED:
+            feed.disconnected()  # the next message may come from a restarted publisher
         if connected != feed.connected:
             feed.connected = connected
             state = "connected to" if connected else "disconnected from"

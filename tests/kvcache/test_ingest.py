@@ -12,6 +12,7 @@ import itertools
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -368,6 +369,88 @@ async def test_joining_mid_stream(rig: Rig, replay: bool) -> None:
     pub.publish([stored(tokens(1))])
     await eventually(lambda: status(ing, s.pod).resets == 1)
     assert held(rig.index, s.pod, late) == 0
+
+
+async def test_restart_while_a_join_replay_waits_is_a_restart(rig: Rig) -> None:
+    # The join replay from 0 must not make the restarted publisher's messages pass for replayed
+    # duplicates: live sequence numbers going back are a restart whatever the replay floor.
+    silent = rig.socket(zmq.ROUTER)
+    silent.bind(LOCAL)
+    pub_a, pub_b = rig.publisher(), rig.publisher(replay=True)
+    a = spec(pub_a, replay=silent.getsockopt_string(zmq.LAST_ENDPOINT))
+    b = spec(pub_b)
+    ing = await rig.ingester(a, b, replay_timeout=60, max_replays=1)
+    await subscribed(pub_a, pub_b)
+    pub_a.publish([stored(tokens(1))])
+    pub_a.drop()
+    pub_a.publish([stored(tokens(1))])
+    await eventually(lambda: status(ing, a.pod).held == 1, "a's replay holding the only slot")
+    old = [tokens(1) for _ in range(3)]
+    for toks in old[:2]:
+        pub_b.publish([stored(toks)], deliver=False)
+    pub_b.publish([stored(old[2])])  # seq 2: b joins mid-stream, its replay from 0 waits
+    await eventually(lambda: status(ing, b.pod).held == 1, "b's join held")
+    pub_b.restart()
+    new = [tokens(1) for _ in range(3)]
+    pub_b.publish([stored(new[0])])  # seq 0 again, while b's replay is pending
+    pub_b.publish([stored(new[1])])
+    await eventually(lambda: status(ing, b.pod).resets == 1 and status(ing, b.pod).held == 2)
+    ing.set_feeds([b])  # frees the slot: b's replay, of the old publisher, is abandoned
+    await eventually(lambda: status(ing, b.pod).last_seq == 1 and status(ing, b.pod).held == 0)
+    pub_b.publish([stored(new[2])])  # live after the abandoned replay: applied, not a duplicate
+    await eventually(lambda: status(ing, b.pod).last_seq == 2)
+    assert [held(rig.index, b.pod, t) for t in old + new] == [0, 0, 0, 1, 1, 1]
+    st_ = status(ing, b.pod)
+    assert (st_.resets, st_.gaps, st_.replays_ok, st_.replays_partial, st_.replays_failed) == (1, 0, 0, 0, 0)
+
+
+async def test_restart_abandons_the_replay_under_way(rig: Rig) -> None:
+    silent = rig.socket(zmq.ROUTER)  # the old publisher's replay never answers
+    silent.bind(LOCAL)
+    pub = rig.publisher()
+    s = spec(pub, replay=silent.getsockopt_string(zmq.LAST_ENDPOINT))
+    ing = await rig.ingester(s, replay_timeout=60)
+    await subscribed(pub)
+    pub.publish([stored(tokens(1))], deliver=False)
+    pub.publish([stored(tokens(1))])  # seq 1: a join, replaying from 0
+    await eventually(lambda: status(ing, s.pod).held == 1, "join replay under way")
+    pub.restart()
+    new = [tokens(1) for _ in range(2)]
+    for toks in new:
+        pub.publish([stored(toks)])
+    # Without waiting for the replay's 60 s timeout, and no failure (no cooldown) counted.
+    await eventually(lambda: status(ing, s.pod).last_seq == 1 and status(ing, s.pod).held == 0)
+    assert [held(rig.index, s.pod, t) for t in new] == [1, 1]
+    st_ = status(ing, s.pod)
+    assert (st_.resets, st_.batches, st_.replays_ok, st_.replays_failed) == (1, 2, 0, 0)
+
+
+async def test_reconnection_to_a_restarted_publisher_rejoins(rig: Rig, tmp_path: Path) -> None:
+    # The restarted publisher is already past the old one's last seq when epp reconnects: not a
+    # gap to repair on top of the old blocks, a new sequence to join.
+    endpoint, replay = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/rp"
+    old_pub = KVEventPublisher(endpoint, replay_endpoint=replay)
+    rig.publishers.append(old_pub)
+    s = spec(old_pub)
+    ing = await rig.ingester(s)
+    await subscribed(old_pub)
+    old = [tokens(1) for _ in range(2)]
+    for toks in old:
+        old_pub.publish([stored(toks)])
+    await eventually(lambda: status(ing, s.pod).last_seq == 1)
+    old_pub.close()
+    await eventually(lambda: not status(ing, s.pod).connected, "disconnection")
+    new_pub = KVEventPublisher(endpoint, replay_endpoint=replay)
+    rig.publishers.append(new_pub)
+    new = [tokens(1) for _ in range(4)]
+    for toks in new[:3]:  # published while epp was not connected
+        new_pub.publish([stored(toks)], deliver=False)
+    await subscribed(new_pub)
+    new_pub.publish([stored(new[3])])  # seq 3 > 1
+    await eventually(lambda: status(ing, s.pod).last_seq == 3 and status(ing, s.pod).replays_ok == 1)
+    assert [held(rig.index, s.pod, t) for t in old + new] == [0, 0, 1, 1, 1, 1]
+    st_ = status(ing, s.pod)
+    assert (st_.gaps, st_.resets, st_.replays_partial, st_.connected) == (0, 0, 0, True)
 
 
 # ---------------------------------------------------------------------------------------------
