@@ -170,6 +170,20 @@ class PrefixCache:
             return self._head + ids + self._tail
         return ids
 
+    def cached(self, text: str, *, add_special_tokens: bool = True) -> list[int] | None:
+        """`encode(text)` when `text` is cached whole, else None (nothing counted then): cheap
+        enough to try on the event loop before handing a text to a worker thread."""
+        path, exact = self._lookup(text)
+        if not exact:
+            return None
+        ids = _join(path)
+        with self._locked():
+            self.hits += 1
+            self.reused_tokens += len(ids)
+        if add_special_tokens and (self._head or self._tail):
+            return self._head + ids + self._tail
+        return ids
+
     def _content(self, text: str) -> list[int]:
         path, exact = self._lookup(text)
         if exact:
