@@ -80,7 +80,7 @@ class SimConfig:
     # a cold 4k-token prompt takes 0.33 s with base_latency).
     prefill_per_token: float | None = None
     # The cost knob of the character model this simulator had; kept so callers that set it keep
-    # their timing. chars_per_token only converts it (and `block_chars`): tokens are real now.
+    # their timing. chars_per_token only converts it: tokens are real now.
     prefill_per_char: float = 2.0e-5
     chars_per_token: int = 4
     decode_per_token: float = 0.02
@@ -122,11 +122,6 @@ class SimConfig:
         if self.prefill_per_token is not None:
             return self.prefill_per_token
         return self.prefill_per_char * self.chars_per_token
-
-    @property
-    def block_chars(self) -> int:
-        """A block's size in characters of English text, roughly (for reports that talk in text)."""
-        return self.block_size * self.chars_per_token
 
     def lora_id(self, model: str) -> int | None:
         """vLLM's int id of an adapter (1-based, in `lora_adapters` order); None for the base model."""
