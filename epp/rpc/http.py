@@ -18,31 +18,35 @@ from epp.requestcontrol.director import Director
 from epp.rpc import explain
 
 
+async def _openai_request(request: web.Request) -> tuple[str, dict[str, str], bytes]:
+    """(API path, lower-cased headers, body) of a debug call carrying an OpenAI body: the path from
+    `?path=`, else chat when the body has "messages", else completions."""
+    body = await request.read()
+    guess = "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
+    path = request.query.get("path") or guess
+    return path, {k.lower(): v for k, v in request.headers.items()}, body
+
+
+def _error(exc: errors.RequestError) -> web.Response:
+    body = errors.error_body(exc.status, exc.reason)
+    return web.Response(status=exc.status, body=body, content_type="application/json")
+
+
 def add_routes(app: web.Application, director: Director) -> None:
     async def score(request: web.Request) -> web.Response:
-        body = await request.read()
-        path = request.query.get("path") or (
-            "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
-        )
-        headers = {k.lower(): v for k, v in request.headers.items()}
+        path, headers, body = await _openai_request(request)
         try:
             payload = await explain.explain(director, path=path, headers=headers, body=body)
         except errors.RequestError as exc:
-            body = errors.error_body(exc.status, exc.reason)
-            return web.Response(status=exc.status, body=body, content_type="application/json")
+            return _error(exc)
         return web.json_response(payload)
 
     async def tokenize(request: web.Request) -> web.Response:
-        body = await request.read()
-        path = request.query.get("path") or (
-            "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
-        )
-        headers = {k.lower(): v for k, v in request.headers.items()}
+        path, headers, body = await _openai_request(request)
         try:
             req, scored = await director.tokenize(path=path, headers=headers, body=body)
         except errors.RequestError as exc:
-            body = errors.error_body(exc.status, exc.reason)
-            return web.Response(status=exc.status, body=body, content_type="application/json")
+            return _error(exc)
         ids = req.token_ids
         return web.json_response(
             {"model": req.target_model, "token_ids": ids, "count": len(ids or ()), "scored": scored}
