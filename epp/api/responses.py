@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Mapping
 
 import msgspec
+
+from epp import clock
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -168,7 +169,7 @@ class ResponseTracker:
     def on_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
         """Account for one body chunk and return the bytes to forward now (possibly b"")."""
         if chunk and self.first_chunk_at is None:
-            self.first_chunk_at = time.monotonic()
+            self.first_chunk_at = clock.now()
         if self.streaming:
             if chunk and not self._sse_broken:
                 self._feed_sse(chunk)

@@ -12,8 +12,9 @@ routable: known to a source and not excluded by failing scrapes.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterable, Mapping
+
+from epp import clock
 
 
 @dataclasses.dataclass(slots=True)
@@ -28,7 +29,7 @@ class ModelServerMetrics:
     max_lora: int = 0  # vllm:lora_requests_info{max_lora}
     running_loras: frozenset[str] = frozenset()  # {running_lora_adapters}
     waiting_loras: frozenset[str] = frozenset()  # {waiting_lora_adapters}
-    updated_at: float = 0.0  # time.monotonic() of the last successful scrape; 0 = never
+    updated_at: float = 0.0  # clock.now() of the last successful scrape; 0 = never
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,7 +83,7 @@ class Endpoint:
         """Seconds since the last successful scrape (inf if never scraped)."""
         if not self.metrics.updated_at:
             return float("inf")
-        return (time.monotonic() if now is None else now) - self.metrics.updated_at
+        return (clock.now() if now is None else now) - self.metrics.updated_at
 
 
 Listener = Callable[[list[Endpoint], list[Endpoint]], None]

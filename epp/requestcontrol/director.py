@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
 
+from epp import clock
 from epp.api import errors
 from epp.api.requests import Api, InferenceRequest, header_only_request, parse_request, plain_prompt
 from epp.api.responses import ResponseTracker
@@ -93,7 +93,7 @@ class RequestContext:
         self.destination = ",".join(ep.hostport for ep in targets)
         self.booked: Endpoint = targets[0]
         self.served: Endpoint | None = None
-        self.picked_at = time.monotonic()
+        self.picked_at = clock.now()
         self.tracker = ResponseTracker(incoming_model=request.model, target_model=request.target_model)
 
     @property
@@ -313,7 +313,7 @@ class Director:
         ep.release(request.prompt_tokens_estimate)
         self._child(metrics.inflight_requests, ep.name).set(ep.inflight_requests)
         tracker = ctx.tracker
-        now = time.monotonic()
+        now = clock.now()
         usage = tracker.usage
         outcome = RequestOutcome(
             endpoint=ctx.served or ep,

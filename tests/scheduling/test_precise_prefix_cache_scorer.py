@@ -3,15 +3,18 @@ entries, explain facts, and conformance with the KV events of a real vLLM."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from epp import clock as epp_clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.kvcache.events import BlockStored, EventBatch, decode_batch
@@ -173,17 +176,25 @@ def _result(primary: Endpoint) -> interfaces.SchedulingResult:
     return interfaces.SchedulingResult("default", {"default": interfaces.ProfileResult("default", [primary])})
 
 
+@pytest.fixture
+def stack() -> Iterator[contextlib.ExitStack]:
+    with contextlib.ExitStack() as s:
+        yield s
+
+
 class Clock:
+    """A virtual clock for `epp.clock.use`."""
+
     def __init__(self) -> None:
         self.now = 100.0
 
-    def monotonic(self) -> float:
+    def __call__(self) -> float:
         return self.now
 
 
-def test_speculative_entries_hold_until_the_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_speculative_entries_hold_until_the_ttl(stack: contextlib.ExitStack) -> None:
     clock = Clock()
-    monkeypatch.setattr(mod, "time", clock)
+    stack.enter_context(epp_clock.use(clock))
     index = BlockIndex()
     plugin, _ = scorer(index, speculativeTTLSeconds=2.0)
     eps = builders.pool(3)
@@ -210,9 +221,9 @@ def test_speculative_entries_hold_until_the_ttl(monkeypatch: pytest.MonkeyPatch)
     assert plugin.score({}, request(toks(64, 5000)), eps) == [0.0, 0.0, 0.0]
 
 
-def test_a_re_added_key_keeps_its_later_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_re_added_key_keeps_its_later_deadline(stack: contextlib.ExitStack) -> None:
     clock = Clock()
-    monkeypatch.setattr(mod, "time", clock)
+    stack.enter_context(epp_clock.use(clock))
     plugin, _ = scorer(BlockIndex(), speculativeTTLSeconds=2.0)
     eps = builders.pool(1)
     for _ in range(2):

@@ -53,13 +53,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 import zlib
 from collections.abc import Collection, Mapping
 from typing import Annotated, Any, Final
 
 import msgspec
 
+from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.kvcache.index import BlockIndex, MatchResult
@@ -128,7 +128,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
             cycle[self.name] = PrefixMatch(0, 0, 0, {}, set())
             return [0.0] * len(endpoints)
         groups = self._groups(request, endpoints)
-        now = time.monotonic()
+        now = clock.now()
         self._spec.expire(now)
         matches: dict[str, MatchResult] = {}
         speculative: set[str] = set()
@@ -245,7 +245,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
         primary = result.targets[0]
         keys = last[1].get(primary.name)
         if keys:
-            self._spec.add(primary.name, keys, time.monotonic() + self._ttl)
+            self._spec.add(primary.name, keys, clock.now() + self._ttl)
 
     def _on_endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         for ep in removed:

@@ -25,12 +25,12 @@ Parameters (GIE's names and defaults):
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
 
+from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces, registry
@@ -74,7 +74,7 @@ class UtilizationDetector(registry.PluginBase):
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         if not endpoints:
             return 1.0
-        now = time.monotonic()
+        now = clock.now()
         total = 0.0
         for ep in endpoints:
             m = ep.metrics
