@@ -14,16 +14,15 @@ import re
 import sys
 from collections.abc import Sequence
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|us|µs)?$")
-_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}
+from epp.units import parse_duration
 
 
 def duration(text: str) -> float:
-    """Go-style durations: '50ms', '2s', '1.5s', '1m'; a bare number is seconds."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 50ms, 2s)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    """Go-style durations: '50ms', '2s', '1.5s', '1m30s'; a bare number is seconds."""
+    try:
+        return parse_duration(text, bare_seconds=True)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def boolean(text: str) -> bool:

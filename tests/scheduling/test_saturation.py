@@ -10,6 +10,7 @@ import pytest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import config, interfaces
 from epp.scheduling.plugins import concurrency_detector, utilization_detector
+from epp.units import parse_duration
 
 from . import builders
 
@@ -66,13 +67,13 @@ def test_utilization_parameters() -> None:
     [("200ms", 0.2), ("1s", 1.0), ("1.5s", 1.5), ("2m", 120.0), ("1h", 3600.0), ("500us", 5e-4)],
 )
 def test_go_durations(text: str, seconds: float) -> None:
-    assert utilization_detector.parse_duration(text) == pytest.approx(seconds)
+    assert parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["", "200", "ms", "1 s", "-1s", "1d", "1s junk"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="not a duration"):
-        utilization_detector.parse_duration(text)
+        parse_duration(text)
 
 
 def test_utilization_filter_keeps_endpoints_under_the_thresholds_with_headroom() -> None:

@@ -24,7 +24,6 @@ Parameters (GIE's names and defaults):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -34,17 +33,7 @@ from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces, registry
-
-_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """A Go duration string ("200ms", "1.5s", "1m30s") in seconds; ValueError if it is not one."""
-    parts = _GO_DURATION.findall(text)
-    if not text or "".join(number + unit for number, unit in parts) != text:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 200ms, 1s)")
-    return sum(float(number) * _SECONDS[unit] for number, unit in parts)
+from epp.units import parse_duration
 
 
 @registry.register("utilization-detector")
