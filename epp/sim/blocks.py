@@ -27,9 +27,16 @@ What vLLM's block pool (`vllm/v1/core/block_pool.py`) does and this module does 
   `BlockRemoved` on eviction, `AllBlocksCleared` on reset. They queue in the pool until the
   caller `take_events()`s them, as the engine core takes them once per step.
 
-Deliberately absent: the null block (all `num_blocks` are usable), preemption (a request that finds
-no free block runs on blocks outside the pool, never cached, which vLLM would instead make wait),
-caching of blocks filled during decode, hybrid models, multimodal extra keys, CPU offloading.
+* **Capacity checks.** `num_free` is what vLLM's `get_num_free_blocks` returns (never-used plus
+  free cached blocks). The step-based engine (`epp.sim.core`) checks it before allocating and
+  preempts when it falls short, as vLLM's scheduler does; `cache(start=, end=)` lets it commit
+  exactly the blocks a step completes, including blocks filled by generated tokens (vLLM caches
+  those too). The older request-at-a-time engine (`epp.sim.engine`) instead relies on
+  `allocate` making up blocks outside the pool when none is free.
+
+Deliberately absent: the null block (all `num_blocks` are usable; the vLLM 0.32 CPU capture's
+evictions need all 40 of `--num-gpu-blocks-override 40`, see docs/simulator.md), hybrid models,
+multimodal extra keys, CPU offloading.
 """
 
 from __future__ import annotations
@@ -85,21 +92,47 @@ def block_digests(
     Raises:
         OverflowError: a token id outside the signed 64-bit range.
     """
-    # One conversion for the whole prompt, then fixed-width slices: 8 bytes a token, so a block's
+    out: list[Digest] = []
+    extend_digests(out, token_ids, block_size, lora_name=lora_name, cache_salt=cache_salt)
+    return out
+
+
+def extend_digests(
+    digests: list[Digest],
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+) -> int:
+    """Append to `digests` (the hashes of the first `len(digests)` blocks of `token_ids`) the hashes
+    of the further full blocks of `token_ids`; returns how many were added.
+
+    Only the new blocks' tokens are read, so a request growing by generated tokens hashes each
+    block once.
+
+    Raises:
+        OverflowError: a token id outside the signed 64-bit range.
+    """
+    first = len(digests)
+    last = len(token_ids) // block_size
+    if last <= first:
+        return 0
+    # One conversion for the new tokens, then fixed-width slices: 8 bytes a token, so a block's
     # bytes cannot be read as another's.
-    data = array("q", token_ids).tobytes()
+    data = array("q", token_ids[first * block_size : last * block_size]).tobytes()
     width = block_size * 8
     rest = _encode_extra(extra_keys(1, lora_name, None))  # blocks after the first
-    parent = NONE_HASH
-    out: list[Digest] = []
-    for i in range(len(token_ids) // block_size):
+    parent = digests[-1] if digests else NONE_HASH
+    for i in range(first, last):
         extra = _encode_extra(extra_keys(0, lora_name, cache_salt)) if i == 0 else rest
         h = hashlib.blake2b(parent, digest_size=16, person=_PERSON)
         h.update(extra)
-        h.update(data[i * width : (i + 1) * width])
+        at = (i - first) * width
+        h.update(data[at : at + width])
         parent = Digest(h.digest())
-        out.append(parent)
-    return out
+        digests.append(parent)
+    return last - first
 
 
 class Block:
@@ -144,11 +177,20 @@ class BlockPool:
             return 0.0
         return min(1.0, (self.held + self.outside) / self.num_blocks)
 
-    def lookup(self, digests: Sequence[Digest]) -> list[Block]:
-        """The cached blocks of the longest cached prefix of `digests` (nothing is touched)."""
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation can take now: never used, or free (cached or not), as vLLM counts."""
+        return self._fresh + len(self._free)
+
+    def lookup(self, digests: Sequence[Digest], limit: int | None = None) -> list[Block]:
+        """The cached blocks of the longest cached prefix of `digests`, at most `limit` of them
+        (nothing is touched)."""
         found: list[Block] = []
-        for d in digests:
-            hit = self._by_digest.get(d)
+        by_digest = self._by_digest
+        for i, d in enumerate(digests):
+            if i == limit:
+                break
+            hit = by_digest.get(d)
             if hit is None:
                 break
             found.append(hit if isinstance(hit, Block) else next(iter(hit.values())))
@@ -203,26 +245,33 @@ class BlockPool:
         lora_id: int | None = None,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        start: int | None = None,
+        end: int | None = None,
     ) -> int:
         """Cache the request's computed full blocks that have no digest yet; one `BlockStored`.
 
-        `blocks[i]` holds block i of the request, whose hash is `digests[i]`. The blocks to store
-        are those from the first one without a digest (after a hit: the first computed one; after
-        a forced reset: block 0) up to the last full block or the first block outside the pool.
-        Returns how many were stored.
+        `blocks[i]` holds block i of the request, whose hash is `digests[i]`. Without `start`, the
+        blocks to store are those from the first one without a digest (after a hit: the first
+        computed one; after a forced reset: block 0) up to the last full block or the first block
+        outside the pool. With `start` and `end` (vLLM's per-request count of cached blocks and
+        the full blocks this step completes), exactly blocks `start..end-1` are stored, with no
+        scan: each must be in the pool and have no digest. Returns how many were stored.
         """
-        n = min(len(blocks), len(digests))
-        start = 0
-        while start < n and blocks[start].digest is not None:
-            start += 1
-        end = start
-        while end < n and blocks[end].id >= 0 and blocks[end].digest is None:
-            block, digest = blocks[end], digests[end]
+        if start is None or end is None:
+            n = min(len(blocks), len(digests))
+            start = 0
+            while start < n and blocks[start].digest is not None:
+                start += 1
+            end = start
+            while end < n and blocks[end].id >= 0 and blocks[end].digest is None:
+                end += 1
+        if end <= start:
+            return 0
+        for i in range(start, end):
+            block, digest = blocks[i], digests[i]
+            assert block.digest is None and block.id >= 0, "only new pool blocks are cached"
             block.digest = digest
             self._index(block, digest)
-            end += 1
-        if end == start:
-            return 0
         self.cached += end - start
         if self.record_events:
             bs = self.block_size

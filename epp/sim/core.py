@@ -1,0 +1,492 @@
+"""The step-based simulated vLLM engine: vLLM V1's scheduler and block pool where routing sees them.
+
+A pure, clock-free model: the caller passes the time in (`add_request(req, now)`, `step(now)`)
+and runs each step for the `duration` it returns. Nothing here sleeps, reads a clock, opens a
+socket or needs asyncio, so the same core serves the fast (virtual-time) benchmark and the
+real-time HTTP simulator.
+
+What each step does, as vLLM V1's `Scheduler.schedule` (`vllm/v1/core/sched/scheduler.py`):
+
+* **Token budget.** `max_num_batched_tokens` tokens per step, shared by every scheduled request.
+  Running requests come first, in admission order: a decoding request takes one token, a request
+  still prefilling takes what is left of its prompt up to the remaining budget (chunked prefill:
+  a long prompt spans several steps). Then waiting requests, FIFO, while the budget lasts and
+  fewer than `max_num_seqs` run; the first one that does not fit stops admission (no skipping).
+* **Prefix cache at admission.** A waiting request takes the leading full blocks of its
+  sequence that are cached, at most `(tokens - 1) // block_size` of them, because vLLM always
+  computes the last token to get logits. `num_cached_tokens` (usage.cached_tokens) is that
+  count at first admission; `prefix_cache_queries` / `prefix_cache_hits` add the request's tokens
+  and its hit tokens then (requests resumed after preemption are counted apart by vLLM, so not
+  here).
+* **Blocks.** Allocated per step for the tokens scheduled (`epp.sim.blocks`: LRU free queue,
+  evictions announced), and committed to the cache as the step that computes them is scheduled
+  (`BlockStored` carries the blocks a step completes, generated tokens included, as vLLM's
+  `allocate_slots` -> `cache_blocks`). A cached hit block that sits in the free queue counts
+  against the free blocks, as vLLM's `get_num_blocks_to_allocate` counts it.
+* **Preemption.** When a running request needs a block and none is free, the most recently
+  admitted running request is preempted (recompute mode): its blocks are freed (they stay
+  cached), it goes back to the front of the waiting queue with nothing computed, and
+  `num_preemptions` counts it; if the request itself is the last one, it waits. A step that
+  preempted admits no waiting request. Resumed requests recompute prompt and generated tokens,
+  usually hitting the blocks they just freed.
+* **Outputs.** A request whose scheduled tokens catch up with its sequence samples one token at
+  the end of the step (`first_token_time` for the first), and finishes on `max_tokens`; its
+  blocks are freed at once (tail first, still cached). Generated token ids are
+  `output_token_ids` when given (e.g. a capture's), else `default_output_token(i)`.
+
+Step time comes from `epp.sim.profiles.Profile.step_time` (prefill tokens and their attention
+pairs, decoding sequences and their context). Cost per step: O(running requests) plus O(blocks
+allocated, cached or evicted); a prompt's block hashes are computed once, at `add_request`, and
+a generated block's when its last token is sampled.
+
+Absent, because routing cannot observe them or they are off by default: speculative decoding,
+priority scheduling, `long_prefill_token_threshold` (0 by default), async scheduling, KV
+connectors and CPU offload, LoRA slot limits (`max_loras`), structured output, pipeline
+parallelism, the null block. docs/simulator.md has the model, calibration and fidelity notes.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+from epp.sim import blocks, profiles
+
+Event = blocks.Event
+
+
+class RequestRejected(ValueError):
+    """vLLM answers 400 (a prompt vLLM cannot run); the message is vLLM's."""
+
+
+def default_output_token(index: int) -> int:
+    """The id of a request's `index`-th generated token when the caller gives none: a fixed filler,
+    the same for every request (as greedy decoding of one prompt always yields the same text)."""
+    return 1 + index % 1000
+
+
+_NEW, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
+
+
+class _Tokens(Sequence[int]):
+    """A request's sequence (prompt then generated tokens) without copying the prompt."""
+
+    __slots__ = ("out", "prompt")
+
+    def __init__(self, prompt: Sequence[int], out: list[int]) -> None:
+        self.prompt = prompt
+        self.out = out
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.out)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        p = len(self.prompt)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            assert step == 1
+            if stop <= p:
+                return list(self.prompt[start:stop])
+            if start >= p:
+                return self.out[start - p : stop - p]
+            return [*self.prompt[start:p], *self.out[: stop - p]]
+        if index < 0:
+            index += len(self)
+        return self.prompt[index] if index < p else self.out[index - p]
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.prompt
+        yield from self.out
+
+
+class EngineRequest:
+    """One request in the engine: what the caller gives, and what the engine fills in."""
+
+    __slots__ = (
+        "_blocks",
+        "_digests",
+        "_num_cached_blocks",
+        "_num_computed",
+        "_script",
+        "_state",
+        "_tokens",
+        "arrival_time",
+        "cache_salt",
+        "finish_time",
+        "finished",
+        "first_token_time",
+        "lora_id",
+        "lora_name",
+        "max_tokens",
+        "num_cached_tokens",
+        "num_output_tokens",
+        "num_preemptions",
+        "output_token_ids",
+        "prompt_token_ids",
+        "request_id",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        lora_id: int | None = None,
+        output_token_ids: Sequence[int] | None = None,
+        prefix_digests: Sequence[blocks.Digest] = (),
+    ) -> None:
+        """`prefix_digests`: the hashes of the prompt's first full blocks when the caller already has
+        them (`blocks.block_digests` of a shared system prompt, computed once per tenant), so only
+        the rest of the prompt is hashed; trusted, not checked."""
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids  # held, not copied
+        self.max_tokens = max_tokens
+        self.lora_name = lora_name
+        self.cache_salt = cache_salt
+        self.lora_id = lora_id  # vLLM's int adapter id in BlockStored (deprecated field)
+        self._script = output_token_ids  # the tokens to "generate"; None = default_output_token
+        # Filled in by the engine.
+        self.arrival_time = 0.0
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.num_cached_tokens = 0
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+        self.finished = False
+        self.output_token_ids: list[int] = []
+        # Engine state: the sequence's block hashes (full blocks, computed once), the blocks held
+        # (block i holds tokens [i * block_size, (i + 1) * block_size)), tokens whose KV is
+        # computed or scheduled, and how many leading blocks this request has committed to the
+        # cache (vLLM's num_cached_block).
+        self._state = _NEW
+        self._tokens = _Tokens(prompt_token_ids, self.output_token_ids)
+        self._digests: list[blocks.Digest] = list(prefix_digests)
+        self._blocks: list[blocks.Block] = []
+        self._num_computed = 0
+        self._num_cached_blocks = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens so far (the last one's KV is not computed yet)."""
+        return len(self.prompt_token_ids) + self.num_output_tokens
+
+    def __repr__(self) -> str:
+        state = ("new", "waiting", "running", "finished")[self._state]
+        return (
+            f"EngineRequest({self.request_id!r}, {state}, prompt={self.num_prompt_tokens}, "
+            f"computed={self._num_computed}, out={self.num_output_tokens}/{self.max_tokens}, "
+            f"cached={self.num_cached_tokens}, preempted={self.num_preemptions})"
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class StepResult:
+    duration: float  # the step runs from `now` to `now + duration`
+    first_tokens: list[EngineRequest]  # first token ready at now + duration
+    finished: list[EngineRequest]  # finished at now + duration
+    num_prefill_tokens: int
+    num_decode_seqs: int
+
+
+class Engine:
+    """One simulated vLLM engine core; see the module docstring. Single-threaded."""
+
+    def __init__(self, profile: profiles.Profile, *, name: str = "", record_events: bool = False) -> None:
+        self.profile = profile
+        self.name = name
+        self._pool = blocks.BlockPool(profile.num_gpu_blocks, profile.block_size, record_events=record_events)
+        self._waiting: collections.deque[EngineRequest] = collections.deque()
+        self._running: list[EngineRequest] = []
+        self._requests: dict[str, EngineRequest] = {}
+        # vLLM's counters (tokens), as /metrics exposes them.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self.prompt_tokens_total = 0  # vllm:prompt_tokens_total: prefill tokens computed
+        self.generation_tokens_total = 0
+
+    # --- what /metrics shows ----------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Blocks held by requests over all blocks (free cached blocks count as free), 0..1."""
+        return self._pool.usage()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._pool.num_free
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Distinct block hashes in the prefix cache."""
+        return self._pool.distinct_cached
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    def add_request(self, req: EngineRequest, now: float) -> None:
+        """Queue `req` (FIFO) at `now`.
+
+        Raises:
+            RequestRejected: what vLLM answers 400 to: an empty prompt, `max_tokens` < 1, or a
+                prompt plus `max_tokens` longer than `max_model_len`.
+            ValueError: `req` was added before, or its id is in use.
+        """
+        n, prof = len(req.prompt_token_ids), self.profile
+        if n == 0:
+            raise RequestRejected("The decoder prompt cannot be empty")
+        if req.max_tokens < 1:
+            raise RequestRejected(f"max_tokens must be at least 1, got {req.max_tokens}.")
+        if n + req.max_tokens > prof.max_model_len:
+            raise RequestRejected(
+                f"This model's maximum context length is {prof.max_model_len} tokens. However, you requested "
+                f"{n + req.max_tokens} tokens ({n} in the messages, {req.max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+        if req._state != _NEW or req.request_id in self._requests:
+            raise ValueError(f"request {req.request_id!r} was already added")
+        blocks.extend_digests(
+            req._digests,
+            req.prompt_token_ids,
+            prof.block_size,
+            lora_name=req.lora_name,
+            cache_salt=req.cache_salt,
+        )
+        req.arrival_time = now
+        req._state = _WAITING
+        self._requests[req.request_id] = req
+        self._waiting.append(req)
+
+    def abort(self, request_id: str) -> None:
+        """Drop the request and free its blocks (computed ones stay cached); no-op if unknown or done."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return
+        if req._state == _WAITING:
+            self._waiting.remove(req)
+        else:
+            self._running.remove(req)
+        self._release(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (one `AllBlocksCleared`, published with the next step's events);
+        refused (False) while requests hold blocks, as vLLM refuses."""
+        return self._pool.reset()
+
+    def take_events(self) -> list[Event]:
+        """KV events since the last call, in order (empty unless `record_events`)."""
+        return self._pool.take_events()
+
+    # --- the step -----------------------------------------------------------------------------------
+
+    def step(self, now: float) -> StepResult:
+        """Schedule and run one step from `now`; its outputs take effect at `now + duration`.
+
+        Call only when `has_unfinished()`; the next call must not come before `now + duration`.
+        """
+        prof, pool = self.profile, self._pool
+        bs = prof.block_size
+        budget = prof.max_num_batched_tokens
+        running = self._running
+        scheduled: list[EngineRequest] = []
+        counts: list[int] = []
+        preempted = False
+
+        # Running requests first, in admission order.
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.num_tokens - req._num_computed
+            if n > budget:
+                n = budget
+            need = (req._num_computed + n + bs - 1) // bs - len(req._blocks)
+            while need > pool.num_free:
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req._state != _RUNNING:  # it preempted itself: nothing later can run either
+                break
+            self._schedule(req, n, need)
+            scheduled.append(req)
+            counts.append(n)
+            budget -= n
+            i += 1
+
+        # Then waiting requests, FIFO, unless this step had to preempt.
+        if not preempted:
+            waiting = self._waiting
+            while waiting and budget > 0 and len(running) < prof.max_num_seqs:
+                req = waiting[0]
+                total = req.num_tokens
+                hit = pool.lookup(req._digests, (total - 1) // bs)
+                computed = len(hit) * bs
+                n = total - computed
+                if n > budget:
+                    n = budget
+                need = (computed + n + bs - 1) // bs - len(hit)
+                evictable = 0
+                for b in hit:
+                    if b.ref == 0:
+                        evictable += 1
+                if need + evictable > pool.num_free:
+                    break  # head-of-line: vLLM does not skip to a smaller request
+                waiting.popleft()
+                pool.touch(hit)
+                req._blocks = hit
+                req._num_computed = computed
+                req._num_cached_blocks = len(hit)
+                if req.num_preemptions == 0:
+                    req.num_cached_tokens = computed
+                    self.prefix_cache_queries += total
+                    self.prefix_cache_hits += computed
+                req._state = _RUNNING
+                running.append(req)
+                self._schedule(req, n, need)
+                scheduled.append(req)
+                counts.append(n)
+                budget -= n
+
+        # How long the step takes.
+        prefill_tokens = prefill_pairs = decode_seqs = decode_context = 0
+        for req, n in zip(scheduled, counts, strict=True):
+            c = req._num_computed
+            if n == 1 and c >= len(req.prompt_token_ids):
+                decode_seqs += 1
+                decode_context += c + 1
+            else:
+                prefill_tokens += n
+                prefill_pairs += n * c + n * (n + 1) // 2
+        if scheduled or self.has_unfinished():
+            duration = prof.step_time(prefill_tokens, prefill_pairs, decode_seqs, decode_context)
+        else:
+            duration = 0.0
+        end = now + duration
+        self.num_steps += 1
+        self.prompt_tokens_total += prefill_tokens
+
+        # Outputs at the end of the step.
+        first: list[EngineRequest] = []
+        done: list[EngineRequest] = []
+        for req, n in zip(scheduled, counts, strict=True):
+            req._num_computed += n
+            if req._num_computed < req.num_tokens:
+                continue  # a prefill chunk: the sampled token is discarded
+            k = req.num_output_tokens
+            script = req._script
+            req.output_token_ids.append(
+                script[k] if script is not None and k < len(script) else default_output_token(k)
+            )
+            req.num_output_tokens = k + 1
+            self.generation_tokens_total += 1
+            if req.first_token_time is None:
+                req.first_token_time = end
+                first.append(req)
+            if k + 1 >= req.max_tokens:
+                req.finish_time = end
+                done.append(req)
+            elif (len(req.prompt_token_ids) + k + 1) % bs == 0:
+                # The new token completes a block: hash it now, once; it is cached when the step
+                # computing that token is scheduled.
+                blocks.extend_digests(
+                    req._digests, req._tokens, bs, lora_name=req.lora_name, cache_salt=req.cache_salt
+                )
+        if done:
+            for req in done:
+                del self._requests[req.request_id]
+                self._release(req)
+            self._running = [r for r in self._running if r._state == _RUNNING]
+        return StepResult(duration, first, done, prefill_tokens, decode_seqs)
+
+    # --- internals ----------------------------------------------------------------------------------
+
+    def _schedule(self, req: EngineRequest, n: int, need: int) -> None:
+        """Give `req` the blocks for `n` more tokens and commit the full blocks they complete."""
+        pool = self._pool
+        if need > 0:
+            req._blocks += pool.allocate(need)
+        cache_to = req._num_computed + n
+        if cache_to > req.num_tokens:  # never: only known tokens are scheduled
+            cache_to = req.num_tokens
+        full = cache_to // self.profile.block_size
+        if full > req._num_cached_blocks:
+            pool.cache(
+                req._blocks,
+                req._digests,
+                req._tokens,
+                lora_id=req.lora_id,
+                lora_name=req.lora_name,
+                cache_salt=req.cache_salt,
+                start=req._num_cached_blocks,
+                end=full,
+            )
+            req._num_cached_blocks = full
+
+    def _preempt(self, req: EngineRequest) -> None:
+        """Recompute-mode preemption: free the blocks, back to the front of the waiting queue."""
+        self._pool.free(req._blocks)
+        req._blocks = []
+        req._num_computed = 0
+        req._num_cached_blocks = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        req._state = _WAITING
+        self._waiting.appendleft(req)
+
+    def _release(self, req: EngineRequest) -> None:
+        """A finished or aborted request lets go of its blocks and its per-request state."""
+        self._pool.free(req._blocks)
+        req._blocks = []
+        req._digests = []
+        req._state = _DONE
+        req.finished = True
+
+    # --- debugging ----------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The engine's state as vLLM's /metrics and scheduler logs would show it."""
+        return {
+            "name": self.name,
+            "profile": self.profile.name,
+            "running": self.num_running,
+            "waiting": self.num_waiting,
+            "kv_usage": self.kv_usage,
+            "free_blocks": self.num_free_blocks,
+            "cached_blocks": self.num_cached_blocks,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "preemptions": self.num_preemptions,
+            "steps": self.num_steps,
+        }
+
+    def __repr__(self) -> str:
+        s = self.snapshot()
+        return (
+            f"Engine({self.name or self.profile.name!r}, running={s['running']}, waiting={s['waiting']}, "
+            f"kv={s['kv_usage']:.0%}, free={s['free_blocks']}, preempted={s['preemptions']})"
+        )
