@@ -1,7 +1,8 @@
 """`epp serve`: wire the datastore, its sources, the scheduler, the director and the servers.
 
-Start order: tokenizers and config (fail fast on a bad one) -> endpoint sources -> KV-event
-ingestion -> metrics scraper -> servers.
+Start order: `--tokenizer` tokenizers and config (fail fast on a bad one) -> the config's
+tokenizers -> endpoint sources (the endpoints file's tokenizers with it) -> epp-tiny as the
+default if no tokenizer was named anywhere -> KV-event ingestion -> metrics scraper -> servers.
 Stop order on SIGTERM/SIGINT: health goes NOT_SERVING, the ext-proc server drains in-flight
 streams for a grace period, then background tasks stop.
 """
@@ -36,6 +37,7 @@ from epp.rpc import http as rpc_http
 from epp.rpc import service as rpc_service
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
+from epp.tokenize import registry as tokenize_registry
 from epp.tokenize.registry import Tokenizers, parse_tokenizer_arg
 from epp.tokenize.tokenizer import TokenizerError
 
@@ -90,8 +92,10 @@ async def run(args: argparse.Namespace) -> None:
     datastore = Datastore()
     index = BlockIndex(max_entries=args.kv_index_max_entries) if args.kv_events != "off" else None
     handle = Handle(datastore=datastore, kv_index=index)
+    # epp-tiny as the default is decided in _run, once the config and the endpoints file are read.
     tokenizers = Tokenizers.from_spec(
         parse_tokenizer_arg(args.tokenizer),
+        shipped_default=False,
         workers=args.tokenizer_workers,
         prefix_cache_bytes=args.tokenizer_prefix_cache_bytes,
     )
@@ -115,6 +119,8 @@ async def _run(
         config = sched_config.load_config(args.config_text, handle)
     for warning in config.warnings:
         log.warning("config: %s", warning)
+    if config.tokenizers:
+        tokenizers.load_models(tokenize_registry.CONFIG, config.tokenizers)
 
     objective_store = k8s_objectives.ObjectiveStore()
     director = Director(
@@ -152,8 +158,16 @@ async def _run(
     if args.endpoints:
         datastore.sync("flag", standalone.parse_endpoints_arg(args.endpoints))
     if args.endpoints_file:
-        endpoints_file = standalone.EndpointsFile(args.endpoints_file, datastore)
+        endpoints_file = standalone.EndpointsFile(
+            args.endpoints_file,
+            datastore,
+            tokenizers=tokenizers.source(
+                tokenize_registry.ENDPOINTS_FILE, origin=f"endpoints file {args.endpoints_file}"
+            ),
+        )
         endpoints_file.load()
+    if not args.tokenizer and not tokenizers.models:
+        tokenizers.use_shipped_default()  # nothing named anywhere: epp-tiny for every model
     pool_operator = kubernetes_source(args, datastore, objective_store)
     if not args.endpoints and not args.endpoints_file and pool_operator is None:
         raise ValueError(

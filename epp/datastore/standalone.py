@@ -27,6 +27,9 @@ endpoints:
                               #   offsets a data-parallel rank's publisher port.
     kvReplay: tcp://10.0.0.1:5558   # optional: its replay endpoint (vLLM's replay_endpoint);
                               #   offset by the rank too
+    tokenizer: /models/llama  # optional, needs `model`: that model's tokenizer (a Hugging Face
+                              #   tokenizer directory or tokenizer.json; relative paths are
+                              #   relative to this file's directory)
   - 10.0.0.2:8000             # a plain "host:port" string is an entry with only address and port
 ```
 
@@ -35,6 +38,13 @@ is a valid, empty pool; an empty file is rejected, because an editor that trunca
 before writing it would otherwise empty the pool for one poll.
 
 Ports may also be quoted ("8000"), as templating tools often write them.
+
+`tokenizer:` is per model, not per endpoint: entries of one model may each repeat it or name it
+once, but two different paths for one model are an error. The paths go to a `TokenizerSink` (the
+tokenizer registry, which this package does not import): at start-up `load()` must succeed (its
+error names the model and the path), on a change `reload()` loads new paths off the loop and keeps
+the previous tokenizer of a model whose new path fails. It is called on every change of the file,
+so a fixed tokenizer directory is picked up at the next edit of the file.
 
 Validation is strict and every error names the file, the entry and the problem: unknown keys
 (with a suggestion: `metricPort` -> did you mean `metricsPort`?), wrong types, ports outside
@@ -51,6 +61,7 @@ is updated on the event loop, where its listeners run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import difflib
 import ipaddress
 import logging
@@ -58,7 +69,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -69,13 +80,45 @@ log = logging.getLogger(__name__)
 
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9_])?")  # DNS name or IPv4
 _PORT = re.compile(r"[0-9]{1,5}")
-_KEYS = ("address", "port", "name", "metricsPort", "labels", "ranks", "model", "kvEvents", "kvReplay")
+_KEYS = (
+    "address",
+    "port",
+    "name",
+    "metricsPort",
+    "labels",
+    "ranks",
+    "model",
+    "kvEvents",
+    "kvReplay",
+    "tokenizer",
+)
 _ZMQ_TCP = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
 _MAX_RANKS = 64  # far above any real data-parallel size; catches "ranks: 8000" typos
 
 
 class EndpointsFileError(ValueError):
     """The endpoints file cannot be used; the message names the file and the problem."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndpointsDocument:
+    """A parsed endpoints file: its endpoints, and the tokenizer paths it names per model (as
+    written: relative paths are resolved against the file's directory by `EndpointsFile`)."""
+
+    endpoints: list[EndpointSpec]
+    tokenizers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class TokenizerSink(Protocol):
+    """Where the file's per-model tokenizer paths go (`epp.tokenize.registry.TokenizerSource`)."""
+
+    def load(self, paths: Mapping[str, Path]) -> None:
+        """Start-up: load them now; raise, naming the model and the path, if one cannot be loaded."""
+        ...
+
+    async def reload(self, paths: Mapping[str, Path]) -> bool:
+        """After a change: load new paths off the loop; log failures, keep what worked before."""
+        ...
 
 
 def _hostport(address: str, port: int) -> str:
@@ -162,11 +205,12 @@ def parse_endpoints_arg(value: str) -> list[EndpointSpec]:
     return specs
 
 
-def _entry_specs(entry: object) -> list[EndpointSpec]:
-    """Specs for one file entry (several with `ranks`); ValueError names the problem."""
+def _entry_specs(entry: object) -> tuple[list[EndpointSpec], str | None]:
+    """Specs for one file entry (several with `ranks`) and its tokenizer path, if it names one;
+    ValueError names the problem."""
     if isinstance(entry, str):
         address, port = _split_hostport(entry.strip())
-        return [EndpointSpec(name=_hostport(address, port), address=address, port=port)]
+        return [EndpointSpec(name=_hostport(address, port), address=address, port=port)], None
     if not isinstance(entry, Mapping):
         raise ValueError(f"expected a mapping or a 'host:port' string, got {type(entry).__name__}")
     for key in entry:
@@ -196,6 +240,7 @@ def _entry_specs(entry: object) -> list[EndpointSpec]:
     model = entry.get("model", "")
     if not isinstance(model, str):
         raise ValueError(f"model must be a string, got {model!r}")
+    tokenizer = _tokenizer_path(entry.get("tokenizer"), model.strip())
     kv_events = _zmq_endpoint(entry.get("kvEvents"), "kvEvents")
     kv_replay = _zmq_endpoint(entry.get("kvReplay"), "kvReplay")
     ranks = entry.get("ranks", 1)
@@ -222,7 +267,18 @@ def _entry_specs(entry: object) -> list[EndpointSpec]:
                 kv_replay=None if kv_replay is None else _offset(kv_replay, r),
             )
         )
-    return specs
+    return specs, tokenizer
+
+
+def _tokenizer_path(value: object, model: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"tokenizer must be a non-empty path, got {value!r}")
+    if not model:
+        # Requests choose a tokenizer by their model name, so a tokenizer belongs to a model.
+        raise ValueError("tokenizer needs model: the tokenizer is chosen by the request's model name")
+    return value.strip()
 
 
 def _zmq_endpoint(value: object, key: str) -> tuple[str, int] | None:
@@ -258,6 +314,11 @@ def _labels(value: object) -> dict[str, str]:
 
 def parse_endpoints_yaml(text: str) -> list[EndpointSpec]:
     """Parse an endpoints document (format in the module docstring); ValueError on any problem."""
+    return parse_endpoints_document(text).endpoints
+
+
+def parse_endpoints_document(text: str) -> EndpointsDocument:
+    """Parse an endpoints document with its per-model tokenizers; ValueError on any problem."""
     try:
         doc: Any = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -276,14 +337,23 @@ def parse_endpoints_yaml(text: str) -> list[EndpointSpec]:
     specs: list[EndpointSpec] = []
     names: dict[str, int] = {}
     hostports: dict[str, int] = {}
+    tokenizers: dict[str, tuple[str, int]] = {}  # model -> (path, first entry naming it)
     for i, entry in enumerate(doc, 1):
         label = f"entry {i}"
         if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
             label += f" ({entry['name']})"
         try:
-            entry_specs = _entry_specs(entry)
+            entry_specs, tokenizer = _entry_specs(entry)
         except ValueError as e:
             raise ValueError(f"{label}: {e}") from None
+        if tokenizer is not None:
+            model = entry_specs[0].model
+            path, first = tokenizers.setdefault(model, (tokenizer, i))
+            if path != tokenizer:
+                raise ValueError(
+                    f"{label}: model {model!r} already has tokenizer {path!r} (entry {first}); "
+                    "a model has one tokenizer"
+                )
         for spec in entry_specs:
             if spec.name in names:
                 raise ValueError(f"{label}: name {spec.name!r} is already used by entry {names[spec.name]}")
@@ -292,7 +362,7 @@ def parse_endpoints_yaml(text: str) -> list[EndpointSpec]:
                 raise ValueError(f"{label}: {hp} is already listed by entry {hostports[hp]}")
             names[spec.name] = hostports[hp] = i
             specs.append(spec)
-    return specs
+    return EndpointsDocument(specs, {model: path for model, (path, _) in tokenizers.items()})
 
 
 _Signature = tuple[int, int, int, int]  # (mtime_ns, size, inode, device)
@@ -300,21 +370,28 @@ _UNREAD: _Signature = (-1, -1, -1, -1)  # matches no real file
 
 
 class EndpointsFile:
-    """A YAML endpoints file kept in sync with the datastore (source `file:<path>`)."""
+    """A YAML endpoints file kept in sync with the datastore (source `file:<path>`), and its
+    per-model tokenizers with `tokenizers` (a `TokenizerSink`) when given."""
 
     def __init__(
-        self, path: str | os.PathLike[str], datastore: Datastore, *, poll_interval: float = 1.0
+        self,
+        path: str | os.PathLike[str],
+        datastore: Datastore,
+        *,
+        poll_interval: float = 1.0,
+        tokenizers: TokenizerSink | None = None,
     ) -> None:
         self.path = Path(path)
         self.source = f"file:{self.path}"
         self.poll_interval = poll_interval
         self._datastore = datastore
+        self._tokenizers = tokenizers
         # Of the version last read (good or bad); None while the file is missing; _UNREAD
         # before the first read, so the first check always reads.
         self._signature: _Signature | None = _UNREAD
         self._task: asyncio.Task[None] | None = None
 
-    def _read(self) -> tuple[_Signature, list[EndpointSpec]]:
+    def _read(self) -> tuple[_Signature, EndpointsDocument]:
         """Stat, read and parse the file (blocking). EndpointsFileError names file and problem."""
         try:
             st = os.stat(self.path)
@@ -325,7 +402,7 @@ class EndpointsFile:
         except (OSError, UnicodeDecodeError) as e:
             raise EndpointsFileError(f"endpoints file {self.path}: cannot read: {e}") from None
         try:
-            return sig, parse_endpoints_yaml(text)
+            return sig, parse_endpoints_document(text)
         except ValueError as e:
             raise EndpointsFileError(f"endpoints file {self.path}: {e}") from None
 
@@ -335,6 +412,10 @@ class EndpointsFile:
         except OSError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+
+    def tokenizer_paths(self, doc: EndpointsDocument) -> dict[str, Path]:
+        """`doc`'s tokenizer paths, relative ones taken from this file's directory."""
+        return {model: self.path.parent / Path(raw).expanduser() for model, raw in doc.tokenizers.items()}
 
     def _apply(self, sig: _Signature, specs: list[EndpointSpec]) -> None:
         self._signature = sig
@@ -348,19 +429,24 @@ class EndpointsFile:
         )
 
     def load(self) -> list[EndpointSpec]:
-        """Read the file and sync it into the datastore now (blocking; for start-up).
+        """Read the file, load its tokenizers and sync it into the datastore now (blocking; for
+        start-up).
 
-        Raises EndpointsFileError, leaving the datastore untouched.
+        Raises EndpointsFileError, or the sink's error for a tokenizer that cannot be loaded,
+        leaving the datastore untouched.
         """
-        sig, specs = self._read()
-        self._apply(sig, specs)
-        return specs
+        sig, doc = self._read()
+        if self._tokenizers is not None:
+            self._tokenizers.load(self.tokenizer_paths(doc))
+        self._apply(sig, doc.endpoints)
+        return doc.endpoints
 
     async def check(self) -> bool:
         """Reload if the file changed since the last look. True if the datastore was synced.
 
         Never raises for a bad or missing file: it logs the problem once per version of the
-        file and keeps the last good set.
+        file and keeps the last good set. The endpoints are synced first; tokenizers then load
+        off the loop (a request for a new model meanwhile routes without token ids).
         """
         sig = await asyncio.to_thread(self._stat)
         if sig == self._signature:
@@ -371,23 +457,28 @@ class EndpointsFile:
             log.error("endpoints file %s: missing; keeping the last good set of endpoints", self.path)
             return False
         try:
-            new_sig, specs = await asyncio.to_thread(self._read)
+            new_sig, doc = await asyncio.to_thread(self._read)
         except EndpointsFileError as e:
             log.error("%s; keeping the last good set of endpoints", e)
             return False
-        self._apply(new_sig, specs)
+        self._apply(new_sig, doc.endpoints)
+        if self._tokenizers is not None:
+            await self._tokenizers.reload(self.tokenizer_paths(doc))
         return True
 
     async def start(self) -> None:
         """Start watching the file, loading it first unless `load()` already did.
 
-        A bad file at this point raises EndpointsFileError (fail fast at start-up).
+        A bad file at this point raises EndpointsFileError, and a tokenizer that cannot be loaded
+        the sink's error (fail fast at start-up: its tokenizers load on the loop, as `load()`).
         """
         if self._task is not None:
             return
         if self._signature == _UNREAD:
-            sig, specs = await asyncio.to_thread(self._read)
-            self._apply(sig, specs)
+            sig, doc = await asyncio.to_thread(self._read)
+            if self._tokenizers is not None:
+                self._tokenizers.load(self.tokenizer_paths(doc))
+            self._apply(sig, doc.endpoints)
         self._task = tasks.create_guarded_task(self._watch(), name=f"watch {self.path}", logger=log)
 
     async def stop(self) -> None:

@@ -18,6 +18,14 @@ more than one profile (multi-profile handlers are not supported yet).
 with GIE's defaults is used, as in GIE. A detector is a filter only where a profile lists it: the
 implicit `default` profile leaves detectors out.
 
+Tokenizers per model, in llm-d's form: a plugin of type `tokenizer` per model with parameters
+`modelName` (the model as requests name it) and epp's `path` (a local Hugging Face tokenizer
+directory or tokenizer.json; relative to the config file's directory). It is not a scheduling
+plugin (epp tokenizes before scheduling when a plugin consumes token ids): it fills
+`SchedulerConfig.tokenizers`, a profile may list it (llm-d lists it with weight 0) to no effect,
+and llm-d's `udsTokenizerConfig` (a tokenizer sidecar) is accepted with a warning, since epp
+tokenizes in-process. Several need distinct `name`s, as any plugins.
+
 GIE keys that configure parts epp does not have yet (`featureGates`, `dataLayer`, `flowControl`,
 `parser`) are accepted so that GIE configurations load, and each is
 reported in `SchedulerConfig.warnings` for the caller to log. So are the GIE plugin types those
@@ -34,6 +42,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
@@ -46,6 +55,7 @@ API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 KIND = "EndpointPickerConfig"
 DEFAULT_PICKER = "max-score-picker"  # GIE's default when a profile names no picker
 DEFAULT_DETECTOR = "utilization-detector"  # GIE's default when the config names no detector
+TOKENIZER = "tokenizer"  # llm-d's per-model tokenizer plugin type: read here, not built
 
 ConfigError = registry.ConfigError
 
@@ -84,6 +94,8 @@ class SchedulerConfig:
     # What admission asks how saturated the pool is (the configured one, else GIE's default).
     saturation_detector: interfaces.SaturationDetector
     warnings: list[str]  # accepted but ignored parts of the configuration, for the caller to log
+    # `tokenizer` plugins: model name -> tokenizer path (loaded by the caller: epp.tokenize).
+    tokenizers: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
 # The document, decoded strictly: an unknown key anywhere epp acts on is an error.
@@ -91,6 +103,12 @@ class _PluginSpec(msgspec.Struct, forbid_unknown_fields=True):
     type: str
     name: str = ""
     parameters: dict[str, Any] | None = None
+
+
+class _TokenizerParams(msgspec.Struct, forbid_unknown_fields=True):
+    modelName: str = ""
+    path: str = ""
+    udsTokenizerConfig: dict[str, Any] | None = None  # llm-d's sidecar: accepted, not used
 
 
 class _ProfileEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -144,14 +162,17 @@ def load_config_file(path: str | os.PathLike[str], handle: interfaces.Handle) ->
     except OSError as err:
         raise ConfigError(f"{os.fspath(path)}: cannot read: {err.strerror}") from None
     try:
-        return load_config(text, handle)
+        return load_config(text, handle, base_dir=Path(path).parent)
     except ConfigError as err:
         raise ConfigError(f"{os.fspath(path)}: {err}") from None
 
 
-def load_config(text: str | None, handle: interfaces.Handle) -> SchedulerConfig:
+def load_config(
+    text: str | None, handle: interfaces.Handle, *, base_dir: Path | None = None
+) -> SchedulerConfig:
     """Build the scheduler from EndpointPickerConfig YAML; `None` means the default configuration
-    (the precise one when `handle` has a KV index)."""
+    (the precise one when `handle` has a KV index). Relative tokenizer paths are taken from
+    `base_dir` (default: the working directory)."""
     if text is None:
         text = default_config_text(precise=handle.kv_index is not None)
     root, data = _parse_yaml(text)
@@ -167,16 +188,19 @@ def load_config(text: str | None, handle: interfaces.Handle) -> SchedulerConfig:
             raise ConfigError(f"{key} is missing; expected {key}: {expected}")
         if value != expected:
             raise where.error((key,), f"expected {expected!r}, got {value!r}")
-    return _Builder(doc, where, handle).build()
+    return _Builder(doc, where, handle, base_dir or Path()).build()
 
 
 class _Builder:
-    def __init__(self, doc: _Document, where: _Locator, handle: interfaces.Handle) -> None:
+    def __init__(self, doc: _Document, where: _Locator, handle: interfaces.Handle, base_dir: Path) -> None:
         self.doc = doc
         self.where = where
         self.handle = handle
+        self.base_dir = base_dir
         self.plugins: dict[str, interfaces.Plugin] = {}
         self.ignored: dict[str, str] = {}  # GIE-only plugins: name -> type
+        self.tokenizer_plugins: set[str] = set()  # names of `tokenizer` plugins
+        self.tokenizers: dict[str, Path] = {}
         self.used: set[str] = set()
         self.warnings: list[str] = []
         self._default_picker: interfaces.Picker | None = None
@@ -208,6 +232,7 @@ class _Builder:
             response_complete=[p for p in plugins if isinstance(p, interfaces.ResponseComplete)],
             saturation_detector=self._saturation_detector(),
             warnings=self.warnings,
+            tokenizers=self.tokenizers,
         )
 
     def _build_plugins(self) -> None:
@@ -216,8 +241,11 @@ class _Builder:
             if not spec.type:
                 raise self.where.error(path, "plugin type is empty")
             name = spec.name or spec.type
-            if name in self.plugins or name in self.ignored:
+            if name in self.plugins or name in self.ignored or name in self.tokenizer_plugins:
                 raise self.where.error(path, f"duplicate plugin name {name!r}")
+            if spec.type == TOKENIZER:
+                self._read_tokenizer(path, name, spec.parameters)
+                continue
             kind = _GIE_ONLY.get(spec.type)
             if kind is not None:
                 self.ignored[name] = spec.type
@@ -227,6 +255,32 @@ class _Builder:
                 self.plugins[name] = registry.default.build(spec.type, name, spec.parameters, self.handle)
             except ConfigError as err:
                 raise self.where.error(path, str(err)) from None
+
+    def _read_tokenizer(self, path: _Path, name: str, parameters: dict[str, Any] | None) -> None:
+        try:
+            params = msgspec.convert(parameters or {}, _TokenizerParams)
+        except msgspec.ValidationError as err:
+            raise self.where.validation_error(
+                err, prefix=(*path, "parameters"), known=_TokenizerParams.__struct_fields__
+            ) from None
+        label = f"plugin {name!r} (type {TOKENIZER!r})"
+        model = params.modelName.strip()
+        if not model:
+            raise self.where.error((*path, "parameters"), f"{label}: parameters.modelName is required")
+        if not params.path.strip():
+            raise self.where.error(
+                (*path, "parameters"),
+                f"{label}: parameters.path is required: epp loads tokenizers in-process from a local "
+                "Hugging Face tokenizer directory or tokenizer.json (no download, no sidecar)",
+            )
+        if model in self.tokenizers:
+            raise self.where.error(
+                (*path, "parameters", "modelName"), f"model {model!r} already has a tokenizer"
+            )
+        if params.udsTokenizerConfig is not None:
+            self.warnings.append(f"{label}: udsTokenizerConfig is ignored: epp tokenizes in-process")
+        self.tokenizer_plugins.add(name)
+        self.tokenizers[model] = self.base_dir / Path(params.path.strip()).expanduser()
 
     def _check_ignored_sections(self) -> None:
         doc = self.doc
@@ -307,6 +361,8 @@ class _Builder:
         seen: set[str] = set()
         for path, ref, weight in entries:
             plugin = self.plugins.get(ref)
+            if plugin is None and ref in self.tokenizer_plugins:
+                continue  # llm-d lists its tokenizer in profiles; epp tokenizes before scheduling
             if plugin is None:
                 if ref in self.ignored:
                     type_name = self.ignored[ref]
@@ -420,17 +476,23 @@ class _Locator:
         dotted = "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
         return ConfigError(f"{dotted} (line {self.line(path)}): {message}")
 
-    def validation_error(self, err: msgspec.ValidationError) -> ConfigError:
+    def validation_error(
+        self, err: msgspec.ValidationError, *, prefix: _Path = (), known: Sequence[str] = ()
+    ) -> ConfigError:
+        """`err` located in the document; `prefix` is where the decoded part sits (the whole
+        document by default), `known` its keys, named when an unknown key is found."""
         match = _AT.match(str(err))
         assert match is not None  # the pattern matches any string
         problem, at = match["problem"], match["at"] or ""
-        path: list[str | int] = [key or int(index) for key, index in _STEP.findall(at)]
+        path: list[str | int] = [*prefix, *(key or int(index) for key, index in _STEP.findall(at))]
         unknown = _UNKNOWN.match(problem)
         if unknown is not None:
             path.append(unknown["key"])
             problem = f"unknown key {unknown['key']!r}"
             if len(path) == 1:
                 problem += f"; an {KIND} has: {', '.join(_Document.__struct_fields__)}"
+            elif known:
+                problem += f"; known keys: {', '.join(known)}"
         if not path:
             return ConfigError(f"invalid {KIND}: {problem}")
         return self.error(tuple(path), problem)

@@ -1,13 +1,28 @@
 """Which tokenizer serves which model, and tokenizing for the request path without stalling the loop.
 
-Configuration, as the `--tokenizer` flag takes it (repeatable; `parse_tokenizer_arg`):
-- `PATH`: the tokenizer for every model that has none of its own (at most one such value);
-- `MODEL=PATH`: the tokenizer for requests naming MODEL. The first `=` splits, so a model name
-  cannot contain `=` (a path may: `llama=/models/a=b`), and a default PATH cannot either.
-With no value at all, every model gets epp-tiny, the tokenizer shipped in the package (the one the
-simulator tokenizes with), so text prompts route on real token ids out of the box. Once any value
-is given, epp-tiny is no longer implied: models without a tokenizer are counted in `missing` and
-routed without token ids.
+Per-model tokenizers come from three sources (docs/tokenization.md shows each), in precedence order:
+1. `--tokenizer MODEL=PATH` (repeatable; `parse_tokenizer_arg`), source FLAG;
+2. the endpoints file's per-entry `tokenizer:` (for that entry's `model`), source ENDPOINTS_FILE,
+   reloaded with the file (`reload_models`);
+3. the EndpointPickerConfig's `tokenizer` plugins (llm-d's form: `modelName`, plus epp's `path`),
+   source CONFIG.
+A model named by several sources gets the first one's tokenizer: the command line is the operator's
+override, the endpoints file describes the servers as they are now, the config is static and often
+shared between pools. `--tokenizer PATH` (no `MODEL=`, at most one) is the default for every model
+no source names. With no tokenizer named anywhere at start-up, every model gets epp-tiny, the
+tokenizer shipped in the package (the one the simulator tokenizes with: `use_shipped_default`), so
+text prompts route on real token ids out of the box; once any is named, epp-tiny is no longer
+implied (the choice is made once, at start-up). Models without a tokenizer are counted per model
+name in `missing` (`epp_tokenizer_missing_total{model}`) and routed without token ids.
+In `MODEL=PATH` the first `=` splits, so a model name cannot contain `=` (a path may:
+`llama=/models/a=b`), and a default PATH cannot either.
+
+Loading: each resolved path is loaded once and shared by every model and source naming it; a path
+is read when first named, so changing the files under a path already loaded needs a restart (or a
+new path). At start-up (`load_models`) a missing or unreadable tokenizer is a `TokenizerError`
+naming the model, the source and the path, and `epp serve` exits. On a reload (`reload_models`)
+new paths load in a thread, never on the loop; a path that fails is logged at ERROR with the model
+and the path, and that model keeps the tokenizer it had (if any).
 
 Lookup for a request (`for_model`): the model's own tokenizer; else its base model's, when the
 caller knows the model is a LoRA adapter of that base (adapters share their base's tokenizer);
@@ -23,7 +38,8 @@ else the default; else none.
   characters costs.
 - Longer texts go through the tokenizer's `prefixcache.PrefixCache` (one per tokenizer, each
   bounded by `prefix_cache_bytes`, 64 MiB by default; 0 disables; tokenizers it cannot prove exact
-  for are listed in `prefix_cache_refused` and encoded plainly), in a worker thread.
+  for are listed in `prefix_cache_refused` and encoded plainly): looked up on the loop (a text
+  cached whole is answered there), else in a worker thread starting from that lookup.
 - Longer texts go to a small ThreadPoolExecutor. `Tokenizer.encode` releases the GIL (see
   `epp.tokenize.tokenizer`), so the loop keeps running meanwhile. Encoding 16k- or 100k-token
   prompts back to back this way, the loop's lag was p99 ~1 ms, max 3-4 ms (idle: max 2 ms); on
@@ -40,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import types
 from collections.abc import Mapping
@@ -53,6 +70,14 @@ DEFAULT_MAX_CHARS = 400_000
 INLINE_CHARS = 256
 MAX_COUNTED_MODELS = 256  # distinct names kept in `missing`; the rest count under OTHER_MODELS
 OTHER_MODELS = "<other>"
+
+FLAG = "--tokenizer"
+ENDPOINTS_FILE = "endpoints file"
+CONFIG = "EndpointPickerConfig"
+SOURCES = (FLAG, ENDPOINTS_FILE, CONFIG)
+"""Where per-model tokenizers come from, highest precedence first."""
+
+log = logging.getLogger("epp.tokenize")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,7 +131,8 @@ class Tokenizers:
     `missing` counts, per requested model name, the encodes that found no tokenizer (the first
     MAX_COUNTED_MODELS names, then OTHER_MODELS: clients choose these names); `truncated` counts,
     per tokenizer name, the texts cut to `max_chars`. Both are plain dicts for the metrics layer to
-    read. Call `close()` when done: it stops the worker threads.
+    read. `by_model` given here is source FLAG's. Call `close()` when done: it stops the worker
+    threads. Every method but the encodes' worker part runs on the event loop's thread.
     """
 
     def __init__(
@@ -120,15 +146,18 @@ class Tokenizers:
     ) -> None:
         if max_chars <= 0:
             raise ValueError(f"max_chars must be > 0, got {max_chars}")
-        self._by_model = dict(by_model or {})
+        self._layers: dict[str, dict[str, tokenizer.Tokenizer]] = {FLAG: dict(by_model or {})}
+        self._by_model: dict[str, tokenizer.Tokenizer] = dict(by_model or {})
+        self._loaded: dict[Path, tokenizer.Tokenizer] = {}  # resolved path -> its tokenizer
         self.default = default
         self.max_chars = max_chars
         self.missing: dict[str, int] = {}
         self.truncated: dict[str, int] = {}
         self.prefix_cache_bytes = prefix_cache_bytes
-        self._caches: dict[int, prefixcache.PrefixCache | None] = {}
+        # Keyed by the tokenizer object itself (identity), dropped when no source uses it any more.
+        self._caches: dict[tokenizer.Tokenizer, prefixcache.PrefixCache | None] = {}
         self.prefix_cache_refused: dict[str, str] = {}
-        for tok in (*self._by_model.values(), *((default,) if default is not None else ())):
+        for tok in self._in_use():
             self._cache_for(tok)
         self._closed = False
         self._executor = ThreadPoolExecutor(
@@ -147,43 +176,116 @@ class Tokenizers:
         prefix_cache_bytes: int = prefixcache.DEFAULT_MAX_BYTES,
     ) -> Tokenizers:
         """Load every tokenizer `spec` names (each path once). An empty spec means epp-tiny for all
-        models, unless `shipped_default` is False.
+        models, unless `shipped_default` is False (`epp serve` decides that after the other sources).
 
         Raises:
             TokenizerError: a path cannot be loaded; the message names the model and the path.
         """
-        loaded: dict[Path, tokenizer.Tokenizer] = {}
-
-        def load(path: Path, what: str) -> tokenizer.Tokenizer:
-            key = path.resolve()
-            if key not in loaded:
-                try:
-                    loaded[key] = tokenizer.Tokenizer.load(path)
-                except tokenizer.TokenizerError as e:
-                    raise tokenizer.TokenizerError(f"{what}: {e}") from e
-            return loaded[key]
-
-        by_model = {
-            model: load(path, f"tokenizer for model {model!r}") for model, path in spec.by_model.items()
-        }
+        loaded, errors, by_path = _load_paths(spec.by_model, {})
+        if errors:
+            model, error = next(iter(errors.items()))
+            raise tokenizer.TokenizerError(f"tokenizer for model {model!r}: {error}")
         if spec.default is not None:
-            default: tokenizer.Tokenizer | None = load(spec.default, "default tokenizer")
+            more, errors, extra = _load_paths({"": spec.default}, by_path)
+            if errors:
+                raise tokenizer.TokenizerError(f"default tokenizer: {errors['']}")
+            by_path.update(extra)
+            default: tokenizer.Tokenizer | None = more[""]
         elif not spec and shipped_default:
             default = tokenizer.load_shipped()
         else:
             default = None
-        return cls(
-            by_model,
+        made = cls(
+            loaded,
             default=default,
             max_chars=max_chars,
             workers=workers,
             prefix_cache_bytes=prefix_cache_bytes,
         )
+        made._loaded = by_path
+        return made
 
     @property
     def models(self) -> Mapping[str, tokenizer.Tokenizer]:
-        """The per-model tokenizers (read-only view)."""
+        """The per-model tokenizers, all sources merged by precedence (read-only view)."""
         return types.MappingProxyType(self._by_model)
+
+    def models_from(self, source: str) -> Mapping[str, tokenizer.Tokenizer]:
+        """The tokenizers `source` (one of SOURCES) names, whether or not a higher one overrides them."""
+        return types.MappingProxyType(self._layers.get(source, {}))
+
+    def use_shipped_default(self) -> None:
+        """Make epp-tiny the default when there is none (`epp serve`: nothing configured anywhere)."""
+        if self.default is None:
+            self.default = tokenizer.load_shipped()
+            self._cache_for(self.default)
+
+    def load_models(self, source: str, paths: Mapping[str, Path], *, origin: str = "") -> None:
+        """Make `paths` (model -> tokenizer directory or tokenizer.json) `source`'s tokenizers,
+        loading them now, in this thread (start-up). Replaces what `source` named before.
+
+        Raises:
+            TokenizerError: naming the first model whose tokenizer cannot be loaded, `origin`
+                (default: the source) and the path; nothing changes then.
+        """
+        _check_source(source)
+        loaded, errors, by_path = _load_paths(paths, self._loaded)
+        if errors:
+            model, error = next(iter(errors.items()))
+            raise tokenizer.TokenizerError(f"tokenizer for model {model!r} ({origin or source}): {error}")
+        self._set_layer(source, loaded, by_path)
+
+    async def reload_models(self, source: str, paths: Mapping[str, Path], *, origin: str = "") -> bool:
+        """Make `paths` `source`'s tokenizers, loading paths not loaded yet in a thread (a large
+        tokenizer.json takes 0.1-1 s to parse). Never raises: a path that fails is logged at ERROR
+        with the model and the path, and that model keeps the tokenizer `source` gave it before
+        (none if it had none). Models `source` no longer names are dropped from it. True if every
+        path loaded."""
+        _check_source(source)
+        if self._closed:
+            return False
+        loaded, errors, by_path = await asyncio.to_thread(_load_paths, paths, dict(self._loaded))
+        where = origin or source
+        before = self._layers.get(source, {})
+        for model, error in errors.items():
+            kept = before.get(model)
+            keeps = f"keeping its previous tokenizer ({kept.path})" if kept is not None else "it has none"
+            log.error("tokenizer for model %r (%s): %s; %s", model, where, error, keeps)
+            if kept is not None:
+                loaded[model] = kept
+        for model, tok in sorted(loaded.items()):
+            if before.get(model) is not tok:
+                log.info("tokenizer for model %r (%s): %s", model, where, tok.path)
+        for model in sorted(set(before) - set(loaded)):
+            log.info("tokenizer for model %r (%s): removed", model, where)
+        self._set_layer(source, loaded, by_path)
+        return not errors
+
+    def source(self, source: str, *, origin: str = "") -> TokenizerSource:
+        """`load_models` and `reload_models` bound to one source, for a component that owns it
+        (the endpoints file) without knowing this registry."""
+        _check_source(source)
+        return TokenizerSource(self, source, origin or source)
+
+    def _set_layer(
+        self,
+        source: str,
+        models: Mapping[str, tokenizer.Tokenizer],
+        by_path: Mapping[Path, tokenizer.Tokenizer],
+    ) -> None:
+        self._loaded.update(by_path)
+        self._layers[source] = dict(models)
+        merged: dict[str, tokenizer.Tokenizer] = {}
+        for name in reversed(SOURCES):  # lowest precedence first: higher ones overwrite
+            merged.update(self._layers.get(name, {}))
+        self._by_model = merged  # replaced whole: lookups on the loop see the old or the new map
+        used = set(self._in_use())
+        self._loaded = {p: t for p, t in self._loaded.items() if t in used}
+        self._caches = {t: c for t, c in self._caches.items() if t in used}
+
+    def _in_use(self) -> list[tokenizer.Tokenizer]:
+        found = [tok for layer in self._layers.values() for tok in layer.values()]
+        return found + ([self.default] if self.default is not None else [])
 
     @property
     def prefix_caches(self) -> Mapping[str, prefixcache.PrefixCache]:
@@ -192,16 +294,15 @@ class Tokenizers:
 
     def _cache_for(self, tok: tokenizer.Tokenizer) -> prefixcache.PrefixCache | None:
         """`tok`'s prefix cache, made on first use; None when disabled or `tok` is refused."""
-        key = id(tok)
-        if key in self._caches:
-            return self._caches[key]
+        if tok in self._caches:
+            return self._caches[tok]
         cache = None
         if self.prefix_cache_bytes > 0:
             try:
                 cache = prefixcache.PrefixCache(tok, max_bytes=self.prefix_cache_bytes)
             except prefixcache.UnsupportedTokenizer as e:
                 self.prefix_cache_refused[tok.name] = str(e)
-        self._caches[key] = cache
+        self._caches[tok] = cache
         return cache
 
     def for_model(self, model: str, *, base_model: str | None = None) -> tokenizer.Tokenizer | None:
@@ -239,11 +340,16 @@ class Tokenizers:
         cache = self._cache_for(tok)
         if cache is not None:
             # A text seen whole (a repeated prompt) is answered here: the hand-off to a worker
-            # cost the loop ~100 us, more than the lookup (~20 us for a 4 KB chat).
-            ids = cache.cached(text, add_special_tokens=add_special_tokens)
-            if ids is not None:
+            # cost the loop ~100 us, more than the lookup (~20 us for a 4 KB chat). Otherwise the
+            # worker starts from this lookup rather than walking the cached prefix again.
+            found = cache.lookup(text)
+            if found.exact:
+                ids = cache.cached(text, add_special_tokens=add_special_tokens, found=found)
+                assert ids is not None
                 return ids
-            return await loop.run_in_executor(self._executor, _encode_cached, cache, text, add_special_tokens)
+            return await loop.run_in_executor(
+                self._executor, _encode_cached, cache, text, add_special_tokens, found
+            )
         return await loop.run_in_executor(self._executor, _encode, tok, text, add_special_tokens)
 
     async def encode_chat(
@@ -285,8 +391,67 @@ class Tokenizers:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _encode_cached(cache: prefixcache.PrefixCache, text: str, add_special_tokens: bool) -> list[int]:
-    return cache.encode(text, add_special_tokens=add_special_tokens)
+class TokenizerSource:
+    """One source's `load` (start-up, raises) and `reload` (off the loop, logs) of per-model paths."""
+
+    __slots__ = ("_origin", "_registry", "_source")
+
+    def __init__(self, registry: Tokenizers, source: str, origin: str) -> None:
+        self._registry = registry
+        self._source = source
+        self._origin = origin
+
+    def load(self, paths: Mapping[str, Path]) -> None:
+        self._registry.load_models(self._source, paths, origin=self._origin)
+
+    async def reload(self, paths: Mapping[str, Path]) -> bool:
+        return await self._registry.reload_models(self._source, paths, origin=self._origin)
+
+
+def _check_source(source: str) -> None:
+    if source not in SOURCES:
+        raise ValueError(f"unknown tokenizer source {source!r}; expected one of {SOURCES}")
+
+
+def _key(path: Path) -> Path:
+    return path.expanduser().resolve()
+
+
+def _load_paths(
+    paths: Mapping[str, Path], known: Mapping[Path, tokenizer.Tokenizer]
+) -> tuple[dict[str, tokenizer.Tokenizer], dict[str, str], dict[Path, tokenizer.Tokenizer]]:
+    """(model -> tokenizer, model -> error, resolved path -> tokenizer) for `paths`: each resolved
+    path loaded once, those in `known` not again. Blocking (it reads files and resolves paths);
+    safe in a worker thread, since it only reads `known`."""
+    loaded: dict[str, tokenizer.Tokenizer] = {}
+    errors: dict[str, str] = {}
+    by_path: dict[Path, tokenizer.Tokenizer] = {}
+    failed: dict[Path, str] = {}
+    for model, path in paths.items():
+        key = _key(path)
+        found = known.get(key) or by_path.get(key)
+        if found is None and key not in failed:
+            try:
+                found = tokenizer.Tokenizer.load(path.expanduser())
+            except tokenizer.TokenizerError as e:
+                failed[key] = str(e)
+        if found is None:
+            errors[model] = failed[key]
+        else:
+            loaded[model] = by_path[key] = found
+    return loaded, errors, by_path
+
+
+def _encode_cached(
+    cache: prefixcache.PrefixCache, text: str, add_special_tokens: bool, found: prefixcache.Lookup
+) -> list[int]:
+    # Cached before the request gets its ids. Answering first and committing after took ~0.1 ms
+    # off a warm 4k-token chat, but a request following at once then missed the text, and the
+    # commit's GIL-holding chunking overlapped the next encode (bench_loop_lag p99 7 -> 11 ms in
+    # one run on a loaded machine): not adopted.
+    ids, commit = cache.begin(text, add_special_tokens=add_special_tokens, found=found)
+    commit()
+    return ids
 
 
 def _encode(tok: tokenizer.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:

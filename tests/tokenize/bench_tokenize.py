@@ -211,6 +211,35 @@ def _chunks_of(tok: tokenizer.Tokenizer, text: str, tokens: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text) - size, size)]
 
 
+def _cut(tok: tokenizer.Tokenizer, text: str, tokens: int) -> str:
+    """The start of `text` that is exactly `tokens` tokens (without BOS)."""
+    offsets = tok.backend.encode(text[: tokens * 8], add_special_tokens=False).offsets
+    return text[: offsets[tokens - 1][1]]
+
+
+async def _warm_chat_requests(
+    tok: tokenizer.Tokenizer, bodies: list[dict[str, object]], seen: dict[str, object]
+) -> None:
+    """What a request waits for: `await Tokenizers.encode_chat` (render, lookup on the loop, the
+    hand-off to a worker and back), one request at a time."""
+    toks = registry.Tokenizers(default=tok, workers=2)
+    try:
+        await toks.encode_chat("m", seen)
+        cache = toks.prefix_caches[tok.name]
+        samples = []
+        gc.collect()
+        for body in bodies:
+            t0 = time.perf_counter()
+            await toks.encode_chat("m", body)
+            samples.append(time.perf_counter() - t0)
+        assert cache.partial_hits == len(bodies)
+        print(
+            f"warm 4k chat, await Tokenizers.encode_chat: {ms(pct(samples, 0.5))} / {ms(pct(samples, 0.99))}"
+        )
+    finally:
+        toks.close()
+
+
 def bench_prefix(tok: tokenizer.Tokenizer) -> None:
     print("== prefix cache (PrefixCache.encode, sync): p50 / p99 ms")
     base = source_text() * 4
@@ -231,27 +260,33 @@ def bench_prefix(tok: tokenizer.Tokenizer) -> None:
             print(f"cold, two threads: {n / (time.perf_counter() - t0) / 1e3:7.0f}k tokens/s ({label})")
         cold2 = [t + "x" for t in cold2]
 
-    # Warm 4k: a 3.5k-token system prompt seen before, a new ~500-token user message each time.
-    system = base[: int(3_500 * 2.7)]
-    users = _chunks_of(tok, base[len(system) :], 500)[:200]
+    # Warm 4k: a 3,500-token system prompt seen before, a new 500-token user message each time
+    # (both cut at exact token counts; the chat is ~4,010 tokens).
+    system = _cut(tok, base, 3_500)
+    users: list[str] = []
+    at = len(system)
+    while len(users) < 200:
+        users.append(_cut(tok, base[at:], 500))
+        at += len(users[-1])
 
     def body(user: str) -> dict[str, object]:
         return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
 
-    cache = prefixcache.PrefixCache(tok)
-    cache.encode(chat.render_chat(tok, body("Hello")), add_special_tokens=False)
     prompts = [chat.render_chat(tok, body(u)) for u in users]
     print(f"warm 4k chat: {len(tok.encode(prompts[0]))} tokens")
+    full = timed(lambda: tok.encode(prompts[0], add_special_tokens=False), 50)
+    cache = prefixcache.PrefixCache(tok)
+    cache.encode(chat.render_chat(tok, body("Hello")), add_special_tokens=False)
     gc.collect()
     samples = []
     for text in prompts:
         t0 = time.perf_counter()
         cache.encode(text, add_special_tokens=False)
         samples.append(time.perf_counter() - t0)
-    full = timed(lambda: tok.encode(prompts[0], add_special_tokens=False), 50)
     print(
         f"warm 4k chat: {ms(pct(samples, 0.5))} / {ms(pct(samples, 0.99))}  (no cache {ms(pct(full, 0.5))})"
     )
+    asyncio.run(_warm_chat_requests(tok, [body(u) for u in users], body("Hello")))
 
     # Warm 100k: a conversation of ~300-token turns; the previous turn's prompt was seen.
     turns = _chunks_of(tok, base, 300)

@@ -342,6 +342,39 @@ def test_threads_share_one_cache() -> None:
     assert len(nodes) == cache.nodes and sum(n.nbytes for n in nodes) == cache.cached_bytes
 
 
+def test_long_texts_insert_in_batches_with_eviction_between_them() -> None:
+    """A text of many more chunks than INSERT_BATCH goes in batch by batch; with a budget that
+    evicts during the insert, other threads interleaving, the trie and its totals stay consistent."""
+    tok, cache = _fresh(max_bytes=60_000, min_chunk_chars=64)
+    texts = [CORPUS[i * 500 : i * 500 + 20_000] for i in range(6)]
+    expected = [tok.encode(t) for t in texts]
+    errors: list[str] = []
+
+    def run(offset: int) -> None:
+        for k in range(len(texts)):
+            i = (k + offset) % len(texts)
+            ids, commit = cache.begin(texts[i])
+            if ids != expected[i]:
+                errors.append(f"text {i}")
+            commit()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert cache.evictions > 0 and cache.cached_bytes <= cache.max_bytes
+    nodes = _walk(cache._root)
+    assert len(nodes) == cache.nodes == len(cache._lru)
+    assert sum(n.nbytes for n in nodes) == cache.cached_bytes
+    # Without a budget, one such text is one chain of more than INSERT_BATCH chunks, cached whole.
+    tok, cache = _fresh(min_chunk_chars=64)
+    assert cache.encode(texts[0]) == expected[0]
+    assert cache.nodes > 2 * prefixcache.INSERT_BATCH
+    assert cache.lookup(texts[0]).exact and cache.encode(texts[0]) == expected[0]
+
+
 def test_a_seam_that_fails_verification_falls_back_to_a_full_encode() -> None:
     tok, cache = _fresh(min_chunk_chars=64)
     text = CORPUS[:4_000]
@@ -453,12 +486,22 @@ async def test_a_text_cached_whole_is_answered_without_a_worker(monkeypatch: pyt
     try:
         text = "You are a careful assistant. Answer in full sentences. " * 40
         first = await toks.encode("m", text)
-        loop = asyncio.get_running_loop()
+        cache = toks.prefix_caches["epp-tiny"]
+        # The worker caches a text after answering it: wait for that before asking again.
+        for _ in range(500):
+            if cache.misses:
+                break
+            await asyncio.sleep(0.01)
+        workers = toks._executor
 
-        def no_worker(*args: object) -> None:
-            raise AssertionError("handed to a worker")
+        class NoWorker:
+            def submit(self, *args: object) -> None:
+                raise AssertionError("handed to a worker")
 
-        monkeypatch.setattr(loop, "run_in_executor", no_worker)
+            def shutdown(self, **kwargs: bool) -> None:
+                workers.shutdown(**kwargs)
+
+        monkeypatch.setattr(toks, "_executor", NoWorker())
         assert await toks.encode("m", text) == first == shipped.encode(text)
         assert await toks.encode("m", text, add_special_tokens=False) == shipped.encode(
             text, add_special_tokens=False
