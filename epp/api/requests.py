@@ -67,6 +67,9 @@ class InferenceRequest:
     # The first (or only) prompt as the token ids the model server will compute, when known: given
     # as ids, or filled in by the tokenizer before scheduling (requestcontrol). None = unknown.
     token_ids: list[int] | None = None
+    # vLLM's `add_special_tokens` for completions/embeddings prompts (default true: BOS added);
+    # chat prompts come from the template, which places its own special tokens.
+    add_special_tokens: bool = True
     # Envoy's subset hint: None = no restriction; else the allowed IPs (ports ignored, as GIE).
     subset_ips: frozenset[str] | None = None
     # The priority of the request's InferenceObjective (header x-gateway-inference-objective); 0 when
@@ -115,6 +118,7 @@ class _ChatBody(_Body):
 
 class _CompletionsBody(_Body):
     prompt: msgspec.Raw = msgspec.Raw()  # empty when absent
+    add_special_tokens: Any = None  # vLLM's extension; lax like pydantic: see _special_tokens
 
 
 class _ResponsesBody(_Body):
@@ -124,6 +128,7 @@ class _ResponsesBody(_Body):
 
 class _EmbeddingsBody(_Body):
     input: msgspec.Raw = msgspec.Raw()  # empty when absent
+    add_special_tokens: Any = None
 
 
 _CHAT_DECODER = msgspec.json.Decoder(_ChatBody)
@@ -214,8 +219,10 @@ def parse_request(
         _fill_responses(req, parsed)
     elif api is Api.EMBEDDINGS:
         _fill_polymorphic(req, parsed.input, "input")
+        req.add_special_tokens = _special_tokens(parsed.add_special_tokens)
     else:
         _fill_polymorphic(req, parsed.prompt, "prompt")
+        req.add_special_tokens = _special_tokens(parsed.add_special_tokens)
 
     if req.prompt_token_ids:
         req.prompt_tokens_estimate = sum(map(len, req.prompt_token_ids))
@@ -232,6 +239,18 @@ def parse_request(
         req.target_model = target
         req.body_bytes = _rewrite_model(body, target)
     return req
+
+
+_FALSE = frozenset((False, 0, "0", "false", "f", "no", "n", "off"))
+
+
+def _special_tokens(value: Any) -> bool:
+    """vLLM's `add_special_tokens` as its pydantic model reads it (lax booleans: 0, "false",
+    "off"... are false); anything else, absent included, is its default, true. A value vLLM
+    refuses gets vLLM's own 400: routing it as true costs nothing."""
+    if isinstance(value, str):
+        value = value.strip().lower()
+    return not (isinstance(value, (bool, int, str)) and value in _FALSE)
 
 
 def plain_prompt(req: InferenceRequest) -> str | None:

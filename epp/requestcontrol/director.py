@@ -237,7 +237,9 @@ class Director:
                 text = plain_prompt(request)
                 if text is None:
                     return
-                ids = await tokenizer.encode(request.target_model, text)
+                ids = await tokenizer.encode(
+                    request.target_model, text, add_special_tokens=request.add_special_tokens
+                )
         except UnsupportedChat as exc:  # vLLM may serve it (media parts): route without token ids
             log.debug("request %s routed without token ids: %s", request.request_id, exc)
             return

@@ -81,6 +81,25 @@ async def test_chat_is_rendered_with_the_template_and_text_is_encoded(tokenizers
     assert await tokens_seen(d, "/v1/completions", {"model": "m", "prompt": [5, 6, 7]}) == [5, 6, 7]
 
 
+@pytest.mark.parametrize(
+    ("flag", "bos"),
+    [(False, False), ("false", False), (0, False), ("off", False), (True, True), (None, True), ("x", True)],
+)
+async def test_completions_honour_add_special_tokens(tokenizers: Tokenizers, flag: Any, bos: bool) -> None:
+    """vLLM's completions endpoint adds BOS unless `add_special_tokens` is false (lax booleans,
+    as pydantic reads them); found by the real-vLLM suite."""
+    d = director(tokenizers)
+    tok = load_shipped()
+    text = "Hello there, this is a prompt long enough to leave the loop" * 50  # worker path too
+    for prompt in ("Hello there", text):
+        body: dict[str, Any] = {"model": "m", "prompt": prompt}
+        if flag is not None:
+            body["add_special_tokens"] = flag
+        ids = await tokens_seen(d, "/v1/completions", body)
+        assert ids == tok.encode(prompt, add_special_tokens=bos)
+        assert ids != tok.encode(prompt, add_special_tokens=not bos)
+
+
 async def test_a_chat_vllm_would_refuse_is_answered_400(tokenizers: Tokenizers) -> None:
     d = director(tokenizers)
     bad = {"model": "m", "messages": [{"role": "user", "content": [{"type": "nonsense", "x": 1}]}]}

@@ -1,0 +1,191 @@
+"""Faults between real vLLMs and epp: lost KV-event messages, a dropped subscription, a restarted
+pod, a pod killed mid-stream. These run last (conftest `_MODULE_ORDER`) and in file order: the
+restart and the kill change the fleet.
+
+The first three use pod-2, whose events reach epp through the suite's `Forwarder` (stack.py): it
+swallows messages or closes epp's connection on demand, and keeps epp's connection up while the
+vLLM behind it restarts, so epp sees only the sequence numbers start again. Each test proves the
+repair the only way it can be seen: blocks that exist solely in what was lost are in epp's index
+afterwards (a replay brought them), or blocks of a dead process are not (a purge dropped them),
+and vLLM's cached-token report for a re-sent prompt equals epp's prediction.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import openai
+import pytest
+
+from e2e.vllm.fleet import STARTUP_TIMEOUT
+from e2e.vllm.stack import (
+    MODEL,
+    Pod,
+    VllmStack,
+    cached_tokens,
+    complete_on,
+    prediction,
+    settle,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+BLOCK = 32
+
+
+def ids_prompt(rng: random.Random, blocks: int) -> list[int]:
+    return [rng.randrange(100, 8000) for _ in range(blocks * BLOCK + 3)]
+
+
+def assert_prediction_is_vllms(stack: VllmStack, pod: Pod, prompt: list[int]) -> dict[str, Any]:
+    row = prediction(stack.explain({"model": MODEL, "prompt": prompt}), pod)
+    again = complete_on(pod, prompt)
+    assert cached_tokens(again) == row["cached_tokens"], (row, again["usage"])
+    return row
+
+
+def forwarder_of(stack: VllmStack) -> tuple[Pod, Any]:
+    pod = stack.pods[2]
+    assert pod.forwarder is not None
+    return pod, pod.forwarder
+
+
+def test_lost_messages_are_a_gap_repaired_by_replay(stack: VllmStack) -> None:
+    pod, fwd = forwarder_of(stack)
+    rng = random.Random(21)
+    lost, after = ids_prompt(rng, 8), ids_prompt(rng, 4)
+    gaps = stack.kv_counter("epp_kv_events_gaps_total", pod)
+    replays = stack.kv_counter("epp_kv_events_replays_total", pod, outcome="ok")
+    _, dropped = fwd.counts()
+    fwd.drop(1)
+    complete_on(pod, lost)
+    wait_for(lambda: fwd.counts()[1] > dropped, within=10, what="the forwarder never saw the batch to drop")
+    complete_on(pod, after)  # its batch arrives with seq = last + 2
+    wait_for(
+        lambda: (
+            stack.kv_counter("epp_kv_events_gaps_total", pod) > gaps
+            and stack.kv_counter("epp_kv_events_replays_total", pod, outcome="ok") > replays
+        ),
+        within=30,
+        what="epp did not detect the gap and replay it",
+    )
+    assert settle(stack, pod, lost)["matched_blocks"] == 8  # only the replay carried these
+    settle(stack, pod, after)
+    assert assert_prediction_is_vllms(stack, pod, lost)["cached_tokens"] == 8 * BLOCK
+
+
+def test_dropped_subscription_is_rebuilt_from_the_replay_buffer(stack: VllmStack) -> None:
+    """epp's connection is closed; a request's events go nowhere meanwhile. After the reconnect,
+    epp treats the stream as new (the publisher might have restarted): purge, replay from 0."""
+    pod, fwd = forwarder_of(stack)
+    rng = random.Random(22)
+    unseen = ids_prompt(rng, 6)
+    replays = stack.kv_counter("epp_kv_events_replays_total", pod, outcome="ok")
+    _, dropped = fwd.counts()
+    fwd.cut()
+    complete_on(pod, unseen)
+    wait_for(lambda: fwd.counts()[1] > dropped, within=10, what="no batch went nowhere during the cut")
+    fwd.restore()
+    # epp's SUB reconnects on its own schedule; its first live message after that starts the
+    # rebuild. Each attempt sends a new prompt until a replay has completed.
+    deadline = time.monotonic() + 60
+    while stack.kv_counter("epp_kv_events_replays_total", pod, outcome="ok") <= replays:
+        assert time.monotonic() < deadline, "no replay after the subscription came back"
+        complete_on(pod, ids_prompt(rng, 1))
+        try:
+            wait_for(
+                lambda: stack.kv_counter("epp_kv_events_replays_total", pod, outcome="ok") > replays,
+                within=2,
+                what="replay",
+            )
+        except AssertionError:
+            continue
+    assert settle(stack, pod, unseen)["matched_blocks"] == 6
+    assert_prediction_is_vllms(stack, pod, unseen)
+
+
+def test_restarted_pod_sequence_reset_purges_its_blocks(stack: VllmStack) -> None:
+    pod, _ = forwarder_of(stack)
+    rng = random.Random(23)
+    before_restart = ids_prompt(rng, 10)
+    complete_on(pod, before_restart)
+    settle(stack, pod, before_restart)
+    resets = stack.kv_counter("epp_kv_events_resets_total", pod)
+    pod.server.stop()
+    pod.server.start()
+    pod.server.wait_healthy(time.monotonic() + STARTUP_TIMEOUT)
+    stale = prediction(stack.explain({"model": MODEL, "prompt": before_restart}), pod)
+    print(f"before the restarted pod's first event, epp predicts {stale['matched_blocks']} blocks there")
+    # The new process numbers its batches from 0 again: epp counts a reset and purges.
+    deadline = time.monotonic() + 60
+    fresh = ids_prompt(rng, 3)
+    while True:
+        complete_on(pod, fresh)
+        try:
+            wait_for(
+                lambda: stack.kv_counter("epp_kv_events_resets_total", pod) > resets, within=3, what="reset"
+            )
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline, "epp never saw the restarted publisher's sequence reset"
+            fresh = ids_prompt(rng, 3)
+    settle(stack, pod, fresh)
+    row = assert_prediction_is_vllms(stack, pod, before_restart)
+    assert row["matched_blocks"] == 0, row
+
+
+def test_pod_killed_mid_stream(stack: VllmStack) -> None:
+    """A streaming completion's pod is SIGKILLed (every process of it). The client's stream must
+    end (not hang), epp's in-flight count must return to zero, and the pod must leave the pool:
+    first as unroutable (its scrapes fail), then gone once the endpoints file no longer lists it."""
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    stream = client.completions.create(
+        model=MODEL,
+        prompt="Tell a very long story about a garden rake.",
+        max_tokens=1500,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = 0
+    victim: Pod | None = None
+    ending = "completed"
+    started = time.monotonic()
+    try:
+        for _ in stream:
+            chunks += 1
+            if chunks == 5:
+                rows = stack.endpoints()
+                busy = [p for p in stack.pods if rows[p.address]["inflight_requests"] > 0]
+                assert len(busy) == 1, rows
+                victim = busy[0]
+                victim.server.kill()
+    except Exception as exc:  # what a truncated stream looks like to the client
+        ending = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+    elapsed = time.monotonic() - started
+    print(f"stream of {chunks} chunks ended after {elapsed:.1f} s: {ending}")
+    assert victim is not None, f"the stream ended after {chunks} chunks, before the kill"
+    assert chunks < 1500, "the stream went on after its pod was killed"
+
+    def inflight() -> dict[str, float]:
+        return stack.epp_metric("epp_endpoint_inflight_requests")
+
+    # The victim's series must be there and read 0 (an absent series would pass vacuously).
+    wait_for(
+        lambda: any(victim.address in k for k in inflight()) and all(v == 0 for v in inflight().values()),
+        within=30,
+        what=f"epp's in-flight gauge never returned to 0: {inflight()}",
+    )
+    wait_for(
+        lambda: not stack.endpoints()[victim.address]["routable"],
+        within=30,
+        what="the killed pod stayed routable",
+    )
+    survivors = [p for p in stack.pods if p is not victim]
+    stack.write_endpoints(survivors)
+    wait_for(lambda: victim.address not in stack.endpoints(), within=30, what="the pod never left the pool")
+    for i in range(4):
+        answer = client.completions.create(model=MODEL, prompt=f"After the crash {i}", max_tokens=1)
+        assert answer.choices, answer
