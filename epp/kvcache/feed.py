@@ -25,8 +25,9 @@ applied across a hole in the sequence numbers (reference notes, kv-events.md 1.1
   restart seen during a join replay from 0 must not pass for replayed duplicates).
 - seq <= last but above the previous live seq: a batch a replay already applied that was still
   queued in the SUB: skipped as a duplicate, not taken for a restart.
-- The first live message after the SUB lost its connection (socket monitor, connect mode only):
-  purged and treated as a first one (join), whatever its seq: a publisher restarted meanwhile may
+- After the SUB lost its connection (socket monitor, connect mode only): purged when it connects
+  again (unless a replay is under way), and the first live message is treated as a first one
+  (join), whatever its seq: a publisher restarted meanwhile may
   already be past the old one's last seq, which would pass for a gap and be "repaired" with the
   new process's batches on top of the old one's blocks. A reconnection to the same process thus
   costs a rebuild (a replay from 0 when configured).
@@ -190,6 +191,16 @@ class Feed:
     def disconnected(self) -> None:
         """The SUB lost its connection (socket monitor): the publisher may have restarted."""
         self._fresh = True
+
+    def reconnected(self) -> None:
+        """The SUB connected again after losing its connection: purge now rather than at the
+        next message. A restarted publisher sends nothing until its engine next runs a step, and
+        until then the old process's blocks would keep attracting requests to a cold pod (seen
+        against a real vLLM). A replay under way is left to the next message, which abandons it
+        (purging under it would let it re-apply the old process's batches)."""
+        if self._fresh and not self._busy and self.last_seq is not None:
+            log.info("kv events: pod=%s reconnected (the publisher may have restarted): purged", self.pod)
+            self._purge()
 
     # --- live messages --------------------------------------------------------------------------
 

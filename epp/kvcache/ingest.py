@@ -18,9 +18,9 @@ Two ways in, usable together:
   pod's) and the batch's `data_parallel_rank` (each DP rank has its own publisher, sequence and
   `FeedSpec.rank`). Messages of unknown topics are counted (`unrouted`) and dropped.
 
-After a disconnection (socket monitor) the pod's next message is handled as a first one (see
-`epp.kvcache.feed`): the publisher may have restarted meanwhile. Bind mode sees no per-pod
-disconnection; there a restart shows only as the sequence going back.
+After a disconnection (socket monitor) the pod is purged when it reconnects and its next message is
+handled as a first one (see `epp.kvcache.feed`): the publisher may have restarted meanwhile. Bind
+mode sees no per-pod disconnection; there a restart shows only as the sequence going back.
 
 A message is exactly 3 frames: topic, 8-byte big-endian sequence number, msgpack payload.
 Anything else (another frame count, a short sequence frame, an undecodable payload) is counted
@@ -276,6 +276,8 @@ class KVEventIngester:
         if event == zmq.EVENT_DISCONNECTED:
             feed.disconnected()  # the next message may come from a restarted publisher
         if connected != feed.connected:
+            if connected:
+                feed.reconnected()
             feed.connected = connected
             state = "connected to" if connected else "disconnected from"
             log.info("kv events: pod=%s %s %s", feed.pod, state, feed.spec.events)

@@ -446,6 +446,8 @@ async def test_reconnection_to_a_restarted_publisher_rejoins(rig: Rig, tmp_path:
     for toks in new[:3]:  # published while epp was not connected
         new_pub.publish([stored(toks)], deliver=False)
     await subscribed(new_pub)
+    # Purged on reconnection, before the new publisher sends anything.
+    await eventually(lambda: held(rig.index, s.pod, old[0]) == 0, "purge at reconnection")
     new_pub.publish([stored(new[3])])  # seq 3 > 1
     await eventually(lambda: status(ing, s.pod).last_seq == 3 and status(ing, s.pod).replays_ok == 1)
     assert [held(rig.index, s.pod, t) for t in old + new] == [0, 0, 1, 1, 1, 1]
