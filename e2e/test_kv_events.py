@@ -113,6 +113,11 @@ async def test_reset_prefix_cache_clears_the_pods_entries(
     await until(lambda n: n > 0, "the pod's blocks never reached the index")
     reply = await request(session, "POST", f"http://{served}/reset_prefix_cache")
     assert reply.status == 200, reply.text
+    # As vLLM, the pod publishes AllBlocksCleared with its next engine step's events: run one step
+    # (straight to the pod, a prompt shorter than a block: it stores nothing).
+    step = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    reply = await request(session, "POST", f"http://{served}/v1/completions", body=step)
+    assert reply.status == 200, reply.text
     # AllBlocksCleared drops the pod's entries; the 2 s speculative entry of the routed request
     # has expired by then at the latest.
     await until(lambda n: n == 0, "AllBlocksCleared did not clear the pod's entries")

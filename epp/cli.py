@@ -1,4 +1,4 @@
-"""The `epp` command: `epp serve` (the Endpoint Picker), `epp demo`, `epp bench ...`.
+"""The `epp` command: `epp serve` (the Endpoint Picker), `epp demo`, `epp sim`, `epp bench ...`.
 
 Flag names and defaults follow GIE's EPP where it has them (--grpc-port 9002, --grpc-health-port
 9003, --metrics-port 9090, --config-file/--config-text, --secure-serving, --cert-path,
@@ -254,10 +254,19 @@ def build_parser() -> argparse.ArgumentParser:
     from epp import demo as demo_mod
 
     demo_mod.add_arguments(demo)
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    sim = sub.add_parser("sim", help="simulated vLLM pods (OpenAI API, /metrics, KV events)")
+    from epp.sim import cli as sim_cli
+
+    sim_cli.add_arguments(sim)
+    bench = sub.add_parser(
+        "bench",
+        help="routing policies compared on a simulated fleet (epp bench --list), or `epp bench overhead`",
+    )
+    from epp.bench import cli as bench_cli
     from epp.bench import overhead
 
+    bench_cli.add_arguments(bench)
+    bench_sub = bench.add_subparsers(dest="bench", metavar="overhead")
     overhead.add_arguments(bench_sub.add_parser("overhead", help="Envoy alone vs Envoy + epp"))
     return parser
 
@@ -272,10 +281,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from epp import demo
 
         return demo.run(args)
+    if args.command == "sim":
+        from epp.sim import cli as sim_cli
+
+        return sim_cli.run(args)
     if args.command == "bench" and args.bench == "overhead":
         from epp.bench import overhead
 
         return overhead.run(args)
+    if args.command == "bench":
+        from epp.bench import cli as bench_cli
+
+        return bench_cli.run(args)
     return 2
 
 

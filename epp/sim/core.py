@@ -120,6 +120,7 @@ class EngineRequest:
         "cache_salt",
         "finish_time",
         "finished",
+        "first_scheduled_time",
         "first_token_time",
         "lora_id",
         "lora_name",
@@ -156,6 +157,7 @@ class EngineRequest:
         self._script = output_token_ids  # the tokens to "generate"; None = default_output_token
         # Filled in by the engine.
         self.arrival_time = 0.0
+        self.first_scheduled_time: float | None = None  # first admission (queue time ends)
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         self.num_cached_tokens = 0
@@ -243,6 +245,23 @@ class Engine:
         """Distinct block hashes in the prefix cache."""
         return self._pool.distinct_cached
 
+    def running_requests(self) -> tuple[EngineRequest, ...]:
+        """The running requests, in admission order (a copy)."""
+        return tuple(self._running)
+
+    def waiting_requests(self) -> tuple[EngineRequest, ...]:
+        """The waiting requests, in the order they will be admitted (a copy)."""
+        return tuple(self._waiting)
+
+    def cached_prefix_blocks(
+        self, token_ids: Sequence[int], *, lora_name: str | None = None, cache_salt: str | None = None
+    ) -> int:
+        """How many leading full blocks of `token_ids` are cached now (nothing is touched)."""
+        digests = blocks.block_digests(
+            token_ids, self.profile.block_size, lora_name=lora_name, cache_salt=cache_salt
+        )
+        return len(self._pool.lookup(digests))
+
     # --- requests ---------------------------------------------------------------------------------
 
     def add_request(self, req: EngineRequest, now: float) -> None:
@@ -292,9 +311,17 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
 
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:
         """Forget every cached block (one `AllBlocksCleared`, published with the next step's events);
-        refused (False) while requests hold blocks, as vLLM refuses."""
+        refused (False) while requests hold blocks, as vLLM refuses.
+
+        `reset_running_requests` (vLLM's `?reset_running_requests=true`): first preempt every
+        running request, most recently admitted first (each counts as a preemption), so nothing
+        holds a block; they recompute from scratch when admitted again.
+        """
+        if reset_running_requests:
+            while self._running:
+                self._preempt(self._running.pop())
         return self._pool.reset()
 
     def take_events(self) -> list[Event]:
@@ -357,6 +384,8 @@ class Engine:
                 if need + evictable > pool.num_free:
                     break  # head-of-line: vLLM does not skip to a smaller request
                 waiting.popleft()
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = now
                 pool.touch(hit)
                 req._blocks = hit
                 req._num_computed = computed

@@ -1,67 +1,79 @@
-"""A simulated vLLM replica's behaviour, without HTTP: what an endpoint picker can observe.
+"""A simulated vLLM replica in real time, without HTTP: the step engine on an asyncio loop.
 
-`epp.sim.server` serves this model over vLLM's OpenAI-compatible HTTP API; this module holds the
-state and the timing it serves. What is modelled, and why:
+`epp.sim.server` serves this over vLLM's OpenAI-compatible HTTP API; this module holds the state
+behind it. The engine itself is `epp.sim.core` (vLLM V1's scheduler and block pool: continuous
+batching, chunked prefill, the prefix cache, preemption; docs/simulator.md); here it runs against
+the wall clock:
 
+* **One step loop per replica.** An asyncio task takes the requests that have arrived, runs
+  `Engine.step(now)`, sleeps the step's duration x `time_scale`, publishes the step's KV events as
+  one batch (vLLM publishes when it processes the step's output), then hands the tokens the step
+  produced to the waiting HTTP handlers. So concurrent requests share steps: a cold prefill slows
+  every request batched with it, and a hit's first token comes after one short step.
+* **The clock.** Simulated seconds = wall seconds / `time_scale`. While busy, steps run back to
+  back in simulated time; if the loop falls behind the wall clock (a slow machine, steps shorter
+  than the loop's own overhead) it catches up by not sleeping, up to `_MAX_LAG` of wall time, then
+  drops the debt. An idle engine starts its next step at the current time.
 * **Tokens.** A prompt is rendered as epp renders it before tokenizing (`epp.api.requests`:
-  completions and embeddings their first prompt, chat and responses their texts joined by newlines;
-  a completions prompt given as token ids is used as it is) and tokenized with BOS by the
-  tokenizer epp ships (epp-tiny) or `SimConfig.tokenizer`. So the token ids epp computes for
-  routing are the ids this server caches, which is what precise prefix routing relies on with a
-  real vLLM (whose chat template epp does not apply yet). `usage.prompt_tokens` is their count.
-* **Admission.** At most `max_num_seqs` requests run at once; the rest wait in FIFO order. So
-  `vllm:num_requests_waiting` / `vllm:num_requests_running` move the way a load-aware scorer expects.
-* **Prefix cache.** vLLM's block pool (`epp.sim.blocks`): `num_gpu_blocks` blocks of `block_size`
-  tokens, chained hashes of full blocks (LoRA adapter and `cache_salt` mixed in), blocks held by
-  running requests, free cached blocks evicted least recently freed first, only when a block is
-  needed. A request's leading cached blocks cost no prefill time; vLLM always computes the last
-  prompt token, so `usage.prompt_tokens_details.cached_tokens` is
-  `min(hit blocks, (prompt_tokens - 1) // block_size) * block_size`. Blocks become cached when
-  prefill starts, as vLLM caches them when it allocates them for the step computing them.
-* **KV events.** With `kv_events` set, the pool's events go out on vLLM's ZMQ wire
-  (`epp.sim.kvpublisher`), one batch per step that has any: the evictions a request's allocation
-  causes and its `BlockStored` when it starts, further evictions as decode grows it,
-  `AllBlocksCleared` on a prefix-cache reset.
-* **Latency.** Time to first token = `base_latency + uncached_tokens * prefill cost per token`;
-  later tokens come every `decode_per_token`. All delays are multiplied by `time_scale`, so tests
-  can keep the relative numbers (a cold 4k-token prompt ~ 0.33 s at scale 1) and still run fast.
-  `SimConfig.fixed(latency)` gives a constant-cost server for overhead measurements.
-* **KV usage.** Pool blocks held by running requests over `num_gpu_blocks` (prompt blocks at
-  prefill, one more each `block_size` generated tokens); idle cached blocks count as free, as in
-  vLLM.
+  completions and embeddings their first prompt, chat its messages through the chat template as
+  vLLM's chat endpoint does; a completions prompt given as token ids is used as it is) and
+  tokenized with BOS by the tokenizer epp ships (epp-tiny) or `SimConfig.tokenizer`. So the ids
+  epp computes for routing are the ids this replica caches. Generated tokens are filler words
+  (`output_tokens`); their ids are `core.default_output_token`.
+* **Costs.** `SimConfig.profile` (a calibrated `epp.sim.profiles.Profile`) or, without one, the
+  per-token knobs mapped onto a profile (`SimConfig.engine_profile`): every step costs at least
+  `decode_per_token` (reading the weights: a lone decode step) and `prefill_cost` per token
+  computed. `base_latency` is added before a request reaches the engine (API server work); it does
+  not occupy the engine. `SimConfig.fixed(latency)` is a zero-cost engine behind a fixed latency.
+* **Answers.** `cached_tokens` is the prefix-cache hit at the request's first admission; a prompt
+  plus `max_tokens` over `max_model_len` is refused (`core.RequestRejected`, vLLM's message); a
+  client that goes away aborts the request (its computed blocks stay cached).
 * **Metrics.** `render_metrics` writes the Prometheus text a picker scrapes, with vLLM's names.
 
-Deliberately absent: chat templates, batching effects on speed, preemption, caching of blocks
-filled by decode, real LoRA loading. A batch of prompts is served as its first prompt.
+Absent: chat templates beyond epp's, sampling (every request generates `max_tokens` filler
+tokens), real LoRA loading (an adapter is a cache key and a metric label), embeddings as a pooling
+model (an embedding request is a one-token generation here), a batch of prompts (served as its
+first prompt), `vllm:num_requests_waiting_by_reason`, iteration-token histograms.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import functools
-import math
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from epp.api.requests import Api, InferenceRequest, plain_prompt
-from epp.sim.blocks import Block, BlockPool, Digest, block_digests
+from epp.sim import core
 from epp.sim.kvpublisher import KVEventPublisher
+from epp.sim.profiles import Profile
 from epp.tokenize.registry import Tokenizers
 from epp.tokenize.tokenizer import Tokenizer, load_shipped
+
+log = logging.getLogger(__name__)
 
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
 # The simulator tokenizes whole prompts, as vLLM does (epp cuts long texts for routing only).
 _NO_CUT = 1 << 62
+# Wall seconds the step loop may fall behind before it stops catching up (see the docstring).
+_MAX_LAG = 0.05
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SimConfig:
-    """Behaviour of one simulated replica. Times are seconds before `time_scale` applies."""
+    """Behaviour of one simulated replica. Times are simulated seconds; `time_scale` turns them
+    into wall seconds.
+
+    The engine limits (`block_size`, `num_gpu_blocks`, `max_num_seqs`, `max_num_batched_tokens`,
+    `max_model_len`) always come from these fields; step costs come from `profile` when it is set
+    (`SimConfig.from_profile` copies a profile's limits into the fields too), else from the
+    per-token knobs (`engine_profile` has the mapping).
+    """
 
     name: str = ""  # value of x-sim-server; "" = "<host>:<port>"
     served_model: str = "sim-model"
@@ -71,23 +83,26 @@ class SimConfig:
     # so tests can send any name and see it echoed (an unknown name is served as the base model).
     strict_models: bool = False
     max_num_seqs: int = 8
+    max_num_batched_tokens: int = 2048  # token budget per step (vLLM's default below 70 GiB GPUs)
     block_size: int = 16  # tokens per KV block, as reported in vllm:cache_config_info
     num_gpu_blocks: int = 4096
     # tokenizer.json, or a directory holding it; None = epp-tiny, epp's default tokenizer.
     tokenizer: str | None = None
+    # Step costs from a named, calibrated profile; None = the per-token knobs below.
+    profile: Profile | None = None
     base_latency: float = 0.01
-    # Prefill seconds per uncached prompt token; None = prefill_per_char * chars_per_token (8e-5:
-    # a cold 4k-token prompt takes 0.33 s with base_latency).
+    # Seconds per prompt token computed; None = prefill_per_char * chars_per_token (8e-5: a lone
+    # cold 4k-token prompt takes 0.33 s with base_latency).
     prefill_per_token: float | None = None
     # The cost knob of the character model this simulator had; kept so callers that set it keep
     # their timing. chars_per_token only converts it: tokens are real now.
     prefill_per_char: float = 2.0e-5
     chars_per_token: int = 4
-    decode_per_token: float = 0.02
+    decode_per_token: float = 0.02  # the floor of every step: a decode step's time
     time_scale: float = 1.0
     default_max_tokens: int = 16
     max_output_tokens: int = 4096
-    max_model_len: int = 32768
+    max_model_len: int = 32768  # cut to the KV capacity when that is smaller
     embedding_dims: int = 16
     # Fault injection for gateway tests: answer inference requests with this status at once (0 =
     # off), or drop their connection without answering. Metrics and /health keep working.
@@ -98,14 +113,16 @@ class SimConfig:
     # KV events (vLLM's --kv-events-config): the PUB endpoint, bound when it has a wildcard or port
     # 0 ("tcp://127.0.0.1:0": an ephemeral port), connected otherwise; None = no events. The
     # replay ROUTER endpoint (always bound; None = no replay). The topic; None =
-    # "kv@<host>:<port>@<served_model>" with the HTTP address, llm-d's convention.
+    # "kv@<host>:<port>@<served_model>" with the HTTP address, llm-d's convention. The wire
+    # encoding: "map" (vLLM >= 0.24) or "array" (the legacy layout of vLLM 0.22-0.23).
     kv_events: str | None = None
     kv_replay: str | None = None
     kv_topic: str | None = None
+    kv_encoding: Literal["map", "array"] = "map"
 
     @classmethod
     def fixed(cls, latency: float = 0.0, **overrides: Any) -> SimConfig:
-        """Constant cost per request: `latency` before the answer, no prefill or decode time."""
+        """Constant cost per request: `latency` before the engine, whose steps take no time."""
         fields: dict[str, Any] = {
             "base_latency": latency,
             "prefill_per_token": 0.0,
@@ -116,12 +133,53 @@ class SimConfig:
         fields.update(overrides)
         return cls(**fields)
 
+    @classmethod
+    def from_profile(cls, profile: Profile, **overrides: Any) -> SimConfig:
+        """A replica running `profile`: its limits and step costs, no base latency."""
+        fields: dict[str, Any] = {
+            "profile": profile,
+            "block_size": profile.block_size,
+            "num_gpu_blocks": profile.num_gpu_blocks,
+            "max_num_seqs": profile.max_num_seqs,
+            "max_num_batched_tokens": profile.max_num_batched_tokens,
+            "max_model_len": profile.max_model_len,
+            "base_latency": 0.0,
+        }
+        fields.update(overrides)
+        return cls(**fields)
+
     @property
     def prefill_cost(self) -> float:
-        """Prefill seconds per uncached prompt token."""
+        """Seconds per prompt token computed (the per-token knob; unused with a profile)."""
         if self.prefill_per_token is not None:
             return self.prefill_per_token
         return self.prefill_per_char * self.chars_per_token
+
+    def engine_profile(self) -> Profile:
+        """The profile the engine runs: this config's limits, with `profile`'s step costs or these:
+        a step takes max(decode_per_token, tokens computed x prefill_cost), which is
+        `decode_per_token` for a decode step, `prefill_cost` per token for a long prefill, and the
+        old per-request numbers for a request alone. `max_model_len` is cut to the KV capacity
+        (vLLM would refuse to start instead)."""
+        limits: dict[str, Any] = {
+            "block_size": self.block_size,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": min(self.max_model_len, self.block_size * self.num_gpu_blocks),
+        }
+        if self.profile is not None:
+            return self.profile.replace(**limits)
+        return Profile(
+            name="sim-config",
+            step_overhead_s=0.0,
+            weights_read_s=self.decode_per_token,
+            token_s=self.prefill_cost,
+            attention_pair_s=0.0,
+            kv_read_token_s=0.0,
+            description="SimConfig's per-token costs",
+            **limits,
+        )
 
     def lora_id(self, model: str) -> int | None:
         """vLLM's int id of an adapter (1-based, in `lora_adapters` order); None for the base model."""
@@ -139,7 +197,11 @@ def load_tokenizer(path: str | None) -> Tokenizer:
 
 def output_tokens(n: int) -> list[str]:
     """The text of the `n` tokens every request generates (deterministic, for tests)."""
-    return [f" {_WORDS[i % len(_WORDS)]}" for i in range(n)]
+    return [_word(i) for i in range(n)]
+
+
+def _word(i: int) -> str:
+    return f" {_WORDS[i % len(_WORDS)]}"
 
 
 class Histogram:
@@ -169,22 +231,8 @@ class Histogram:
 
 
 _LATENCY_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
+    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1),
+    *(0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
 )
 
 
@@ -196,35 +244,117 @@ class SimStats:
     aborted: int = 0
     errors: int = 0
     faults: int = 0
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # of completed requests
     cached_tokens: int = 0
     generation_tokens: int = 0
-    # Per prefill, finished or not (vLLM counts a query when it schedules a request).
-    cache_query_blocks: int = 0  # full prompt blocks looked up
-    cache_hit_blocks: int = 0  # of those, found cached and used
-    cache_query_tokens: int = 0
-    cache_hit_tokens: int = 0
     max_running: int = 0
     max_waiting: int = 0
     by_path: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     destinations: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
 
+class SimRequest:
+    """One inference request on the replica: the engine's request and what has reached the handler."""
+
+    def __init__(
+        self,
+        state: SimState,
+        api: str,
+        body: Mapping[str, Any],
+        token_ids: list[int],
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
+    ) -> None:
+        self.state = state
+        self.api = api
+        self.body = body
+        self.token_ids = token_ids
+        cfg = state.config
+        self.model = body["model"] if isinstance(body.get("model"), str) else cfg.served_model
+        lora = self.model if self.model in cfg.lora_adapters else None
+        self.id = uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.engine_request = core.EngineRequest(
+            self.id,
+            token_ids,
+            max_tokens,
+            lora_name=lora,
+            cache_salt=cache_salt,
+            lora_id=cfg.lora_id(lora) if lora else None,
+        )
+        self.ready = 0  # tokens whose step has ended (the handler may send them)
+        self.done = False
+        self.error: BaseException | None = None
+        self._wake = asyncio.Event()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.engine_request.num_cached_tokens
+
+    @property
+    def generated(self) -> int:
+        return self.ready
+
+    def _deliver(self) -> None:
+        """Called by the step loop once a step has ended: expose what it produced."""
+        e = self.engine_request
+        self.ready = e.num_output_tokens
+        self.done = e.finished
+        self._wake.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self.done = True
+        self._wake.set()
+
+    async def decode(self) -> AsyncIterator[str]:
+        """Yields each output token as the step producing it ends; the first after prefill."""
+        sent = 0
+        while True:
+            while sent < self.ready:
+                yield _word(sent)
+                sent += 1
+            if self.error is not None:
+                raise RuntimeError("the simulated engine failed") from self.error
+            if self.done:
+                return
+            self._wake.clear()
+            await self._wake.wait()
+
+    def usage(self) -> dict[str, Any]:
+        if self.api == "responses":
+            return {
+                "input_tokens": self.prompt_tokens,
+                "output_tokens": self.generated,
+                "total_tokens": self.prompt_tokens + self.generated,
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
+            }
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.generated,
+            "total_tokens": self.prompt_tokens + self.generated,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
 class SimState:
     """Live state of one replica; reachable from the runner with `epp.sim.server.sim_state(runner)`.
 
-    Call `close()` when done (the tokenizer's worker thread, the KV-event publisher's sockets).
+    Create it on the event loop that serves it (the step loop starts with the first request).
+    `await aclose()` when done (the step loop, the tokenizer's worker thread, the KV-event
+    publisher's sockets).
     """
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.name = config.name
-        self.sem = asyncio.Semaphore(config.max_num_seqs)
-        self.running = 0
-        self.waiting = 0
-        self.lora_running: collections.Counter[str] = collections.Counter()
-        self.lora_waiting: collections.Counter[str] = collections.Counter()
-        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        self.profile = config.engine_profile()
+        self.engine = core.Engine(self.profile, name=config.name, record_events=config.kv_events is not None)
         # One worker: long prompts are encoded off the loop (the encode releases the GIL), and a
         # fleet of replicas in one process should not start a pool of threads each.
         self.tokenizers = Tokenizers(default=load_tokenizer(config.tokenizer), max_chars=_NO_CUT, workers=1)
@@ -236,6 +366,11 @@ class SimState:
         self.e2e = Histogram(_LATENCY_BUCKETS)
         self.queue_time = Histogram(_LATENCY_BUCKETS)
         self.started = time.time()
+        self._active: dict[str, SimRequest] = {}  # in the engine, not yet finished or aborted
+        self._work = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._t0 = 0.0  # loop time at simulated time 0
+        self._end = 0.0  # simulated time the last step ended
 
     # --- KV events ------------------------------------------------------------------------------
 
@@ -246,8 +381,9 @@ class SimState:
         if cfg.kv_events is None or self.publisher is not None:
             return
         topic = cfg.kv_topic if cfg.kv_topic is not None else f"kv@{address}@{cfg.served_model}"
-        self.publisher = KVEventPublisher(cfg.kv_events, replay_endpoint=cfg.kv_replay, topic=topic)
-        self.pool.record_events = True
+        self.publisher = KVEventPublisher(
+            cfg.kv_events, replay_endpoint=cfg.kv_replay, topic=topic, encoding=cfg.kv_encoding
+        )
 
     @property
     def kv_endpoint(self) -> str | None:
@@ -259,30 +395,117 @@ class SimState:
         return None if self.publisher is None else self.publisher.replay_endpoint
 
     def publish_events(self) -> None:
-        """Send the pool's pending events as one batch (an engine step's worth), if there are any."""
-        events = self.pool.take_events()
+        """Send the engine's pending events as one batch, if there are any."""
+        events = self.engine.take_events()
         if events and self.publisher is not None:
             self.kv_last_seq = self.publisher.publish(events)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for req in self._active.values():
+            req._fail(RuntimeError("replica stopped"))
+        self._active.clear()
         self.tokenizers.close()
         if self.publisher is not None:
             self.publisher.close()
 
+    # --- requests -------------------------------------------------------------------------------
+
+    def submit(self, req: SimRequest) -> None:
+        """Queue `req` in the engine now.
+
+        Raises:
+            core.RequestRejected: what vLLM answers 400 to (e.g. longer than max_model_len).
+        """
+        if self._task is not None and self._task.done():
+            raise RuntimeError(f"the simulated engine {self.name!r} stopped")
+        if self._task is None:
+            loop = asyncio.get_running_loop()
+            self._t0 = loop.time()
+            self._task = loop.create_task(self._run(), name=f"sim-engine-{self.name}")
+        self.engine.add_request(req.engine_request, max(self._end, self._wall_now()))
+        self._active[req.id] = req
+        self._work.set()
+
+    def cancel(self, req: SimRequest) -> None:
+        """The client went away: vLLM aborts the request (no-op once it finished)."""
+        if self._active.pop(req.id, None) is not None:
+            self.engine.abort(req.id)
+
+    async def delay(self, seconds: float) -> None:
+        """Sleep `seconds` of simulated time."""
+        if seconds > 0 and self.config.time_scale > 0:
+            await asyncio.sleep(seconds * self.config.time_scale)
+
+    def _wall_now(self) -> float:
+        scale = self.config.time_scale
+        if scale <= 0 or self._task is None:
+            return self._end
+        return (asyncio.get_running_loop().time() - self._t0) / scale
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine, scale = self.engine, self.config.time_scale
+        busy = False
+        while True:
+            if not engine.has_unfinished():
+                busy = False
+                self._work.clear()
+                await self._work.wait()
+                continue
+            now = self._end if busy else max(self._end, self._wall_now())
+            try:
+                result = engine.step(now)
+            except Exception as exc:  # a bug: fail the requests rather than hang them
+                log.exception("simulated engine %s failed", self.name)
+                for req in self._active.values():
+                    req._fail(exc)
+                self._active.clear()
+                raise
+            busy = True
+            self._end = now + result.duration
+            stats = self.stats
+            stats.max_running = max(stats.max_running, engine.num_running)
+            stats.max_waiting = max(stats.max_waiting, engine.num_waiting)
+            if scale > 0:
+                wait = self._t0 + self._end * scale - loop.time()
+                if wait < -_MAX_LAG:  # too far behind: drop the debt
+                    self._t0 -= wait
+                    wait = 0.0
+                await asyncio.sleep(max(0.0, wait))
+            else:
+                await asyncio.sleep(0)  # let the handlers run
+            self.publish_events()
+            for first in result.first_tokens:
+                if first.first_scheduled_time is not None:  # always, for a request with a token
+                    queued = first.first_scheduled_time - first.arrival_time
+                    self.queue_time.observe(max(0.0, queued) * max(scale, 0.0))
+            # Only running or just-finished requests can have new tokens (O(running), not O(queue)).
+            for e_req in (*engine.running_requests(), *result.finished):
+                sim_req = self._active.get(e_req.request_id)
+                if sim_req is None:  # aborted while the step ran
+                    continue
+                if e_req.num_output_tokens != sim_req.ready or e_req.finished:
+                    sim_req._deliver()
+                    if e_req.finished:
+                        del self._active[e_req.request_id]
+
     # --- cache ----------------------------------------------------------------------------------
 
     def reset_prefix_cache(self, *, force: bool = False) -> bool:
-        """vLLM's prefix-cache reset: refused while requests hold blocks, unless `force`."""
-        done = self.pool.reset(force=force)
-        self.publish_events()
-        return done
+        """vLLM's prefix-cache reset: refused while requests hold blocks, unless `force` (which
+        preempts the running requests first). `AllBlocksCleared` goes out with the next step's
+        events, as vLLM publishes it."""
+        return self.engine.reset_prefix_cache(reset_running_requests=force)
 
     def cached_blocks(
         self, token_ids: Sequence[int], *, lora_name: str | None = None, cache_salt: str | None = None
     ) -> int:
         """How many leading full blocks of `token_ids` are cached now (nothing is touched)."""
-        digests = block_digests(token_ids, self.config.block_size, lora_name=lora_name, cache_salt=cache_salt)
-        return len(self.pool.lookup(digests))
+        return self.engine.cached_prefix_blocks(token_ids, lora_name=lora_name, cache_salt=cache_salt)
 
     async def prompt_token_ids(
         self,
@@ -308,200 +531,81 @@ class SimState:
     # --- stats ----------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Counters and histograms back to zero, and the prefix cache cleared (even under load)."""
+        """Counters and histograms back to zero, and the prefix cache cleared even under load
+        (running requests are preempted); with KV events, `AllBlocksCleared` goes out at once."""
         self.reset_prefix_cache(force=True)
+        self.publish_events()
         self.stats = SimStats()
         self.success.clear()
         self.ttft = Histogram(_LATENCY_BUCKETS)
         self.e2e = Histogram(_LATENCY_BUCKETS)
         self.queue_time = Histogram(_LATENCY_BUCKETS)
 
+    def lora_adapters(self) -> tuple[list[str], list[str]]:
+        """The adapters of the running and of the waiting requests, sorted, each once."""
+        running = {r.lora_name for r in self.engine.running_requests() if r.lora_name}
+        waiting = {r.lora_name for r in self.engine.waiting_requests() if r.lora_name}
+        return sorted(running), sorted(waiting)
+
     def snapshot(self) -> dict[str, Any]:
-        s = self.stats
+        s, e = self.stats, self.engine
         return {
             "name": self.name,
+            "profile": self.profile.name,
             "requests": s.requests,
             "inference_requests": s.inference_requests,
             "completed": s.completed,
             "aborted": s.aborted,
             "errors": s.errors,
             "faults": s.faults,
-            "running": self.running,
-            "waiting": self.waiting,
+            "running": e.num_running,
+            "waiting": e.num_waiting,
             "max_running": s.max_running,
             "max_waiting": s.max_waiting,
             "prompt_tokens": s.prompt_tokens,
             "cached_tokens": s.cached_tokens,
             "generation_tokens": s.generation_tokens,
-            "cache_query_blocks": s.cache_query_blocks,
-            "cache_hit_blocks": s.cache_hit_blocks,
-            "cache_blocks": self.pool.cached,
-            "kv_blocks_held": self.pool.held + self.pool.outside,
-            "kv_cache_usage_perc": self.kv_usage(),
+            "prefix_cache_queries": e.prefix_cache_queries,
+            "prefix_cache_hits": e.prefix_cache_hits,
+            "cache_hit_blocks": e.prefix_cache_hits // self.profile.block_size,
+            "cache_blocks": e.num_cached_blocks,
+            "free_blocks": e.num_free_blocks,
+            "kv_cache_usage_perc": e.kv_usage,
+            "preemptions": e.num_preemptions,
+            "steps": e.num_steps,
             "kv_events_seq": self.kv_last_seq,
             "by_path": dict(s.by_path),
             "destinations": dict(s.destinations),
         }
 
-    def kv_usage(self) -> float:
-        return self.pool.usage()
-
-    def delay(self, seconds: float) -> float:
-        return max(0.0, seconds * self.config.time_scale)
-
-
-class SimRequest:
-    """One inference request while it is on the replica: bookkeeping for queue, blocks and events."""
-
-    def __init__(
-        self,
-        state: SimState,
-        api: str,
-        body: Mapping[str, Any],
-        token_ids: list[int],
-        n_out: int,
-        *,
-        cache_salt: str | None = None,
-    ) -> None:
-        self.state = state
-        self.api = api
-        self.body = body
-        self.token_ids = token_ids
-        self.n_out = n_out
-        self.cache_salt = cache_salt
-        cfg = state.config
-        self.model = body["model"] if isinstance(body.get("model"), str) else cfg.served_model
-        self.lora = self.model if self.model in cfg.lora_adapters else ""
-        self.prompt_tokens = len(token_ids)
-        self.cached_tokens = 0
-        self.generated = 0
-        self.blocks: list[Block] = []  # block i holds tokens [i * block_size, (i + 1) * block_size)
-        self._digests: list[Digest] = []
-        self.id = uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-
-    def _grow(self, tokens: int) -> None:
-        """Hold enough blocks for the KV of `tokens` tokens (new ones may evict cached blocks)."""
-        need = math.ceil(tokens / self.state.config.block_size)
-        if need > len(self.blocks):
-            self.blocks += self.state.pool.allocate(need - len(self.blocks))
-
-    @contextlib.asynccontextmanager
-    async def admitted(self) -> AsyncIterator[None]:
-        """Wait for a running slot (FIFO), hold it for the body of the `async with`."""
-        state = self.state
-        state.waiting += 1
-        if self.lora:
-            state.lora_waiting[self.lora] += 1
-        state.stats.max_waiting = max(state.stats.max_waiting, state.waiting)
-        queued_at = time.monotonic()
-        try:
-            await state.sem.acquire()
-        finally:
-            state.waiting -= 1
-            if self.lora:
-                state.lora_waiting[self.lora] -= 1
-                if not state.lora_waiting[self.lora]:
-                    del state.lora_waiting[self.lora]
-        state.queue_time.observe(time.monotonic() - queued_at)
-        state.running += 1
-        if self.lora:
-            state.lora_running[self.lora] += 1
-        state.stats.max_running = max(state.stats.max_running, state.running)
-        try:
-            yield
-        finally:
-            state.running -= 1
-            if self.lora:
-                state.lora_running[self.lora] -= 1
-                if not state.lora_running[self.lora]:
-                    del state.lora_running[self.lora]
-            # Finished or aborted alike: blocks a cancelled prefill never computed stay uncached.
-            state.pool.free(self.blocks)
-            self.blocks = []
-            state.sem.release()
-
-    async def prefill(self) -> None:
-        state, cfg, pool = self.state, self.state.config, self.state.pool
-        n, bs = self.prompt_tokens, cfg.block_size
-        lora = self.lora or None
-        self._digests = block_digests(self.token_ids, bs, lora_name=lora, cache_salt=self.cache_salt)
-        # vLLM computes at least the last prompt token, so a hit covers at most (n - 1) // bs blocks.
-        hit = pool.lookup(self._digests)[: max(0, n - 1) // bs]
-        pool.touch(hit)  # before allocating: allocation must not evict what this request uses
-        self.blocks = list(hit)
-        self.cached_tokens = len(hit) * bs
-        self._grow(n)
-        # vLLM caches a request's full blocks when it allocates them for the step that computes
-        # them (KVCacheManager.allocate_slots), and publishes BlockStored with that step's events:
-        # a request scheduled in a later step already hits them. There are no steps here, so the
-        # blocks are cached as prefill starts (a sibling may then finish first, a small optimism).
-        pool.cache(
-            self.blocks,
-            self._digests,
-            self.token_ids,
-            lora_id=cfg.lora_id(self.lora) if self.lora else None,
-            lora_name=lora,
-            cache_salt=self.cache_salt,
-        )
-        state.publish_events()
-        state.stats.cache_query_blocks += len(self._digests)
-        state.stats.cache_hit_blocks += len(hit)
-        state.stats.cache_query_tokens += n
-        state.stats.cache_hit_tokens += self.cached_tokens
-        await asyncio.sleep(state.delay(cfg.base_latency + (n - self.cached_tokens) * cfg.prefill_cost))
-
-    async def decode(self) -> AsyncIterator[str]:
-        """Yields each output token; the first right after prefill, then one per decode step."""
-        state = self.state
-        for i, tok in enumerate(output_tokens(self.n_out)):
-            if i:
-                await asyncio.sleep(state.delay(state.config.decode_per_token))
-                # This step computes the KV of the previous output token.
-                self._grow(self.prompt_tokens + i)
-                state.publish_events()
-            self.generated += 1
-            yield tok
-
-    def usage(self) -> dict[str, Any]:
-        if self.api == "responses":
-            return {
-                "input_tokens": self.prompt_tokens,
-                "output_tokens": self.generated,
-                "total_tokens": self.prompt_tokens + self.generated,
-                "input_tokens_details": {"cached_tokens": self.cached_tokens},
-            }
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.generated,
-            "total_tokens": self.prompt_tokens + self.generated,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
-
 
 def render_metrics(state: SimState) -> str:
     """Prometheus text with vLLM's metric names for the series a picker scrapes."""
-    cfg = state.config
+    cfg, prof, e = state.config, state.profile, state.engine
     m = f'model_name="{cfg.served_model}"'
     s = state.stats
+    running_lora, waiting_lora = state.lora_adapters()
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{{{m}}} {float(state.running)}",
+        f"vllm:num_requests_running{{{m}}} {float(e.num_running)}",
         "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
         "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{{{m}}} {float(state.waiting + cfg.extra_waiting)}",
+        f"vllm:num_requests_waiting{{{m}}} {float(e.num_waiting + cfg.extra_waiting)}",
         "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
         "# TYPE vllm:kv_cache_usage_perc gauge",
-        f"vllm:kv_cache_usage_perc{{{m}}} {state.kv_usage()}",
+        f"vllm:kv_cache_usage_perc{{{m}}} {e.kv_usage}",
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
         "# TYPE vllm:cache_config_info gauge",
-        f'vllm:cache_config_info{{block_size="{cfg.block_size}",cache_dtype="auto",enable_prefix_caching="True",'
-        f'num_gpu_blocks="{cfg.num_gpu_blocks}",num_cpu_blocks="0"}} 1.0',
+        f'vllm:cache_config_info{{block_size="{prof.block_size}",cache_dtype="auto",enable_prefix_caching="True",'
+        f'num_gpu_blocks="{prof.num_gpu_blocks}",num_cpu_blocks="0"}} 1.0',
         "# HELP vllm:lora_requests_info Running stats on lora requests.",
         "# TYPE vllm:lora_requests_info gauge",
-        f'vllm:lora_requests_info{{max_lora="{cfg.max_loras}",running_lora_adapters="{",".join(sorted(state.lora_running))}",'
-        f'waiting_lora_adapters="{",".join(sorted(state.lora_waiting))}"}} {time.time()}',
+        f'vllm:lora_requests_info{{max_lora="{cfg.max_loras}",running_lora_adapters="{",".join(running_lora)}",'
+        f'waiting_lora_adapters="{",".join(waiting_lora)}"}} {time.time()}',
+        "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+        "# TYPE vllm:num_preemptions_total counter",
+        f"vllm:num_preemptions_total{{{m}}} {float(e.num_preemptions)}",
         "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
         "# TYPE vllm:prompt_tokens_total counter",
         f"vllm:prompt_tokens_total{{{m}}} {float(s.prompt_tokens)}",
@@ -510,10 +614,10 @@ def render_metrics(state: SimState) -> str:
         f"vllm:generation_tokens_total{{{m}}} {float(s.generation_tokens)}",
         "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
         "# TYPE vllm:prefix_cache_queries_total counter",
-        f"vllm:prefix_cache_queries_total{{{m}}} {float(s.cache_query_tokens)}",
+        f"vllm:prefix_cache_queries_total{{{m}}} {float(e.prefix_cache_queries)}",
         "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.",
         "# TYPE vllm:prefix_cache_hits_total counter",
-        f"vllm:prefix_cache_hits_total{{{m}}} {float(s.cache_hit_tokens)}",
+        f"vllm:prefix_cache_hits_total{{{m}}} {float(e.prefix_cache_hits)}",
         "# HELP vllm:request_success_total Count of successfully processed requests.",
         "# TYPE vllm:request_success_total counter",
     ]

@@ -2,8 +2,10 @@
 
 Why a thread of its own: the callers (the demo, the end-to-end fixtures) stay synchronous or run
 their own client loop, and a client never shares an event loop with the servers it measures, so
-a slow client callback cannot stall a replica's timers (and the other way round). The GIL is
-still shared; the replicas only sleep and write small SSE chunks, so that costs little.
+a slow client callback cannot stall a replica's step loop (and the other way round). The GIL is
+still shared; a replica's step costs microseconds per running request and the rest is sleeping
+and writing small SSE chunks, so that costs little. (`epp sim` serves pods the same way, on the
+main thread's loop.)
 
 Use:
 

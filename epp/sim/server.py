@@ -1,8 +1,10 @@
 """A simulated vLLM replica over HTTP (aiohttp): vLLM's OpenAI-compatible routes and /metrics.
 
-The behaviour behind the routes (admission, prefix cache, timing, KV usage, the Prometheus text)
-is `epp.sim.engine`'s; this module parses requests, writes JSON and SSE responses the way vLLM
-does, and starts and addresses the server.
+The behaviour behind the routes (the step engine in real time: batching, prefix cache, KV events,
+preemption, the Prometheus text) is `epp.sim.engine`'s; this module parses requests, writes JSON
+and SSE responses the way vLLM does (errors as vLLM's `{"error": {message, type, param, code}}`;
+a prompt longer than `max_model_len` is a 400 with vLLM's message), and starts and addresses the
+server. A client that disconnects aborts its request in the engine.
 
 Every response carries `x-sim-server` (this replica's name, by default `host:port`) and
 `x-sim-received-destination` (the `x-gateway-destination-endpoint` request header it got, or ""),
@@ -28,6 +30,7 @@ from aiohttp import web
 
 from epp.api.errors import BadRequest
 from epp.api.requests import InferenceRequest, parse_request
+from epp.sim.core import RequestRejected
 from epp.sim.engine import SimConfig, SimRequest, SimState, render_metrics
 from epp.tokenize.chat import ChatTemplateError
 
@@ -73,21 +76,25 @@ def _check_token_ids(ids: list[int]) -> None:
         raise _BadRequest("token ids must be in [0, 2**63)")
 
 
-def _max_tokens(api: str, body: Mapping[str, Any], config: SimConfig) -> int:
+def _max_tokens(api: str, body: Mapping[str, Any], state: SimState, prompt_tokens: int) -> int:
+    """The tokens to generate: the request's limit (capped at `max_output_tokens`), else the
+    default, cut to what fits in `max_model_len` as vLLM defaults it. An embedding runs as one."""
     if api == "embeddings":
-        return 0
+        return 1
+    cfg = state.config
     keys = ("max_output_tokens",) if api == "responses" else ("max_completion_tokens", "max_tokens")
     for key in keys:
         value = body.get(key)
         if value is not None:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise _BadRequest(f"'{key}' must be a positive integer")
-            return min(value, config.max_output_tokens)
-    return config.default_max_tokens
+            return min(value, cfg.max_output_tokens)
+    return max(1, min(cfg.default_max_tokens, state.profile.max_model_len - prompt_tokens))
 
 
 def _error(status: int, message: str, err_type: str = "BadRequestError") -> web.Response:
-    body = {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+    """vLLM's error answer (`ErrorResponse`: the error nested under "error", code = the status)."""
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
     return web.json_response(body, status=status)
 
 
@@ -113,38 +120,44 @@ async def _inference(request: web.Request, api: str) -> web.StreamResponse:
         return _error(cfg.fault_status, "injected fault", "SimulatedFault")
     try:
         body, parsed = _parse(request.path, await request.read(), cfg)
-        n_out = _max_tokens(api, body, cfg)
     except _BadRequest as exc:
         state.stats.errors += 1
         return _error(400, str(exc))
     if cfg.strict_models and parsed.model not in (cfg.served_model, *cfg.lora_adapters):
         state.stats.errors += 1
         return _error(404, f"The model `{parsed.model}` does not exist.", "NotFoundError")
+    started = time.monotonic()
     try:
         ids = await state.prompt_token_ids(parsed, body=body)
         _check_token_ids(ids)
+        n_out = _max_tokens(api, body, state, len(ids))
     except (_BadRequest, ChatTemplateError) as exc:
         state.stats.errors += 1
         return _error(400, str(exc))
     req = SimRequest(state, api, body, ids, n_out, cache_salt=parsed.cache_salt)
 
-    started = time.monotonic()
+    await state.delay(cfg.base_latency)
     try:
-        async with req.admitted():
-            await req.prefill()
-            if body.get("stream") is True and api != "embeddings":
-                resp = await _stream(request, req, started)
-            else:
-                resp = await _complete(req, started)
+        state.submit(req)
+    except RequestRejected as exc:
+        state.stats.errors += 1
+        return _error(400, str(exc))
+    try:
+        if body.get("stream") is True and api != "embeddings":
+            resp = await _stream(request, req, started)
+        else:
+            resp = await _complete(req, started)
     except (asyncio.CancelledError, ConnectionResetError):
         # The client (or the proxy on its behalf) went away: vLLM aborts the request.
         state.stats.aborted += 1
         raise
+    finally:
+        state.cancel(req)  # a no-op once it finished
     state.stats.completed += 1
     state.stats.prompt_tokens += req.prompt_tokens
     state.stats.cached_tokens += req.cached_tokens
     state.stats.generation_tokens += req.generated
-    state.success["length" if req.n_out else "stop"] += 1
+    state.success["stop" if api == "embeddings" else "length"] += 1
     state.e2e.observe(time.monotonic() - started)
     return resp
 
@@ -158,7 +171,6 @@ async def _complete(req: SimRequest, started: float) -> web.Response:
     text = "".join(tokens)
     head = {"id": f"{_ID_PREFIX[req.api]}{req.id}", "created": req.created, "model": req.model}
     if req.api == "embeddings":
-        req.state.ttft.observe(time.monotonic() - started)
         digest = hashlib.blake2b(array("q", req.token_ids).tobytes(), digest_size=64).digest()
         vector = [round((digest[i % 64] - 127.5) / 127.5, 6) for i in range(req.state.config.embedding_dims)]
         payload: dict[str, Any] = {
@@ -215,6 +227,9 @@ def _response_object(req: SimRequest, text: str, status: str) -> dict[str, Any]:
 
 
 async def _stream(request: web.Request, req: SimRequest, started: float) -> web.StreamResponse:
+    # Headers go out at once (vLLM's StreamingResponse starts before its generator runs); the first
+    # data chunk (the chat role chunk, response.created) waits for the first token, as vLLM's
+    # stream generators write it on their first output: a client's TTFT is the engine's.
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     head = {"id": f"{_ID_PREFIX[req.api]}{req.id}", "created": req.created, "model": req.model}
@@ -222,38 +237,26 @@ async def _stream(request: web.Request, req: SimRequest, started: float) -> web.
     include_usage = isinstance(opts, Mapping) and opts.get("include_usage") is True
 
     if req.api == "responses":
-        await resp.write(
-            _sse(
-                {"type": "response.created", "response": _response_object(req, "", "in_progress")},
-                "response.created",
-            )
-        )
         parts: list[str] = []
         async for tok in req.decode():
             if not parts:
                 req.state.ttft.observe(time.monotonic() - started)
+                created = {"type": "response.created", "response": _response_object(req, "", "in_progress")}
+                await resp.write(_sse(created, "response.created"))
             parts.append(tok)
-            await resp.write(
-                _sse(
-                    {
-                        "type": "response.output_text.delta",
-                        "item_id": f"msg_{req.id}",
-                        "output_index": 0,
-                        "content_index": 0,
-                        "delta": tok,
-                    },
-                    "response.output_text.delta",
-                )
-            )
-        await resp.write(
-            _sse(
-                {
-                    "type": "response.completed",
-                    "response": _response_object(req, "".join(parts), "completed"),
-                },
-                "response.completed",
-            )
-        )
+            delta = {
+                "type": "response.output_text.delta",
+                "item_id": f"msg_{req.id}",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": tok,
+            }
+            await resp.write(_sse(delta, "response.output_text.delta"))
+        completed = {
+            "type": "response.completed",
+            "response": _response_object(req, "".join(parts), "completed"),
+        }
+        await resp.write(_sse(completed, "response.completed"))
         await resp.write_eof()
         return resp
 
@@ -266,19 +269,14 @@ async def _stream(request: web.Request, req: SimRequest, started: float) -> web.
             return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
 
-    if chat:
-        first = {
-            "index": 0,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
-        await resp.write(_sse(head | {"object": obj, "choices": [first]}))
     first_token = True
     async for tok in req.decode():
         if first_token:
             req.state.ttft.observe(time.monotonic() - started)
             first_token = False
+            if chat:
+                role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+                await resp.write(_sse(head | {"object": obj, "choices": [role | {"finish_reason": None}]}))
         await resp.write(_sse(head | {"object": obj, "choices": [choice(tok, None)]}))
     await resp.write(_sse(head | {"object": obj, "choices": [choice(None, "length")]}))
     if include_usage:
@@ -298,6 +296,7 @@ def _route(api: str) -> Any:
 async def _models(request: web.Request) -> web.Response:
     cfg = request.app[SIM_STATE].config
     created = int(request.app[SIM_STATE].started)
+    max_model_len = request.app[SIM_STATE].profile.max_model_len
     data = [
         {
             "id": cfg.served_model,
@@ -306,7 +305,7 @@ async def _models(request: web.Request) -> web.Response:
             "owned_by": "epp-sim",
             "root": cfg.served_model,
             "parent": None,
-            "max_model_len": cfg.max_model_len,
+            "max_model_len": max_model_len,
         }
     ]
     data += [
@@ -317,7 +316,7 @@ async def _models(request: web.Request) -> web.Response:
             "owned_by": "epp-sim",
             "root": name,
             "parent": cfg.served_model,
-            "max_model_len": cfg.max_model_len,
+            "max_model_len": max_model_len,
         }
         for name in cfg.lora_adapters
     ]
@@ -373,7 +372,7 @@ async def _tokenize(request: web.Request) -> web.Response:
     except ChatTemplateError as exc:
         return _error(400, str(exc))
     return web.json_response(
-        {"count": len(ids), "max_model_len": state.config.max_model_len, "tokens": ids, "token_strs": None}
+        {"count": len(ids), "max_model_len": state.profile.max_model_len, "tokens": ids, "token_strs": None}
     )
 
 
@@ -396,7 +395,7 @@ async def _tag_response(request: web.Request, response: web.StreamResponse) -> N
 
 
 async def _close_state(app: web.Application) -> None:
-    app[SIM_STATE].close()
+    await app[SIM_STATE].aclose()
 
 
 def make_app(config: SimConfig) -> web.Application:

@@ -171,7 +171,7 @@ async def test_index_agrees_with_the_replica_cache(replica: Replica, http: aioht
 
     assert replica.applied.removed > 0, "the workload was meant to evict"
     assert replica.applied.orphans == 0 and replica.applied.missed_removals == 0
-    assert replica.index.stats().entries == replica.state.pool.distinct_cached
+    assert replica.index.stats().entries == replica.state.engine.num_cached_blocks
     address = replica.url.removeprefix("http://")
     assert {topic for topic, _, _ in replica.batches} == {f"kv@{address}@{MODEL}".encode()}
     stored = [e for _, _, b in replica.batches for e in b.events if isinstance(e, BlockStored)]
@@ -211,7 +211,7 @@ async def test_eviction_sends_block_removed_for_the_oldest_tail(
         (ev,) = batch.events
         assert isinstance(ev, BlockStored)
         stored.append(ev.block_hashes)
-    assert replica.state.pool.cached == 48
+    assert replica.state.engine.num_cached_blocks == 48
     await replica.post(http, "/v1/completions", {"model": MODEL, "prompt": prompts[3], "max_tokens": 1})
     removed = [
         e.block_hashes[0] for _, _, b in replica.batches for e in b.events if isinstance(e, BlockRemoved)
@@ -231,9 +231,18 @@ async def test_reset_prefix_cache_sends_all_blocks_cleared(
     assert replica.epp_blocks(tokens) > 0
     async with http.post(replica.url + "/reset_prefix_cache") as r:
         assert r.status == 200
-    (batch,) = await replica.drain()
-    assert batch.events == [AllBlocksCleared()]
-    assert replica.epp_blocks(tokens) == replica.sim_blocks(tokens) == 0
+    assert replica.sim_blocks(tokens) == 0
+    # As vLLM: the event waits in the engine and goes out with the next step's events.
+    assert await replica.drain() == []
+    other = chat("Something else entirely?")
+    before = len(replica.batches)
+    await replica.post(http, "/v1/chat/completions", other)
+    first = replica.batches[before][2]  # the new request's first step
+    assert first.events[0] == AllBlocksCleared()
+    assert [type(e) for e in first.events[1:]] == [BlockStored]
+    assert replica.epp_blocks(tokens) == replica.sim_blocks(tokens) > 0  # the shared system prompt
+    other_tokens = epp_tokens("/v1/chat/completions", other)
+    assert replica.epp_blocks(other_tokens) == replica.sim_blocks(other_tokens) > 0
     # The replay socket serves the buffered batches too.
     assert replica.state.kv_replay_endpoint is not None and replica.state.kv_replay_endpoint.startswith(
         "tcp://"
