@@ -15,7 +15,9 @@ from . import builders
 
 # Adding or renaming a plugin type must be a deliberate change to this list.
 BUILT_IN_TYPES = [
+    "bounded-load-filter",
     "concurrency-detector",
+    "dynamo-cost-scorer",
     "header-based-testing-filter",
     "inflight-load-scorer",
     "kv-cache-utilization-scorer",
@@ -27,6 +29,7 @@ BUILT_IN_TYPES = [
     "random-picker",
     "round-robin-picker",
     "running-requests-size-scorer",
+    "sglang-cache-aware-picker",
     "single-profile-handler",
     "token-load-scorer",
     "utilization-detector",
@@ -34,7 +37,9 @@ BUILT_IN_TYPES = [
 ]
 
 KINDS = {
+    "bounded-load-filter": interfaces.Filter,
     "concurrency-detector": interfaces.SaturationDetector,
+    "dynamo-cost-scorer": interfaces.Scorer,
     "header-based-testing-filter": interfaces.Filter,
     "inflight-load-scorer": interfaces.Scorer,
     "kv-cache-utilization-scorer": interfaces.Scorer,
@@ -46,6 +51,7 @@ KINDS = {
     "random-picker": interfaces.Picker,
     "round-robin-picker": interfaces.Picker,
     "running-requests-size-scorer": interfaces.Scorer,
+    "sglang-cache-aware-picker": interfaces.Picker,
     "token-load-scorer": interfaces.Scorer,
     "utilization-detector": interfaces.SaturationDetector,
     "weighted-random-picker": interfaces.Picker,

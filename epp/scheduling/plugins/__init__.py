@@ -5,7 +5,9 @@ below, and its test; `tests/scheduling/test_registry.py` pins the list of type n
 """
 
 from epp.scheduling.plugins import (
+    bounded_load_filter,
     concurrency_detector,
+    dynamo_cost_scorer,
     header_based_testing_filter,
     inflight_load_scorer,
     kv_cache_utilization_scorer,
@@ -17,6 +19,7 @@ from epp.scheduling.plugins import (
     random_picker,
     round_robin_picker,
     running_requests_size_scorer,
+    sglang_cache_aware_picker,
     single_profile_handler,
     token_load_scorer,
     utilization_detector,
@@ -24,7 +27,9 @@ from epp.scheduling.plugins import (
 )
 
 __all__ = [
+    "bounded_load_filter",
     "concurrency_detector",
+    "dynamo_cost_scorer",
     "header_based_testing_filter",
     "inflight_load_scorer",
     "kv_cache_utilization_scorer",
@@ -36,6 +41,7 @@ __all__ = [
     "random_picker",
     "round_robin_picker",
     "running_requests_size_scorer",
+    "sglang_cache_aware_picker",
     "single_profile_handler",
     "token_load_scorer",
     "utilization_detector",

@@ -1,0 +1,374 @@
+"""Fast mode: one workload, one policy, a simulated fleet, all in virtual time in one process.
+
+What runs is what `epp serve` runs, minus the network: a `Datastore` of endpoints, the scheduler
+built from the policy's EndpointPickerConfig by `epp.scheduling.config`, the `Director` from
+`epp.requestcontrol` with the configuration's pre-request and response-complete hooks and GIE's
+legacy admission, and a KV-event `BlockIndex` for the plugins that read one (`Handle.kv_index`).
+Every request is a `/v1/completions` body with token-id prompts (nothing to tokenize) routed by
+`Director.route`, booked on its endpoint, and finished through its `RequestContext`, so in-flight
+counts and every hook behave as when serving. The fleet is `epp.sim.core.Engine`s, one per pod.
+
+A discrete-event loop in virtual time (`epp.clock.use`), in order of time:
+
+- arrival: the request is routed at once (decisions take no virtual time) and added to its pod's
+  engine; the response headers (200, SSE) are recorded on its context, as vLLM sends them at once.
+- engine step end: each engine runs step after step while it has work; outputs of a step count at
+  its end. A first token sets the tracker's `first_chunk_at`; a finished request gets its usage
+  (prompt, completion and cached tokens, as vLLM reports them) and `finish(complete=True)`. The
+  step's KV events then reach the index (after `kv_delay_s`, 0 by default: ZMQ on a LAN delivers
+  in well under a step).
+- scrape: every `scrape_interval_s` (GIE's 50 ms) every pod's `ModelServerMetrics` is refreshed
+  from its engine (waiting, running, KV usage, block size and count), as the scraper would parse
+  vLLM's /metrics; all pods on the same tick.
+
+Closed-loop users send their next request when the previous one finished. Determinism: the
+pickers' global `random` is seeded with the run's seed, workloads carry their own seeded streams,
+and ties in time are taken in the order events were scheduled.
+
+What is not modelled: network and decision latency (zero virtual time), per-pod scrape phases,
+and HTTP errors other than vLLM's 400s. A chat workload tells the engine which tokens to generate
+(`Prompt.output_token_ids`), so a reply's blocks can hit when the next turn carries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import heapq
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+
+from epp import clock
+from epp.api import errors
+from epp.api.responses import Usage
+from epp.bench.policies import Policy
+from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
+from epp.datastore.endpoints import Datastore, EndpointSpec, ModelServerMetrics
+from epp.kvcache.events import EventBatch
+from epp.kvcache.index import BlockIndex
+from epp.requestcontrol import admission
+from epp.requestcontrol.director import Director, RequestContext
+from epp.scheduling import config as sched_config
+from epp.scheduling.interfaces import Handle
+from epp.sim import core
+from epp.sim.profiles import Profile
+
+MODEL = "bench-model"
+START = 1.0
+"""Virtual time of the run's start. Not 0: `ModelServerMetrics.updated_at == 0` means never scraped."""
+
+_ARRIVE, _STEP_END, _KV, _SCRAPE = 0, 1, 2, 3
+_HEADERS = {":status": "200", "content-type": "text/event-stream"}
+
+
+@dataclasses.dataclass(slots=True)
+class RequestRecord:
+    """One request's life, in seconds from the start of the run."""
+
+    arrival: float
+    stage: int
+    group: str
+    prompt_tokens: int
+    shared_tokens: int
+    max_tokens: int
+    pod: int = -1  # index of the pod it was routed to; -1 when not routed
+    status: int = 0  # 200 served; vLLM's 400; epp's 429/503; 0 = unfinished when the run stopped
+    first_token: float | None = None
+    finish: float | None = None
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    preemptions: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class Sample:
+    """The fleet at one scrape tick."""
+
+    t: float
+    waiting: list[int]
+    running: list[int]
+    kv_usage: list[float]
+
+
+@dataclasses.dataclass(slots=True)
+class RunResult:
+    workload: str
+    policy: str
+    seed: int
+    pods: int
+    profile: str
+    records: list[RequestRecord]
+    samples: list[Sample]
+    wall_s: float = 0.0
+    end: float = 0.0  # virtual time of the last event, from the start of the run
+    steps: int = 0
+    stopped_early: bool = False  # the safety limit on virtual time ended the run
+
+
+@dataclasses.dataclass(slots=True)
+class _InFlight:
+    ctx: RequestContext
+    record: RequestRecord
+    user: int
+
+
+class FastRun:
+    """One policy over one workload; `run()` once."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        *,
+        profile: Profile,
+        pods: int,
+        seed: int,
+        kv_delay_s: float = 0.0,
+        scrape_interval_s: float = 0.05,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        if pods <= 0:
+            raise ValueError(f"pods must be > 0, got {pods}")
+        self.workload = workload
+        self.policy = policy
+        self.profile = profile
+        self.seed = seed
+        self.kv_delay_s = kv_delay_s
+        self.scrape_interval_s = scrape_interval_s
+        self.progress = progress
+        self.now = START
+        self.datastore = Datastore()
+        specs = [
+            EndpointSpec(
+                name=f"pod-{i}", address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", port=8000, model=MODEL
+            )
+            for i in range(pods)
+        ]
+        self.datastore.sync("bench", specs)
+        self.endpoints = list(self.datastore.endpoints())  # in spec order
+        self.index = BlockIndex() if policy.kv_events else None
+        handle = Handle(datastore=self.datastore, kv_index=self.index)
+        cfg = sched_config.load_config(policy.config_text(), handle)
+        self.director = Director(
+            datastore=self.datastore,
+            scheduler=cfg.scheduler,
+            pre_request=cfg.pre_request,
+            response_complete=cfg.response_complete,
+            admission_controller=admission.LegacyAdmissionController(cfg.saturation_detector),
+        )
+        self.engines = [
+            core.Engine(profile, name=s.name, record_events=self.index is not None) for s in specs
+        ]
+        self._pod_of = {s.name: i for i, s in enumerate(specs)}
+        self._stepping = [False] * pods
+        self._heap: list[tuple[float, int, int, Any]] = []  # (time, order, kind, payload)
+        self._seq = 0
+        self._inflight: dict[str, _InFlight] = {}
+        self._arrivals: Iterator[tuple[float, Prompt]] | None = None
+        self._pending_arrivals = 0  # arrival events in the heap
+        self._next_id = 0
+        self.result = RunResult(workload.name, policy.name, seed, pods, profile.name, [], [])
+
+    # --- event queue ------------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+
+    def _busy(self) -> bool:
+        return bool(self._inflight) or self._pending_arrivals > 0
+
+    # --- the run ----------------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Run to the end of the workload and the drain of every request; returns the result."""
+        started = time.perf_counter()
+        state = random.getstate()
+        random.seed(self.seed)  # the pickers' tie-breaks and random choices
+        try:
+            with clock.use(lambda: self.now):
+                asyncio.run(self._loop())
+        finally:
+            random.setstate(state)
+        self.result.wall_s = time.perf_counter() - started
+        return self.result
+
+    async def _loop(self) -> None:
+        wl = self.workload
+        if isinstance(wl, ClosedLoop):
+            for u in range(wl.users):
+                self._schedule_user(u, 0.0)
+        elif isinstance(wl, OpenLoop):
+            self._arrivals = wl.arrivals()
+            self._pull_arrival()
+        self._push(START, _SCRAPE, None)
+        # A safety net against a run that never drains (an engine bug): stop well past any
+        # plausible drain and report what was unfinished.
+        limit = START + wl.duration * 20 + 3600.0
+        heap = self._heap
+        report_every = max(wl.duration / 200, 1e-9)
+        next_report = START
+        while heap:
+            t, _, kind, payload = heapq.heappop(heap)
+            if t > limit:
+                self.result.stopped_early = True
+                break
+            self.now = t
+            if kind == _ARRIVE:
+                self._pending_arrivals -= 1
+                user: int = payload[0]
+                if user < 0:
+                    self._pull_arrival()
+                await self._arrive(user, payload[1])
+            elif kind == _STEP_END:
+                self._step_end(payload)
+            elif kind == _KV:
+                assert self.index is not None
+                self.index.apply(payload[0], payload[1], model=MODEL)
+            elif self._busy():  # a scrape, while anything is left to measure
+                self._scrape()
+                self._push(t + self.scrape_interval_s, _SCRAPE, None)
+            if self.progress is not None and t >= next_report:
+                next_report = t + report_every
+                self.progress((t - START) / wl.duration if wl.duration else 1.0)
+        self.result.end = self.now - START
+        for flight in self._inflight.values():
+            flight.ctx.finish(complete=False)  # stopped early: release, as a client reset would
+
+    def _pull_arrival(self) -> None:
+        assert self._arrivals is not None
+        nxt = next(self._arrivals, None)
+        if nxt is not None:
+            t, prompt = nxt
+            self._pending_arrivals += 1
+            self._push(START + t, _ARRIVE, (-1, prompt))
+
+    def _schedule_user(self, user: int, now: float) -> None:
+        wl = self.workload
+        assert isinstance(wl, ClosedLoop)
+        nxt = wl.next_request(user, now)
+        if nxt is not None:
+            t, prompt = nxt
+            self._pending_arrivals += 1
+            self._push(START + t, _ARRIVE, (user, prompt))
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    async def _arrive(self, user: int, prompt: Prompt) -> None:
+        now = self.now
+        record = RequestRecord(
+            arrival=now - START,
+            stage=prompt.stage,
+            group=prompt.group,
+            prompt_tokens=len(prompt.token_ids),
+            shared_tokens=prompt.shared_tokens,
+            max_tokens=prompt.max_tokens,
+        )
+        self.result.records.append(record)
+        self._next_id += 1
+        rid = f"r{self._next_id}"
+        body = msgspec.json.encode(
+            {"model": MODEL, "prompt": prompt.token_ids, "max_tokens": prompt.max_tokens, "stream": True}
+        )
+        try:
+            ctx = await self.director.route(
+                path="/v1/completions", headers={"x-request-id": rid}, body=body, subset=None
+            )
+        except errors.RequestError as exc:
+            record.status = exc.status
+            record.finish = record.arrival
+            self._user_done(user, now)
+            return
+        pod = self._pod_of[ctx.booked.name]
+        record.pod = pod
+        engine = self.engines[pod]
+        try:
+            engine.add_request(
+                core.EngineRequest(
+                    rid, prompt.token_ids, prompt.max_tokens, output_token_ids=prompt.output_token_ids
+                ),
+                now,
+            )
+        except core.RequestRejected:
+            ctx.on_response_headers({":status": "400"}, ctx.booked.hostport)
+            ctx.finish(complete=True)
+            record.status = 400
+            record.finish = record.arrival
+            self._user_done(user, now)
+            return
+        ctx.on_response_headers(_HEADERS, ctx.booked.hostport)
+        self._inflight[rid] = _InFlight(ctx, record, user)
+        if not self._stepping[pod]:
+            self._start_step(pod)
+
+    def _start_step(self, pod: int) -> None:
+        engine = self.engines[pod]
+        res = engine.step(self.now)
+        if res.duration <= 0:
+            raise RuntimeError(f"engine {engine.name!r} took a step of {res.duration} s with work to do")
+        self.result.steps += 1
+        self._stepping[pod] = True
+        self._push(self.now + res.duration, _STEP_END, (pod, res))
+
+    def _step_end(self, payload: tuple[int, core.StepResult]) -> None:
+        pod, res = payload
+        now = self.now
+        for req in res.first_tokens:
+            flight = self._inflight[req.request_id]
+            flight.ctx.tracker.first_chunk_at = now
+            flight.record.first_token = now - START
+        for req in res.finished:
+            flight = self._inflight.pop(req.request_id)
+            record = flight.record
+            if record.first_token is None:  # one step did both (a one-token request)
+                flight.ctx.tracker.first_chunk_at = now
+                record.first_token = now - START
+            record.finish = now - START
+            record.status = 200
+            record.cached_tokens = req.num_cached_tokens
+            record.output_tokens = req.num_output_tokens
+            record.preemptions = req.num_preemptions
+            flight.ctx.tracker.usage = Usage(
+                record.prompt_tokens, req.num_output_tokens, req.num_cached_tokens
+            )
+            flight.ctx.finish(complete=True)
+            self._user_done(flight.user, now)
+        engine = self.engines[pod]
+        if self.index is not None:
+            events = engine.take_events()
+            if events:
+                batch = EventBatch(now, events)
+                if self.kv_delay_s > 0:
+                    self._push(now + self.kv_delay_s, _KV, (engine.name, batch))
+                else:
+                    self.index.apply(engine.name, batch, model=MODEL)
+        self._stepping[pod] = False
+        if engine.has_unfinished():
+            self._start_step(pod)
+
+    def _user_done(self, user: int, now: float) -> None:
+        if user >= 0:
+            self._schedule_user(user, now - START)
+
+    def _scrape(self) -> None:
+        now = self.now
+        p = self.profile
+        waiting, running, usage = [], [], []
+        for ep, engine in zip(self.endpoints, self.engines, strict=True):
+            m = ModelServerMetrics(
+                waiting=engine.num_waiting,
+                running=engine.num_running,
+                kv_usage=engine.kv_usage,
+                block_size=p.block_size,
+                num_gpu_blocks=p.num_gpu_blocks,
+                updated_at=now,
+            )
+            ep.metrics = m
+            waiting.append(m.waiting)
+            running.append(m.running)
+            usage.append(m.kv_usage)
+        self.result.samples.append(Sample(now - START, waiting, running, usage))

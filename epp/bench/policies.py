@@ -1,0 +1,53 @@
+"""The routing policies a benchmark compares, each an `EndpointPickerConfig` run by epp's own pipeline.
+
+The peers' algorithms (peers.md) are expressed as epp scheduling configurations in
+`epp/bench/policies/<name>.yaml`, so every policy goes through the same request control,
+scheduler and plugin framework; only the configuration differs. `epp` is epp's own default
+configuration with KV events (`epp/scheduling/default-precise-config.yaml`), read from where
+`epp serve` reads it, so the benchmark always measures what epp ships.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+
+from epp.scheduling import config as sched_config
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    description: str
+    kv_events: bool  # whether its plugins read the KV-event index (the fleet then publishes events)
+
+    def config_text(self) -> str:
+        """The policy's EndpointPickerConfig YAML."""
+        if self.name == "epp":
+            return sched_config.default_config_text(precise=True)
+        return (
+            importlib.resources.files(__package__)
+            .joinpath("policies", f"{self.name}.yaml")
+            .read_text("utf-8")
+        )
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("round-robin", "endpoints in turn (the Kubernetes Service baseline)", False),
+        Policy("random", "an endpoint at random (llm-d's control group)", False),
+        Policy("least-request", "fewest requests in flight, as epp books them", False),
+        Policy("load-only", "vLLM queue + KV-cache usage, weights 1/1 (llm-d load-scheduling)", False),
+        Policy("gie-approx", "GIE default: approximate prefix 3, queue 2, KV-cache usage 2", False),
+        Policy("llm-d-precise", "llm-d guide: precise prefix (KV events) 2, KV-cache usage 1, queue 1", True),
+        Policy(
+            "sglang-cache-aware",
+            "SGLang cache_aware: match > 0.3 wins unless load is off by 64 and 1.5x",
+            False,
+        ),
+        Policy("dynamo-cost", "Dynamo KV router: lowest 1.0 x prefill blocks + decode blocks", True),
+        Policy("ranvier-bounded", "Ranvier: prefix affinity, diverted above 2x median in-flight + 2", False),
+        Policy("epp", "epp's default profile with KV events (default-precise-config.yaml)", True),
+    )
+}

@@ -1,0 +1,287 @@
+"""Benchmark results: per-policy summaries, the comparison tables, results.json and the plots.
+
+Definitions (all from the requests served, status 200):
+
+- `hit_rate`: cached prompt tokens / prompt tokens, as the engine reports them (vLLM's
+  `usage.prompt_tokens_details.cached_tokens`). Ceiling below 1: the first request of each prefix
+  misses, vLLM caches only full blocks and always computes a prompt's last token.
+- `prefix_hit_rate`: over requests that carry a shared prefix, the share of the shared tokens
+  found cached (min(cached, shared) / shared): the hit rate on what routing can make hit, the
+  figure routers publish (Ranvier's "cache hit rate"); unshared requests do not dilute it.
+- TTFT: first token - arrival; end-to-end latency: finish - arrival (seconds).
+- `req_per_s`, `output_tok_per_s`: over the makespan, from the start to the last finish.
+- `mean_queue`: vLLM's waiting requests per pod, averaged over the scrape ticks (every 50 ms).
+- `load_spread`: requests served by the busiest pod / the mean per pod (1.0 = even).
+- `points`: the same per stage (a QPS step, a sharing ratio), for requests arriving in it;
+  throughput per stage counts requests finishing and tokens generated within the stage's window
+  (a request's tokens spread evenly from its first token to its finish).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from epp.bench.fast import RequestRecord, RunResult, Sample
+from epp.bench.workload import Stage, Workload
+
+SCHEMA = 1
+"""results.json format version."""
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) of ascending `sorted_values`, linearly interpolated; NaN if empty."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _rates(records: Sequence[RequestRecord]) -> dict[str, float]:
+    prompt = sum(r.prompt_tokens for r in records)
+    shared = sum(r.shared_tokens for r in records)
+    ttft = sorted(r.first_token - r.arrival for r in records if r.first_token is not None)
+    e2e = sorted(r.finish - r.arrival for r in records if r.finish is not None)
+    return {
+        "hit_rate": sum(r.cached_tokens for r in records) / prompt if prompt else math.nan,
+        "prefix_hit_rate": (
+            sum(min(r.cached_tokens, r.shared_tokens) for r in records) / shared if shared else math.nan
+        ),
+        "ttft_mean_s": sum(ttft) / len(ttft) if ttft else math.nan,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "ttft_p99_s": percentile(ttft, 99),
+        "e2e_p50_s": percentile(e2e, 50),
+        "e2e_p99_s": percentile(e2e, 99),
+    }
+
+
+def _mean_queue(samples: Sequence[Sample], start: float = -math.inf, end: float = math.inf) -> float:
+    picked = [s for s in samples if start <= s.t < end]
+    if not picked:
+        return math.nan
+    return sum(sum(s.waiting) / len(s.waiting) for s in picked) / len(picked)
+
+
+def _tokens_in(r: RequestRecord, start: float, end: float) -> float:
+    """Output tokens of `r` generated in [start, end), spread evenly from first token to finish."""
+    if r.first_token is None or r.finish is None or not r.output_tokens:
+        return 0.0
+    a, b = r.first_token, r.finish
+    if b <= a:
+        return float(r.output_tokens) if start <= a < end else 0.0
+    overlap = min(b, end) - max(a, start)
+    return r.output_tokens * overlap / (b - a) if overlap > 0 else 0.0
+
+
+def summarize(result: RunResult, stages: Sequence[Stage]) -> dict[str, Any]:
+    """The policy's entry in results.json."""
+    served = [r for r in result.records if r.status == 200]
+    span = max((r.finish for r in served if r.finish is not None), default=0.0)
+    per_pod = [0] * result.pods
+    for r in served:
+        per_pod[r.pod] += 1
+    mean_per_pod = len(served) / result.pods if result.pods else 0.0
+    out: dict[str, Any] = {
+        "requests": len(result.records),
+        "served": len(served),
+        "failed": sum(1 for r in result.records if r.status not in (0, 200)),
+        "unfinished": sum(1 for r in result.records if r.status == 0),
+        **_rates(served),
+        "req_per_s": len(served) / span if span else math.nan,
+        "output_tok_per_s": sum(r.output_tokens for r in served) / span if span else math.nan,
+        "mean_queue": _mean_queue(result.samples),
+        "load_spread": max(per_pod) / mean_per_pod if mean_per_pod else math.nan,
+        "requests_per_pod": per_pod,
+        "preemptions": sum(r.preemptions for r in served),
+        "makespan_s": span,
+        "wall_s": result.wall_s,
+        "engine_steps": result.steps,
+        "stopped_early": result.stopped_early,
+    }
+    if len(stages) > 1:
+        out["points"] = [_point(stage, i, served, result.samples) for i, stage in enumerate(stages)]
+    return out
+
+
+def _point(
+    stage: Stage, i: int, served: Sequence[RequestRecord], samples: Sequence[Sample]
+) -> dict[str, Any]:
+    mine = [r for r in served if r.stage == i]
+    d = stage.duration
+    finished = sum(1 for r in served if r.finish is not None and stage.start <= r.finish < stage.end)
+    tokens = sum(_tokens_in(r, stage.start, stage.end) for r in served)
+    return {
+        "stage": stage.label,
+        "qps": stage.qps,
+        "sharing": stage.sharing,
+        "requests": len(mine),
+        **_rates(mine),
+        "req_per_s": finished / d if d else math.nan,
+        "output_tok_per_s": tokens / d if d else math.nan,
+        "mean_queue": _mean_queue(samples, stage.start, stage.end),
+    }
+
+
+def workload_entry(
+    workload: Workload, profile: str, pods: int, runs: Mapping[str, dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "description": workload.description,
+        "profile": profile,
+        "pods": pods,
+        "duration_s": workload.duration,
+        "scale": workload.scale,
+        "stages": [
+            {"label": s.label, "start_s": s.start, "end_s": s.end, "qps": s.qps, "sharing": s.sharing}
+            for s in workload.stages
+        ],
+        "policies": dict(runs),
+    }
+
+
+def write_results(path: str, *, seed: int, mode: str, workloads: Mapping[str, Any]) -> None:
+    """results.json: NaN (nothing measured) is written as null."""
+    doc = {"schema": SCHEMA, "mode": mode, "seed": seed, "workloads": workloads}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_nan_to_none(doc), f, indent=1)
+        f.write("\n")
+
+
+def _nan_to_none(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_none(v) for v in value]
+    return value
+
+
+# --- tables ------------------------------------------------------------------------------------
+
+_COLUMNS = (
+    ("policy", None, ""),
+    ("hit", "hit_rate", "pct"),
+    ("prefix hit", "prefix_hit_rate", "pct"),
+    ("TTFT p50", "ttft_p50_s", "s"),
+    ("TTFT p90", "ttft_p90_s", "s"),
+    ("TTFT p99", "ttft_p99_s", "s"),
+    ("E2E p50", "e2e_p50_s", "s"),
+    ("E2E p99", "e2e_p99_s", "s"),
+    ("req/s", "req_per_s", "f2"),
+    ("out tok/s", "output_tok_per_s", "f0"),
+    ("queue", "mean_queue", "f1"),
+    ("spread", "load_spread", "f2"),
+)
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if kind == "pct":
+        return f"{value:.1%}"
+    if kind == "s":
+        return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+    if kind == "f0":
+        return f"{value:,.0f}"
+    if kind == "f1":
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def table(name: str, entry: Mapping[str, Any]) -> str:
+    """The workload's comparison as a Markdown table (times in seconds), plus per-stage p90 TTFT."""
+    lines = [
+        f"### {name}: {entry['description']}",
+        f"{entry['pods']} pods x {entry['profile']}, {entry['duration_s']:.0f} s of arrivals",
+        "",
+        "| " + " | ".join(c[0] for c in _COLUMNS) + " |",
+        "|" + "---|" * len(_COLUMNS),
+    ]
+    for policy, s in entry["policies"].items():
+        cells = [policy] + [_fmt(s.get(key), kind) for _, key, kind in _COLUMNS[1:] if key]
+        lines.append("| " + " | ".join(cells) + " |")
+    stages = entry["stages"]
+    if len(stages) > 1:
+        lines += ["", "TTFT p90 (s) / hit rate by stage:", ""]
+        policies = list(entry["policies"])
+        lines.append("| stage | " + " | ".join(policies) + " |")
+        lines.append("|" + "---|" * (len(policies) + 1))
+        for i, st in enumerate(stages):
+            cells = []
+            for p in policies:
+                point = entry["policies"][p]["points"][i]
+                cells.append(f"{_fmt(point['ttft_p90_s'], 's')} / {_fmt(point['hit_rate'], 'pct')}")
+            lines.append(f"| {st['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# --- plots ---------------------------------------------------------------------------------------
+
+
+def plot(
+    out_dir: str, name: str, entry: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]]
+) -> list[str]:
+    """PNG plots for one workload: TTFT CDF per policy; for multi-stage workloads, throughput and
+    p90 TTFT per stage. Returns the files written; [] without matplotlib (the `bench` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, values in ttfts.items():
+        if values:
+            n = len(values)
+            ax.plot(values, [(i + 1) / n for i in range(n)], label=policy, linewidth=1.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s, log scale)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"{name}: TTFT CDF")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    path = os.path.join(out_dir, f"{name}-ttft-cdf.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    # The sweep: stages in order, a warm-up left out (it is not a point of the ladder).
+    stages = [(i, s) for i, s in enumerate(entry["stages"]) if s["label"] != "warmup"]
+    if len(stages) > 1:
+        xs = [s["qps"] if s["qps"] is not None else s["sharing"] for _, s in stages]
+        xlabel = "offered QPS" if stages[-1][1]["qps"] is not None else "sharing ratio"
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
+        for policy, s in entry["policies"].items():
+            points = [s["points"][i] for i, _ in stages]
+            top.plot(xs, [p["output_tok_per_s"] for p in points], marker=".", label=policy)
+            bottom.plot(xs, [p["ttft_p90_s"] for p in points], marker=".", label=policy)
+        top.set_ylabel("output tok/s")
+        bottom.set_ylabel("TTFT p90 (s, log scale)")
+        bottom.set_yscale("log")
+        bottom.set_xlabel(xlabel)
+        top.set_title(f"{name}: throughput and p90 TTFT per stage")
+        for a in (top, bottom):
+            a.grid(True, alpha=0.3)
+        top.legend(fontsize=7)
+        path = os.path.join(out_dir, f"{name}-sweep.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def ttft_values(result: RunResult) -> list[float]:
+    """The served requests' TTFTs, ascending (for the CDF)."""
+    return sorted(
+        r.first_token - r.arrival for r in result.records if r.status == 200 and r.first_token is not None
+    )

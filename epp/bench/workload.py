@@ -1,0 +1,159 @@
+"""What a benchmark workload is: requests in time, open loop or closed loop, in named stages.
+
+A workload produces `Prompt`s (token ids, `max_tokens`, the prefix group the prompt belongs to and
+how many of its leading tokens that group shares) at virtual times. Two shapes:
+
+- open loop (`OpenLoop.arrivals`): arrival times fixed in advance (Poisson at each stage's QPS, or
+  a trace's timestamps), whatever the fleet does; an overloaded fleet builds queues, as under a
+  load generator such as inference-perf.
+- closed loop (`ClosedLoop.next_request`): a fixed number of users, each sending its next request
+  a think time after its previous one finished (locust, Ranvier's benchmark); load follows speed.
+
+Stages name stretches of the run (`qps=20`, `share=0.9`) so that results can be reported per
+stage: a QPS ladder or a sweep of sharing ratios is one continuous run, as the published
+benchmarks ran them, with the caches carrying over from one stage to the next.
+
+Determinism: every random draw comes from a `random.Random` seeded from the workload seed and a
+name (`rng`); closed-loop users each own a stream, so a user's sequence of prompts is the same
+under every policy even though the order in which users finish differs. Synthetic token ids are
+random ids below `VOCAB` (no tokenizer needed; shared prefixes are shared lists, never copies).
+"""
+
+from __future__ import annotations
+
+import abc
+import array
+import dataclasses
+import random
+import sys
+from collections.abc import Iterator, Sequence
+
+VOCAB = 32_000
+"""Synthetic token ids lie in [0, VOCAB) (CodeLlama's and Llama-2's vocabulary size)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prompt:
+    """One request to send. `token_ids` may be shared with other prompts: never mutate it."""
+
+    token_ids: Sequence[int]
+    max_tokens: int
+    group: str  # the prefix group (tenant, system prompt, conversation); "" = shares nothing
+    shared_tokens: int  # leading tokens of the prompt that other prompts of `group` also send
+    stage: int = 0  # index into the workload's `stages`
+    # The tokens the engine is to generate (a chat turn's reply, which the next turn's prompt
+    # carries); None = the engine's filler tokens.
+    output_token_ids: Sequence[int] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stage:
+    """A named stretch of the run, [start, end) in seconds of virtual time."""
+
+    label: str
+    start: float
+    end: float
+    qps: float | None = None  # offered rate (open loop)
+    sharing: float | None = None  # fraction of requests carrying a shared prefix
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fleet:
+    """What a workload is sized against: the pods and the KV capacity of each."""
+
+    pods: int
+    kv_tokens_per_pod: int  # num_gpu_blocks * block_size
+    max_model_len: int
+
+
+class Workload(abc.ABC):  # noqa: B024  (abstract through OpenLoop / ClosedLoop)
+    """A seeded workload. Build a fresh one for each run: it holds its random state."""
+
+    name: str = ""
+    description: str = ""
+    default_profile: str = ""
+    default_pods: int = 0
+
+    def __init__(self, *, seed: int, scale: float, fleet: Fleet) -> None:
+        if scale <= 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        self.seed = seed
+        self.scale = scale
+        self.fleet = fleet
+        self.stages: list[Stage] = []
+
+    def rng(self, *names: object) -> random.Random:
+        """An independent random stream for `names` (str seeds hash with SHA-512: the same in
+        every process)."""
+        return random.Random(":".join(str(n) for n in (self.name, self.seed, *names)))
+
+    @property
+    def duration(self) -> float:
+        """Seconds of virtual time during which requests start (the run then drains)."""
+        return self.stages[-1].end if self.stages else 0.0
+
+    def stage_at(self, t: float) -> int:
+        """The index of the stage `t` falls in (the last one for t past the end)."""
+        for i, stage in enumerate(self.stages):
+            if t < stage.end:
+                return i
+        return len(self.stages) - 1
+
+    def scaled_stages(self, spec: Sequence[tuple[str, float, float | None, float | None]]) -> list[Stage]:
+        """Stages from (label, nominal seconds, qps, sharing), durations multiplied by `scale`."""
+        stages: list[Stage] = []
+        t = 0.0
+        for label, seconds, qps, sharing in spec:
+            end = t + seconds * self.scale
+            stages.append(Stage(label, t, end, qps, sharing))
+            t = end
+        return stages
+
+
+class OpenLoop(Workload):
+    """Arrivals at times fixed in advance."""
+
+    @abc.abstractmethod
+    def arrivals(self) -> Iterator[tuple[float, Prompt]]:
+        """(time, prompt) in time order, lazily (a long run never holds every prompt at once)."""
+
+
+class ClosedLoop(Workload):
+    """`users` users, each sending a request, waiting for it, thinking, and sending the next."""
+
+    users: int = 0
+
+    @abc.abstractmethod
+    def next_request(self, user: int, now: float) -> tuple[float, Prompt] | None:
+        """User `user`'s next request and when it is sent (>= now), or None once the user stops
+        (past `duration`). Called at time 0 for the first request, then when the last one ended."""
+
+
+def token_ids(rng: random.Random, n: int) -> list[int]:
+    """`n` random token ids in [0, VOCAB).
+
+    From random bytes read as uint16 (little-endian on every machine, so a seed gives the same ids
+    everywhere), reduced mod VOCAB: ~10x faster than `randrange` per id; ids below 65536 - 2 *
+    VOCAB come up 3 times in 65536 instead of 2, which no routing decision can notice.
+    """
+    raw = array.array("H", rng.randbytes(2 * n))
+    if sys.byteorder == "big":
+        raw.byteswap()
+    return [x % VOCAB for x in raw]
+
+
+def poisson_times(rng: random.Random, stages: Sequence[Stage]) -> Iterator[tuple[float, int]]:
+    """Poisson arrival times at each stage's `qps`, with the index of the stage."""
+    for i, stage in enumerate(stages):
+        if not stage.qps:
+            continue
+        t = stage.start
+        while True:
+            t += rng.expovariate(stage.qps)
+            if t >= stage.end:
+                break
+            yield t, i

@@ -1,0 +1,84 @@
+"""`epp bench` options: listing, errors that name the option and the allowed values, a tiny run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from epp.bench import cli
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_list_names_workloads_and_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.run(parse("--list")) == 0
+    out = capsys.readouterr().out
+    for name in (
+        "seed-stress",
+        "llm-d",
+        "hotspot",
+        "unique",
+        "chat",
+        "trace:<path.jsonl>",
+        "dynamo-cost",
+        "epp",
+    ):
+        assert name in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workload", "nope"], "--workload: unknown workload 'nope'; allowed: seed-stress, llm-d"),
+        ([], "--workload is required; allowed:"),
+        (
+            ["--workload", "unique", "--policies", "random,best"],
+            "--policies: unknown policy 'best'; allowed:",
+        ),
+        (["--workload", "unique", "--mode", "live"], "--mode live (through Envoy"),
+        (["--workload", "unique", "--mode", "slow"], "--mode: unknown mode 'slow'; allowed: fast, live"),
+        (["--workload", "unique", "--profile", "h200"], "--profile: unknown profile 'h200'; allowed:"),
+        (["--workload", "unique", "--scale", "0"], "--scale must be > 0"),
+        (["--workload", "unique", "--pods", "0"], "--pods must be >= 1"),
+        (["--workload", "trace:/nonexistent.jsonl"], "--workload: /nonexistent.jsonl: cannot read"),
+    ],
+)
+def test_config_errors_name_the_option(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.run(parse(*argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_trace_through_two_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    system = list(range(1, 257))
+    lines = [
+        json.dumps({"t": i * 0.05, "prompt_token_ids": [*system, 1000 + i, 2000 + i], "max_tokens": 8})
+        for i in range(60)
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(lines))
+    out = tmp_path / "out"
+    argv = ["--workload", f"trace:{path}", "--policies", "random,epp", "--profile", "tiny", "--pods", "2"]
+    assert cli.run(parse(*argv, "--out", str(out), "--no-plots")) == 0
+    doc = json.loads((out / "results.json").read_text())
+    entry = doc["workloads"][f"trace:{path}"]
+    assert entry["pods"] == 2 and entry["profile"] == "tiny"
+    assert set(entry["policies"]) == {"random", "epp"}
+    assert entry["policies"]["epp"]["served"] == 60
+    # Every prompt shares the 256-token system prompt: epp keeps it on one pod.
+    assert entry["policies"]["epp"]["prefix_hit_rate"] > 0.9
+    text = capsys.readouterr().out
+    assert "| epp |" in text and "results:" in text
+
+
+def test_duration_sets_the_scale() -> None:
+    plan = cli._plan(parse("--workload", "unique", "--duration", "30"))
+    assert plan[0][1]().duration == pytest.approx(30.0)

@@ -1,0 +1,116 @@
+"""Fast mode end to end on a small fleet: determinism, every policy, orderings that must hold,
+and the request-control bookkeeping (in-flight counts, hooks) as when serving."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.bench import fast, report
+from epp.bench.policies import POLICIES
+from epp.bench.workload import OpenLoop, Prompt
+
+from . import helpers
+
+
+def run(policy: str, *, seed: int = 7, scale: float = 0.01, **kw: float) -> fast.RunResult:
+    return fast.FastRun(
+        helpers.small(seed, scale),
+        POLICIES[policy],
+        profile=helpers.PROFILE,
+        pods=helpers.PODS,
+        seed=seed,
+        **kw,
+    ).run()
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict[str, object]]:
+    """Every policy over the same small shared-prefix workload (~0.3 s each)."""
+    out = {}
+    for name in POLICIES:
+        r = run(name)
+        out[name] = report.summarize(r, helpers.small().stages)
+        assert not r.stopped_early
+    return out
+
+
+def test_a_seed_gives_the_same_run() -> None:
+    a, b = run("epp"), run("epp")
+    assert [(r.arrival, r.pod, r.cached_tokens, r.finish) for r in a.records] == [
+        (r.arrival, r.pod, r.cached_tokens, r.finish) for r in b.records
+    ]
+    c = run("epp", seed=8)
+    assert [r.arrival for r in a.records] != [r.arrival for r in c.records]
+
+
+def test_every_policy_serves_every_request(results: dict[str, dict[str, object]]) -> None:
+    for name, s in results.items():
+        assert s["served"] == s["requests"] and s["failed"] == s["unfinished"] == 0, name
+        assert int(s["requests"]) > 300, name  # type: ignore[call-overload]
+
+
+def test_cache_aware_policies_hit_far_more_than_random(results: dict[str, dict[str, float]]) -> None:
+    # Blind policies find a shared prefix where they send it about as often as a pod holds it (a
+    # pod holds about a third of the prefixes here); cache-aware policies follow it.
+    blind = max(results[p]["prefix_hit_rate"] for p in ("random", "round-robin", "least-request"))
+    assert 0.15 < blind < 0.5
+    for p in ("gie-approx", "llm-d-precise", "sglang-cache-aware", "ranvier-bounded", "epp", "dynamo-cost"):
+        assert results[p]["prefix_hit_rate"] > 0.7, p
+        assert results[p]["prefix_hit_rate"] > blind + 0.3, p
+        assert results[p]["ttft_p50_s"] < results["random"]["ttft_p50_s"], p
+
+
+def test_round_robin_spreads_evenly(results: dict[str, dict[str, float]]) -> None:
+    assert results["round-robin"]["load_spread"] < 1.05
+
+
+def test_bookings_are_released_and_scrapes_feed_the_datastore() -> None:
+    r = fast.FastRun(helpers.small(), POLICIES["epp"], profile=helpers.PROFILE, pods=helpers.PODS, seed=7)
+    result = r.run()
+    assert all(ep.inflight_requests == 0 and ep.inflight_tokens == 0 for ep in r.endpoints)
+    assert all(ep.metrics.updated_at > 0 and ep.metrics.block_size == 32 for ep in r.endpoints)
+    assert r.index is not None and r.index.stats().keys > 0  # KV events reached the index
+    # Samples every 50 ms of virtual time while anything was left to do.
+    gaps = {round(b.t - a.t, 6) for a, b in zip(result.samples, result.samples[1:], strict=False)}
+    assert gaps == {0.05}
+    served = [x for x in result.records if x.status == 200]
+    assert all(x.first_token is not None and x.arrival <= x.first_token <= x.finish for x in served)  # type: ignore[operator]
+    assert all(x.output_tokens == x.max_tokens for x in served)
+
+
+def test_closed_loop_keeps_at_most_one_request_per_user_in_flight() -> None:
+    result = run("random")
+    events = sorted([(x.arrival, 1) for x in result.records] + [(x.finish, -1) for x in result.records])  # type: ignore[misc]
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    assert peak <= helpers.SmallStress.users
+
+
+def test_kv_event_delay_is_a_knob() -> None:
+    # dynamo-cost sees a pod's blocks only through its events: late events change its decisions.
+    now, late = run("dynamo-cost"), run("dynamo-cost", kv_delay_s=2.0)
+    assert [x.pod for x in now.records] != [x.pod for x in late.records]
+    assert all(x.status == 200 for x in late.records)
+
+
+class _OverLong(OpenLoop):
+    """Two requests: one too long for the tiny engine's 1024-token window (vLLM answers 400)."""
+
+    name = "over-long"
+
+    def __init__(self) -> None:
+        super().__init__(seed=0, scale=1.0, fleet=helpers.FLEET)
+        self.stages = self.scaled_stages([("all", 1.0, 2.0, None)])
+
+    def arrivals(self):  # type: ignore[no-untyped-def]
+        yield 0.1, Prompt(list(range(1000)), 100, "", 0)
+        yield 0.2, Prompt(list(range(100)), 10, "", 0)
+
+
+def test_a_request_vllm_rejects_is_answered_400_and_released() -> None:
+    r = fast.FastRun(_OverLong(), POLICIES["least-request"], profile=helpers.PROFILE, pods=2, seed=1)
+    result = r.run()
+    assert [x.status for x in result.records] == [400, 200]
+    assert all(ep.inflight_requests == 0 for ep in r.endpoints)

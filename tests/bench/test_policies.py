@@ -1,0 +1,44 @@
+"""Every benchmark policy is a loadable EndpointPickerConfig run by epp's own pipeline."""
+
+from __future__ import annotations
+
+import importlib.resources
+
+import pytest
+
+from epp.bench.policies import POLICIES
+from epp.datastore.endpoints import Datastore
+from epp.kvcache.index import BlockIndex
+from epp.scheduling import config as sched_config
+from epp.scheduling.interfaces import Handle
+
+NAMES = [
+    "round-robin", "random", "least-request", "load-only", "gie-approx", "llm-d-precise",
+    "sglang-cache-aware", "dynamo-cost", "ranvier-bounded", "epp",
+]  # fmt: skip
+
+
+def test_the_issue_names_every_policy_in_order() -> None:
+    assert list(POLICIES) == NAMES
+
+
+def test_each_policy_file_is_a_policy_and_each_policy_but_epp_has_a_file() -> None:
+    files = importlib.resources.files("epp.bench").joinpath("policies")
+    names = sorted(f.name.removesuffix(".yaml") for f in files.iterdir() if f.name.endswith(".yaml"))
+    assert names == sorted(n for n in NAMES if n != "epp")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_policy_loads_without_warnings(name: str) -> None:
+    policy = POLICIES[name]
+    index = BlockIndex() if policy.kv_events else None
+    cfg = sched_config.load_config(policy.config_text(), Handle(datastore=Datastore(), kv_index=index))
+    assert cfg.warnings == []
+    # A policy reading the KV index says so (the fast fleet then publishes events); one that does
+    # not must load without an index.
+    types = {p.type for p in cfg.plugins.values()}
+    assert policy.kv_events == bool(types & {"precise-prefix-cache-scorer", "dynamo-cost-scorer"})
+
+
+def test_epp_is_the_shipped_default_with_kv_events() -> None:
+    assert POLICIES["epp"].config_text() == sched_config.default_config_text(precise=True)
