@@ -43,7 +43,7 @@ def test_demo_epp_beats_round_robin_on_cache_hits(
     status = cli.main([
         "demo", "--pods", "3", "--groups", "4", "--cache-prompts", "2", "--requests", "150",
         "--concurrency", "4", "--time-scale", "0.5", "--seed", "3", "--quiet",
-        "--workdir", str(tmp_path / "work"), "--json", str(out_json),
+        "--workdir", str(tmp_path / "work"), "--json", str(out_json), "--plots", str(tmp_path / "plots"),
     ])  # fmt: skip
     elapsed = time.monotonic() - started
     printed = capsys.readouterr().out
@@ -66,4 +66,8 @@ def test_demo_epp_beats_round_robin_on_cache_hits(
     assert "simulator, not GPUs" in printed
     assert "[round-robin]" in printed and "[epp]" in printed
     assert "epp vs round-robin" in printed
+    # The plot a newcomer is pointed to (matplotlib comes with the dev extra).
+    plot = tmp_path / "plots" / "demo-ttft-cdf.png"
+    assert f"plot: {plot}" in printed
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert elapsed < 60, f"demo took {elapsed:.0f}s"

@@ -225,6 +225,33 @@ def table(name: str, entry: Mapping[str, Any]) -> str:
 # --- plots ---------------------------------------------------------------------------------------
 
 
+def plot_ttft_cdf(path: str, title: str, ttfts: Mapping[str, Sequence[float]]) -> bool:
+    """One TTFT CDF (seconds, ascending values per series) to `path`; False without matplotlib.
+    Shared by `epp bench` and `epp demo`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, values in ttfts.items():
+        if values:
+            n = len(values)
+            ax.plot(values, [(i + 1) / n for i in range(n)], label=label, linewidth=1.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s, log scale)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plot(
     out_dir: str, name: str, entry: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]]
 ) -> list[str]:
@@ -238,22 +265,9 @@ def plot(
     except ImportError:
         return []
     written = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy, values in ttfts.items():
-        if values:
-            n = len(values)
-            ax.plot(values, [(i + 1) / n for i in range(n)], label=policy, linewidth=1.2)
-    ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title(f"{name}: TTFT CDF")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
     path = os.path.join(out_dir, f"{name}-ttft-cdf.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    if plot_ttft_cdf(path, f"{name}: TTFT CDF", ttfts):
+        written.append(path)
     # The sweep: stages in order, a warm-up left out (it is not a point of the ladder).
     stages = [(i, s) for i, s in enumerate(entry["stages"]) if s["label"] != "warmup"]
     if len(stages) > 1:

@@ -3,11 +3,13 @@
 What it runs, all on 127.0.0.1 and all started and stopped by the demo itself:
 
 * a fleet of `--pods` simulated vLLM replicas in this process (`epp.sim.fleet`). A simulator, not
-  a GPU: a replica sleeps for the time a request would take. Time to first token grows with the
-  prompt tokens that are *not* in its prefix cache, the cache holds 16-token blocks (only a few
-  tenants' system prompts), each replica publishes vLLM's KV-cache events, and at most
-  `--max-num-seqs` requests run at once (the rest queue). So where a request lands decides
-  whether its long shared prefix is recomputed, and that is what an endpoint picker can improve.
+  a GPU: a replica schedules like vLLM (continuous batching, chunked prefill, prefix cache) and
+  sleeps for each step's time instead of computing it. Time to first token grows with the
+  prompt tokens that are *not* in its prefix cache and with the requests sharing its steps, the
+  cache holds 16-token blocks (only a few tenants' system prompts), each replica publishes vLLM's
+  KV-cache events, and at most `--max-num-seqs` requests run at once (the rest queue). So where a
+  request lands decides whether its long shared prefix is recomputed, and that is what an
+  endpoint picker can improve.
 * per arm, a fresh real Envoy (and, for the epp arms, a fresh `epp serve` subprocess with plaintext
   gRPC, ext-proc FULL_DUPLEX_STREAMED) after the replicas' caches and counters are reset:
     - ``round-robin``: Envoy's ROUND_ROBIN cluster over the pods, no ext-proc at all;
@@ -144,6 +146,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("output")
     g.add_argument("--json", metavar="PATH", default="", help="write every raw number to this JSON file")
+    g.add_argument(
+        "--plots",
+        metavar="DIR",
+        default="bench-results/demo",
+        help="write the TTFT CDF per arm here as PNG, with matplotlib (the bench extra); '' = none "
+        "(default bench-results/demo)",
+    )
     g.add_argument("--workdir", default="", help="directory for configs and logs (default: a temp dir)")
     g.add_argument("--keep-logs", action="store_true", help="keep the temp dir even after a good run")
     g.add_argument("--quiet", action="store_true", help="print only the results, no progress")
@@ -255,6 +264,14 @@ def _run(
     if args.json:
         write_json(Path(args.json), args, workload, arms, sim_config(args, "pod"))
         print(f"raw numbers: {args.json}")
+    if args.plots and arms:
+        from epp.bench.report import plot_ttft_cdf
+
+        Path(args.plots).mkdir(parents=True, exist_ok=True)
+        path = str(Path(args.plots) / "demo-ttft-cdf.png")
+        ttfts = {a.name: sorted(r.ttft_s for r in a.ok) for a in arms}
+        if plot_ttft_cdf(path, f"epp demo: TTFT CDF per arm ({args.pods} pods, seed {args.seed})", ttfts):
+            print(f"plot: {path}")
     if failed:
         return 2
     return 1 if any(a.errors for a in arms) else 0

@@ -202,12 +202,15 @@ def setup_paragraph(args: argparse.Namespace, cfg: SimConfig, workload: Workload
     question_chars = sum(len(r.question) for r in workload.requests) // max(1, len(workload.requests))
     return (
         f'Setup: {args.pods} simulated vLLM replicas ("pods") run inside this process. They are a '
-        "simulator, not GPUs: a replica sleeps for the time a request would take instead of "
-        f"computing it{scale}. Time to first token is {cfg.base_latency * 1e3:g} ms plus "
-        f"{cfg.prefill_cost * 1e6:g} us per prompt token not found in that pod's prefix "
-        f"cache; then {cfg.decode_per_token * 1e3:g} ms per further token ({args.output_tokens} "
-        f"tokens per answer). A pod runs at most {cfg.max_num_seqs} requests at once and queues "
-        f"the rest. Its prefix cache holds {cfg.num_gpu_blocks} blocks of {cfg.block_size} "
+        "simulator, not GPUs: a replica schedules like vLLM (continuous batching, chunked "
+        "prefill, prefix cache) and sleeps for each step's time instead of computing it"
+        f"{scale}. A step takes {cfg.prefill_cost * 1e6:g} us per prompt token it computes (tokens "
+        f"found in that pod's prefix cache are not computed), at least "
+        f"{cfg.decode_per_token * 1e3:g} ms (a decode step: one more token for every running "
+        f"request; {args.output_tokens} tokens per answer), after {cfg.base_latency * 1e3:g} ms of "
+        f"request handling. A pod runs at most {cfg.max_num_seqs} requests at once and queues "
+        f"the rest, so a request's first token also waits for the prefills sharing its steps. "
+        f"Its prefix cache holds {cfg.num_gpu_blocks} blocks of {cfg.block_size} "
         f"tokens (evicted least recently used, as vLLM's), room for about {tenants_fit:.1f} "
         f"tenants' system prompts; it publishes vLLM's KV-cache events over ZMQ. Prompts are "
         f"tokenized with epp-tiny, the tokenizer shipped with epp. "
