@@ -48,6 +48,6 @@ POLICIES: dict[str, Policy] = {
         ),
         Policy("dynamo-cost", "Dynamo KV router: lowest 1.0 x prefill blocks + decode blocks", True),
         Policy("ranvier-bounded", "Ranvier: prefix affinity, diverted above 2x median in-flight + 2", False),
-        Policy("epp", "epp's default profile with KV events (default-precise-config.yaml)", True),
+        Policy("epp", "epp's default with KV events: predicted TTFT (default-precise-config.yaml)", True),
     )
 }

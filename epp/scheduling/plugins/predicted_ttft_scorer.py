@@ -1,0 +1,560 @@
+"""`predicted-ttft-scorer`: price cache affinity against load as the request's predicted time to
+first token (TTFT) on each endpoint, and prefer the smallest.
+
+Why: every other scorer measures one thing (prefix match, queue depth, KV usage) and the profile
+sums them with fixed weights, so a load scorer outvotes a cache hit, or a cache hit piles a tenant
+onto one hot pod, depending on the weights and the load. What a user feels is time, and both cache
+and load convert to it: a cached block saves its prefill, a queued request delays this one.
+
+The model, per candidate endpoint `e` (seconds):
+
+    ttft(e) = (overhead + uncached(e) * cost(e)) * (1 + k * decodes(e))   a step, its own prefill
+            + queue(e)                                                   prefill work ahead of it
+            + kv_wait(e)                                                 waiting for free KV blocks
+
+- `uncached(e)`: the prompt tokens the endpoint does not hold, from the `PrefixMatch` the precise
+  prefix scorer (`prefixScorer`, earlier in the profile; weight 0 is fine) leaves in the cycle
+  state, counted as vLLM counts cached tokens; a block held only off GPU costs `offloadCost` of a
+  miss. Without a precise match every endpoint is priced as a miss: the approximate
+  `prefix-cache-scorer` leaves only the request's block hashes there, not per-endpoint matches.
+- `cost(e)` (seconds per prefill token, per endpoint), `overhead` and `k` (shared): learned online
+  from the TTFTs observed on the response path, by a gradient step on the squared log error of the
+  prediction (each parameter moves by its share of it), clipped to a factor of `maxUpdateRatio` per
+  observation, so one stalled request moves nothing far. `cost` starts from the prior
+  `prefillTokensPerSecond` weighing `priorObservations` observations, its step weight decaying to
+  `minLearningRate`; `overhead` (`overheadSeconds`) and `k` (`decodeInterference`) start from their
+  parameters and learn at `minLearningRate` (`learnShared: false` keeps them fixed). The tokens of
+  an observation are the queue ahead at pick time plus the uncached tokens the model server
+  reported. Exported: `epp_predicted_ttft_prefill_tokens_per_second{plugin, endpoint}`.
+- `decodes(e)`: running requests (scraped, or epp's own in-flight count when larger): each takes a
+  token of every step's budget and attention time, which slows the step a prefill runs in.
+- `queue(e)`: the larger of (a) a fluid "busy until" time per endpoint, advanced at pick time by
+  the booked request's own prefill time and drained by the passing of time (`epp.clock`, so it
+  runs in a benchmark's virtual time), which sees every decision of this epp at once, and (b) the
+  scraped queue depth (`vllm:num_requests_waiting`) times the mean booked prefill, times
+  `queueDepthWeight`, which also sees other replicas' traffic, one scrape late.
+- `kv_wait(e)`: past `kvSoftLimit` of the pod's KV cache in use (scraped `kv_usage` plus the
+  request's own new blocks), vLLM admits new blocks only as running requests finish, and their
+  decodes claim the freed blocks first: the price is `kvPressureWeight * decode * over`, `over`
+  the excess as a fraction of the room above the limit (at most 2), `decode` the mean time from
+  first token to the end of a response (learned from response durations, prior `decodeSeconds`).
+  The choice pays that price in full (it keeps a pod from evicting hot prefixes and preempting);
+  the prediction multiplies it by a scale learned from what such waits turned out to be.
+
+The choice minimises `objective(e) = ttft(e) + penalty * uncached(e) * cost(e) * (1 + k *
+decodes(e))`, with the kv price in place of the predicted kv wait: the request's own TTFT plus the
+prefill time it adds to the endpoint, which every request queued behind it there pays and which a
+cache hit avoids. TTFT alone is myopic: the second request of a burst waits on its holder behind
+the first one's prefill about as long as a miss elsewhere takes, and a pure TTFT choice sends it
+away, duplicating the prefill and the cached blocks (fewer hits for everyone later). The prefill
+also delays every request waiting on that endpoint (scraped queue depth `w`), so the term is
+`penalty * (1 + missPenaltyPerWaiting * w)`: under overload a miss is priced at what it costs the
+queue, and affinity wins. `penalty` is `missPenalty`, except for a prefix carrying a large share
+`s` of the recent traffic (requests per first block, decaying over `popularityWindowSeconds`; 0
+turns this off): it needs about `s * N` of the N endpoints' capacity, so while only `h < s * N`
+endpoints hold it the penalty is scaled by `(h / (s * N))^2` and copies spread. The score is
+`min objective / objective(e)`, in (0, 1], so with `max-score-picker` (the only scorer, or the
+others at weight 0) the minimum wins and exact ties are broken at random.
+
+A prompt no endpoint holds any block of (never seen, or evicted everywhere) goes to its
+rendezvous home among the endpoints within `homeTolerance` (relative) or `homeSlackSeconds` of the
+minimum objective that got no more than their share of the recent requests (decaying over
+`popularityWindowSeconds`: at light load predictions barely differ, and hashing alone would give
+some endpoints more prefixes, whose traffic loads them once it grows): the highest of a 64-bit mix
+of a digest of the prompt's first block (with the model and cache salt) and a CRC of the endpoint
+name, the same in every process, so independent epp replicas seeing similar traffic agree, and a
+tenant whose prefix was evicted returns to one pod instead of scattering. The home scores 1.0,
+every other endpoint its score times (1 - 1e-9).
+
+Effects, in `pre_request` (the decision is final): the primary's fluid queue grows by the request's
+predicted prefill, the prefix's traffic count by one, and the prediction is kept (bounded) until
+`response_complete`, which learns from it and observes `actual - predicted` into
+`epp_predicted_ttft_error_seconds{plugin}`. Explain facts per endpoint: `predicted_ttft_s`,
+`objective_s`, `queue_s`, `uncached_tokens`; per request `ttft_home` when the home rule decided.
+
+Parameters (each checked at startup; a misspelt or out-of-range one is a `ConfigError`):
+- `prefixScorer` ("precise-prefix-cache-scorer"): the plugin name whose match to read.
+- `prefillTokensPerSecond` (10000, > 0), `priorObservations` (20, >= 1): the prior prefill rate.
+- `minLearningRate` (0.02, (0, 1]), `maxUpdateRatio` (2.0, > 1): how fast and how far it learns
+  (faster tracking costs noise: per-endpoint rates that differ by chance skew the choice).
+- `overheadSeconds` (0.01), `decodeInterference` (0.02), `learnShared` (true): see above.
+- `queueDepthWeight` (1.0): weight of the scraped-queue-depth estimate of the queue.
+- `kvPressureWeight` (1.0), `kvSoftLimit` (0.8, [0, 1)), `decodeSeconds` (5.0, > 0): KV pressure.
+- `offloadCost` (0.2, [0, 1]): a block held only off GPU costs this fraction of a miss.
+- `missPenalty` (1.0), `missPenaltyPerWaiting` (1.0), `popularityWindowSeconds` (60): the price of
+  a miss to the fleet.
+- `homeTolerance` (0.2), `homeSlackSeconds` (0.1): how near the minimum a home may be.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import math
+import struct
+import zlib
+from collections.abc import Hashable, Mapping
+from typing import Annotated, Any, Final
+
+import msgspec
+from prometheus_client import Gauge, Histogram
+
+from epp import clock
+from epp.api.requests import InferenceRequest
+from epp.datastore.endpoints import Endpoint
+from epp.observability import metrics
+from epp.scheduling import interfaces, registry
+from epp.scheduling.plugins.precise_prefix_cache_scorer import DEFAULT_BLOCK_SIZE, PrefixMatch, cached_tokens
+
+MAX_PENDING: Final = 65536
+"""Predictions kept for response_complete; beyond it the oldest are dropped (lost responses)."""
+
+HOME_MARGIN: Final = 1e-9
+"""How far below the home every other endpoint is scaled, so the picker cannot tie with it."""
+
+_ERROR_BUCKETS = (
+    *(-b for b in (30.0, 10.0, 5.0, 2.5, 1.0, 0.5, 0.25, 0.1, 0.05, 0.025, 0.01)),
+    0.0,
+    *(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+
+prediction_error = Histogram(
+    "epp_predicted_ttft_error_seconds",
+    "Actual minus predicted time to first token of requests routed by predicted-ttft-scorer.",
+    ["plugin"],
+    buckets=_ERROR_BUCKETS,
+    registry=metrics.REGISTRY,
+)
+prefill_rate = Gauge(
+    "epp_predicted_ttft_prefill_tokens_per_second",
+    "Prefill rate per endpoint as learned by predicted-ttft-scorer from observed TTFTs.",
+    ["plugin", "endpoint"],
+    registry=metrics.REGISTRY,
+)
+
+_NonNegative = Annotated[float, msgspec.Meta(ge=0.0)]
+# msgspec's bounds let infinity through; these parameters multiply times, so it is refused.
+_FINITE = (
+    "overheadSeconds",
+    "queueDepthWeight",
+    "decodeInterference",
+    "kvPressureWeight",
+    "missPenalty",
+    "missPenaltyPerWaiting",
+)
+_MASK64: Final = (1 << 64) - 1
+
+
+@dataclasses.dataclass(slots=True)
+class _Rate:
+    """One endpoint's learned prefill cost and fluid queue."""
+
+    cost: float  # seconds per uncached prompt token at no decode load
+    seen: float  # observations so far (the prior's weight is added when learning)
+    busy_until: float = 0.0  # clock.now() at which the prefill work booked so far is drained
+
+
+@dataclasses.dataclass(slots=True)
+class _Prediction:
+    """One endpoint's prediction for the request being scored."""
+
+    ttft: float
+    objective: float  # ttft plus the miss penalty: what the choice minimises
+    queue_s: float
+    queue_tokens: float
+    uncached: float
+    slowdown: float  # 1 + k * decodes
+    decodes: int
+    kv_wait: float  # the predicted wait for KV blocks: the price below, times the learned scale
+    kv_price: float  # the KV-pressure term of the objective
+
+
+@dataclasses.dataclass(slots=True)
+class _Booked:
+    """A routed request's prediction, kept until its response completes."""
+
+    request: InferenceRequest
+    endpoint: str
+    predicted: float
+    queue_tokens: float
+    uncached: float
+    slowdown: float
+    decodes: int
+    kv_wait: float
+    kv_price: float
+
+
+@dataclasses.dataclass(slots=True)
+class TTFTDecision:
+    """What the scorer predicted for one request (explain reads it from the cycle state)."""
+
+    # endpoint -> (predicted ttft, objective, queue, uncached tokens)
+    predictions: dict[str, tuple[float, float, float, float]]
+    home: str = ""
+
+
+@registry.register("predicted-ttft-scorer")
+class PredictedTTFTScorer(registry.PluginBase):
+    consumes_tokens: Final = True
+
+    class Params(msgspec.Struct, forbid_unknown_fields=True):
+        prefixScorer: str = "precise-prefix-cache-scorer"
+        prefillTokensPerSecond: Annotated[float, msgspec.Meta(gt=0.0)] = 10000.0
+        priorObservations: Annotated[float, msgspec.Meta(ge=1.0)] = 20.0
+        minLearningRate: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.02
+        maxUpdateRatio: Annotated[float, msgspec.Meta(gt=1.0)] = 2.0
+        overheadSeconds: _NonNegative = 0.01
+        queueDepthWeight: _NonNegative = 1.0
+        decodeInterference: _NonNegative = 0.02
+        learnShared: bool = True
+        kvPressureWeight: _NonNegative = 1.0
+        kvSoftLimit: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.8
+        decodeSeconds: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0
+        offloadCost: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.2
+        homeTolerance: _NonNegative = 0.2
+        homeSlackSeconds: _NonNegative = 0.1
+        missPenalty: _NonNegative = 1.0
+        popularityWindowSeconds: _NonNegative = 60.0
+        missPenaltyPerWaiting: _NonNegative = 1.0
+
+    def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
+        self.name = name
+        for field in _FINITE:
+            if not math.isfinite(getattr(params, field)):
+                raise registry.ConfigError(f"plugin {name!r} (type {self.type!r}): {field} must be finite")
+        self._prefix = params.prefixScorer
+        self._prior_cost = 1.0 / params.prefillTokensPerSecond
+        self._prior_n = params.priorObservations
+        self._min_rate = params.minLearningRate
+        self._max_step = math.log(params.maxUpdateRatio)
+        self._overhead = params.overheadSeconds
+        self._queue_weight = params.queueDepthWeight
+        self._k_decode = params.decodeInterference
+        self._learn = params.learnShared
+        self._kv_weight = params.kvPressureWeight
+        self._kv_soft = params.kvSoftLimit
+        self._decode_s = params.decodeSeconds  # learned: mean time from first token to the end
+        self._decode_seen = 0.0
+        self._kv_scale = 1.0  # learned: the wait a KV-pressure price turns out to mean
+        self._offload = params.offloadCost
+        self._home_tol = params.homeTolerance
+        self._home_slack = params.homeSlackSeconds
+        self._miss_penalty = params.missPenalty
+        self._waiting_weight = params.missPenaltyPerWaiting
+        window = params.popularityWindowSeconds
+        self._popularity = _Popularity(window) if window > 0 else None
+        self._traffic = _Popularity(window) if window > 0 else None  # requests per endpoint
+        self._rates: dict[str, _Rate] = {}
+        self._name_ids: dict[str, int] = {}
+        self._mean_prefill = 0.0  # EWMA of booked uncached tokens: the work a waiting request brings
+        # pre_request gets no CycleState; the Director calls it right after `schedule` with no await
+        # in between, so the last request scored is the one being routed.
+        self._last: tuple[InferenceRequest, dict[str, _Prediction], int | None] | None = None
+        self._pending: collections.OrderedDict[int, _Booked] = collections.OrderedDict()
+        self._error = prediction_error.labels(name)
+        handle.datastore.subscribe(self._on_endpoints_changed)
+
+    # --- decision -------------------------------------------------------------------------------
+
+    def score(
+        self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> list[float]:
+        found = cycle.get(self._prefix)
+        match = found if isinstance(found, PrefixMatch) else None
+        tokens = match.request_tokens if match is not None else 0
+        tokens = tokens or _prompt_tokens(request)
+        now = clock.now()
+        digest = _first_block_digest(request, match.block_size if match is not None else 0)
+        penalty = self._miss_penalty
+        if penalty and digest is not None and self._popularity is not None:
+            # A prefix carrying a share s of the traffic needs about s * N endpoints' capacity:
+            # until that many hold it, another copy is an investment, not a waste.
+            needed = self._popularity.share(digest, now) * len(endpoints)
+            holders = len(match.matches) if match is not None else 0
+            if needed > holders:
+                penalty *= (holders / needed) ** 2
+        preds: dict[str, _Prediction] = {}
+        objectives: list[float] = []
+        for ep in endpoints:
+            p = self._predict(ep, tokens, match, now, penalty)
+            preds[ep.name] = p
+            objectives.append(p.objective)
+        self._last = (request, preds, digest)
+        decision = TTFTDecision({n: (p.ttft, p.objective, p.queue_s, p.uncached) for n, p in preds.items()})
+        cycle[self.name] = decision
+        best = min(objectives)
+        scores = [best / t for t in objectives]
+        if (match is None or not match.matches) and digest is not None:
+            home = self._home(digest, endpoints, objectives, best)
+            if home >= 0:
+                decision.home = endpoints[home].name
+                scores = [s * (1.0 - HOME_MARGIN) for s in scores]
+                scores[home] = 1.0
+        return scores
+
+    def _predict(
+        self, ep: Endpoint, tokens: int, match: PrefixMatch | None, now: float, penalty: float
+    ) -> _Prediction:
+        rate = self._rate(ep.name)
+        m = ep.metrics
+        uncached = float(tokens)
+        block_size = DEFAULT_BLOCK_SIZE
+        if match is not None:
+            block_size = match.block_sizes.get(ep.name, match.block_size) or DEFAULT_BLOCK_SIZE
+            held = match.matches.get(ep.name)
+            if held is not None:
+                gpu = cached_tokens(tokens, held.gpu_blocks, block_size)
+                anywhere = cached_tokens(tokens, held.blocks, block_size)
+                uncached = tokens - gpu - (anywhere - gpu) * (1.0 - self._offload)
+        decodes = max(m.running, ep.inflight_requests - m.waiting, 0)
+        slowdown = 1.0 + self._k_decode * decodes
+        cost = rate.cost * slowdown
+        fluid = max(0.0, rate.busy_until - now)
+        scraped = self._queue_weight * m.waiting * self._mean_prefill * cost
+        queue_s = max(fluid, scraped)
+        service = uncached * cost
+        kv_price = 0.0
+        if self._kv_weight and m.num_gpu_blocks > 0:
+            # Past the soft limit the pod admits new blocks only as running requests finish (and
+            # their decodes keep claiming the freed ones): the wait grows towards a decode's length.
+            after = m.kv_usage + uncached / (block_size * m.num_gpu_blocks)
+            over = (after - self._kv_soft) / (1.0 - self._kv_soft)
+            if over > 0.0:
+                kv_price = self._kv_weight * self._decode_s * min(over, 2.0)
+        # The choice pays the full price (it protects the pod's cache); the prediction expects
+        # the wait the observations so far say such a price comes with.
+        kv_wait = kv_price * self._kv_scale
+        base = self._overhead * slowdown + queue_s + service
+        ttft = max(base + kv_wait, 1e-9)
+        # Every request waiting there is delayed by this prefill too (queueing is FIFO-ish).
+        waiting_factor = 1.0 + self._waiting_weight * m.waiting
+        objective = base + kv_price + penalty * waiting_factor * service
+        return _Prediction(
+            ttft, objective, queue_s, queue_s / cost, uncached, slowdown, decodes, kv_wait, kv_price
+        )
+
+    def _home(self, digest: int, endpoints: list[Endpoint], objectives: list[float], best: float) -> int:
+        """Index of the rendezvous home of the prompt whose first block is `digest` among the
+        near-minimum endpoints."""
+        limit = max(best * (1.0 + self._home_tol), best + self._home_slack)
+        near = [i for i, objective in enumerate(objectives) if objective <= limit]
+        traffic = self._traffic
+        if traffic is not None and len(near) > 1:
+            # A prefix's later requests follow it to its home, but at light load the predictions
+            # barely differ, and hashing alone would give some endpoints more prefixes (a binomial
+            # spread) that load them once the traffic grows. So homes go to the near-minimum
+            # endpoints that got no more than their share of the recent requests.
+            now = clock.now()
+            recent = [traffic.count(endpoints[i].name, now) for i in near]
+            fair = sum(recent) / len(recent)
+            near = [i for i, r in zip(near, recent, strict=True) if r <= fair] or near
+        ids = self._name_ids
+        top, home = -1, -1
+        for i in near:
+            ep = endpoints[i]
+            name_id = ids.get(ep.name)
+            if name_id is None:
+                name_id = ids[ep.name] = zlib.crc32(ep.name.encode())
+            h = _mix64(digest ^ (name_id * 0x9E3779B97F4A7C15 & _MASK64))
+            if h > top:
+                top, home = h, i
+        return home
+
+    def _rate(self, name: str) -> _Rate:
+        rate = self._rates.get(name)
+        if rate is None:
+            rate = self._rates[name] = _Rate(self._prior_cost, 0.0)
+        return rate
+
+    # --- effects --------------------------------------------------------------------------------
+
+    def pre_request(self, request: InferenceRequest, result: interfaces.SchedulingResult) -> None:
+        last = self._last
+        if last is None or last[0] is not request or not result.targets:
+            return
+        self._last = None  # booked once; and the request is not kept alive past its decision
+        primary = result.targets[0].name
+        p = last[1].get(primary)
+        if p is None:
+            return
+        now = clock.now()
+        rate = self._rate(primary)
+        # The request's prefill joins the endpoint's fluid queue behind the work already booked.
+        rate.busy_until = max(rate.busy_until, now) + p.uncached * rate.cost * p.slowdown
+        self._mean_prefill += 0.05 * (p.uncached - self._mean_prefill)
+        if self._popularity is not None and last[2] is not None:
+            self._popularity.add(last[2], now)
+        if self._traffic is not None:
+            self._traffic.add(primary, now)
+        pending = self._pending
+        pending[id(request)] = _Booked(
+            request, primary, p.ttft, p.queue_tokens, p.uncached, p.slowdown, p.decodes, p.kv_wait, p.kv_price
+        )
+        while len(pending) > MAX_PENDING:
+            pending.popitem(last=False)
+
+    def response_complete(self, request: InferenceRequest, outcome: interfaces.RequestOutcome) -> None:
+        booked = self._pending.pop(id(request), None)
+        if booked is None or booked.request is not request:
+            return
+        ttft = outcome.ttft_s
+        served = outcome.endpoint
+        if ttft is None or not outcome.ok or served is None or served.name != booked.endpoint:
+            return  # a failed or rerouted request says nothing about this endpoint's rate
+        self._error.observe(ttft - booked.predicted)
+        if outcome.duration_s > ttft:
+            self._decode_seen += 1.0
+            weight = max(1.0 / (self._decode_seen + 1.0), self._min_rate)
+            self._decode_s += weight * (outcome.duration_s - ttft - self._decode_s)
+        if booked.kv_price > 0.0:
+            # What the wait for KV blocks turned out to be, as a share of its price.
+            seen = max(ttft - (booked.predicted - booked.kv_wait), 0.01 * booked.kv_price) / booked.kv_price
+            step = self._clip(math.log(seen / self._kv_scale))
+            self._kv_scale = min(max(self._kv_scale * math.exp(self._min_rate * step), 0.01), 10.0)
+        if booked.kv_wait > 0.1 * booked.predicted:
+            return  # mostly a wait for KV blocks, which the prefill rate does not explain
+        uncached = booked.uncached
+        if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
+            uncached = float(max(outcome.prompt_tokens - outcome.cached_tokens, 0))
+        self.learn(booked.endpoint, ttft, booked.queue_tokens + uncached, booked.decodes)
+
+    def learn(self, endpoint: str, ttft: float, tokens: float, decodes: int = 0) -> None:
+        """One observation: `tokens` of prefill (queued ahead plus its own) took `ttft` seconds
+        beside `decodes` running requests.
+
+        A gradient step on the squared log error of `(overhead + tokens * cost) * (1 + k *
+        decodes)`, clipped (robust, see the module): each parameter moves by its share of the
+        prediction (d log ttft / d log parameter), the endpoint's cost with a weight decaying from
+        the prior's to `minLearningRate`, the shared overhead and interference at that floor.
+        """
+        rate = self._rate(endpoint)
+        k, overhead = self._k_decode, self._overhead
+        slowdown = 1.0 + k * decodes
+        work = tokens * rate.cost
+        error = self._clip(math.log(max(ttft, 1e-9) / ((overhead + work) * slowdown)))
+        floor = self._min_rate
+        if self._learn and decodes > 0:
+            self._k_decode = min(max(k * math.exp(floor * error * k * decodes / slowdown), 1e-4), 1.0)
+        if self._learn:
+            self._overhead = min(
+                max(overhead * math.exp(floor * error * overhead / (overhead + work)), 1e-4), 10.0
+            )
+        if tokens < 1.0:
+            return
+        weight = max(1.0 / (rate.seen + 1.0 + self._prior_n), floor)
+        rate.cost *= math.exp(weight * error * work / (overhead + work))
+        rate.seen += 1.0
+        prefill_rate.labels(self.name, endpoint).set(1.0 / rate.cost)
+
+    def _clip(self, step: float) -> float:
+        return max(-self._max_step, min(self._max_step, step))
+
+    @property
+    def decode_interference(self) -> float:
+        """The prefill slowdown per running request, as learned so far."""
+        return self._k_decode
+
+    @property
+    def overhead_seconds(self) -> float:
+        """The time to first token of a full hit on an idle endpoint, as learned so far."""
+        return self._overhead
+
+    @property
+    def decode_seconds(self) -> float:
+        """The mean time from first token to the end of a response, as learned so far."""
+        return self._decode_s
+
+    def prefill_tokens_per_second(self, endpoint: str) -> float:
+        """The learned prefill rate of `endpoint` (the prior until it has served requests)."""
+        return 1.0 / self._rate(endpoint).cost
+
+    def _on_endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        for ep in removed:
+            if self._rates.pop(ep.name, None) is not None:
+                with contextlib.suppress(KeyError):  # never learned: no series
+                    prefill_rate.remove(self.name, ep.name)
+
+    # --- explain --------------------------------------------------------------------------------
+
+    def explain(self, cycle: interfaces.CycleState) -> Mapping[str, Any]:
+        decision = cycle.get(self.name)
+        if not isinstance(decision, TTFTDecision):
+            return {}
+        per_endpoint = {
+            name: {
+                "predicted_ttft_s": ttft,
+                "objective_s": objective,
+                "queue_s": queue,
+                "uncached_tokens": round(uncached),
+            }
+            for name, (ttft, objective, queue, uncached) in decision.predictions.items()
+        }
+        return {"request": {"ttft_home": decision.home} if decision.home else {}, "endpoints": per_endpoint}
+
+
+class _Popularity:
+    """Recent request counts per key (a prompt prefix's first-block digest, or an endpoint),
+    decaying exponentially with `window` seconds, and each key's share of the total decaying
+    alike. Bounded: the least recently seen keys are forgotten first (no share worth knowing)."""
+
+    __slots__ = ("_counts", "_total", "_total_at", "_window")
+
+    CAPACITY: Final = 100_000
+
+    def __init__(self, window: float) -> None:
+        self._window = window
+        self._counts: collections.OrderedDict[Hashable, tuple[float, float]] = collections.OrderedDict()
+        self._total = 0.0
+        self._total_at = 0.0
+
+    def count(self, key: Hashable, now: float) -> float:
+        held = self._counts.get(key)
+        return held[0] * math.exp((held[1] - now) / self._window) if held is not None else 0.0
+
+    def share(self, key: Hashable, now: float) -> float:
+        """The share of the traffic the prefix would have with one more request of it."""
+        held = self._counts.get(key)
+        count = held[0] * math.exp((held[1] - now) / self._window) if held is not None else 0.0
+        total = self._total * math.exp((self._total_at - now) / self._window)
+        return (count + 1.0) / (total + 1.0)
+
+    def add(self, key: Hashable, now: float) -> None:
+        held = self._counts.pop(key, None)
+        count = held[0] * math.exp((held[1] - now) / self._window) if held is not None else 0.0
+        self._counts[key] = (count + 1.0, now)
+        self._total = self._total * math.exp((self._total_at - now) / self._window) + 1.0
+        self._total_at = now
+        if len(self._counts) > self.CAPACITY:
+            self._counts.popitem(last=False)
+
+
+def _prompt_tokens(request: InferenceRequest) -> int:
+    if request.token_ids:
+        return len(request.token_ids)
+    return request.prompt_tokens_estimate
+
+
+def _first_block_digest(request: InferenceRequest, block_size: int) -> int | None:
+    """A 64-bit digest of the prompt's first block with the model and cache salt: stable across
+    processes (blake2b, not the per-process `hash`). None for a request without a prompt."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(request.target_model.encode())
+    h.update(b"\0" + (request.cache_salt or "").encode() + b"\0")
+    ids = request.token_ids
+    if ids:
+        first = ids[: block_size or DEFAULT_BLOCK_SIZE]
+        h.update(struct.pack(f"<{len(first)}q", *first))
+    elif request.prompt_texts and request.prompt_texts[0]:
+        h.update(request.prompt_texts[0][: (block_size or DEFAULT_BLOCK_SIZE) * 4].encode())
+    else:
+        return None
+    return int.from_bytes(h.digest(), "little")
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: spreads a 64-bit value so that the rendezvous maxima are uniform."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)

@@ -1,0 +1,613 @@
+"""predicted-ttft-scorer: who wins when (cache vs queue vs decodes vs KV pressure), booking and
+draining in virtual time, online learning of the prefill rate, the rendezvous home of unseen
+prefixes (agreeing across instances and processes), explain facts, metrics and bad parameters."""
+
+from __future__ import annotations
+
+import collections
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epp import clock as epp_clock
+from epp.api.requests import InferenceRequest
+from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
+from epp.kvcache.events import BlockStored, EventBatch
+from epp.kvcache.index import BlockIndex
+from epp.observability import metrics
+from epp.scheduling import config, interfaces, registry
+from epp.scheduling.plugins import predicted_ttft_scorer as mod
+
+from . import builders
+
+CONFIG = Path(mod.__file__).parent.parent / "default-precise-config.yaml"
+RATE = 10000.0  # the default prior, tokens/s: 1e-4 s per token
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Iterator[Clock]:
+    c = Clock()
+    with epp_clock.use(c):
+        yield c
+
+
+def toks(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def feed(index: BlockIndex, pod: str, tokens: list[int], *, base: int = 1000) -> None:
+    n = len(tokens) // 16
+    ev = BlockStored(
+        block_hashes=[base + i for i in range(n)],
+        parent_block_hash=None,
+        token_ids=tokens[: n * 16],
+        block_size=16,
+        lora_id=None,
+        medium="gpu",
+        lora_name=None,
+        extra_keys=None,
+    )
+    index.apply(pod, EventBatch(0.0, [ev], 0), model="m")
+
+
+def request(tokens: list[int] | None, *, rid: str = "r") -> InferenceRequest:
+    req = builders.request(target_model="m")
+    req.request_id = rid
+    req.token_ids = tokens
+    req.prompt_tokens_estimate = len(tokens or [])
+    return req
+
+
+class Stack:
+    """The precise scorer (weight 0) and the TTFT scorer over one index, as default-precise-config.yaml."""
+
+    def __init__(self, index: BlockIndex | None = None, **params: Any) -> None:
+        self.index = index if index is not None else BlockIndex()
+        self.handle = interfaces.Handle(datastore=Datastore(), kv_index=self.index)
+        self.precise: Any = registry.default.build(
+            "precise-prefix-cache-scorer", "precise-prefix-cache-scorer", {}, self.handle
+        )
+        self.ttft: Any = registry.default.build("predicted-ttft-scorer", "ttft", params, self.handle)
+
+    def score(self, req: InferenceRequest, eps: list[Endpoint]) -> tuple[list[float], interfaces.CycleState]:
+        cycle: interfaces.CycleState = {}
+        self.precise.score(cycle, req, eps)
+        return self.ttft.score(cycle, req, eps), cycle
+
+    def route(self, req: InferenceRequest, eps: list[Endpoint]) -> Endpoint:
+        """Score, pick the best (ties at random) and run both pre-request hooks, as the Director."""
+        scores, _ = self.score(req, eps)
+        best = max(scores)
+        pick = random.choice([ep for ep, s in zip(eps, scores, strict=True) if s == best])
+        result = _result(pick)
+        self.precise.pre_request(req, result)
+        self.ttft.pre_request(req, result)
+        return pick
+
+
+def _result(primary: Endpoint) -> interfaces.SchedulingResult:
+    return interfaces.SchedulingResult("default", {"default": interfaces.ProfileResult("default", [primary])})
+
+
+def ttfts(stack: Stack, cycle: interfaces.CycleState) -> dict[str, float]:
+    return {name: v[0] for name, v in cycle[stack.ttft.name].predictions.items()}
+
+
+# --- who wins when ---------------------------------------------------------------------------
+
+
+def test_idle_fleet_the_cache_holder_wins_by_its_saved_prefill(clock: Clock) -> None:
+    s = Stack(missPenalty=0.0)
+    prompt = toks(1000)
+    feed(s.index, "pod-1", prompt[:800])  # 50 blocks
+    scores, cycle = s.score(request(prompt), builders.pool(3))
+    t = ttfts(s, cycle)
+    # overhead 10 ms + uncached tokens at 1e-4 s: 1000 tokens -> 110 ms, 200 -> 30 ms.
+    assert t["pod-0"] == pytest.approx(0.11) and t["pod-2"] == pytest.approx(0.11)
+    assert t["pod-1"] == pytest.approx(0.03)
+    assert scores == pytest.approx([0.03 / 0.11, 1.0, 0.03 / 0.11])
+
+
+def test_a_queue_on_the_holder_sends_the_request_elsewhere_once_a_miss_is_faster(clock: Clock) -> None:
+    s = Stack()
+    prompt = toks(1000)
+    feed(s.index, "pod-0", prompt)
+    eps = builders.pool(2)
+    # pod-0 holds the prompt's 62 full blocks (8 tokens left to compute) but has 0.6 s of other
+    # misses queued: a full miss on idle pod-1 (0.11 s) is faster.
+    picks = [s.route(request(toks(3000, start=10_000 * (i + 1))), [eps[0]]).name for i in range(2)]
+    assert picks == ["pod-0", "pod-0"]  # 0.6 s of unrelated misses booked on pod-0
+    _, cycle = s.score(request(prompt), eps)
+    t = ttfts(s, cycle)
+    assert t["pod-0"] == pytest.approx(0.01 + 0.6 + 8e-4)
+    assert t["pod-1"] == pytest.approx(0.11)
+    assert s.route(request(prompt), eps).name == "pod-1"
+
+
+def test_the_fluid_queue_drains_with_virtual_time(clock: Clock) -> None:
+    s = Stack()
+    eps = builders.pool(1)
+    s.route(request(toks(5000, start=1)), eps)  # 0.5 s of prefill booked
+    _, cycle = s.score(request(toks(100, start=90_000)), eps)
+    assert cycle["ttft"].predictions["pod-0"][2] == pytest.approx(0.5)
+    clock.now += 0.3
+    _, cycle = s.score(request(toks(100, start=90_000)), eps)
+    assert cycle["ttft"].predictions["pod-0"][2] == pytest.approx(0.2)
+    clock.now += 1.0
+    _, cycle = s.score(request(toks(100, start=90_000)), eps)
+    assert cycle["ttft"].predictions["pod-0"][2] == 0.0
+
+
+def test_booking_needs_the_scored_request_and_books_only_the_primary(clock: Clock) -> None:
+    s = Stack()
+    eps = builders.pool(2)
+    scored, other = request(toks(2000, start=1)), request(toks(2000, start=5))
+    s.score(scored, eps)
+    s.ttft.pre_request(other, _result(eps[0]))  # not the request scored last: nothing booked
+    s.ttft.pre_request(scored, _result(eps[1]))
+    s.ttft.pre_request(scored, _result(eps[1]))  # called twice: booked once
+    _, cycle = s.score(request(toks(100, start=50_000)), eps)
+    queues = {n: v[2] for n, v in cycle["ttft"].predictions.items()}
+    assert queues == {"pod-0": 0.0, "pod-1": pytest.approx(0.2)}
+
+
+def test_scraped_queue_depth_corrects_a_queue_epp_did_not_book(clock: Clock) -> None:
+    s = Stack()
+    eps = builders.pool(2)
+    for i in range(40):  # learn the mean prefill a request brings: 1000 tokens
+        s.route(request(toks(1000, start=100_000 * (i + 1))), eps)
+    clock.now += 100.0  # all drained
+    eps[0].metrics.waiting = 3  # another epp replica's requests
+    _, cycle = s.score(request(toks(1000, start=7)), eps)
+    q = {n: v[2] for n, v in cycle["ttft"].predictions.items()}
+    assert q["pod-1"] == 0.0
+    assert 0.25 < q["pod-0"] < 0.3  # 3 x ~1000 tokens (EWMA, not yet fully converged) x 1e-4 s
+
+
+def test_running_decodes_slow_the_prefill(clock: Clock) -> None:
+    s = Stack(decodeInterference=0.01)
+    eps = builders.pool(2)
+    eps[0].metrics.running = 50
+    _, cycle = s.score(request(toks(1000, start=3)), eps)
+    t = ttfts(s, cycle)
+    assert t["pod-0"] == pytest.approx((0.01 + 0.1) * 1.5)  # a step and the prefill, both slowed
+    assert t["pod-1"] == pytest.approx(0.11)
+    # epp's own in-flight count (not yet scraped) counts too.
+    eps[1].inflight_requests = 100
+    _, cycle = s.score(request(toks(1000, start=3)), eps)
+    assert ttfts(s, cycle)["pod-1"] == pytest.approx((0.01 + 0.1) * 2.0)
+
+
+def test_kv_pressure_past_the_soft_limit_costs_part_of_a_decode(clock: Clock) -> None:
+    s = Stack(decodeSeconds=5.0, kvSoftLimit=0.8)
+    eps = builders.pool(3)
+    for ep in eps:
+        ep.metrics.num_gpu_blocks = 1000  # 16,000 tokens: the 1000-token miss fills 6.25%
+    eps[0].metrics.kv_usage = 0.99
+    eps[1].metrics.kv_usage = 0.5
+    eps[2].metrics.kv_usage = 0.77  # below the limit, but not once its blocks are added
+    scores, cycle = s.score(request(toks(1000, start=3)), eps)
+    t = ttfts(s, cycle)
+    assert t["pod-1"] == pytest.approx(0.11)
+    assert t["pod-2"] == pytest.approx(0.11 + 5.0 * (0.77 + 0.0625 - 0.8) / 0.2)
+    assert t["pod-0"] == pytest.approx(0.11 + 5.0 * 1.2625)
+    assert scores[1] == 1.0 and scores[0] < scores[2] < 1.0
+    # A hit needs no new blocks: the full pod is not penalised for it.
+    feed(s.index, "pod-0", toks(1000, start=3))
+    _, cycle = s.score(request(toks(1000, start=3)), eps)
+    assert ttfts(s, cycle)["pod-0"] == pytest.approx(0.01 + 5.0 * (0.99 + 8 / 16000 - 0.8) / 0.2 + 8e-4)
+    off = Stack(kvPressureWeight=0.0)
+    _, cycle = off.score(request(toks(1000, start=3)), eps)
+    assert ttfts(off, cycle)["pod-0"] == pytest.approx(0.11)
+
+
+def test_offloaded_blocks_cost_a_fraction_of_a_miss(clock: Clock) -> None:
+    s = Stack(offloadCost=0.5)
+    prompt = toks(320)
+    ev = BlockStored(
+        block_hashes=list(range(20)),
+        parent_block_hash=None,
+        token_ids=prompt,
+        block_size=16,
+        lora_id=None,
+        medium="CPU",
+        lora_name=None,
+        extra_keys=None,
+    )
+    s.index.apply("pod-0", EventBatch(0.0, [ev], 0), model="m")
+    _, cycle = s.score(request([*prompt, *toks(80, start=9000)]), builders.pool(2))
+    t = ttfts(s, cycle)
+    assert t["pod-0"] == pytest.approx(0.01 + (80 + 320 * 0.5) * 1e-4)
+    assert t["pod-1"] == pytest.approx(0.01 + 400 * 1e-4)
+
+
+def test_exact_ties_are_broken_at_random(clock: Clock) -> None:
+    s = Stack()
+    prompt = toks(640)
+    eps = builders.pool(3)
+    feed(s.index, "pod-0", prompt)
+    feed(s.index, "pod-2", prompt)
+    random.seed(7)
+    counts: collections.Counter[str] = collections.Counter()
+    for _ in range(200):
+        scores, _ = s.score(request(prompt), eps)
+        assert scores[0] == scores[2] == 1.0 and scores[1] < 1.0
+        best = max(scores)
+        counts[random.choice([ep.name for ep, sc in zip(eps, scores, strict=True) if sc == best])] += 1
+    assert set(counts) == {"pod-0", "pod-2"} and min(counts.values()) > 70
+
+
+def test_without_a_prefix_match_in_the_cycle_every_endpoint_pays_the_whole_prompt(clock: Clock) -> None:
+    handle = builders.handle(None)
+    plugin: Any = registry.default.build("predicted-ttft-scorer", "ttft", {"prefixScorer": "absent"}, handle)
+    eps = builders.pool(2)
+    eps[1].metrics.running = 100
+    cycle: interfaces.CycleState = {}
+    scores = plugin.score(cycle, request(toks(1000)), eps)
+    assert scores[0] == 1.0 and scores[1] < 1.0  # slower by decodes: outside the home's slack
+    assert plugin.explain(cycle)["endpoints"]["pod-0"]["uncached_tokens"] == 1000
+
+
+# --- rendezvous home for unseen prefixes -------------------------------------------------------
+
+
+def test_an_unseen_prefix_goes_to_the_same_home_in_independent_instances(clock: Clock) -> None:
+    eps = builders.pool(4)
+    homes: collections.Counter[str] = collections.Counter()
+    for i in range(400):
+        prompt = toks(200, start=1000 * i)
+        a, b = Stack(), Stack()
+        shuffled = eps[::-1]
+        sa, ca = a.score(request(prompt), eps)
+        _, cb = b.score(request(prompt), shuffled)
+        home = ca["ttft"].home
+        assert home and home == cb["ttft"].home
+        assert sa[[ep.name for ep in eps].index(home)] == 1.0 and sorted(sa)[-2] < 1.0
+        homes[home] += 1
+    assert set(homes) == {ep.name for ep in eps}
+    assert min(homes.values()) > 70  # ~100 each: the hash spreads prefixes
+
+
+def test_the_home_is_chosen_among_near_minimum_endpoints_only(clock: Clock) -> None:
+    eps = builders.pool(4)
+    prompt = toks(2000, start=424242)
+    _, cycle = Stack().score(request(prompt), eps)
+    home = cycle["ttft"].home
+    loaded = next(ep for ep in eps if ep.name == home)
+    loaded.metrics.running = 200  # 2x slower prefill: 0.41 s, outside 20% / 100 ms of 0.21 s
+    scores, cycle = Stack().score(request(prompt), eps)
+    assert cycle["ttft"].home not in ("", home)
+    assert scores[eps.index(loaded)] < 0.9
+
+
+def test_a_prefix_held_somewhere_uses_no_home(clock: Clock) -> None:
+    s = Stack()
+    prompt = toks(320)
+    feed(s.index, "pod-3", prompt)
+    scores, cycle = s.score(request(prompt), builders.pool(4))
+    assert cycle["ttft"].home == ""
+    assert scores[3] == 1.0
+
+
+def test_a_burst_of_a_new_prefix_stays_on_its_home(clock: Clock) -> None:
+    s = Stack()
+    eps = builders.pool(4)
+    prompt = toks(2000, start=77)
+    picks = {s.route(request([*prompt, *toks(20, start=900_000 + i)]), eps).name for i in range(3)}
+    assert len(picks) == 1  # the home, then the speculative entries of the precise scorer
+
+
+def test_the_home_is_the_same_in_another_process_with_another_hash_seed(clock: Clock) -> None:
+    code = (
+        "import epp.scheduling.plugins\n"
+        "from tests.scheduling import builders\n"
+        "from epp.scheduling import registry\n"
+        "p = registry.default.build('predicted-ttft-scorer', 'ttft', {}, builders.handle(None))\n"
+        "homes = []\n"
+        "for i in range(20):\n"
+        "    r = builders.request(target_model='m'); r.token_ids = list(range(1000 * i, 1000 * i + 200))\n"
+        "    c = {}; p.score(c, r, builders.pool(4)); homes.append(c['ttft'].home)\n"
+        "print(','.join(homes))\n"
+    )
+    root = Path(__file__).parent.parent.parent
+    env = {"PYTHONHASHSEED": "12345", "PATH": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root, env=env
+    ).stdout.strip()
+    plugin: Any = registry.default.build("predicted-ttft-scorer", "ttft", {}, builders.handle(None))
+    here = []
+    for i in range(20):
+        cycle: interfaces.CycleState = {}
+        plugin.score(cycle, request(toks(200, start=1000 * i)), builders.pool(4))
+        here.append(cycle["ttft"].home)
+    assert out.split(",") == here
+
+
+# --- learning ----------------------------------------------------------------------------------
+
+
+def test_learning_converges_to_the_true_rate_and_resists_outliers(clock: Clock) -> None:
+    s = Stack()
+    plugin = s.ttft
+    rng = random.Random(3)
+    true_cost = 1.0 / 2500.0  # a slower pod than the 10k tokens/s prior
+    for _ in range(300):
+        tokens = rng.randint(200, 8000)
+        noise = rng.uniform(0.9, 1.1)
+        plugin.learn("pod-0", 0.01 + tokens * true_cost * noise, tokens)
+    assert plugin.prefill_tokens_per_second("pod-0") == pytest.approx(2500, rel=0.05)
+    before = plugin.prefill_tokens_per_second("pod-0")
+    plugin.learn("pod-0", 100.0, 1000)  # a 40x outlier (a stall): moves at most 2 ** 0.02
+    assert plugin.prefill_tokens_per_second("pod-0") > before / 2**0.02 * 0.999
+    # Other endpoints keep the prior.
+    assert plugin.prefill_tokens_per_second("pod-1") == pytest.approx(RATE)
+
+
+def test_the_prior_weighs_like_its_observations(clock: Clock) -> None:
+    weak = Stack(priorObservations=1.0, maxUpdateRatio=100.0, learnShared=False)
+    weak.ttft.learn("pod-0", 0.01 + 1000 / 5000, 1000)
+    # Half the log error, scaled by the prefill's share of the prediction (0.1 of 0.11 s).
+    expected = RATE * (0.11 / 0.21) ** (0.5 * 0.1 / 0.11)
+    assert weak.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(expected)
+    strong = Stack(priorObservations=1000.0, maxUpdateRatio=100.0, minLearningRate=1e-4)
+    strong.ttft.learn("pod-0", 0.01 + 1000 / 5000, 1000)
+    assert strong.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(RATE, rel=0.01)
+
+
+def test_overhead_and_decode_interference_are_learned_until_predictions_fit(clock: Clock) -> None:
+    s = Stack()
+    plugin = s.ttft
+    rng = random.Random(5)
+
+    def truth(tokens: int, decodes: int) -> float:  # a slower step and stronger interference
+        return (0.03 + tokens / 6000) * (1 + 0.06 * decodes)
+
+    for _ in range(3000):
+        tokens, decodes = rng.choice([0, 100, 500, 2000, 6000]), rng.randint(0, 60)
+        plugin.learn("pod-0", truth(tokens, decodes) * rng.uniform(0.95, 1.05), tokens, decodes)
+    assert plugin.overhead_seconds > 0.02 and plugin.decode_interference > 0.04
+    for tokens, decodes in ((0, 0), (0, 50), (6000, 0), (6000, 50), (500, 20)):
+        predicted = (plugin.overhead_seconds + tokens / plugin.prefill_tokens_per_second("pod-0")) * (
+            1 + plugin.decode_interference * decodes
+        )
+        assert predicted == pytest.approx(truth(tokens, decodes), rel=0.15)
+
+
+def test_the_decode_length_is_learned_from_response_durations(clock: Clock) -> None:
+    s = Stack(decodeSeconds=5.0)
+    eps = builders.pool(1)
+    for i in range(60):
+        req = request(toks(100, start=1000 * i))
+        s.route(req, eps)
+        outcome = _outcome(eps[0], ttft=0.05, prompt=100, cached=0)
+        outcome.duration_s = 20.05
+        s.ttft.response_complete(req, outcome)
+    assert s.ttft.decode_seconds == pytest.approx(20.0, rel=0.05)
+
+
+def test_response_complete_learns_from_the_reported_uncached_tokens_and_the_queue(clock: Clock) -> None:
+    s = Stack(priorObservations=1.0, maxUpdateRatio=100.0)
+    eps = builders.pool(1)
+    first = request(toks(4000, start=1), rid="a")
+    s.route(first, eps)  # 0.4 s booked
+    second = request(toks(1000, start=50_000), rid="b")
+    s.route(second, eps)  # queued behind 4000 tokens
+    errors_before = _histogram_count()
+    # The server reports 500 of the 1000 tokens cached (the prediction said none): it ran 4500
+    # tokens in 0.46 s -> 10k tokens/s, the prior; had it used the predicted 5000 it would read 11.1k.
+    s.ttft.response_complete(second, _outcome(eps[0], ttft=0.01 + 0.45, prompt=1000, cached=500))
+    assert s.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(RATE)
+    assert _histogram_count() == errors_before + 1
+    # Reported twice (cannot happen, but must not learn twice) or rerouted: ignored.
+    s.ttft.response_complete(second, _outcome(eps[0], ttft=5.0, prompt=1000, cached=0))
+    other = builders.endpoint("elsewhere")
+    s.ttft.response_complete(first, _outcome(other, ttft=5.0, prompt=4000, cached=0))
+    assert s.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(RATE)
+    assert _histogram_count() == errors_before + 1
+
+
+def test_failed_requests_teach_nothing(clock: Clock) -> None:
+    s = Stack()
+    eps = builders.pool(1)
+    req = request(toks(1000, start=1))
+    s.route(req, eps)
+    s.ttft.response_complete(
+        req, interfaces.RequestOutcome(endpoint=eps[0], status=500, ok=False, ttft_s=9.0)
+    )
+    assert s.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(RATE)
+
+
+def test_learned_rate_changes_the_decision(clock: Clock) -> None:
+    s = Stack()
+    eps = builders.pool(2)
+    for _ in range(100):  # pod-0 turns out 4x slower than the prior
+        s.ttft.learn("pod-0", 0.01 + 1000 / 2500, 1000)
+    prompt = toks(1600)
+    feed(s.index, "pod-0", prompt[:800])  # half the prompt cached on the slow pod
+    _, cycle = s.score(request(prompt), eps)
+    t = ttfts(s, cycle)
+    assert t["pod-0"] > t["pod-1"]  # 800 tokens at ~2.5k/s lose to 1600 at 10k/s
+
+
+# --- explain, metrics, lifecycle, parameters -----------------------------------------------------
+
+
+def test_explain_gives_each_endpoints_prediction(clock: Clock) -> None:
+    s = Stack(popularityWindowSeconds=0)  # the full miss penalty, whatever the prefix's share
+    prompt = toks(320)
+    feed(s.index, "pod-0", prompt)
+    _, cycle = s.score(request(prompt), builders.pool(2))
+    facts = s.ttft.explain(cycle)
+    assert facts["request"] == {}
+    assert facts["endpoints"]["pod-0"] == {
+        "predicted_ttft_s": pytest.approx(0.01 + 16e-4),
+        "objective_s": pytest.approx(0.01 + 2 * 16e-4),  # plus missPenalty (1) x its own prefill
+        "queue_s": 0.0,
+        "uncached_tokens": 16,
+    }
+    assert facts["endpoints"]["pod-1"]["uncached_tokens"] == 320
+    assert s.ttft.explain({}) == {}
+
+
+def test_the_config_file_builds_the_policy_and_explains_through_the_scheduler(clock: Clock) -> None:
+    index = BlockIndex()
+    feed(index, "10.0.0.2:8000", toks(640))
+    handle = interfaces.Handle(datastore=Datastore(), kv_index=index)
+    cfg = config.load_config_file(CONFIG, handle)
+    assert cfg.warnings == []
+    assert [p.name for p in cfg.response_complete] == ["predicted-ttft-scorer"]
+    eps = [Endpoint(spec=s, hostport=s.hostport) for s in _specs(3)]
+    result = cfg.scheduler.schedule(request(toks(640)), eps, explain=True)
+    assert result.targets[0].name == "10.0.0.2:8000"
+    facts = result.profiles["default"].facts["endpoints"]
+    assert facts["10.0.0.2:8000"]["matched_blocks"] == 40
+    assert facts["10.0.0.2:8000"]["predicted_ttft_s"] < facts["10.0.0.1:8000"]["predicted_ttft_s"]
+
+
+def test_the_learned_rate_is_a_gauge_dropped_with_its_endpoint(clock: Clock) -> None:
+    store = Datastore()
+    plugin: Any = registry.default.build(
+        "predicted-ttft-scorer", "gauge-test", {}, interfaces.Handle(datastore=store)
+    )
+    spec = _specs(1)[0]
+    store.sync("static", [spec])
+    plugin.learn(spec.name, 0.01 + 0.4, 1000)
+    labels = {"plugin": "gauge-test", "endpoint": spec.name}
+    value = metrics.REGISTRY.get_sample_value("epp_predicted_ttft_prefill_tokens_per_second", labels)
+    assert value == pytest.approx(plugin.prefill_tokens_per_second(spec.name))
+    store.sync("static", [])
+    assert metrics.REGISTRY.get_sample_value("epp_predicted_ttft_prefill_tokens_per_second", labels) is None
+    assert plugin.prefill_tokens_per_second(spec.name) == pytest.approx(RATE)  # state dropped too
+
+
+@pytest.mark.parametrize(
+    ("params", "culprit"),
+    [
+        ({"prefillTokensPerSecond": 0}, "prefillTokensPerSecond"),
+        ({"priorObservations": 0.5}, "priorObservations"),
+        ({"minLearningRate": 1.5}, "minLearningRate"),
+        ({"maxUpdateRatio": 1.0}, "maxUpdateRatio"),
+        ({"overheadSeconds": -0.1}, "overheadSeconds"),
+        ({"decodeInterference": float("inf")}, "decodeInterference"),
+        ({"offloadCost": 2}, "offloadCost"),
+        ({"homeTolerance": "wide"}, "homeTolerance"),
+        ({"prefillRate": 5}, "prefillRate"),
+    ],
+)
+def test_bad_parameters_are_config_errors_naming_the_parameter(params: dict[str, Any], culprit: str) -> None:
+    with pytest.raises(registry.ConfigError, match=culprit) as err:
+        builders.plugin("predicted-ttft-scorer", params, name="ttft")
+    assert "ttft" in str(err.value)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _specs(n: int) -> list[EndpointSpec]:
+    return [EndpointSpec(name=f"10.0.0.{i + 1}:8000", address=f"10.0.0.{i + 1}", port=8000) for i in range(n)]
+
+
+def _outcome(ep: Endpoint, *, ttft: float, prompt: int, cached: int) -> interfaces.RequestOutcome:
+    return interfaces.RequestOutcome(
+        endpoint=ep, status=200, ok=True, prompt_tokens=prompt, cached_tokens=cached, ttft_s=ttft
+    )
+
+
+def _histogram_count() -> float:
+    value = metrics.REGISTRY.get_sample_value("epp_predicted_ttft_error_seconds_count", {"plugin": "ttft"})
+    return value or 0.0
+
+
+def test_a_popular_prefix_is_copied_to_more_endpoints_than_a_rare_one(clock: Clock) -> None:
+    """The miss penalty shrinks while fewer endpoints hold a prefix than its share of the traffic
+    needs: with 4 endpoints, a prefix taking all the traffic is worth copying, one of many is not."""
+    hot = toks(2000, start=1)
+    eps = builders.pool(4)
+    # The holder is busy: slowdown 1 + 0.02 x 1000 = 21, so a hit there (16 tokens left) takes
+    # 0.0116 x 21 = 0.244 s, objective + 0.0016 x 21 x penalty; a miss on an idle endpoint takes
+    # 0.2116 s, objective + 0.2016 x penalty. Full penalty: the holder wins (0.277 vs 0.413).
+    eps[0].metrics.running = 1000
+
+    def pick_after(history: list[list[int]]) -> str:
+        s = Stack()
+        feed(s.index, "pod-0", hot)
+        for prompt in history:  # traffic seen before, on the holder alone
+            s.route(request([*prompt, *toks(16, start=900_000)]), [eps[0]])
+        clock.now += 100.0  # their prefill drained; their share decays but remains
+        return s.route(request([*hot, *toks(16, start=800_000)]), eps).name
+
+    # All the traffic on this prefix: it needs 4 endpoints, 1 holds it, penalty x (1/4)^2.
+    assert pick_after([hot] * 10) != "pod-0"
+    # One prefix among many: its share needs less than the one holder it has; full penalty.
+    assert pick_after([toks(100, start=10_000 * (i + 2)) for i in range(30)]) == "pod-0"
+    # Without the popularity rule the full penalty always applies.
+    s = Stack(popularityWindowSeconds=0)
+    feed(s.index, "pod-0", hot)
+    assert s.route(request([*hot, *toks(16, start=800_000)]), eps).name == "pod-0"
+
+
+def test_the_kv_wait_is_predicted_as_observed_while_the_choice_pays_its_full_price(clock: Clock) -> None:
+    s = Stack(decodeSeconds=5.0, minLearningRate=0.2)
+    eps = builders.pool(1)
+    eps[0].metrics.num_gpu_blocks, eps[0].metrics.kv_usage = 1000, 0.9  # price 5 x (0.9 + 0.0063 - 0.8) / 0.2
+    price = 5.0 * (0.9 + 100 / 16000 - 0.8) / 0.2
+    _, before = s.score(request(toks(100, start=7)), eps)
+    ttft0, objective0 = before["ttft"].predictions["pod-0"][:2]
+    assert ttft0 == pytest.approx(0.01 + 0.01 + price)
+    for i in range(40):  # every request waited a tenth of the price
+        req = request(toks(100, start=1000 * (i + 10)))
+        s.route(req, eps)
+        clock.now += 10.0
+        outcome = _outcome(eps[0], ttft=0.02 + 0.1 * price, prompt=100, cached=0)
+        outcome.duration_s = 5.0 + outcome.ttft_s  # type: ignore[operator]
+        s.ttft.response_complete(req, outcome)
+    _, after = s.score(request(toks(100, start=7)), eps)
+    ttft1, objective1 = after["ttft"].predictions["pod-0"][:2]
+    assert ttft1 == pytest.approx(0.02 + 0.1 * price, rel=0.05)
+    assert objective1 == pytest.approx(objective0, rel=0.01)
+
+
+def test_a_miss_is_dearer_where_requests_wait_behind_it(clock: Clock) -> None:
+    s = Stack(popularityWindowSeconds=0, missPenaltyPerWaiting=0.5)
+    eps = builders.pool(2)
+    eps[1].metrics.waiting = 4  # no booked prefill known yet: the scraped queue adds no time
+    _, cycle = s.score(request(toks(1000, start=3)), eps)
+    facts = s.ttft.explain(cycle)["endpoints"]
+    assert facts["pod-0"]["objective_s"] == pytest.approx(0.11 + 0.1)
+    assert facts["pod-1"]["predicted_ttft_s"] == pytest.approx(0.11)
+    assert facts["pod-1"]["objective_s"] == pytest.approx(0.11 + 0.1 * (1 + 0.5 * 4))
+
+
+def test_homes_go_to_endpoints_that_had_no_more_than_their_share_of_recent_requests(clock: Clock) -> None:
+    eps = builders.pool(4)
+    # A new prefix whose rendezvous home is pod-0 when nothing has been routed yet.
+    prompt = next(
+        p
+        for p in (toks(64, start=1000 * i) for i in range(100))
+        if Stack().score(request(p), eps)[1]["ttft"].home == "pod-0"
+    )
+    s = Stack()
+    for i in range(8):  # pod-0 got most of the recent requests (the same prefix: not new)
+        s.route(request(toks(64, start=7_000_000)), [eps[0]] if i < 6 else [eps[i - 5]])
+    clock.now += 10.0  # drained: the predictions are equal again
+    _, cycle = s.score(request(prompt), eps)
+    assert cycle["ttft"].home not in ("", "pod-0")
+    # Without the recent-traffic view (popularity off) the hash alone decides.
+    s = Stack(popularityWindowSeconds=0)
+    for _ in range(6):
+        s.route(request(toks(64, start=7_000_000)), [eps[0]])
+    clock.now += 10.0
+    assert s.score(request(prompt), eps)[1]["ttft"].home == "pod-0"
