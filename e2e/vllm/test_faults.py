@@ -117,6 +117,15 @@ def test_restarted_pod_sequence_reset_purges_its_blocks(stack: VllmStack) -> Non
     pod.server.stop()
     pod.server.start()
     pod.server.wait_healthy(time.monotonic() + STARTUP_TIMEOUT)
+    # Down, its scrapes failed and epp excluded it; it is a candidate again after a good scrape.
+    wait_for(
+        lambda: any(
+            row["endpoint"] == pod.address
+            for row in stack.explain({"model": MODEL, "prompt": before_restart})["endpoints"]
+        ),
+        within=30,
+        what="the restarted pod routable again",
+    )
     stale = prediction(stack.explain({"model": MODEL, "prompt": before_restart}), pod)
     print(f"before the restarted pod's first event, epp predicts {stale['matched_blocks']} blocks there")
     # The new process numbers its batches from 0 again: epp counts a reset and purges.
