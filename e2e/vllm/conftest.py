@@ -94,8 +94,12 @@ def vllm_stack(
 
 
 @pytest.fixture
-def stack(vllm_stack: VllmStack, cleanup: Cleanup) -> VllmStack:
-    """The session's stack, with its logs attached to this test's report if it fails."""
+def stack(vllm_stack: VllmStack, cleanup: Cleanup) -> Iterator[VllmStack]:
+    """The session's stack, with its logs attached to this test's report if it fails; the OpenAI
+    clients a test opened are closed after it."""
     for title, path in vllm_stack.logs():
         cleanup.add_log(title, path)
-    return vllm_stack
+    try:
+        yield vllm_stack
+    finally:
+        vllm_stack.close_clients()

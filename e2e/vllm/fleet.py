@@ -149,6 +149,9 @@ class VllmServer:
         try:
             with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
                 return bool(resp.status == 200)
+        except urllib.error.HTTPError as err:  # e.g. 503 while starting: it holds the socket
+            err.close()
+            return False
         except (urllib.error.URLError, OSError):
             return False
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import openai
 import yaml
 
 from e2e.harness import EnvoyGateway, EppProcess, parse_prometheus
@@ -79,10 +80,22 @@ class VllmStack:
         self.epp = epp
         self.envoy = envoy
         self.endpoints_file = endpoints_file
+        self._clients: list[openai.OpenAI] = []
 
     @property
     def url(self) -> str:
         return self.envoy.url
+
+    def client(self, timeout: float) -> openai.OpenAI:
+        """An OpenAI client through Envoy, closed after the test (`close_clients`): its pooled
+        connections must not outlive it (pytest turns the unclosed sockets into errors)."""
+        c = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+        self._clients.append(c)
+        return c
+
+    def close_clients(self) -> None:
+        while self._clients:
+            self._clients.pop().close()
 
     def logs(self) -> list[tuple[str, Path]]:
         out = [("epp log", self.epp.process.log_path), ("envoy log", self.envoy.log_path)]
@@ -105,7 +118,8 @@ class VllmStack:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 out: dict[str, Any] = json.loads(resp.read())
         except urllib.error.HTTPError as err:
-            return {"status": err.code, "error": err.read().decode("utf-8", "replace")}
+            with err:  # it holds the response's socket
+                return {"status": err.code, "error": err.read().decode("utf-8", "replace")}
         return out
 
     def explain(self, body: dict[str, Any], path: str = "/v1/completions") -> dict[str, Any]:

@@ -75,7 +75,7 @@ def test_shared_prefix_goes_to_the_pod_holding_it_and_epp_predicts_vllms_cached_
     every later one must go to that pod, where vLLM reports a hit, and epp's predicted cached
     tokens for the pod that served must equal vLLM's report on every request."""
     rng = random.Random(7)
-    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = stack.client(timeout=120)
     tenants = [f"Tenant {t} handbook. " + sentence_soup(rng, 420) for t in range(4)]
     holder: dict[int, str] = {}
     rows: list[dict[str, Any]] = []

@@ -65,7 +65,7 @@ def first_difference(a: list[int], b: list[int]) -> int:
 
 def test_epp_tokenizes_like_vllms_engine(stack: VllmStack) -> None:
     all_cases = cases(SEED, PER_STYLE, COMPLETIONS)
-    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = stack.client(timeout=120)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda c: compare(stack, client, c), all_cases))
     counts: dict[str, int] = {}
@@ -89,7 +89,7 @@ def test_epp_tokenizes_like_vllms_engine(stack: VllmStack) -> None:
 
 def test_completions_without_special_tokens(stack: VllmStack) -> None:
     """vLLM's completions endpoint takes `add_special_tokens` (default true): false means no BOS."""
-    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = stack.client(timeout=120)
     prompts = ["Hello there, how are you?", "  leading spaces", "<s> a literal BOS string", "12345 numbers"]
     results = [
         compare(
