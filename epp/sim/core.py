@@ -113,6 +113,7 @@ class EngineRequest:
         "_digests",
         "_num_cached_blocks",
         "_num_computed",
+        "_num_prompt",
         "_script",
         "_state",
         "_tokens",
@@ -175,6 +176,7 @@ class EngineRequest:
         self._blocks: list[blocks.Block] = []
         self._num_computed = 0
         self._num_cached_blocks = 0
+        self._num_prompt = len(prompt_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -335,48 +337,83 @@ class Engine:
 
         Call only when `has_unfinished()`; the next call must not come before `now + duration`.
         """
+        # One pass over the scheduled requests: schedule, add up the step's cost, apply the
+        # outputs. Applying a request's outputs before later requests are scheduled changes
+        # nothing they see (the budget and the pool do not depend on it; finished requests free
+        # their blocks only after the pass), and it saves a second loop over ~all running
+        # requests every step, the simulator's hot spot.
         prof, pool = self.profile, self._pool
         bs = prof.block_size
         budget = prof.max_num_batched_tokens
         running = self._running
-        scheduled: list[EngineRequest] = []
-        counts: list[int] = []
-        preempted = False
+        first: list[EngineRequest] = []
+        done: list[EngineRequest] = []
+        preempted = scheduled = False
+        prefill_tokens = prefill_pairs = decode_seqs = decode_context = generated = 0
 
-        # Running requests first, in admission order.
+        # Running requests first, in admission order. Most are decoding (one token, a new block
+        # every `bs` tokens), so their path is inlined: this loop is the simulator's hot spot.
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = req.num_tokens - req._num_computed
+            c = req._num_computed
+            k = req.num_output_tokens
+            total = req._num_prompt + k
+            n = total - c
             if n > budget:
                 n = budget
-            need = (req._num_computed + n + bs - 1) // bs - len(req._blocks)
-            while need > pool.num_free:
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
+            need = (c + n + bs - 1) // bs - len(req._blocks)
+            if need > 0:
+                while need > pool.num_free:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                if req._state != _RUNNING:  # it preempted itself: nothing later can run either
                     break
-            if req._state != _RUNNING:  # it preempted itself: nothing later can run either
-                break
-            self._schedule(req, n, need)
-            scheduled.append(req)
-            counts.append(n)
+                req._blocks += pool.allocate(need)
+            if (c + n) // bs > req._num_cached_blocks:
+                self._cache(req, (c + n) // bs)
+            scheduled = True
             budget -= n
             i += 1
+            if n == 1 and c >= req._num_prompt:
+                decode_seqs += 1
+                decode_context += c + 1
+            else:
+                prefill_tokens += n
+                prefill_pairs += n * c + n * (n + 1) // 2
+            c += n
+            req._num_computed = c
+            if c == total:  # caught up with its sequence: it samples a token (as `_sample`)
+                generated += 1
+                script = req._script
+                # default_output_token(k), inlined
+                req.output_token_ids.append(
+                    script[k] if script is not None and k < len(script) else 1 + k % 1000
+                )
+                k += 1
+                req.num_output_tokens = k
+                if req.first_token_time is None:
+                    first.append(req)
+                if k >= req.max_tokens:
+                    done.append(req)
+                elif (total + 1) % bs == 0:
+                    self._hash_generated_block(req)
 
         # Then waiting requests, FIFO, unless this step had to preempt.
         if not preempted:
             waiting = self._waiting
             while waiting and budget > 0 and len(running) < prof.max_num_seqs:
                 req = waiting[0]
-                total = req.num_tokens
+                total = req._num_prompt + req.num_output_tokens
                 hit = pool.lookup(req._digests, (total - 1) // bs)
-                computed = len(hit) * bs
-                n = total - computed
+                c = len(hit) * bs
+                n = total - c
                 if n > budget:
                     n = budget
-                need = (computed + n + bs - 1) // bs - len(hit)
+                need = (c + n + bs - 1) // bs - len(hit)
                 evictable = 0
                 for b in hit:
                     if b.ref == 0:
@@ -388,29 +425,33 @@ class Engine:
                     req.first_scheduled_time = now
                 pool.touch(hit)
                 req._blocks = hit
-                req._num_computed = computed
+                req._num_computed = c
                 req._num_cached_blocks = len(hit)
                 if req.num_preemptions == 0:
-                    req.num_cached_tokens = computed
+                    req.num_cached_tokens = c
                     self.prefix_cache_queries += total
-                    self.prefix_cache_hits += computed
+                    self.prefix_cache_hits += c
                 req._state = _RUNNING
                 running.append(req)
-                self._schedule(req, n, need)
-                scheduled.append(req)
-                counts.append(n)
+                if need > 0:
+                    req._blocks += pool.allocate(need)
+                if (c + n) // bs > req._num_cached_blocks:
+                    self._cache(req, (c + n) // bs)
+                scheduled = True
                 budget -= n
+                if n == 1 and c >= req._num_prompt:
+                    decode_seqs += 1
+                    decode_context += c + 1
+                else:
+                    prefill_tokens += n
+                    prefill_pairs += n * c + n * (n + 1) // 2
+                c += n
+                req._num_computed = c
+                if c == total:
+                    generated += 1
+                    self._sample(req, first, done)
 
-        # How long the step takes.
-        prefill_tokens = prefill_pairs = decode_seqs = decode_context = 0
-        for req, n in zip(scheduled, counts, strict=True):
-            c = req._num_computed
-            if n == 1 and c >= len(req.prompt_token_ids):
-                decode_seqs += 1
-                decode_context += c + 1
-            else:
-                prefill_tokens += n
-                prefill_pairs += n * c + n * (n + 1) // 2
+        # How long the step takes; outputs count at its end.
         if scheduled or self.has_unfinished():
             duration = prof.step_time(prefill_tokens, prefill_pairs, decode_seqs, decode_context)
         else:
@@ -418,35 +459,12 @@ class Engine:
         end = now + duration
         self.num_steps += 1
         self.prompt_tokens_total += prefill_tokens
-
-        # Outputs at the end of the step.
-        first: list[EngineRequest] = []
-        done: list[EngineRequest] = []
-        for req, n in zip(scheduled, counts, strict=True):
-            req._num_computed += n
-            if req._num_computed < req.num_tokens:
-                continue  # a prefill chunk: the sampled token is discarded
-            k = req.num_output_tokens
-            script = req._script
-            req.output_token_ids.append(
-                script[k] if script is not None and k < len(script) else default_output_token(k)
-            )
-            req.num_output_tokens = k + 1
-            self.generation_tokens_total += 1
-            if req.first_token_time is None:
-                req.first_token_time = end
-                first.append(req)
-            if k + 1 >= req.max_tokens:
-                req.finish_time = end
-                done.append(req)
-            elif (len(req.prompt_token_ids) + k + 1) % bs == 0:
-                # The new token completes a block: hash it now, once; it is cached when the step
-                # computing that token is scheduled.
-                blocks.extend_digests(
-                    req._digests, req._tokens, bs, lora_name=req.lora_name, cache_salt=req.cache_salt
-                )
+        self.generation_tokens_total += generated
+        for req in first:
+            req.first_token_time = end
         if done:
             for req in done:
+                req.finish_time = end
                 del self._requests[req.request_id]
                 self._release(req)
             self._running = [r for r in self._running if r._state == _RUNNING]
@@ -454,27 +472,46 @@ class Engine:
 
     # --- internals ----------------------------------------------------------------------------------
 
-    def _schedule(self, req: EngineRequest, n: int, need: int) -> None:
-        """Give `req` the blocks for `n` more tokens and commit the full blocks they complete."""
-        pool = self._pool
-        if need > 0:
-            req._blocks += pool.allocate(need)
-        cache_to = req._num_computed + n
-        if cache_to > req.num_tokens:  # never: only known tokens are scheduled
-            cache_to = req.num_tokens
-        full = cache_to // self.profile.block_size
-        if full > req._num_cached_blocks:
-            pool.cache(
-                req._blocks,
-                req._digests,
-                req._tokens,
-                lora_id=req.lora_id,
-                lora_name=req.lora_name,
-                cache_salt=req.cache_salt,
-                start=req._num_cached_blocks,
-                end=full,
-            )
-            req._num_cached_blocks = full
+    def _sample(self, req: EngineRequest, first: list[EngineRequest], done: list[EngineRequest]) -> None:
+        """`req`'s scheduled tokens caught up with its sequence: it samples its next token."""
+        k = req.num_output_tokens
+        script = req._script
+        req.output_token_ids.append(
+            script[k] if script is not None and k < len(script) else default_output_token(k)
+        )
+        k += 1
+        req.num_output_tokens = k
+        if req.first_token_time is None:
+            first.append(req)
+        if k >= req.max_tokens:
+            done.append(req)
+        elif (req._num_prompt + k) % self.profile.block_size == 0:
+            self._hash_generated_block(req)
+
+    def _hash_generated_block(self, req: EngineRequest) -> None:
+        """The token just sampled completes a block: hash it now, once; it is cached when the step
+        computing that token is scheduled."""
+        blocks.extend_digests(
+            req._digests,
+            req._tokens,
+            self.profile.block_size,
+            lora_name=req.lora_name,
+            cache_salt=req.cache_salt,
+        )
+
+    def _cache(self, req: EngineRequest, full: int) -> None:
+        """Commit `req`'s blocks up to `full` (exclusive) to the prefix cache (one `BlockStored`)."""
+        self._pool.cache(
+            req._blocks,
+            req._digests,
+            req._tokens,
+            lora_id=req.lora_id,
+            lora_name=req.lora_name,
+            cache_salt=req.cache_salt,
+            start=req._num_cached_blocks,
+            end=full,
+        )
+        req._num_cached_blocks = full
 
     def _preempt(self, req: EngineRequest) -> None:
         """Recompute-mode preemption: free the blocks, back to the front of the waiting queue."""
