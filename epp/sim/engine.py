@@ -249,6 +249,9 @@ class SimStats:
     generation_tokens: int = 0
     max_running: int = 0
     max_waiting: int = 0
+    # Wall seconds the step loop fell behind real time and gave up catching up on: > 0 means this
+    # machine could not run the pod at its time scale (its steps then took longer than modelled).
+    lag_dropped_s: float = 0.0
     by_path: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     destinations: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
@@ -265,6 +268,7 @@ class SimRequest:
         max_tokens: int,
         *,
         cache_salt: str | None = None,
+        output_token_ids: list[int] | None = None,
     ) -> None:
         self.state = state
         self.api = api
@@ -282,6 +286,7 @@ class SimRequest:
             lora_name=lora,
             cache_salt=cache_salt,
             lora_id=cfg.lora_id(lora) if lora else None,
+            output_token_ids=output_token_ids,
         )
         self.ready = 0  # tokens whose step has ended (the handler may send them)
         self.done = False
@@ -474,6 +479,7 @@ class SimState:
                 wait = self._t0 + self._end * scale - loop.time()
                 if wait < -_MAX_LAG:  # too far behind: drop the debt
                     self._t0 -= wait
+                    stats.lag_dropped_s -= wait
                     wait = 0.0
                 await asyncio.sleep(max(0.0, wait))
             else:
@@ -572,6 +578,7 @@ class SimState:
             "free_blocks": e.num_free_blocks,
             "kv_cache_usage_perc": e.kv_usage,
             "preemptions": e.num_preemptions,
+            "lag_dropped_s": s.lag_dropped_s,
             "steps": e.num_steps,
             "kv_events_seq": self.kv_last_seq,
             "by_path": dict(s.by_path),

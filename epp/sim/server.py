@@ -76,6 +76,20 @@ def _check_token_ids(ids: list[int]) -> None:
         raise _BadRequest("token ids must be in [0, 2**63)")
 
 
+def _output_token_ids(body: Mapping[str, Any]) -> list[int] | None:
+    """The simulator's extension `sim_output_token_ids`: the tokens to generate instead of filler
+    (vLLM has no such field). A benchmark's multi-turn chat sends the reply its next turn will
+    carry, so that turn can hit the reply's blocks as it would on a real model."""
+    ids = body.get("sim_output_token_ids")
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise _BadRequest("'sim_output_token_ids' must be a list of token ids")
+    if ids:
+        _check_token_ids(ids)
+    return ids
+
+
 def _max_tokens(api: str, body: Mapping[str, Any], state: SimState, prompt_tokens: int) -> int:
     """The tokens to generate: the request's limit (capped at `max_output_tokens`), else the
     default, cut to what fits in `max_model_len` as vLLM defaults it. An embedding runs as one."""
@@ -131,10 +145,11 @@ async def _inference(request: web.Request, api: str) -> web.StreamResponse:
         ids = await state.prompt_token_ids(parsed, body=body)
         _check_token_ids(ids)
         n_out = _max_tokens(api, body, state, len(ids))
+        out_ids = _output_token_ids(body)
     except (_BadRequest, ChatTemplateError) as exc:
         state.stats.errors += 1
         return _error(400, str(exc))
-    req = SimRequest(state, api, body, ids, n_out, cache_salt=parsed.cache_salt)
+    req = SimRequest(state, api, body, ids, n_out, cache_salt=parsed.cache_salt, output_token_ids=out_ids)
 
     await state.delay(cfg.base_latency)
     try:

@@ -187,6 +187,33 @@ async def test_a_prompt_longer_than_max_model_len_is_a_400(pods: Any, http: aioh
     assert (await complete(http, pod.url, ids(1, 246), 10))["usage"]["completion_tokens"] == 10
 
 
+async def test_sim_output_token_ids_are_generated_and_cached(pods: Any, http: aiohttp.ClientSession) -> None:
+    """The simulator's `sim_output_token_ids` extension: a conversation's next turn, carrying the
+    reply, hits the reply's blocks; without it the pod generates filler and the turn hits only
+    the previous prompt."""
+    pod = await pods(SimConfig.from_profile(linear(), time_scale=0.01))
+    reply = ids(1000, 32)
+
+    async def turn(prompt: list[int], **extra: Any) -> dict[str, Any]:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 32, **extra}
+        async with http.post(pod.url + "/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            usage: dict[str, Any] = (await r.json())["usage"]
+        return usage
+
+    await turn(ids(1, 32), sim_output_token_ids=reply)
+    usage = await turn(ids(1, 32) + reply + ids(5000, 16))
+    # 2 prompt blocks + the reply's first block (the last reply token is never computed: 63 of 64).
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 48
+    await turn(ids(2001, 32))  # filler reply
+    usage = await turn(ids(2001, 32) + reply + ids(5000, 16))
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 32
+    body = {"model": MODEL, "prompt": ids(1, 8), "max_tokens": 2, "sim_output_token_ids": ["a"]}
+    async with http.post(pod.url + "/v1/completions", json=body) as r:
+        assert r.status == 400
+        assert "sim_output_token_ids" in (await r.json())["error"]["message"]
+
+
 # --- KV events: real time == the core in virtual time ------------------------------------------------
 
 

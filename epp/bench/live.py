@@ -1,0 +1,291 @@
+"""Live mode: one workload, one policy, through a real Envoy and `epp serve`, in real time.
+
+Where fast mode (`epp.bench.fast`) runs the scheduler in-process in virtual time, live mode runs
+what a user deploys, on 127.0.0.1:
+
+- a fleet of simulated vLLM pods (`epp.sim.fleet.SimFleet`, one HTTP server per pod on this
+  process's background thread) running the workload's engine profile in real time, multiplied by
+  `time_scale`; they publish vLLM KV events when the policy reads them;
+- `epp serve` as a subprocess with the policy's EndpointPickerConfig (`--config-text`), an
+  endpoints file naming each pod (and its KV-event publisher, with `--kv-events connect`, when the
+  policy needs events), scraping the pods' /metrics as in production;
+- a real Envoy in front (ext-proc FULL_DUPLEX_STREAMED to epp, ORIGINAL_DST to the pod it picks);
+- the workload's requests, the same seeded token-id prompts as in fast mode, sent at their
+  arrival times (open loop) or by their users (closed loop) as streaming `/v1/completions` with
+  usage, by an aiohttp client. A request's TTFT is the time to its first SSE data line; its cached
+  tokens are what the pod reported in `usage.prompt_tokens_details.cached_tokens`.
+
+Every time is reported in simulated seconds: a wall duration divided by `time_scale`, so the
+table compares with fast mode's. That also divides what is not simulated: epp's decision, Envoy's
+hops and the client's own latency (~1-3 ms of wall time a request here) are inflated by
+1/time_scale in the report; keep time_scale near 1 where TTFTs are a few milliseconds.
+
+A run takes the workload's duration x time_scale of wall time, plus the drain. Unlike fast mode it
+is not deterministic: the processes' timing decides the interleaving (and epp's random tie-breaks
+are not seeded). Per-request preemptions are not visible over HTTP, so the records carry 0 and
+the fleet's total is logged. Everything started is stopped on the way out, errors included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from epp.bench.fast import MODEL, RequestRecord, RunResult, Sample
+from epp.bench.policies import Policy
+from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
+from epp.sim.profiles import Profile
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from epp.sim.fleet import SimFleet
+
+HOST = "127.0.0.1"
+SAMPLE_EVERY_S = 0.1
+"""Wall seconds between two samples of the fleet's queues and KV usage (for the report's mean queue
+depth and load spread; epp scrapes on its own, every 50 ms)."""
+REQUEST_TIMEOUT_S = 3600.0
+"""Wall seconds one request may take, in Envoy's route and in the client."""
+
+
+class LiveRun:
+    """One policy over one workload through Envoy and epp; `run()` once."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        *,
+        profile: Profile,
+        pods: int,
+        seed: int,
+        time_scale: float,
+        workdir: Path,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        if pods <= 0:
+            raise ValueError(f"pods must be > 0, got {pods}")
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.workload = workload
+        self.policy = policy
+        self.profile = profile
+        self.pods = pods
+        self.time_scale = time_scale
+        self.workdir = workdir
+        self.progress = progress
+        self.logs: list[tuple[str, Path]] = []  # (what, log file) of every process started
+        self.result = RunResult(workload.name, policy.name, seed, pods, profile.name, [], [])
+        self.errors: list[str] = []  # the first few failed requests' errors, for the log
+        self.preemptions = 0  # the fleet's total (per-request counts are not visible over HTTP)
+        # How far this machine fell behind the workload's clock (wall seconds): the pods' step
+        # loops (the most any pod gave up catching up) and the client's sends (the latest send).
+        self.pods_behind_s = 0.0
+        self.client_behind_s = 0.0
+        self._t0 = 0.0
+        self._bodies: dict[int, tuple[Sequence[int], bytes]] = {}
+
+    # --- the stack --------------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Start the stack, run the workload to its drain, stop everything; returns the result."""
+        from epp.sim.engine import SimConfig
+        from epp.sim.fleet import SimFleet
+
+        kv = f"tcp://{HOST}:0" if self.policy.kv_events else None
+        configs = [
+            SimConfig.from_profile(
+                self.profile,
+                name=f"pod-{i}",
+                served_model=MODEL,
+                time_scale=self.time_scale,
+                kv_events=kv,
+                max_output_tokens=1 << 20,  # the workload says how many; never cut
+            )
+            for i in range(self.pods)
+        ]
+        started = time.perf_counter()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with SimFleet(configs, host=HOST) as fleet:
+            self._run_on(fleet)
+            stats = fleet.stats()
+        self.preemptions = sum(int(s["preemptions"]) for s in stats)
+        self.pods_behind_s = max(float(s["lag_dropped_s"]) for s in stats)
+        self.result.wall_s = time.perf_counter() - started
+        return self.result
+
+    def _run_on(self, fleet: SimFleet) -> None:
+        from epp.demo.arms import endpoints_yaml, wait_subscribed
+        from epp.demo.workload import wait_routable
+        from epp.gateway.envoy import BodyMode, GatewayParams
+        from epp.gateway.processes import EnvoyServer, EppServer, free_ports
+
+        # File names for the configs and logs (a trace's workload name holds its path).
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.workload.name}-{self.policy.name}").strip("_")
+        endpoints = self.workdir / f"endpoints-{name}.yaml"
+        endpoints.write_text(endpoints_yaml(fleet))
+        extra = ["--log-level", "warning", "--config-text", self.policy.config_text()]
+        if self.policy.kv_events:
+            extra += ["--kv-events", "connect"]
+        subscribed = fleet.kv_subscriptions()
+        epp = EppServer(self.workdir / f"epp-{name}.log", endpoints_file=endpoints, extra_args=extra)
+        envoy: EnvoyServer | None = None
+        self.logs.append((f"epp ({name})", epp.process.log_path))
+        try:
+            epp.start(timeout=60.0)
+            if self.policy.kv_events:
+                wait_subscribed(fleet, subscribed, within=30.0)
+            listen, admin = free_ports(2)
+            params = GatewayParams(
+                listen_port=listen,
+                admin_port=admin,
+                epp_addresses=(epp.grpc_address,),
+                body_mode=BodyMode.FULL_DUPLEX_STREAMED,
+                route_timeout=REQUEST_TIMEOUT_S,
+            )
+            envoy = EnvoyServer(self.workdir, params, name=f"envoy-{name}")
+            self.logs.append((f"envoy ({name})", envoy.log_path))
+            envoy.start()
+            base_url = f"http://{HOST}:{listen}"
+            asyncio.run(wait_routable(base_url, within=30.0))
+            # Start measuring from cold caches and zeroed counters (the probe touched no engine).
+            fleet.reset()
+            asyncio.run(self._drive(base_url, fleet))
+        finally:
+            if envoy is not None:
+                envoy.stop()
+            epp.stop()
+
+    # --- the load ---------------------------------------------------------------------------------
+
+    def _virtual(self, wall: float) -> float:
+        """Simulated seconds since the start of the run at perf_counter() == `wall`."""
+        return (wall - self._t0) / self.time_scale
+
+    async def _sleep_until(self, t: float) -> None:
+        delay = self._t0 + t * self.time_scale - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            self.client_behind_s = max(self.client_behind_s, -delay)
+
+    async def _drive(self, base_url: str, fleet: SimFleet) -> None:
+        import aiohttp
+
+        url = base_url + "/v1/completions"
+        wl = self.workload
+        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+        # No connection limit: an open-loop client must not queue requests the fleet should see.
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            self._t0 = time.perf_counter()
+            sampler = asyncio.create_task(self._sample(fleet))
+            try:
+                async with asyncio.TaskGroup() as group:
+                    if isinstance(wl, ClosedLoop):
+                        for user in range(wl.users):
+                            group.create_task(self._user(session, url, user))
+                    elif isinstance(wl, OpenLoop):
+                        for t, prompt in wl.arrivals():
+                            await self._sleep_until(t)
+                            group.create_task(self._send(session, url, prompt))
+                            self._report(t)
+            finally:
+                sampler.cancel()
+                await asyncio.gather(sampler, return_exceptions=True)
+        self.result.end = self._virtual(time.perf_counter())
+
+    async def _user(self, session: aiohttp.ClientSession, url: str, user: int) -> None:
+        wl = self.workload
+        assert isinstance(wl, ClosedLoop)
+        now = 0.0
+        while (nxt := wl.next_request(user, now)) is not None:
+            t, prompt = nxt
+            await self._sleep_until(t)
+            self._report(t)
+            await self._send(session, url, prompt)
+            now = max(t, self._virtual(time.perf_counter()))
+
+    async def _send(self, session: aiohttp.ClientSession, url: str, prompt: Prompt) -> None:
+        from epp.demo.workload import RequestResult, post_streaming
+
+        sent = time.perf_counter()
+        record = RequestRecord(
+            arrival=self._virtual(sent),
+            stage=prompt.stage,
+            group=prompt.group,
+            prompt_tokens=len(prompt.token_ids),
+            shared_tokens=prompt.shared_tokens,
+            max_tokens=prompt.max_tokens,
+        )
+        self.result.records.append(record)
+        res = RequestResult(index=len(self.result.records), group=0)
+        await post_streaming(session, url, self._body(prompt), res)
+        if res.pod.startswith("pod-"):
+            record.pod = int(res.pod[4:])
+        if not math.isnan(res.ttft_s):
+            record.first_token = record.arrival + res.ttft_s / self.time_scale
+        if res.status == 200 and not res.error:
+            record.status = 200
+            record.finish = record.arrival + res.latency_s / self.time_scale
+        elif res.status not in (0, 200):
+            record.status = res.status  # refused (epp's 429/503, vLLM's 400): over at once
+            record.finish = record.arrival
+        # else: no answer or a broken stream; status 0 counts it as unfinished
+        if res.error and len(self.errors) < 5:
+            self.errors.append(res.error)
+        record.cached_tokens = res.cached_tokens
+        record.output_tokens = res.completion_tokens
+
+    def _body(self, prompt: Prompt) -> bytes:
+        """The request for `prompt`, encoded once per prompt object (workloads resend prompts)."""
+        known = self._bodies.get(id(prompt))
+        if known is not None and known[0] is prompt.token_ids:
+            return known[1]
+        body: dict[str, Any] = {
+            "model": MODEL,
+            "prompt": prompt.token_ids,
+            "max_tokens": prompt.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if prompt.output_token_ids is not None:
+            body["sim_output_token_ids"] = prompt.output_token_ids
+        encoded = msgspec.json.encode(body)
+        if len(self._bodies) > 4096:  # bounded: the oldest first
+            del self._bodies[next(iter(self._bodies))]
+        self._bodies[id(prompt)] = (prompt.token_ids, encoded)
+        return encoded
+
+    async def _sample(self, fleet: SimFleet) -> None:
+        """The fleet's queues and KV usage every SAMPLE_EVERY_S, read from the pods' state."""
+        loop = asyncio.get_running_loop()
+        while True:
+            stats = await loop.run_in_executor(None, fleet.stats)
+            self.result.samples.append(
+                Sample(
+                    self._virtual(time.perf_counter()),
+                    [int(s["waiting"]) for s in stats],
+                    [int(s["running"]) for s in stats],
+                    [float(s["kv_cache_usage_perc"]) for s in stats],
+                )
+            )
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+    @property
+    def behind_s(self) -> float:
+        """Wall seconds the stack fell behind the workload's clock (0.0 when it kept up)."""
+        return max(self.pods_behind_s, self.client_behind_s)
+
+    def _report(self, t: float) -> None:
+        duration = self.workload.duration
+        if self.progress is not None:
+            self.progress(min(1.0, t / duration) if duration else 1.0)
