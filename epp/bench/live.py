@@ -159,6 +159,8 @@ class LiveRun:
             # Start measuring from cold caches and zeroed counters (the probe touched no engine).
             fleet.reset()
             asyncio.run(self._drive(base_url, fleet))
+            # epp's own counters (decisions, stream errors, KV events) for whoever reads the logs.
+            (self.workdir / f"epp-{name}.metrics").write_text(epp.metrics_text())
         finally:
             if envoy is not None:
                 envoy.stop()

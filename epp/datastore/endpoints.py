@@ -99,6 +99,9 @@ class Datastore:
         self._all: dict[str, Endpoint] = {}
         self._by_hostport: dict[str, Endpoint] = {}
         self._candidates: list[Endpoint] = []
+        # The one base model every endpoint that names one serves (None: none named, or several).
+        # A LoRA adapter's requests are tokenized with it when the adapter has no tokenizer.
+        self.base_model: str | None = None
         self._listeners: list[Listener] = []
         self.synced = False  # True once any source has reported (readiness)
         self._unavailable: dict[str, str] = {}  # source -> why it offers no endpoints now
@@ -153,6 +156,8 @@ class Datastore:
         for eps in self._by_source.values():
             self._all.update(eps)
         self._by_hostport = {ep.hostport: ep for ep in self._all.values()}
+        models = {ep.spec.model for ep in self._all.values() if ep.spec.model}
+        self.base_model = next(iter(models)) if len(models) == 1 else None
         self.refresh_candidates()
 
     def refresh_candidates(self) -> None:

@@ -51,13 +51,19 @@ MAX_MODEL_LABELS = 256
 class PromptTokenizer(Protocol):
     """What the Director needs of a tokenizer registry (`epp.tokenize`)."""
 
-    async def encode(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int] | None:
-        """The token ids of `text` for `model`; None when no tokenizer is known for it."""
+    async def encode(
+        self, model: str, text: str, *, base_model: str | None = None, add_special_tokens: bool = True
+    ) -> list[int] | None:
+        """The token ids of `text` for `model` (a LoRA adapter without a tokenizer of its own uses
+        `base_model`'s); None when no tokenizer is known for either."""
         ...
 
-    async def encode_chat(self, model: str, body: Mapping[str, Any]) -> list[int] | None:
+    async def encode_chat(
+        self, model: str, body: Mapping[str, Any], *, base_model: str | None = None
+    ) -> list[int] | None:
         """The prompt token ids vLLM's chat endpoint computes for a decoded chat `body`; None
-        when no tokenizer is known for `model`. Raises when vLLM would refuse the request."""
+        when no tokenizer is known for `model` or `base_model`. Raises when vLLM would refuse the
+        request."""
         ...
 
 
@@ -228,17 +234,23 @@ class Director:
         assert tokenizer is not None
         if request.token_ids is not None:
             return
+        # vLLM tokenizes an adapter's prompt with the base model's tokenizer unless the adapter
+        # ships its own: the pool's base model (as its endpoints name it) is the fallback.
+        base_model = self.datastore.base_model
         try:
             if request.api is Api.CHAT:
                 # The model server sees the template's rendering of the (re-written) body.
                 body = msgspec.json.decode(request.body_bytes)
-                ids = await tokenizer.encode_chat(request.target_model, body)
+                ids = await tokenizer.encode_chat(request.target_model, body, base_model=base_model)
             else:
                 text = plain_prompt(request)
                 if text is None:
                     return
                 ids = await tokenizer.encode(
-                    request.target_model, text, add_special_tokens=request.add_special_tokens
+                    request.target_model,
+                    text,
+                    base_model=base_model,
+                    add_special_tokens=request.add_special_tokens,
                 )
         except UnsupportedChat as exc:  # vLLM may serve it (media parts): route without token ids
             log.debug("request %s routed without token ids: %s", request.request_id, exc)

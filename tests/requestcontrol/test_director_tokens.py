@@ -179,3 +179,31 @@ async def test_prefix_cache_metrics_follow_the_registry(tokenizers: Tokenizers) 
     assert registry.get_sample_value("epp_tokenizer_prefix_cache_partial_hits_total", labels) == 1
     assert (registry.get_sample_value("epp_tokenizer_prefix_cache_reused_tokens_total", labels) or 0) > 100
     assert (registry.get_sample_value("epp_tokenizer_prefix_cache_cached_bytes", labels) or 0) > 0
+
+
+async def test_a_lora_adapter_is_tokenized_with_the_pools_base_model() -> None:
+    """No tokenizer for the adapter's name: the base model the endpoints name serves it (as vLLM
+    uses the base model's tokenizer for an adapter without one); with two base models in the pool
+    there is no telling which, and the request goes without token ids."""
+    tok = load_shipped()
+    toks = Tokenizers(by_model={"base-7b": tok}, default=None, workers=1)
+    try:
+        d = director(toks)
+        body = {"model": "support-lora", "prompt": "Hello there"}
+        assert await tokens_seen(d, "/v1/completions", body) is None  # endpoints name no model
+        d.datastore.sync("t", [EndpointSpec(name="pod-0", address="10.0.0.1", port=8000, model="base-7b")])
+        assert d.datastore.base_model == "base-7b"
+        assert await tokens_seen(d, "/v1/completions", body) == tok.encode("Hello there")
+        chat = {"model": "support-lora", "messages": [{"role": "user", "content": "Hi"}]}
+        assert await tokens_seen(d, "/v1/chat/completions", chat) == encode_chat(tok, chat)
+        d.datastore.sync(
+            "t",
+            [
+                EndpointSpec(name="pod-0", address="10.0.0.1", port=8000, model="base-7b"),
+                EndpointSpec(name="pod-1", address="10.0.0.2", port=8000, model="other-8b"),
+            ],
+        )
+        assert d.datastore.base_model is None
+        assert await tokens_seen(d, "/v1/completions", body) is None
+    finally:
+        toks.close()
