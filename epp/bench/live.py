@@ -150,6 +150,7 @@ class LiveRun:
                 epp_addresses=(epp.grpc_address,),
                 body_mode=BodyMode.FULL_DUPLEX_STREAMED,
                 route_timeout=REQUEST_TIMEOUT_S,
+                access_log_path=str(self.workdir / f"access-{name}.log"),
             )
             envoy = EnvoyServer(self.workdir, params, name=f"envoy-{name}")
             self.logs.append((f"envoy ({name})", envoy.log_path))
@@ -159,8 +160,13 @@ class LiveRun:
             # Start measuring from cold caches and zeroed counters (the probe touched no engine).
             fleet.reset()
             asyncio.run(self._drive(base_url, fleet))
-            # epp's own counters (decisions, stream errors, KV events) for whoever reads the logs.
+            # epp's and Envoy's counters (decisions, stream errors, ext-proc failures) for whoever
+            # reads the logs.
             (self.workdir / f"epp-{name}.metrics").write_text(epp.metrics_text())
+            stats = envoy.admin_stats()
+            (self.workdir / f"envoy-{name}.stats").write_text(
+                "".join(f"{k}: {v}\n" for k, v in stats.items())
+            )
         finally:
             if envoy is not None:
                 envoy.stop()
