@@ -42,7 +42,7 @@ import yaml
 
 from epp.gateway import processes
 from epp.gateway.envoy import BodyMode, GatewayParams, PodsMode, find_envoy
-from epp.gateway.processes import HOST, EnvoyServer, EppServer, free_ports, tail
+from epp.gateway.processes import HOST, EnvoyServer, EppServer, WaitFor, free_ports, tail
 
 # Re-exported for tests that poke at processes or health directly.
 from epp.gateway.processes import ManagedProcess as ManagedProcess
@@ -180,7 +180,7 @@ class StackOptions:
     prepend_extra_endpoints: bool = True
     epp_args: Sequence[str] = ()
     epp_tls: bool = False
-    epp_wait: str = "serving"
+    epp_wait: WaitFor = "serving"
     num_retries: int = 2
     process_responses: bool = True
     # "connect": the sims bind vLLM KV-event publishers (and replay); epp reads an endpoints file

@@ -23,12 +23,12 @@ from e2e.harness import (
     Reply,
     Stack,
     eventually,
-    free_ports,
     request,
     sse_events,
     wait_routable,
 )
 from epp.gateway.envoy import BodyMode, PodsMode
+from epp.gateway.processes import free_ports
 from epp.sim.engine import SimConfig, output_tokens
 
 pytestmark = pytest.mark.e2e
