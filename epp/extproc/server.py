@@ -7,7 +7,6 @@ ext-proc port (for Envoy's active health checks) and on its own port (for Kubern
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -36,21 +35,24 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
     ) -> AsyncIterator[m.ProcessingResponse]:
         stream = Stream(self._director)
         metrics.extproc_streams.inc()
+        failed = False
         try:
             async for msg in request_iterator:
                 for response in await stream.handle(msg):
                     yield response
                 if stream.closed:
                     return
-        except asyncio.CancelledError:
-            # Envoy reset the stream (client went away, timeout): normal, not an error of ours.
-            metrics.extproc_stream_errors.labels("cancelled").inc()
-            raise
         except Exception:
+            failed = True
             metrics.extproc_stream_errors.labels("internal").inc()
             log.exception("ext-proc stream failed")
             raise
         finally:
+            # Envoy resets a stream (the handler sees the end of its messages, or a cancellation
+            # at an await) both when the client went away or a timeout fired, and after every
+            # complete response: only the first kind is counted.
+            if stream.abandoned and not failed:
+                metrics.extproc_stream_errors.labels("cancelled").inc()
             stream.close()
             metrics.extproc_streams.dec()
 

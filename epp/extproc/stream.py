@@ -48,6 +48,7 @@ class Stream:
         "ctx",
         "headers",
         "response_complete",
+        "response_started",
     )
 
     def __init__(self, director: Director) -> None:
@@ -60,6 +61,7 @@ class Stream:
         self.ctx: RequestContext | None = None
         self.closed = False  # an immediate response was sent: nothing more to do
         self.response_complete = False
+        self.response_started = False  # response headers seen
 
     async def handle(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         kind = msg.WhichOneof("request")
@@ -167,6 +169,7 @@ class Stream:
         return [m.immediate(exc.status, errors.error_body(exc.status, exc.reason))]
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+        self.response_started = True
         ctx = self.ctx
         if ctx is None:
             return [m.CONTINUE_RESPONSE_HEADERS]
@@ -189,6 +192,16 @@ class Stream:
         if self._response_mode == _FULL_DUPLEX:
             return m.streamed_response_body(out, eos)
         return [m.replaced_response_body(out if out is not chunk else None)]
+
+    @property
+    def abandoned(self) -> bool:
+        """The stream ended with work in progress: the request not yet answered (the client left
+        while epp was deciding), or the response cut between its headers and its end. Not
+        abandoned: a stream Envoy resets after the response's end (it ends every stream so), or
+        after the decision when responses are not sent to epp (or not yet started)."""
+        if self.ctx is None:
+            return bool(self.headers) and not self.closed
+        return self.response_started and not self.response_complete
 
     def close(self) -> None:
         """The gRPC stream ended, however it ended: release the request's booking once."""

@@ -143,7 +143,8 @@ extproc_streams = Gauge(
 )
 extproc_stream_errors = Counter(
     "epp_extproc_stream_errors_total",
-    "ext-proc streams that ended abnormally, by kind (cancelled, protocol, internal).",
+    "ext-proc streams that ended abnormally, by kind: cancelled (cut before epp answered or mid-response), "
+    "protocol, internal.",
     ["kind"],
     registry=REGISTRY,
 )
