@@ -106,6 +106,9 @@ async def test_usage_and_outcomes_reach_epps_metrics(
     assert sum(v for k, v in ok.items() if 'status="200"' in k) >= 4
     picks = parse_prometheus(text, "epp_endpoint_picks_total")
     assert sum(picks.values()) >= 4
+    # Envoy resets each ext-proc stream after its complete response: not an abnormal end.
+    assert not any(parse_prometheus(text, "epp_extproc_stream_errors_total").values())
+    assert parse_prometheus(text, "process_cpu_seconds_total")  # the standard process series
 
 
 async def test_garbage_grpc_messages_do_not_hurt_epp(

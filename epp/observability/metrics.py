@@ -1,9 +1,11 @@
 """epp's Prometheus metrics, served on --metrics-port (9090) at /metrics.
 
 One registry per process (`REGISTRY`), not prometheus_client's global one, so tests can read values
-without interference and the exposition lists only what epp defines. Names follow GIE's EPP where
-it has an equivalent (`inference_extension_*`, `inference_objective_*`, `inference_pool_*`), so
-existing dashboards keep working; epp-specific series use the `epp_` prefix.
+without interference and the exposition lists only what epp defines, plus the standard
+`process_*` series (CPU seconds, resident memory, open fds: what a capacity plan for epp itself
+needs). Names follow GIE's EPP where it has an equivalent (`inference_extension_*`,
+`inference_objective_*`, `inference_pool_*`), so existing dashboards keep working; epp-specific
+series use the `epp_` prefix.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
 
 # Sub-millisecond resolution: the whole decision is budgeted well under 1 ms.
 _FAST_BUCKETS = (
