@@ -31,6 +31,7 @@ from epp.kvcache.index import BlockIndex
 from epp.kvcache.ingest import FeedSpec, KVEventIngester
 from epp.observability import http as obs_http
 from epp.observability import logs, metrics
+from epp.observability.looplag import LoopLagMonitor
 from epp.requestcontrol import admission
 from epp.requestcontrol.director import Director, DirectorSettings
 from epp.rpc import http as rpc_http
@@ -209,6 +210,8 @@ async def _run(
             await asyncio.wait_for(pool_operator.wait_synced(), 5.0)
         except TimeoutError:
             log.warning("%s: not synced yet; health stays NOT_SERVING until it is", pool_operator.source)
+    loop_lag = LoopLagMonitor()
+    await loop_lag.start()
     await grpc_server.start()
     await health_server.start()
     await health.set(datastore.synced if pool_operator is None else pool_operator.ready)
@@ -257,6 +260,7 @@ async def _run(
         if ingester is not None:
             await ingester.stop()
         await http_runner.cleanup()
+        await loop_lag.stop()
 
 
 def kubernetes_source(

@@ -92,6 +92,10 @@ def build_server(
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
             ("grpc.so_reuseport", 0),
+            # gRPC core's default, written down: a stream the event loop has not picked up within
+            # 30 s is cancelled (Envoy answers 500). Only an overloaded epp gets there;
+            # epp_event_loop_lag_seconds shows it coming.
+            ("grpc.server_max_unrequested_time_in_server", 30),
         ]
     )
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director), server)

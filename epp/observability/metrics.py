@@ -144,6 +144,12 @@ extproc_streams = Gauge(
     "ext-proc streams currently open from the proxy.",
     registry=REGISTRY,
 )
+event_loop_lag = Histogram(
+    "epp_event_loop_lag_seconds",
+    "How late the event loop woke a sleeper (sampled every 0.25 s): > 0.1 s means epp is short of CPU.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    registry=REGISTRY,
+)
 extproc_stream_errors = Counter(
     "epp_extproc_stream_errors_total",
     "ext-proc streams that ended abnormally, by kind: cancelled (cut before epp answered or mid-response), "
