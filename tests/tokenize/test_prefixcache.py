@@ -510,3 +510,32 @@ async def test_a_text_cached_whole_is_answered_without_a_worker(monkeypatch: pyt
             await toks.encode("m", text + " One more sentence.")
     finally:
         toks.close()
+
+
+def test_the_memo_shortcuts_a_growing_conversation_and_survives_eviction() -> None:
+    """The last seam's chain (`_Memo`) is where the next lookup starts and the next join copies
+    from: a conversation's next turn extends it; ids stay exact, and a chain whose end was evicted
+    is not used."""
+    tok, cache = _fresh()
+    text = CORPUS[:6000]
+    turns = [CORPUS[6000 + 700 * i : 6700 + 700 * i] for i in range(8)]
+    for i, turn in enumerate(turns):
+        text += "\n<|user|>\n" + turn
+        assert cache.encode(text) == tok.encode(text)
+        memo = cache._memo
+        if i == 0:  # a miss: no seam yet
+            assert memo is None
+            continue
+        assert memo is not None and text.startswith(memo.text)
+        assert memo.ids == tok.encode(memo.text, add_special_tokens=False)  # a checkpoint: exact
+    assert cache.fallbacks == 0 and cache.partial_hits == len(turns) - 1
+    # A lookup from the memo finds the same chain as a walk from the root without it.
+    path, exact = cache._lookup(text + " more")
+    kept, cache._memo = cache._memo, None
+    assert (path, exact) == cache._lookup(text + " more")
+    cache._memo = kept
+    # Evict everything: the memo's chain is dead and must not be used; results stay exact.
+    cache.clear()
+    assert kept is not None and not kept.path[-1].alive
+    assert cache._lookup(text) == ([], False)
+    assert cache.encode(text + " again") == tok.encode(text + " again")
