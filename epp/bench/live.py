@@ -91,7 +91,9 @@ class LiveRun:
         self.pods_behind_s = 0.0
         self.client_behind_s = 0.0
         self._t0 = 0.0
-        self._bodies: dict[int, tuple[Sequence[int], bytes]] = {}
+        # (id of token ids, max_tokens, id of output ids) -> (token ids, output ids, body): the
+        # lists are kept with the body, so their ids cannot be reused while the entry lives.
+        self._bodies: dict[tuple[int, int, int], tuple[Sequence[int], object, bytes]] = {}
 
     # --- the stack --------------------------------------------------------------------------------
 
@@ -254,10 +256,11 @@ class LiveRun:
         record.output_tokens = res.completion_tokens
 
     def _body(self, prompt: Prompt) -> bytes:
-        """The request for `prompt`, encoded once per prompt object (workloads resend prompts)."""
-        known = self._bodies.get(id(prompt))
-        if known is not None and known[0] is prompt.token_ids:
-            return known[1]
+        """The request for `prompt`, encoded once per token list and length (workloads resend prompts)."""
+        key = (id(prompt.token_ids), prompt.max_tokens, id(prompt.output_token_ids))
+        known = self._bodies.get(key)
+        if known is not None and known[0] is prompt.token_ids and known[1] is prompt.output_token_ids:
+            return known[2]
         body: dict[str, Any] = {
             "model": MODEL,
             "prompt": prompt.token_ids,
@@ -270,7 +273,7 @@ class LiveRun:
         encoded = msgspec.json.encode(body)
         if len(self._bodies) > 4096:  # bounded: the oldest first
             del self._bodies[next(iter(self._bodies))]
-        self._bodies[id(prompt)] = (prompt.token_ids, encoded)
+        self._bodies[key] = (prompt.token_ids, prompt.output_token_ids, encoded)
         return encoded
 
     async def _sample(self, fleet: SimFleet) -> None:
