@@ -11,17 +11,34 @@ a character offset where, in the full tokenization of the text that inserted it,
 starts (the token's word id changes) and a token starts. Chunks are at least
 `max(min_chunk_chars, start // 256)` characters long, so a 400k-character conversation is a chain
 of ~1,000 nodes rather than 3,000, and the same text always cuts at the same places (two texts
-sharing a prefix share its chunks). The last piece of each inserted text, after its last
-checkpoint, is stored as a *final* node that only matches a text ending exactly there.
+sharing a prefix share its chunks). One exception: a text inserted after a seam ends its first
+chunk where it leaves the cached chunk it followed (at a checkpoint at most KEY_CHARS before,
+and at least `margin` characters from the seam), so texts that differ from there on are keyed
+apart rather than piled up as siblings under one key. The last piece of each inserted text,
+after its last checkpoint, is stored as a *final* node that only matches a text ending exactly
+there.
 
 Lookup walks the trie along the text (a dict lookup and a `str.startswith` per node: O(len) with
 memcmp constants). With an exact match (the whole text was seen) the ids are returned as they are.
-Otherwise, with matched chunks n1..nk (k >= 2), the text from the start of nk (the *seam*) is
-encoded, its first tokens are checked against nk's ids (the *overlap window*), and the result is
-n1..n(k-1)'s ids followed by the new encoding. The text need not continue past nk's end as the
-cached text did, so only the window's ids up to `margin` characters before its end must agree; if
-they do not, the whole text is encoded instead (`fallbacks` counts this). The new encoding's
-checkpoints then insert the text's new chunks.
+Otherwise, with matched chunks n1..nk, the *seam* is where reuse stops: nk's end when the text
+follows one of nk's cached children for at least `margin` characters (a system prompt seen with
+another question: the child holds the prompt's end and the other question), else the start of nk
+(k >= 2). The text from the seam is encoded, its first tokens are checked against the chunk after
+the seam (that child, or nk: the *overlap window*), and the result is the cached ids up to the seam
+followed by the new encoding. The text need not continue as the cached one did, so only the
+window's ids up to `margin` characters before the texts part (and the pre-tokens reaching that
+point) must agree; if they do not, the whole text is encoded instead (`fallbacks` counts this). The
+new encoding's checkpoints then insert the text's new chunks.
+
+Pieces. A text to encode (from the seam, or whole on a miss) of at least 2 x `split_chars`
+characters is cut into up to `pieces` pieces (default: the CPUs tokenizers' pool may use; fewer
+while other texts are being encoded, which share those cores) at
+spaces before a letter, each but the last running `min_chunk_chars` past the next one's start,
+and encoded in one `encode_batch`, which runs them in parallel with the GIL released. A cut is kept
+only if it is a checkpoint of the piece before it (the seam's argument below, with that piece as
+the cached text); else the text is encoded again whole (`split_misses`; a tokenizer missing often,
+such as WordPiece, which drops the space, is no longer cut). `splits` counts texts encoded in
+pieces.
 
 Why the stitched result equals full tokenization. A `tokenizers` pipeline splits the text at added
 tokens (special or not, e.g. `<|user|>`: leftmost-longest matching, at most the longest added
@@ -33,10 +50,12 @@ no look-behind or anchors, the tokens of X are the tokens of X[:c] followed by t
 encoded alone (the scans restart at c in the same state they would have inside X). And whether c is
 a pre-token start of X depends only on X[:c + L] for a small L: the scans' right context. A
 checkpoint c of a cached text T is a pre-token start of T; the seam is reused only when X equals T up
-to the end of the following chunk, at least min_chunk_chars >= MARGIN_CHARS characters past c, which
-exceeds L for every pattern accepted here (the GPT-2, Llama 3 and Qwen patterns look at most one
-character past a whitespace run; the margin also covers the longest added token). Chunk ends are
-stored only when they lie MARGIN_CHARS before the end of the inserting text, for the same reason.
+to the end of the following chunk (chunks are at least `margin` >= MARGIN_CHARS characters long),
+or (a seam at the last matched chunk's end) for at least `margin` characters of the child that T
+continued with, which exceeds L for every pattern accepted here (the GPT-2, Llama 3 and Qwen
+patterns look at most one character past a whitespace run; the margin also covers the longest
+added token). Chunk ends are stored only when they lie `margin` characters before the end of the
+inserting text, for the same reason.
 The overlap window re-checks this at each seam, in the new text's context, for patterns whose
 look-ahead is longer than the margin (a `(?=...)` could be): a disagreement falls back to a full encode.
 
@@ -68,8 +87,10 @@ insert, INSERT_BATCH chunks at a time (the loop's `lookup` waits for one batch a
 from __future__ import annotations
 
 import array
+import bisect
 import collections
 import json
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -87,6 +108,11 @@ DEPTH_DIVISOR = 256  # a chunk starting at offset p is at least p // DEPTH_DIVIS
 NODE_OVERHEAD_BYTES = 250  # node object, its dict and LRU entries, array and str headers (estimate)
 INSERT_BATCH = 64  # chunks inserted per hold of the lock
 MEMO_MAX_TOKENS = 262_144  # the last seam's joined ids are kept up to this many (`_Memo`)
+SPLIT_CHARS = 2048  # texts to encode are cut into pieces of at least this many characters (`_encode`)
+
+# Where a piece may start: a space between a non-space and an ASCII letter. With the GPT-2, Llama 3
+# and Qwen patterns and Metaspace a pre-token starts there; each cut is still verified.
+_CUT_AT = re.compile(r"(?<=\S) (?=[A-Za-z])")
 
 _NORMALIZERS_LOCAL = {"Lowercase"}
 _NORMALIZERS_ASCII = {"NFC", "NFD", "NFKC", "NFKD"}
@@ -127,6 +153,45 @@ class _Memo(NamedTuple):
     text: str
 
 
+class _Encoded:
+    """The encoding of `text[start:]` (offsets below are relative to `start`): one `tokenizers`
+    Encoding, or several encoded as one batch and joined at verified checkpoints (`_encode`).
+
+    `ids` and `words` (word ids: a change marks a pre-token start) are lists; `start_of(i)` is
+    token i's first character. At a join the word ids may repeat across it: that only hides a
+    checkpoint from `_chunks`, never invents one (the join itself is a checkpoint)."""
+
+    __slots__ = ("_bases", "_firsts", "_parts", "ids", "missed", "pieces", "words")
+
+    def __init__(
+        self,
+        parts: list[tokenizers.Encoding],
+        bases: list[int],
+        firsts: list[int],
+        ids: list[int],
+        words: list[int | None],
+        *,
+        missed: bool = False,
+    ) -> None:
+        self._parts = parts
+        self._bases = bases  # each part's first character
+        self._firsts = firsts  # each part's first token in `ids`
+        self.ids = ids
+        self.words = words
+        self.pieces = len(parts)
+        self.missed = missed  # a cut failed verification: this is the whole text, encoded again
+
+    @classmethod
+    def whole(cls, encoding: tokenizers.Encoding, *, missed: bool = False) -> _Encoded:
+        return cls([encoding], [0], [0], encoding.ids, encoding.word_ids, missed=missed)
+
+    def start_of(self, i: int) -> int:
+        k = bisect.bisect_right(self._firsts, i) - 1 if len(self._parts) > 1 else 0
+        span = self._parts[k].token_to_chars(i - self._firsts[k])
+        assert span is not None  # no post-processor: every token covers text
+        return self._bases[k] + span[0]
+
+
 class _Node:
     __slots__ = ("alive", "children", "end", "final", "ids", "nbytes", "parent", "text")
 
@@ -160,9 +225,13 @@ class PrefixCache:
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         min_chunk_chars: int = MIN_CHUNK_CHARS,
+        split_chars: int = SPLIT_CHARS,
+        pieces: int | None = None,
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        if split_chars <= min_chunk_chars:
+            raise ValueError(f"split_chars must be > min_chunk_chars ({min_chunk_chars}), got {split_chars}")
         config = json.loads(tok.backend.to_str())
         self.ascii_checkpoints, longest_added = _check(config)
         self.margin = MARGIN_CHARS + longest_added
@@ -173,6 +242,8 @@ class PrefixCache:
         self.name = tok.name
         self.max_bytes = max_bytes
         self.min_chunk_chars = min_chunk_chars
+        self.split_chars = split_chars
+        self.pieces = pieces if pieces is not None else _parallelism()
         self._tok = tok
         # The same pipeline without its post-processor: content ids and untrimmed offsets (ByteLevel's
         # post-processor trims spaces off offsets); special tokens are added around the content.
@@ -194,6 +265,11 @@ class PrefixCache:
         self.reused_tokens = 0
         self.encoded_tokens = 0
         self.contended = 0
+        self.splits = 0
+        self.split_misses = 0
+        # One entry per `_encode` under way (deque append and pop are atomic): the cores are
+        # shared between the texts being encoded at once.
+        self._inflight: collections.deque[None] = collections.deque()
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Exactly `Tokenizer.encode(text, add_special_tokens=...)`, reusing cached prefixes.
@@ -238,22 +314,34 @@ class PrefixCache:
             assert ids is not None
             return ids, _done
         path = found.path
-        seam = path[-2] if len(path) >= 2 else None
-        fresh: tokenizers.Encoding | None = None
-        if seam is not None:
-            window = path[-1]
-            fresh = self._raw.encode_batch([text[seam.end :]], add_special_tokens=False)[0]
-            if not _window_agrees(fresh, window, window.end - seam.end, self.margin):
+        where = self._seam(text, path)
+        seam = where[0] if where is not None else None
+        fresh: _Encoded | None = None
+        first: tuple[int, int] | None = None
+        if where is not None:
+            seam, window, length = where
+            # End the first new chunk where the text leaves the cached window (if a checkpoint is
+            # there, or less than KEY_CHARS before): that chunk is then the window itself, or a
+            # piece of it shared by both texts, and the chunks after it are keyed by what differs.
+            # Otherwise every user message after a shared system prompt became one more sibling
+            # under one key, each lookup comparing them all (after 200 requests: 201 siblings,
+            # lookup 31 -> 5 us).
+            if seam is path[-1]:  # the text leaves the window partway
+                first = (max(self.margin, length - KEY_CHARS + 1), length)
+            else:  # the window is matched whole: keep it as it is
+                first = (length, length)
+            fresh = self._encode(text, seam.end)
+            if not _window_agrees(fresh, window, length, self.margin):
                 fresh = None
         if fresh is None or seam is None:
             base = self._root
-            fresh = self._raw.encode_batch([text], add_special_tokens=False)[0]
+            fresh = self._encode(text, 0)
             new = fresh.ids
             ids = new
             reused = 0
         else:
             base = seam
-            ids = self._joined(path[:-1], remember=text[: seam.end])
+            ids = self._joined(path if seam is path[-1] else path[:-1], remember=text[: seam.end])
             reused = len(ids)
             new = fresh.ids
             ids.extend(new)
@@ -261,7 +349,7 @@ class PrefixCache:
         fallback = seam is not None and base is self._root
 
         def commit() -> None:
-            chunks = self._chunks(text, base.end, encoding)
+            chunks = self._chunks(text, base.end, encoding, first if base is seam else None)
             node: _Node | None = base
             # In batches, the lock released between them: the event loop's `lookup` waits for
             # one batch, not for the ~1,000 chunks of a new 100k-token prompt.
@@ -275,11 +363,98 @@ class PrefixCache:
                             self.partial_hits += 1
                         self.reused_tokens += reused
                         self.encoded_tokens += len(new)
+                        self.splits += encoding.pieces > 1
+                        self.split_misses += encoding.missed
                     node = self._insert(node, chunks[at : at + INSERT_BATCH])
                 if node is None:
                     break
 
         return self._specials(ids, add_special_tokens), commit
+
+    def _seam(self, text: str, path: list[_Node]) -> tuple[_Node, _Node, int] | None:
+        """Where `text` stops reusing cached ids (the seam: a node of `path`), the cached chunk
+        after it that the new encoding must repeat (the window), and how many characters of that
+        chunk `text` shares; None when no seam can be proved.
+
+        The seam is the last matched chunk when `text` continues as one of its cached children
+        for at least `margin` characters: its end is a checkpoint of the text that inserted that
+        child, and `text` agrees with that text that far past it. Only the new part is encoded
+        then (a warm 4k chat whose system prompt was seen: 628 -> ~560 tokens). Otherwise it is
+        the chunk before, and the last matched chunk is encoded again as the window.
+        """
+        if not path:
+            return None
+        last = path[-1]
+        pos = last.end
+        margin = self.margin
+        with self._locked():  # children change under the lock
+            found = last.children.get(text[pos : pos + KEY_CHARS])
+            options = () if found is None else tuple(found) if isinstance(found, list) else (found,)
+        for child in options:
+            if len(child.text) >= margin and text.startswith(child.text[:margin], pos):
+                return last, child, _shared(text, pos, child.text, margin)
+        if len(path) >= 2 and last.end - path[-2].end >= margin:  # chunks from `first` may be short
+            return path[-2], last, last.end - path[-2].end
+        return None
+
+    def _encode(self, text: str, start: int) -> _Encoded:
+        """`text[start:]` encoded; a long one in pieces, one batch, spread over the cores.
+
+        `encode_batch` runs a batch's texts on tokenizers' thread pool with the GIL released, so a
+        text cut into as many pieces as there are cores can be encoded in about the time of its
+        longest piece. Waking the pool's idle threads costs ~0.1 ms on the 2-vCPU VM measured, and
+        the two vCPUs gave at most ~1.35x: a 10,000-character text 5.3 -> 3.9 ms, 4,000 characters
+        2.0 -> 1.9 ms, 1,600 (a warm 4k chat's new part) 0.70 -> 0.81 ms, slower (each call after
+        0.2 ms of other work, as between requests); hence SPLIT_CHARS. Exactness is the
+        seam's argument again: each piece but the last runs `min_chunk_chars` past the next
+        piece's start, and that start is kept only if it is a checkpoint in this piece (a token
+        and a pre-token start there, decided by the text up to `margin` characters further);
+        otherwise the whole text is encoded again (`split_misses`). A tokenizer whose pre-tokens do
+        not start at `_CUT_AT` (WordPiece drops the space) stops being split after a few misses.
+        The pieces are as many as the cores not taken by other texts being encoded (`_cuts`).
+        """
+        inflight = self._inflight
+        cuts = self._cuts(text, start, len(inflight) + 1)
+        inflight.append(None)
+        try:
+            return self._encode_cut(text, start, cuts)
+        finally:
+            inflight.pop()
+
+    def _encode_cut(self, text: str, start: int, cuts: list[int]) -> _Encoded:
+        if cuts:
+            over = self.min_chunk_chars
+            starts = [start, *cuts]
+            texts = [text[a : b + over] for a, b in zip(starts, cuts, strict=False)]
+            texts.append(text[cuts[-1] :])
+            parts = self._raw.encode_batch(texts, add_special_tokens=False)
+            joined = _join_pieces(parts, [a - start for a in starts])
+            if joined is not None:
+                return joined
+        whole = self._raw.encode_batch([text[start:]], add_special_tokens=False)[0]
+        return _Encoded.whole(whole, missed=bool(cuts))
+
+    def _cuts(self, text: str, start: int, sharing: int = 1) -> list[int]:
+        """Where to cut `text[start:]` into pieces (absolute offsets, increasing); [] for one piece.
+        `sharing`: texts being encoded at once, this one included, which share the cores. Cutting
+        when the cores are busy anyway gained nothing and cost throughput: two threads encoding
+        cold 4k-token texts back to back, 1.1-1.2 M -> 0.76-0.95 M tokens/s."""
+        size = len(text) - start
+        count = min(self.pieces // sharing, size // self.split_chars)
+        if count < 2 or (self.split_misses > 8 and self.split_misses * 4 > self.splits):
+            return []
+        over = self.min_chunk_chars
+        step = (size + (count - 1) * over) // count - over  # pieces of about equal length
+        end = len(text) - over  # the last piece must be as long as the overlap
+        cuts: list[int] = []
+        at = start
+        for k in range(1, count):
+            found = _CUT_AT.search(text, max(start + k * step, at + 1), end)
+            if found is None:
+                break
+            at = found.start()
+            cuts.append(at)
+        return cuts
 
     def _specials(self, ids: list[int], add_special_tokens: bool) -> list[int]:
         if add_special_tokens and (self._head or self._tail):
@@ -352,40 +527,65 @@ class PrefixCache:
         return path, exact
 
     def _chunks(
-        self, text: str, start: int, fresh: tokenizers.Encoding
+        self, text: str, start: int, fresh: _Encoded, first: tuple[int, int] | None = None
     ) -> list[tuple[str, array.array[int], bool]]:
         """Cut `fresh` (the encoding of text[start:]) at checkpoints into (text, ids, final) chunks.
+        `first`: a range of offsets (from `start`) where the first chunk should end (see `begin`).
 
         Each chunk ends at the first checkpoint at least `need` characters after its start. To
-        find it, the scan jumps `need // 4` tokens ahead (tokens average ~2.7 characters here) and
-        then steps one token at a time: a Python pass over every token, or building the whole
-        offsets list, cost as much as half of the encode itself (measured, bench `prefix`).
+        find it, a galloping search (from `need // 4` tokens ahead: tokens average ~2.7 characters
+        here) then a binary one find the first token starting that far, and the scan steps from
+        there to the next pre-token start: ~7 offset look-ups per chunk. A Python pass over every
+        token, or building the whole offsets list, cost as much as half of the encode itself, and
+        stepping from `need // 4` tokens ahead (~14 look-ups) was ~0.1 ms of a warm 4k chat's
+        ~0.8 ms (measured, bench `prefix`).
         """
-        words = fresh.word_ids
+        words = fresh.words
         ids = fresh.ids
-        chars = fresh.token_to_chars
+        chars = fresh.start_of
         count = len(ids)
         limit = len(text) - start - self.margin
         ascii_only = self.ascii_checkpoints
         out: list[tuple[str, array.array[int], bool]] = []
         cur_char = 0
         cur_tok = 0
+        if first is not None:  # the first chunk ends at a checkpoint in [lo, hi] if there is one
+            lo, hi = first
+            i = bisect.bisect_left(range(count), lo, 1, count, key=chars)
+            while i < count:
+                word = words[i]
+                if word is not None and word != words[i - 1]:
+                    c = chars(i)
+                    if c > min(hi, limit):
+                        break
+                    if not (ascii_only and text[start + c] >= "\x80"):
+                        out.append((text[start : start + c], array.array("I", ids[:i]), False))
+                        cur_char = c
+                        cur_tok = i
+                        break
+                i += 1
         while True:
             need = max(self.min_chunk_chars, (start + cur_char) // DEPTH_DIVISOR)
             target = cur_char + need
             if target > limit:
                 break
-            i = cur_tok + max(1, need // 4)
+            lo = cur_tok  # starts before target
+            step = max(1, need // 4)
+            hi = lo + step
+            while hi < count and chars(hi) < target:
+                lo = hi
+                step *= 2
+                hi = lo + step
+            # Token starts never decrease, so the first one at or past target is found by bisection.
+            i = bisect.bisect_left(range(count), target, lo + 1, min(hi, count), key=chars)
             cut = -1
             while i < count:
                 word = words[i]
                 if word is not None and word != words[i - 1]:
-                    span = chars(i)
-                    assert span is not None
-                    c = span[0]
+                    c = chars(i)
                     if c > limit:
                         break
-                    if c >= target and not (ascii_only and text[start + c] >= "\x80"):
+                    if not (ascii_only and text[start + c] >= "\x80"):
                         cut = c
                         break
                 i += 1
@@ -494,10 +694,57 @@ def _join(path: list[_Node]) -> list[int]:
     return joined.tolist()
 
 
-def _window_agrees(fresh: tokenizers.Encoding, window: _Node, length: int, margin: int) -> bool:
+def _join_pieces(parts: list[tokenizers.Encoding], bases: list[int]) -> _Encoded | None:
+    """`parts` (pieces starting at `bases`, each but the last running past the next's start) as
+    one encoding, or None if a piece's successor does not start at a checkpoint of that piece.
+    Every cut is at a space (`_CUT_AT`): ASCII, as checkpoints must be under NFC-like normalizers."""
+    ids: list[int] = []
+    words: list[int | None] = []
+    firsts: list[int] = []
+    for k, part in enumerate(parts):
+        firsts.append(len(ids))
+        if k == len(parts) - 1:
+            ids.extend(part.ids)
+            words.extend(part.word_ids)
+            break
+        cut = bases[k + 1] - bases[k]
+        j = part.char_to_token(cut)
+        if not j:  # None, or 0: the piece is at least split_chars long, so never a real cut
+            return None
+        span = part.token_to_chars(j)
+        word = part.token_to_word(j)
+        if span is None or span[0] != cut or word is None or word == part.token_to_word(j - 1):
+            return None
+        ids.extend(part.ids[:j])
+        words.extend(part.word_ids[:j])
+    return _Encoded(parts, bases, firsts, ids, words)
+
+
+def _shared(text: str, pos: int, other: str, known: int) -> int:
+    """How many characters `text[pos:]` and `other` share, knowing the first `known` agree."""
+    lo, hi = known, min(len(other), len(text) - pos) + 1  # lo agree, hi do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if text.startswith(other[lo:mid], pos + lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _parallelism() -> int:
+    """Pieces to cut a long text into: the cores tokenizers' pool may use, 1 if it may not."""
+    if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("0", "false", "off", "no"):
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _window_agrees(fresh: _Encoded, window: _Node, length: int, margin: int) -> bool:
     """Whether `fresh` (the text encoded from the window's start) repeats the window's cached ids
-    up to `margin` characters before the window's end (`length`): beyond that point the new text
-    may legitimately tokenize differently, since it need not continue as the cached one did."""
+    up to `margin` characters before the end of what the texts share (`length` characters of the
+    window): beyond that point the new text may legitimately tokenize differently, since it need
+    not continue as the cached one did. A pre-token reaching that point may differ as a whole (BPE
+    merges within it), so the first difference may sit in any pre-token that ends past it."""
     n = len(window.ids)
     ids = fresh.ids
     if array.array("I", ids[:n]) == window.ids:
@@ -508,9 +755,13 @@ def _window_agrees(fresh: tokenizers.Encoding, window: _Node, length: int, margi
     while same < limit and ids[same] == cached[same]:
         same += 1
     if same >= len(ids):
-        return False
-    span = fresh.token_to_chars(same)
-    return span is not None and span[0] >= length - margin
+        return True  # the new text ends inside the window, every id agreeing
+    words = fresh.words
+    word = words[same]
+    after = same + 1
+    while word is not None and after < len(ids) and words[after] == word:
+        after += 1
+    return after >= len(ids) or fresh.start_of(after) > length - margin
 
 
 def _specials(backend: tokenizers.Tokenizer, raw: tokenizers.Tokenizer) -> tuple[list[int], list[int]]:

@@ -157,10 +157,14 @@ _built: dict[str, tuple[tokenizer.Tokenizer, prefixcache.PrefixCache]] = {}
 
 def cached(name: str) -> tuple[tokenizer.Tokenizer, prefixcache.PrefixCache]:
     """One tokenizer and one small-chunked, small-budget cache per name, shared by every example:
-    state left by earlier examples must never change a result."""
+    state left by earlier examples must never change a result. Texts past 2 x 96 characters are
+    encoded in up to 3 pieces (`split_chars`, `pieces`), so the examples cut texts everywhere."""
     if name not in _built:
         tok = BUILDERS[name]()
-        _built[name] = (tok, prefixcache.PrefixCache(tok, max_bytes=400_000, min_chunk_chars=64))
+        _built[name] = (
+            tok,
+            prefixcache.PrefixCache(tok, max_bytes=400_000, min_chunk_chars=64, split_chars=96, pieces=3),
+        )
     return _built[name]
 
 
@@ -256,10 +260,21 @@ def test_the_property_tests_went_through_seams() -> None:
     # Runs after the tests above (file order): their shared caches must have reused prefixes, or
     # they proved nothing about seams.
     for name, (_, cache) in _built.items():
-        print(name, cache.hits, cache.partial_hits, cache.misses, cache.fallbacks, cache.evictions)
+        print(
+            name,
+            cache.hits,
+            cache.partial_hits,
+            cache.misses,
+            cache.fallbacks,
+            cache.evictions,
+            cache.splits,
+            cache.split_misses,
+        )
         if cache.hits + cache.partial_hits + cache.misses >= 100:
             assert cache.partial_hits > 20 and cache.hits > 20, name
             assert cache.fallbacks == 0, name  # no seam ever needed more right context than the margin
+            # Texts were encoded in pieces (WordPiece drops the space at a cut: it stops splitting).
+            assert cache.splits > 20 or name == "wordpiece", name
 
 
 # -- counters, bound, structure ----------------------------------------------------------------------
@@ -379,10 +394,11 @@ def test_a_seam_that_fails_verification_falls_back_to_a_full_encode() -> None:
     tok, cache = _fresh(min_chunk_chars=64)
     text = CORPUS[:4_000]
     cache.encode(text)
-    # Corrupt every cached chunk's first id: the overlap window no longer matches, so the cache
-    # must not trust the prefix before it either.
+    # Corrupt every cached chunk's first id: the overlap window (here the final piece, which the
+    # longer text continues past its seam) no longer matches, so the cache must not trust the
+    # prefix before it either.
     for node in cache._lru:
-        if not node.final and len(node.ids):
+        if len(node.ids):
             node.ids[0] = 0
     longer = text + " and more"
     assert cache.encode(longer) == tok.encode(longer)
@@ -539,3 +555,87 @@ def test_the_memo_shortcuts_a_growing_conversation_and_survives_eviction() -> No
     assert kept is not None and not kept.path[-1].alive
     assert cache._lookup(text) == ([], False)
     assert cache.encode(text + " again") == tok.encode(text + " again")
+
+
+# -- encoding in pieces, and the seam at the last matched chunk ----------------------------------------
+
+
+@pytest.mark.parametrize("name", ["epp-tiny", "llama3-like"])
+def test_long_texts_are_encoded_in_pieces_equal_to_full_tokenization(name: str) -> None:
+    tok = cached(name)[0]
+    cache = prefixcache.PrefixCache(tok, min_chunk_chars=64, split_chars=200, pieces=4)
+    text = CORPUS[:6_000]
+    pieces = cache._encode(text, 0)
+    assert pieces.pieces == 4 and not pieces.missed
+    assert pieces.ids == tok.encode(text, add_special_tokens=False)
+    assert [pieces.start_of(i) for i in range(len(pieces.ids))] == [
+        start for start, _ in cache._raw.encode(text, add_special_tokens=False).offsets
+    ]
+    assert_same(tok, cache, text)  # a miss in pieces, then the chunks it cached answer whole
+    longer = text + "\n<|user|>\n" + CORPUS[7_000:9_000]
+    assert_same(tok, cache, longer)  # the part after the seam, in pieces
+    assert cache.splits == 2 and cache.split_misses == 0 and cache.partial_hits == 1
+
+
+def test_a_cut_that_is_not_a_checkpoint_is_encoded_again_whole() -> None:
+    # gpt2-like's `<|sep|>` strips the space after it: the only cut candidate (the space before
+    # "b") is inside that added token's match, not a token start.
+    tok = cached("gpt2-like")[0]
+    cache = prefixcache.PrefixCache(tok, min_chunk_chars=64, split_chars=100, pieces=2)
+    text = "a" * 300 + "<|sep|> b" + "c" * 300
+    assert cache._cuts(text, 0) == [307]
+    encoded = cache._encode(text, 0)
+    assert encoded.missed and encoded.pieces == 1
+    assert encoded.ids == tok.encode(text, add_special_tokens=False)
+    assert_same(tok, cache, text)
+    # WordPiece drops the space at every cut: after a few misses the cache stops cutting.
+    tok = cached("wordpiece")[0]
+    cache = prefixcache.PrefixCache(tok, min_chunk_chars=64, split_chars=100, pieces=2)
+    for i in range(12):
+        assert_same(tok, cache, CORPUS[i * 1_000 : i * 1_000 + 900])
+    assert cache.split_misses == 9 and cache.splits == 0
+    assert cache._cuts(CORPUS[:900], 0) == []
+
+
+def test_the_seam_is_the_last_matched_chunk_when_the_text_follows_its_continuation() -> None:
+    """A warm chat: the system prompt was seen with another question. When the new text shares at
+    least `margin` characters with the cached chunk after the last one it matches, only what
+    follows that chunk is encoded; otherwise that chunk is encoded again as the window."""
+    tok, cache = _fresh(min_chunk_chars=64)
+    system = CORPUS[:6_000]
+    cache.encode(system + "\n<|user|>\nPlease answer carefully. What is a token?")
+    shrunk = 0
+    for n in range(0, 160, 8):
+        text = system + "\n<|user|>\nPlease answer carefully. " + CORPUS[9_000 : 9_000 + n] + " Why?"
+        path = cache.lookup(text).path
+        last = path[-1]
+        follows = [
+            child
+            for found in last.children.values()
+            for child in (found if isinstance(found, list) else [found])
+            if text.startswith(child.text[: cache.margin], last.end) and len(child.text) >= cache.margin
+        ]
+        seam = last if follows else path[-2]
+        before = cache.encoded_tokens
+        assert cache.encode(text) == tok.encode(text)
+        assert cache.encoded_tokens - before == len(tok.encode(text[seam.end :], add_special_tokens=False))
+        assert cache._memo is not None and cache._memo.path[-1] is seam
+        shrunk += seam is last
+    assert shrunk > 5 and cache.fallbacks == 0
+
+
+def test_user_messages_after_a_shared_prompt_do_not_pile_up_under_one_key() -> None:
+    """Each text leaving a cached one partway ends its first new chunk where it leaves it, so the
+    next chunks are keyed by what differs: a lookup compares a few children, not one per request."""
+    for length in range(6_000, 6_200, 25):  # the prompt's last chunk ends at varying distances
+        tok, cache = _fresh()
+        for i in range(12):
+            text = CORPUS[:length] + "\n<|user|>\n" + CORPUS[8_000 + 300 * i : 8_000 + 300 * i + 250]
+            assert cache.encode(text) == tok.encode(text)
+        widest = max(
+            len(found) if isinstance(found, list) else 1
+            for node in [cache._root, *cache._lru]
+            for found in node.children.values()
+        )
+        assert widest <= 2, length
+        assert cache.partial_hits == 11 and cache.fallbacks == 0
