@@ -101,7 +101,11 @@ async def run(args: argparse.Namespace) -> None:
         prefix_cache_bytes=args.tokenizer_prefix_cache_bytes,
     )
     collector = metrics.TokenizerCollector(
-        lambda: tokenizers.missing, lambda: tokenizers.truncated, lambda: tokenizers.prefix_caches
+        lambda: tokenizers.missing,
+        lambda: tokenizers.truncated,
+        lambda: tokenizers.prefix_caches,
+        lambda: tokenizers.engines,
+        lambda: tokenizers.commits_dropped,
     )
     metrics.REGISTRY.register(collector)
     try:

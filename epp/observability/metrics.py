@@ -287,13 +287,15 @@ _PREFIX_COUNTERS = (
     ("evictions", "cached chunks evicted by the byte budget"),
     ("reused_tokens", "token ids taken from the cache"),
     ("encoded_tokens", "token ids computed by the tokenizer"),
+    ("engine_mismatches", "texts fastokens encoded unlike tokenizers (it is then turned off)"),
 )
 _PREFIX_GAUGES = (("cached_bytes", "bytes held (estimated)"), ("cached_tokens", "token ids held"))
 
 
 class TokenizerCollector(Collector):
-    """`epp_tokenizer_missing_total{model}`, `epp_tokenizer_truncated_total{tokenizer}` and the
-    prefix-tokenization caches' `epp_tokenizer_prefix_cache_*{tokenizer}`, read at scrape time from
+    """`epp_tokenizer_missing_total{model}`, `epp_tokenizer_truncated_total{tokenizer}`,
+    `epp_tokenizer_engine_info{tokenizer,engine}`, and the prefix-tokenization caches'
+    `epp_tokenizer_prefix_cache_*{tokenizer}`, read at scrape time from
     the tokenizer registry's plain counters (they count on the event loop and in worker threads; a
     Counter there would add a lock and a label lookup per request)."""
 
@@ -302,21 +304,36 @@ class TokenizerCollector(Collector):
         missing: Callable[[], Mapping[str, int]],
         truncated: Callable[[], Mapping[str, int]],
         prefix_caches: Callable[[], Mapping[str, Any]] = dict,
+        engines: Callable[[], Mapping[str, str]] = dict,
+        commits_dropped: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self._missing = missing
         self._truncated = truncated
         self._prefix_caches = prefix_caches
+        self._engines = engines
+        self._commits_dropped = commits_dropped
 
     def describe(self) -> list[Metric]:
-        return list(self._families({}, {}, {}))
+        return list(self._families({}, {}, {}, {}, {}))
 
     def collect(self) -> list[Metric]:
-        missing, truncated = dict(self._missing()), dict(self._truncated())
-        return list(self._families(missing, truncated, dict(self._prefix_caches())))
+        return list(
+            self._families(
+                dict(self._missing()),
+                dict(self._truncated()),
+                dict(self._prefix_caches()),
+                dict(self._engines()),
+                dict(self._commits_dropped()),
+            )
+        )
 
     @staticmethod
     def _families(
-        missing: Mapping[str, int], truncated: Mapping[str, int], caches: Mapping[str, Any]
+        missing: Mapping[str, int],
+        truncated: Mapping[str, int],
+        caches: Mapping[str, Any],
+        engines: Mapping[str, str],
+        dropped: Mapping[str, int],
     ) -> Iterator[Metric]:
         m = CounterMetricFamily(
             "epp_tokenizer_missing",
@@ -334,6 +351,22 @@ class TokenizerCollector(Collector):
         for name, n in sorted(truncated.items()):
             t.add_metric([name], n)
         yield t
+        e = GaugeMetricFamily(
+            "epp_tokenizer_engine_info",
+            "What each tokenizer encodes with: fastokens, or tokenizers (fastokens refused/disagreed/off).",
+            labels=["tokenizer", "engine"],
+        )
+        for name, engine in sorted(engines.items()):
+            e.add_metric([name, engine], 1)
+        yield e
+        d = CounterMetricFamily(
+            "epp_tokenizer_prefix_cache_commits_dropped",
+            "Texts not cached because too many commit steps were waiting (overload).",
+            labels=["tokenizer"],
+        )
+        for name, n in sorted(dropped.items()):
+            d.add_metric([name], n)
+        yield d
         label = ["tokenizer"]
         prefix = "epp_tokenizer_prefix_cache_"
         for field, text in _PREFIX_COUNTERS:

@@ -35,11 +35,19 @@ else the default; else none.
   pre-token boundaries). It bounds the work a single request can cause (~0.1-0.2 s of one core).
 - Texts of at most `INLINE_CHARS` are encoded on the loop itself: handing work to a thread and
   awaiting it cost the loop's thread ~100 us of CPU (measured), about what encoding 200-250
-  characters costs.
+  characters costs with `tokenizers`. With the fast engine (`tokenizer.Tokenizer.fast`, ~0.08 us
+  per character) the bound is FAST_INLINE_CHARS, ~0.3 ms of the loop's time: the hand-off and the
+  wake-up of the awaiting task cost a warm 4k-token chat 0.3-0.7 ms of latency (measured), more
+  than the encode.
 - Longer texts go through the tokenizer's `prefixcache.PrefixCache` (one per tokenizer, each
   bounded by `prefix_cache_bytes`, 64 MiB by default; 0 disables; tokenizers it cannot prove exact
   for are listed in `prefix_cache_refused` and encoded plainly): looked up on the loop (a text
-  cached whole is answered there), else in a worker thread starting from that lookup.
+  cached whole is answered there), else in a worker thread starting from that lookup, or on the
+  loop when the fast engine has at most FAST_INLINE_CHARS after the cached chunks to encode. With
+  the fast engine the request gets its ids before the cache's `commit` step (the `tokenizers`
+  encode that chunking needs, ~5x the fast one) runs on one more thread; at most MAX_PENDING_COMMITS
+  wait for it, past that a text is not cached (counted in `commits_dropped`): under overload the
+  cache stops growing rather than delaying requests.
 - Longer texts go to a small ThreadPoolExecutor. `Tokenizer.encode` releases the GIL (see
   `epp.tokenize.tokenizer`), so the loop keeps running meanwhile. Encoding 16k- or 100k-token
   prompts back to back this way, the loop's lag was p99 ~1 ms, max 3-4 ms (idle: max 2 ms); on
@@ -59,7 +67,7 @@ import dataclasses
 import logging
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -68,6 +76,8 @@ from epp.tokenize import chat, prefixcache, tokenizer
 
 DEFAULT_MAX_CHARS = 400_000
 INLINE_CHARS = 256
+FAST_INLINE_CHARS = 4096
+MAX_PENDING_COMMITS = 16
 MAX_COUNTED_MODELS = 256  # distinct names kept in `missing`; the rest count under OTHER_MODELS
 OTHER_MODELS = "<other>"
 
@@ -153,6 +163,7 @@ class Tokenizers:
         self.max_chars = max_chars
         self.missing: dict[str, int] = {}
         self.truncated: dict[str, int] = {}
+        self.commits_dropped: dict[str, int] = {}  # per tokenizer name (module docstring)
         self.prefix_cache_bytes = prefix_cache_bytes
         # Keyed by the tokenizer object itself (identity), dropped when no source uses it any more.
         self._caches: dict[tokenizer.Tokenizer, prefixcache.PrefixCache | None] = {}
@@ -164,6 +175,10 @@ class Tokenizers:
             max_workers=workers if workers is not None else _default_workers(),
             thread_name_prefix="epp-tokenize",
         )
+        # The prefix caches' commit steps (fast engine): one thread, so they never hold up the
+        # encodes requests wait for in the pool above.
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="epp-tokenize-commit")
+        self._commits: set[asyncio.Future[None]] = set()
 
     @classmethod
     def from_spec(
@@ -318,7 +333,8 @@ class Tokenizers:
         """`text`'s token ids with `model`'s tokenizer (None, counted in `missing`, if it has none).
 
         Text beyond `max_chars` is dropped first (see the module docstring). Awaiting this never
-        blocks the loop for more than encoding INLINE_CHARS characters.
+        blocks the loop for more than encoding INLINE_CHARS characters (FAST_INLINE_CHARS with
+        the fast engine).
 
         Raises:
             RuntimeError: after `close()`.
@@ -334,23 +350,52 @@ class Tokenizers:
         if len(text) > self.max_chars:
             text = text[: self.max_chars]
             self.truncated[tok.name] = self.truncated.get(tok.name, 0) + 1
-        if len(text) <= INLINE_CHARS:
+        engine = tok.fast
+        if len(text) <= INLINE_CHARS or (
+            engine is not None and len(text) <= FAST_INLINE_CHARS and engine.takes(text)
+        ):
             return tok.encode(text, add_special_tokens=add_special_tokens)
         loop = asyncio.get_running_loop()
         cache = self._cache_for(tok)
-        if cache is not None:
-            # A text seen whole (a repeated prompt) is answered here: the hand-off to a worker
-            # cost the loop ~100 us, more than the lookup (~20 us for a 4 KB chat). Otherwise the
-            # worker starts from this lookup rather than walking the cached prefix again.
-            found = cache.lookup(text)
-            if found.exact:
-                ids = cache.cached(text, add_special_tokens=add_special_tokens, found=found)
-                assert ids is not None
-                return ids
+        if cache is None:
+            return await loop.run_in_executor(self._executor, _encode, tok, text, add_special_tokens)
+        # A text seen whole (a repeated prompt) is answered here: the hand-off to a worker
+        # cost the loop ~100 us, more than the lookup (~20 us for a 4 KB chat). Otherwise the
+        # worker starts from this lookup rather than walking the cached prefix again.
+        found = cache.lookup(text)
+        if found.exact:
+            whole = cache.cached(text, add_special_tokens=add_special_tokens, found=found)
+            assert whole is not None
+            return whole
+        if engine is None:
             return await loop.run_in_executor(
                 self._executor, _encode_cached, cache, text, add_special_tokens, found
             )
-        return await loop.run_in_executor(self._executor, _encode, tok, text, add_special_tokens)
+        covered = found.path[-1].end if found.path else 0
+        if len(text) - covered <= FAST_INLINE_CHARS and engine.takes(text[covered:]):
+            ids, commit = cache.begin(text, add_special_tokens=add_special_tokens, found=found, fast=True)
+        else:
+            ids, commit = await loop.run_in_executor(
+                self._executor, _begin, cache, text, add_special_tokens, found
+            )
+        self._commit(loop, tok, commit)
+        return ids
+
+    def _commit(
+        self, loop: asyncio.AbstractEventLoop, tok: tokenizer.Tokenizer, commit: Callable[[], None]
+    ) -> None:
+        """Run a prefix cache's `commit` step on the commit thread, unless too many wait."""
+        if len(self._commits) >= MAX_PENDING_COMMITS or self._closed:
+            self.commits_dropped[tok.name] = self.commits_dropped.get(tok.name, 0) + 1
+            return
+        future = loop.run_in_executor(self._committer, commit)
+        self._commits.add(future)
+        future.add_done_callback(self._committed)
+
+    def _committed(self, future: asyncio.Future[None]) -> None:
+        self._commits.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.error("prefix cache commit failed", exc_info=future.exception())
 
     async def encode_chat(
         self, model: str, body: Mapping[str, Any], *, base_model: str | None = None
@@ -385,10 +430,21 @@ class Tokenizers:
             self.missing[key] = self.missing.get(key, 0) + 1
         return tok
 
+    async def drain(self) -> None:
+        """Wait for the prefix caches' pending commit steps (a bench's warm-up, a test's next step)."""
+        while self._commits:
+            await asyncio.wait(set(self._commits))
+
+    @property
+    def engines(self) -> Mapping[str, str]:
+        """Tokenizer name -> the engine its `encode` runs on now, for the metrics layer."""
+        return {tok.name: tok.engine for tok in self._in_use()}
+
     def close(self) -> None:
-        """Stop the workers: queued encodes are cancelled, running ones (at most `workers`) finish."""
+        """Stop the workers: queued encodes and commits are cancelled, running ones finish."""
         self._closed = True
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._committer.shutdown(wait=True, cancel_futures=True)
 
 
 class TokenizerSource:
@@ -445,13 +501,20 @@ def _load_paths(
 def _encode_cached(
     cache: prefixcache.PrefixCache, text: str, add_special_tokens: bool, found: prefixcache.Lookup
 ) -> list[int]:
-    # Cached before the request gets its ids. Answering first and committing after took ~0.1 ms
-    # off a warm 4k-token chat, but a request following at once then missed the text, and the
-    # commit's GIL-holding chunking overlapped the next encode (bench_loop_lag p99 7 -> 11 ms in
-    # one run on a loaded machine): not adopted.
+    # `tokenizers` engine: cached before the request gets its ids. Answering first and committing
+    # after took only ~0.1 ms off a warm 4k-token chat, but a request following at once then missed
+    # the text, and the commit's GIL-holding chunking overlapped the next encode (bench_loop_lag
+    # p99 7 -> 11 ms in one run on a loaded machine). With the fast engine the commit is the
+    # `tokenizers` encode itself, ~80% of the work, so there the request does not wait for it.
     ids, commit = cache.begin(text, add_special_tokens=add_special_tokens, found=found)
     commit()
     return ids
+
+
+def _begin(
+    cache: prefixcache.PrefixCache, text: str, add_special_tokens: bool, found: prefixcache.Lookup
+) -> tuple[list[int], Callable[[], None]]:
+    return cache.begin(text, add_special_tokens=add_special_tokens, found=found)
 
 
 def _encode(tok: tokenizer.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:

@@ -13,6 +13,31 @@ tokenizer classes (Llama's `add_bos_token`/`add_eos_token` rebuilding the post-p
 one) are not applied: the tokenizer.json's post-processor is taken as it is. vLLM-identical
 tokenization is a separate step built on this one.
 
+Engine. `encode` runs on fastokens (a Rust reimplementation of the `tokenizers` pipeline from the
+same tokenizer.json: PCRE2-JIT pre-tokenization, caches of pre-token ids, ids only) when it loads
+the tokenizer.json and gives the same ids as `tokenizers` on ENGINE_PROBES, with and without
+special tokens; otherwise, or with EPP_TOKENIZER_ENGINE=tokenizers in the environment, on
+`tokenizers` itself, which vLLM uses. Measured on epp-tiny, 2 vCPUs (`tests/tokenize/bench_tokenize.py
+engines`): ~800 tokens of this repository's prose and code in 0.19 ms against 0.68 ms, 100k tokens
+4.4 M tokens/s against 0.9 M. A tokenizer fastokens refuses (Metaspace, BertPreTokenizer) or
+encodes differently on a probe stays on `tokenizers` (`engine_note` says why). `backend` is always
+the `tokenizers` object: offsets, word ids, decoding and the vocabulary come from it, and the prefix
+cache re-encodes with it off the request path, so every text it caches also checks fastokens' ids
+(`disable_fast` on a difference or an error: the tokenizer stays on `tokenizers` from then).
+Exactness is tested with hypothesis over generated texts and every Unicode code point in contexts
+(tests/tokenize/test_engine.py).
+
+Memory. fastokens caches the ids of every pre-token it encodes, bounded in entries, not bytes, and
+keeps its pools' capacity after a clear: texts of long unique pre-tokens (runs of rare characters)
+grew the process by ~95 KB per 2,000-character text, 1.9 GB after 20,000 of them. So a text goes to
+fastokens only when no run of word characters, of other non-space characters, or of spaces is
+longer than MAX_RUN_CHARS (`FastEngine.takes`, ~30 us per 1,700 characters), and only if the
+tokenizer's pre-tokens end at spaces (checked at load): the same flood with runs of 32 random rare
+characters levelled off at +227 MB on one thread. Other texts (~17% of 1,700-character pieces of
+this repository: long identifiers, hashes, URLs, table rules) go to `tokenizers`. kitoken (no
+caches, faster still) was measured too and not taken: the code-point sweep found it splitting
+`\t's` apart where `tokenizers` keeps the contraction, and 3 Unicode 16 letters.
+
 GIL (measured with tokenizers 0.23.3 on 2 vCPUs; tests/tokenize/bench_tokenize.py):
 `tokenizers.Tokenizer.encode` holds the GIL for the whole call: run in a worker thread, a 16k-token
 encode stalled the event loop for 20-30 ms, a 100k-token one for ~200 ms. `encode_batch` and
@@ -23,17 +48,23 @@ against 25-36 ms; the VM's timings vary by ~30%). So `Tokenizer.encode` calls
 `encode_batch_fast([text])`. That single-item batch runs on tokenizers' rayon pool (or in the
 calling thread with TOKENIZERS_PARALLELISM=false; both measured the same). tokenizers' own
 `async_encode*` run on a tokio pool that grew to ~100 OS threads under 64 concurrent encodes and
-lagged the loop by 100-150 ms on 2 vCPUs, so epp does not use them.
+lagged the loop by 100-150 ms on 2 vCPUs, so epp does not use them. fastokens' `encode` releases
+the GIL too (a thread encoding 100k-token texts back to back: the loop's ticks' p99 gap 2.6 ms).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
+import sys
 import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import fastokens
 import tokenizers
 
 SHIPPED_NAME = "epp-tiny"
@@ -43,6 +74,50 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data"
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
+
+ENGINE_ENV = "EPP_TOKENIZER_ENGINE"
+"""`tokenizers` keeps every tokenizer on the `tokenizers` engine; unset or `auto`: fastokens when it
+agrees (module docstring)."""
+
+MAX_RUN_CHARS = 32
+MAX_ASCII_RUN_CHARS = 128
+"""fastokens takes a text only when no run of word characters, of other non-space characters, or of
+spaces is longer (MAX_ASCII_RUN_CHARS within an ASCII word): its caches grow with long unique
+pre-tokens (module docstring, "Memory")."""
+# Every pre-token of the GPT-2, Llama 3 and Qwen patterns is one such run (plus a leading
+# character, and newlines after punctuation): letters and numbers are word characters (`\w`),
+# `_` and the separators `\x1c-\x1f` (Python's whitespace, not the tokenizers') count as other.
+_LONG_WORDS = re.compile(rf"\w{{{MAX_RUN_CHARS + 1}}}|(?:[^\w\s]|[_\x1c-\x1f]){{{MAX_RUN_CHARS + 1}}}")
+_LONG_ASCII_WORDS = re.compile(
+    rf"[A-Za-z0-9]{{{MAX_ASCII_RUN_CHARS + 1}}}|[^A-Za-z0-9]{{{MAX_ASCII_RUN_CHARS + 1}}}"
+)
+_SPACES = str.maketrans({c: " " for c in range(sys.maxunicode + 1) if chr(c).isspace() and c != 32})
+_LONG_SPACE = " " * (MAX_RUN_CHARS + 1)
+ENGINES = ("auto", "tokenizers")
+
+ENGINE_PROBES = (
+    "Hello world",
+    "",
+    " ",
+    "  leading and trailing spaces  ",
+    "tabs\tand\r\nnewlines\n\n\n  \n",
+    "numbers 1 12 123 1234 12345 3.14159 -7 1,000,000",
+    "it's they're we've I'm you'll he'd IT'S THEY'RE",
+    'punctuation!?... "quoted" (parens) [brackets] {braces} <angle> a/b\\c',
+    "def f(x):\n    return x ** 2  # comment\n",
+    "日本語のテキスト、中文\uff0c한국어 텍스트",  # a fullwidth comma
+    "Ünïcödé café naïve résumé İstanbul straße ΩΣ",
+    "emoji 👍🏽 👨\u200d👩\u200d👧 🇫🇷",
+    "combining e\u0301 a\u0308 \u0915\u094d\u0937",
+    "zero\u200bwidth\u00a0nbsp\u3000ideographic",
+    "   \n\n   ",
+    "x" * 300,
+    " " * 300 + "end",
+)
+"""Texts fastokens must encode exactly as `tokenizers` does before it is used (with and without
+special tokens; each tokenizer's added tokens are probed too)."""
+
+log = logging.getLogger("epp.tokenize")
 
 
 class TokenizerError(Exception):
@@ -54,8 +129,10 @@ class Tokenizer:
 
     __slots__ = (
         "_backend",
+        "_fast",
         "bos_token_id",
         "chat_template",
+        "engine_note",
         "eos_token_id",
         "name",
         "path",
@@ -72,8 +149,12 @@ class Tokenizer:
         eos_token_id: int | None = None,
         chat_template: str | None = None,
         special_tokens: Mapping[str, str | list[str]] | None = None,
+        engine: str | None = None,
     ) -> None:
         self._backend = backend
+        # `engine`: one of ENGINES; None reads ENGINE_ENV. One assignment swaps `_fast` (to None in
+        # `disable_fast`): threads encoding meanwhile see the old or the new engine.
+        self._fast, self.engine_note = _fast_engine(backend, _engine_choice(engine))
         self.name = name  # for logs and metrics: the model directory's name unless given
         self.path = path  # the tokenizer.json it was loaded from, if any
         self.bos_token_id = bos_token_id  # from tokenizer_config.json's bos_token; None if not named
@@ -86,8 +167,9 @@ class Tokenizer:
         )
 
     @classmethod
-    def load(cls, path: str | Path, *, name: str | None = None) -> Tokenizer:
-        """Load from a directory holding tokenizer.json, or from a tokenizer.json file.
+    def load(cls, path: str | Path, *, name: str | None = None, engine: str | None = None) -> Tokenizer:
+        """Load from a directory holding tokenizer.json, or from a tokenizer.json file. `engine`:
+        one of ENGINES (default: ENGINE_ENV's, else "auto").
 
         Raises:
             TokenizerError: the path is missing, or a file is unreadable or malformed.
@@ -121,6 +203,7 @@ class Tokenizer:
             eos_token_id=_special_id(backend, config, "eos_token", folder / CONFIG_FILE),
             chat_template=template,
             special_tokens=_special_strings(config),
+            engine=engine,
         )
 
     @property
@@ -128,21 +211,108 @@ class Tokenizer:
         """The underlying `tokenizers.Tokenizer`, for what this class does not wrap (decode, vocab)."""
         return self._backend
 
+    @property
+    def engine(self) -> str:
+        """ "fastokens" or "tokenizers": what `encode` runs on now (see the module docstring)."""
+        return "tokenizers" if self._fast is None else "fastokens"
+
+    @property
+    def fast(self) -> FastEngine | None:
+        """The fastokens engine while it is in use, else None."""
+        return self._fast
+
+    def disable_fast(self, reason: str) -> None:
+        """Encode with `tokenizers` from now on (fastokens failed or gave other ids); logged once."""
+        if self._fast is None:
+            return
+        self._fast = None
+        self.engine_note = reason
+        log.warning("tokenizer %s: fastokens disagreed with tokenizers, now off: %s", self.name, reason)
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """The token ids of `text`; with `add_special_tokens`, as the post-processor adds them (BOS).
 
         Releases the GIL while it works (see the module docstring), so it may run in a thread
         beside the event loop.
         """
+        fast = self._fast
+        if fast is not None and fast.takes(text):
+            try:
+                return fast.encode(text, add_special_tokens=add_special_tokens)
+            except Exception as e:  # fastokens raises where tokenizers drops a byte it has no id for
+                self.disable_fast(f"fastokens failed on a {len(text)}-character text: {e}")
         return self._backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, path={str(self.path)!r})"
 
 
-def load_shipped() -> Tokenizer:
+def _engine_choice(engine: str | None) -> str:
+    choice = engine if engine is not None else (os.environ.get(ENGINE_ENV) or "auto")
+    if choice not in ENGINES:
+        raise TokenizerError(f"{ENGINE_ENV}={choice!r}: expected one of {', '.join(ENGINES)}")
+    return choice
+
+
+class FastEngine:
+    """fastokens for one tokenizer.json, and which texts it may take (`takes`). Immutable; safe to
+    share between threads."""
+
+    __slots__ = ("_fast",)
+
+    def __init__(self, fast: fastokens.Tokenizer) -> None:
+        self._fast = fast
+
+    @staticmethod
+    def takes(text: str) -> bool:
+        """Whether `text` has no run longer than MAX_RUN_CHARS (module docstring, "Memory"): ~30 us
+        for 1,700 characters (a regex over the whole text took 240 us)."""
+        if _LONG_SPACE in text.translate(_SPACES):
+            return False
+        for word in text.split():
+            if len(word) > MAX_RUN_CHARS:
+                if word.isascii():
+                    if len(word) > MAX_ASCII_RUN_CHARS and _LONG_ASCII_WORDS.search(word):
+                        return False
+                elif _LONG_WORDS.search(word):
+                    return False
+        return True
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        ids: list[int] = self._fast.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+
+def _fast_engine(backend: tokenizers.Tokenizer, choice: str) -> tuple[FastEngine | None, str]:
+    """fastokens for `backend`'s pipeline if it loads and agrees on the probes, and why not if not."""
+    if choice == "tokenizers":
+        return None, f"{ENGINE_ENV}=tokenizers"
+    # Pre-tokens must end at spaces, or `takes` does not bound them: without a pre-tokenizer (Llama
+    # 2 style) a whole text is one.
+    words = backend.encode("ab " * 60, add_special_tokens=False).word_ids
+    if not words or max(words.count(w) for w in set(words)) > 4:
+        return None, "its pre-tokens do not end at spaces, so fastokens' caches would hold whole texts"
+    try:
+        fast = FastEngine(fastokens.Tokenizer.from_json_str(backend.to_str()))
+    except Exception as e:  # fastokens raises ValueError and others for what it does not implement
+        return None, f"fastokens cannot load it: {e}"
+    added = [t.content for t in backend.get_added_tokens_decoder().values()]
+    probes = [*ENGINE_PROBES, " ".join(added), "a" + "b ".join(added) + "\n"]
+    for probe in probes:
+        for special in (True, False):
+            want = backend.encode(probe, add_special_tokens=special).ids
+            try:
+                got = fast.encode(probe, add_special_tokens=special)
+            except Exception as e:
+                return None, f"fastokens fails on {probe[:40]!r}: {e}"
+            if got != want:
+                return None, f"fastokens differs on {probe[:40]!r} (add_special_tokens={special})"
+    return fast, "fastokens agreed on every probe"
+
+
+def load_shipped(*, engine: str | None = None) -> Tokenizer:
     """epp-tiny, the tokenizer shipped in the package; the default when none is configured."""
-    return Tokenizer.load(SHIPPED_DIR, name=SHIPPED_NAME)
+    return Tokenizer.load(SHIPPED_DIR, name=SHIPPED_NAME, engine=engine)
 
 
 def _backend(file: Path) -> tokenizers.Tokenizer:

@@ -169,16 +169,26 @@ async def test_prefix_cache_metrics_follow_the_registry(tokenizers: Tokenizers) 
     registry = CollectorRegistry()
     registry.register(
         metrics.TokenizerCollector(
-            lambda: tokenizers.missing, lambda: tokenizers.truncated, lambda: tokenizers.prefix_caches
+            lambda: tokenizers.missing,
+            lambda: tokenizers.truncated,
+            lambda: tokenizers.prefix_caches,
+            lambda: tokenizers.engines,
+            lambda: tokenizers.commits_dropped,
         )
     )
-    system = "You are a careful assistant. Answer in full sentences. " * 30
+    # Longer than FAST_INLINE_CHARS: shorter texts are encoded on the loop without the cache.
+    system = "You are a careful assistant. Answer in full sentences. " * 100
     await tokenizers.encode("m", system + "First question?")
+    await tokenizers.drain()  # the commit step caches the text after the answer
     await tokenizers.encode("m", system + "Second question?")
+    await tokenizers.drain()
     labels = {"tokenizer": "epp-tiny"}
     assert registry.get_sample_value("epp_tokenizer_prefix_cache_partial_hits_total", labels) == 1
     assert (registry.get_sample_value("epp_tokenizer_prefix_cache_reused_tokens_total", labels) or 0) > 100
     assert (registry.get_sample_value("epp_tokenizer_prefix_cache_cached_bytes", labels) or 0) > 0
+    assert registry.get_sample_value("epp_tokenizer_prefix_cache_engine_mismatches_total", labels) == 0
+    engine = {"tokenizer": "epp-tiny", "engine": "fastokens"}
+    assert registry.get_sample_value("epp_tokenizer_engine_info", engine) == 1
 
 
 async def test_a_lora_adapter_is_tokenized_with_the_pools_base_model() -> None:

@@ -220,40 +220,63 @@ def _cut(tok: tokenizer.Tokenizer, text: str, tokens: int) -> str:
 async def _warm_chat_requests(
     tok: tokenizer.Tokenizer, bodies: list[dict[str, object]], seen: dict[str, object]
 ) -> None:
-    """What a request waits for: `await Tokenizers.encode_chat` (render, lookup on the loop, the
-    hand-off to a worker and back), one request at a time."""
+    """What a request waits for: `await Tokenizers.encode_chat` (render, lookup on the loop, then
+    the encode: on the loop or in a worker), one request at a time. With the fast engine the cache's
+    commit step runs after the answer: measured back to back (each commit overlapping the next
+    request) and with the previous commit done first (requests spaced out)."""
     toks = registry.Tokenizers(default=tok, workers=2)
     try:
         await toks.encode_chat("m", seen)
+        await toks.drain()
         cache = toks.prefix_caches[tok.name]
-        samples = []
-        gc.collect()
-        for body in bodies:
-            t0 = time.perf_counter()
-            await toks.encode_chat("m", body)
-            samples.append(time.perf_counter() - t0)
-        assert cache.partial_hits == len(bodies)
+        half = len(bodies) // 2  # new user messages in each pass
+        for spaced, part in ((False, bodies[:half]), (True, bodies[half:])):
+            samples = []
+            gc.collect()
+            for body in part:
+                if spaced:
+                    await toks.drain()
+                t0 = time.perf_counter()
+                await toks.encode_chat("m", body)
+                samples.append(time.perf_counter() - t0)
+            await toks.drain()
+            how = "previous commit done" if spaced else "back to back"
+            print(
+                f"warm 4k chat, await Tokenizers.encode_chat ({how}):"
+                f" {ms(pct(samples, 0.5))} / {ms(pct(samples, 0.99))}"
+            )
+        dropped = toks.commits_dropped.get(tok.name, 0)
+        assert cache.partial_hits + dropped == len(bodies), (cache.partial_hits, dropped)
         print(
-            f"warm 4k chat, await Tokenizers.encode_chat: {ms(pct(samples, 0.5))} / {ms(pct(samples, 0.99))}"
+            f"  commits dropped (too many pending): {dropped}; engine mismatches: {cache.engine_mismatches}"
         )
     finally:
         toks.close()
 
 
+def _begin_and_commit(cache: prefixcache.PrefixCache, text: str) -> tuple[float, float]:
+    """Seconds to `begin`'s ids (what a request waits for) and to the end of its commit step."""
+    t0 = time.perf_counter()
+    _, commit = cache.begin(text, add_special_tokens=False)
+    t1 = time.perf_counter()
+    commit()
+    return t1 - t0, time.perf_counter() - t0
+
+
 def bench_prefix(tok: tokenizer.Tokenizer) -> None:
-    print("== prefix cache (PrefixCache.encode, sync): p50 / p99 ms")
+    print(f"== prefix cache (PrefixCache, sync), engine {tok.engine}: p50 / p99 ms")
     base = source_text() * 4
     cache = prefixcache.PrefixCache(tok)
     # Cold: every text new (a miss, with chunking and insertion), one core.
     cold = [base[i * 997 : i * 997 + 10_800] for i in range(1, 60)]
     t0 = time.perf_counter()
     n = sum(len(cache.encode(t)) for t in cold)
-    print(f"cold, one thread: {n / (time.perf_counter() - t0) / 1e3:7.0f}k tokens/s (cache on)")
+    print(f"cold, one thread: {n / (time.perf_counter() - t0) / 1e3:7.0f}k tokens/s (cache on, with commit)")
     t0 = time.perf_counter()
     n = sum(len(tok.encode(t)) for t in cold)
     print(f"cold, one thread: {n / (time.perf_counter() - t0) / 1e3:7.0f}k tokens/s (no cache)")
     cold2 = [base[i * 991 : i * 991 + 10_800] for i in range(60, 188)]
-    for label, fn in (("cache on", cache.encode), ("no cache", tok.encode)):
+    for label, fn in (("cache on, with commit", cache.encode), ("no cache", tok.encode)):
         with ThreadPoolExecutor(2) as pool:
             t0 = time.perf_counter()
             n = sum(len(ids) for ids in pool.map(fn, cold2))
@@ -265,7 +288,7 @@ def bench_prefix(tok: tokenizer.Tokenizer) -> None:
     system = _cut(tok, base, 3_500)
     users: list[str] = []
     at = len(system)
-    while len(users) < 200:
+    while len(users) < 400:  # 200 for `PrefixCache`, 2 x 100 for the request path
         users.append(_cut(tok, base[at:], 500))
         at += len(users[-1])
 
@@ -278,15 +301,10 @@ def bench_prefix(tok: tokenizer.Tokenizer) -> None:
     cache = prefixcache.PrefixCache(tok)
     cache.encode(chat.render_chat(tok, body("Hello")), add_special_tokens=False)
     gc.collect()
-    samples = []
-    for text in prompts:
-        t0 = time.perf_counter()
-        cache.encode(text, add_special_tokens=False)
-        samples.append(time.perf_counter() - t0)
-    print(
-        f"warm 4k chat: {ms(pct(samples, 0.5))} / {ms(pct(samples, 0.99))}  (no cache {ms(pct(full, 0.5))})"
-    )
-    asyncio.run(_warm_chat_requests(tok, [body(u) for u in users], body("Hello")))
+    ready, done = (list(x) for x in zip(*(_begin_and_commit(cache, t) for t in prompts[:200]), strict=True))
+    print(f"warm 4k chat: ids {ms(pct(ready, 0.5))} / {ms(pct(ready, 0.99))}, with commit", end="")
+    print(f" {ms(pct(done, 0.5))} / {ms(pct(done, 0.99))}  (no cache {ms(pct(full, 0.5))})")
+    asyncio.run(_warm_chat_requests(tok, [body(u) for u in users[200:]], body("Hello")))
 
     # Warm 100k: a conversation of ~300-token turns; the previous turn's prompt was seen.
     turns = _chunks_of(tok, base, 300)
@@ -295,27 +313,59 @@ def bench_prefix(tok: tokenizer.Tokenizer) -> None:
     k = 2
     while len(chat.render_chat(tok, {"messages": messages[:k]})) < 100_000 * 2.7:
         k += 2
-    samples = []
+    ready, done = [], []
     for j in range(k, k + 60, 2):
         cache.encode(chat.render_chat(tok, {"messages": messages[: j - 1], "add_generation_prompt": False}))
         text = chat.render_chat(tok, {"messages": messages[: j + 1]})
-        t0 = time.perf_counter()
-        cache.encode(text, add_special_tokens=False)
-        samples.append(time.perf_counter() - t0)
-    print(
-        f"warm 100k conversation: {len(tok.encode(text))} tokens,"
-        f" {ms(pct(samples, 0.5))} / {ms(pct(samples, 0.99))}"
-    )
+        a, b = _begin_and_commit(cache, text)
+        ready.append(a)
+        done.append(b)
+    print(f"warm 100k conversation: {len(tok.encode(text))} tokens, ids {ms(pct(ready, 0.5))} /", end="")
+    print(f" {ms(pct(ready, 0.99))}, with commit {ms(pct(done, 0.5))} / {ms(pct(done, 0.99))}")
     print(
         f"memory: {cache.cached_bytes / cache.cached_tokens:.1f} bytes per cached token "
         f"({cache.cached_tokens} tokens, {cache.nodes} chunks, {cache.cached_bytes / 2**20:.1f} MiB)"
     )
 
 
+def bench_engines() -> None:
+    """fastokens against tokenizers on the same texts, one call at a time: p50 / p99 ms. fastokens
+    alone (`FastEngine.encode`), then `Tokenizer.encode` as epp calls it: fastokens only for texts
+    `FastEngine.takes` (no run over MAX_RUN_CHARS), the rest with tokenizers after that check."""
+    fast, ref = tokenizer.load_shipped(), tokenizer.load_shipped(engine="tokenizers")
+    engine = fast.fast
+    assert engine is not None
+    base = source_text()
+    print("== engines (sync): p50 / p99 ms; fastokens alone, Tokenizer.encode (fastokens), tokenizers")
+    for chars, n in ((1_700, 300), (4_096, 200), (10_800, 100), (270_000, 10)):
+        pieces = (
+            [base[i * chars : (i + 1) * chars] for i in range(n)]
+            if chars * n < len(base)
+            else [base[:chars]] * n
+        )
+        same = all(engine.encode(t, add_special_tokens=True) == ref.encode(t) for t in pieces)
+        rows = []
+        for fn in (lambda t: engine.encode(t, add_special_tokens=True), fast.encode, ref.encode):
+            samples = []
+            gc.collect()
+            for t in pieces:
+                t0 = time.perf_counter()
+                fn(t)
+                samples.append(time.perf_counter() - t0)
+            rows.append(samples)
+        taken = sum(engine.takes(t) for t in pieces)
+        cells = "  ".join(f"{ms(pct(r, 0.5))} / {ms(pct(r, 0.99))}" for r in rows)
+        print(
+            f"{chars:>7} chars (~{len(ref.encode(pieces[0]))} tokens): {cells}"
+            f"  (alone {pct(rows[2], 0.5) / pct(rows[0], 0.5):.1f}x; taken {taken}/{len(pieces)};"
+            f" ids equal: {same})"
+        )
+
+
 def main(argv: list[str]) -> None:
     tok = tokenizer.load_shipped()
-    by_size = texts(tok) if set(argv) - {"prefix"} or not argv else {}
-    sections = set(argv) or {"sync", "async", "stall", "concurrency", "prefix"}
+    by_size = texts(tok) if set(argv) - {"prefix", "engines"} or not argv else {}
+    sections = set(argv) or {"sync", "async", "stall", "concurrency", "engines", "prefix"}
     if "sync" in sections:
         bench_sync(tok, by_size)
     if "async" in sections:
@@ -324,8 +374,11 @@ def main(argv: list[str]) -> None:
         asyncio.run(bench_stall(tok, by_size))
     if "concurrency" in sections:
         asyncio.run(bench_concurrency(tok, by_size))
+    if "engines" in sections:
+        bench_engines()
     if "prefix" in sections:
         bench_prefix(tok)
+        bench_prefix(tokenizer.load_shipped(engine="tokenizers"))
 
 
 if __name__ == "__main__":

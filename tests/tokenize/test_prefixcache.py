@@ -3,7 +3,6 @@ counters, the byte bound and LRU structure, thread safety, refusals, and the reg
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -148,6 +147,8 @@ def wordpiece() -> tokenizer.Tokenizer:
 
 BUILDERS: dict[str, Callable[[], tokenizer.Tokenizer]] = {
     "epp-tiny": tokenizer.load_shipped,
+    # The same without fastokens: the cache's other path (ids and word ids from one encode).
+    "epp-tiny/tokenizers": lambda: tokenizer.load_shipped(engine="tokenizers"),
     "gpt2-like": gpt2_like,
     "llama3-like": llama3_like,
     "wordpiece": wordpiece,
@@ -169,13 +170,10 @@ def cached(name: str) -> tuple[tokenizer.Tokenizer, prefixcache.PrefixCache]:
 
 
 def assert_same(tok: tokenizer.Tokenizer, cache: prefixcache.PrefixCache, text: str) -> None:
+    """The cache's ids equal `tokenizers`' own (the reference vLLM uses; not the fast engine's)."""
     for special in (True, False):
-        assert cache.encode(text, add_special_tokens=special) == tok.encode(
-            text, add_special_tokens=special
-        ), (
-            text,
-            special,
-        )
+        want = tok.backend.encode(text, add_special_tokens=special).ids
+        assert cache.encode(text, add_special_tokens=special) == want, (text, special)
 
 
 # derandomize: CI runs the same examples every time. Once (1 run in ~20, under CPU load, with a
@@ -270,6 +268,8 @@ def test_the_property_tests_went_through_seams() -> None:
             cache.splits,
             cache.split_misses,
         )
+        # fastokens gave tokenizers' ids on every text (a difference would have turned it off).
+        assert cache.engine_mismatches == 0, name
         if cache.hits + cache.partial_hits + cache.misses >= 100:
             assert cache.partial_hits > 20 and cache.hits > 20, name
             assert cache.fallbacks == 0, name  # no seam ever needed more right context than the margin
@@ -471,14 +471,17 @@ async def test_registry_uses_a_cache_per_tokenizer(
         assert await toks.encode("g", text, add_special_tokens=False) == gpt2.encode(
             text, add_special_tokens=False
         )
+        await toks.drain()  # the fast engine's requests do not wait for their text to be cached
     assert toks.prefix_caches["epp-tiny"].hits == 1 and toks.prefix_caches["gpt2-like"].hits == 1
     body = {
         "model": "m",
         "messages": [{"role": "system", "content": text}, {"role": "user", "content": "Hi"}],
     }
     assert await toks.encode_chat("m", body) == chat.encode_chat(tiny, body)
+    await toks.drain()
     body["messages"].append({"role": "assistant", "content": "Hello"})
     assert await toks.encode_chat("m", body) == chat.encode_chat(tiny, body)
+    await toks.drain()  # counted by the commit step
     assert toks.prefix_caches["epp-tiny"].partial_hits >= 1
 
 
@@ -495,35 +498,50 @@ async def test_registry_prefix_cache_can_be_disabled_and_refusals_are_recorded(
     assert await toks.encode("o", "ab " * 200) == odd.encode_batch_fast(["ab " * 200])[0].ids
 
 
-async def test_a_text_cached_whole_is_answered_without_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Repeated prompts skip the thread hand-off: the loop answers them from the cache."""
-    shipped = tokenizer.load_shipped()
+class _NoWorker:
+    """Stands in for the registry's worker pool: fails a test that hands work to it."""
+
+    def __init__(self, workers: Any) -> None:
+        self._workers = workers
+
+    def submit(self, *args: object) -> None:
+        raise AssertionError("handed to a worker")
+
+    def shutdown(self, **kwargs: bool) -> None:
+        self._workers.shutdown(**kwargs)
+
+
+@pytest.mark.parametrize("engine", ["auto", "tokenizers"])
+async def test_a_text_cached_whole_is_answered_without_a_worker(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repeated prompts skip the thread hand-off: the loop answers them from the cache. With the
+    fast engine a short new part after cached chunks is encoded on the loop too, a long one in a
+    worker; with `tokenizers` any new part goes to a worker."""
+    shipped = tokenizer.load_shipped(engine=engine)
+    assert shipped.engine == ("fastokens" if engine == "auto" else "tokenizers")
     toks = registry.Tokenizers(default=shipped, workers=1)
     try:
-        text = "You are a careful assistant. Answer in full sentences. " * 40
+        text = "You are a careful assistant. Answer in full sentences. " * 100
         first = await toks.encode("m", text)
+        await toks.drain()
         cache = toks.prefix_caches["epp-tiny"]
-        # The worker caches a text after answering it: wait for that before asking again.
-        for _ in range(500):
-            if cache.misses:
-                break
-            await asyncio.sleep(0.01)
-        workers = toks._executor
-
-        class NoWorker:
-            def submit(self, *args: object) -> None:
-                raise AssertionError("handed to a worker")
-
-            def shutdown(self, **kwargs: bool) -> None:
-                workers.shutdown(**kwargs)
-
-        monkeypatch.setattr(toks, "_executor", NoWorker())
-        assert await toks.encode("m", text) == first == shipped.encode(text)
+        assert cache.misses == 1
+        monkeypatch.setattr(toks, "_executor", _NoWorker(toks._executor))
+        assert await toks.encode("m", text) == first == shipped.backend.encode(text).ids
         assert await toks.encode("m", text, add_special_tokens=False) == shipped.encode(
             text, add_special_tokens=False
         )
-        with pytest.raises(AssertionError, match="handed to a worker"):
-            await toks.encode("m", text + " One more sentence.")
+        more = text + " One more sentence."
+        if engine == "auto":
+            assert await toks.encode("m", more) == shipped.backend.encode(more).ids
+            await toks.drain()
+            assert cache.partial_hits == 1 and cache.engine_mismatches == 0
+            with pytest.raises(AssertionError, match="handed to a worker"):
+                await toks.encode("m", more + " Tell me more." * (registry.FAST_INLINE_CHARS // 10))
+        else:
+            with pytest.raises(AssertionError, match="handed to a worker"):
+                await toks.encode("m", more)
     finally:
         toks.close()
 
