@@ -133,6 +133,15 @@ class UnsupportedTokenizer(Exception):
     """The cache cannot prove its results equal full tokenization for this tokenizer; says why."""
 
 
+class WouldBlock(Exception):
+    """`begin` would encode more than its `blocking_chars` with `tokenizers`: call it in a worker."""
+
+
+def _check_blocking(chars: int, limit: int | None) -> None:
+    if limit is not None and chars > limit:
+        raise WouldBlock(f"{chars} characters for tokenizers, over {limit}")
+
+
 class Lookup(NamedTuple):
     """`PrefixCache.lookup`'s answer: the cached chunks a text starts with; `exact` if they end it."""
 
@@ -318,11 +327,14 @@ class PrefixCache:
         add_special_tokens: bool = True,
         found: Lookup | None = None,
         fast: bool | None = None,
+        blocking_chars: int | None = None,
     ) -> tuple[list[int], Callable[[], None]]:
         """`encode(text)`'s ids, and the step that caches `text`'s new chunks and counts the
         request: call it once. `found`: this text's `lookup`, if already made (each walk of a long
         cached prefix costs tens of microseconds). `fast`: whether the fast engine may take the
         text after the cached chunks (the caller checked `FastEngine.takes`); None: checked here.
+        `blocking_chars`: the most characters `tokenizers` may encode in this call (the event loop
+        calls it with the fast engine); past it `WouldBlock` is raised before any work.
 
         With the tokenizer's fast engine (`Tokenizer.fast`) the ids come from it and the step
         does the `tokenizers` encode that chunking needs (offsets, word ids): the request need not
@@ -366,6 +378,7 @@ class PrefixCache:
                 if new is not None and array.array("I", new[: len(window.ids)]) != window.ids:
                     new = None
             if new is None:
+                _check_blocking(len(text) - start, blocking_chars)
                 fresh = self._encode(text, seam.end)
                 if _window_agrees(fresh, window, length, self.margin):
                     new = fresh.ids
@@ -378,6 +391,7 @@ class PrefixCache:
                 new = whole
                 fresh = None
             else:
+                _check_blocking(len(text), blocking_chars)
                 fresh = self._encode(text, 0)
                 new = fresh.ids
             ids = new

@@ -63,6 +63,7 @@ else the default; else none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -367,17 +368,28 @@ class Tokenizers:
             whole = cache.cached(text, add_special_tokens=add_special_tokens, found=found)
             assert whole is not None
             return whole
-        if engine is None:
+        covered = found.path[-1].end if found.path else 0
+        if engine is None or not engine.takes(text[covered:]):
+            # `tokenizers` encodes the new part: its encoding is the one chunking needs, so the
+            # commit step is cheap and runs in the worker before the answer.
             return await loop.run_in_executor(
                 self._executor, _encode_cached, cache, text, add_special_tokens, found
             )
-        covered = found.path[-1].end if found.path else 0
-        if len(text) - covered <= FAST_INLINE_CHARS and engine.takes(text[covered:]):
-            ids, commit = cache.begin(text, add_special_tokens=add_special_tokens, found=found, fast=True)
-        else:
-            ids, commit = await loop.run_in_executor(
-                self._executor, _begin, cache, text, add_special_tokens, found
-            )
+        begun: tuple[list[int], Callable[[], None]] | None = None
+        if len(text) - covered <= FAST_INLINE_CHARS:
+            # On the loop; a seam that needs `tokenizers` (its window re-encoded differently, or
+            # only partly shared) raises WouldBlock before encoding more than INLINE_CHARS.
+            with contextlib.suppress(prefixcache.WouldBlock):
+                begun = cache.begin(
+                    text,
+                    add_special_tokens=add_special_tokens,
+                    found=found,
+                    fast=True,
+                    blocking_chars=INLINE_CHARS,
+                )
+        if begun is None:
+            begun = await loop.run_in_executor(self._executor, _begin, cache, text, add_special_tokens, found)
+        ids, commit = begun
         self._commit(loop, tok, commit)
         return ids
 
@@ -506,7 +518,7 @@ def _encode_cached(
     # the text, and the commit's GIL-holding chunking overlapped the next encode (bench_loop_lag
     # p99 7 -> 11 ms in one run on a loaded machine). With the fast engine the commit is the
     # `tokenizers` encode itself, ~80% of the work, so there the request does not wait for it.
-    ids, commit = cache.begin(text, add_special_tokens=add_special_tokens, found=found)
+    ids, commit = cache.begin(text, add_special_tokens=add_special_tokens, found=found, fast=False)
     commit()
     return ids
 
@@ -514,7 +526,7 @@ def _encode_cached(
 def _begin(
     cache: prefixcache.PrefixCache, text: str, add_special_tokens: bool, found: prefixcache.Lookup
 ) -> tuple[list[int], Callable[[], None]]:
-    return cache.begin(text, add_special_tokens=add_special_tokens, found=found)
+    return cache.begin(text, add_special_tokens=add_special_tokens, found=found, fast=True)
 
 
 def _encode(tok: tokenizer.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:

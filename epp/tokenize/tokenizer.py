@@ -79,6 +79,9 @@ ENGINE_ENV = "EPP_TOKENIZER_ENGINE"
 """`tokenizers` keeps every tokenizer on the `tokenizers` engine; unset or `auto`: fastokens when it
 agrees (module docstring)."""
 
+MAX_FAST_CHARS = 16_384
+"""Longer texts go to `tokenizers`: `FastEngine.takes` holds the GIL for its scan (~20 ns a
+character), and on cold 100k-token prompts that lagged the event loop (p99 26 ms against 7 ms)."""
 MAX_RUN_CHARS = 32
 MAX_ASCII_RUN_CHARS = 128
 """fastokens takes a text only when no run of word characters, of other non-space characters, or of
@@ -265,9 +268,10 @@ class FastEngine:
 
     @staticmethod
     def takes(text: str) -> bool:
-        """Whether `text` has no run longer than MAX_RUN_CHARS (module docstring, "Memory"): ~30 us
-        for 1,700 characters (a regex over the whole text took 240 us)."""
-        if _LONG_SPACE in text.translate(_SPACES):
+        """Whether `text` is at most MAX_FAST_CHARS long with no run longer than MAX_RUN_CHARS
+        (module docstring, "Memory"): ~30 us for 1,700 characters (one regex over the whole text
+        took 240 us)."""
+        if len(text) > MAX_FAST_CHARS or _LONG_SPACE in text.translate(_SPACES):
             return False
         for word in text.split():
             if len(word) > MAX_RUN_CHARS:

@@ -657,3 +657,16 @@ def test_user_messages_after_a_shared_prompt_do_not_pile_up_under_one_key() -> N
         )
         assert widest <= 2, length
         assert cache.partial_hits == 11 and cache.fallbacks == 0
+
+
+def test_begin_on_the_loop_raises_would_block_before_a_long_tokenizers_encode() -> None:
+    """With `blocking_chars`, a text whose reuse needs `tokenizers` past that many characters (here
+    a miss) raises before any work or count; the same call without it answers exactly."""
+    tok, cache = _fresh()
+    text = CORPUS[:6000]
+    with pytest.raises(prefixcache.WouldBlock):
+        cache.begin(text, fast=False, blocking_chars=256)
+    assert cache.misses == 0 and cache.nodes == 0
+    ids, commit = cache.begin(text, fast=True, blocking_chars=256)  # the fast engine needs no tokenizers
+    commit()
+    assert ids == tok.backend.encode(text).ids and cache.misses == 1
