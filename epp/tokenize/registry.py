@@ -36,18 +36,20 @@ else the default; else none.
 - Texts of at most `INLINE_CHARS` are encoded on the loop itself: handing work to a thread and
   awaiting it cost the loop's thread ~100 us of CPU (measured), about what encoding 200-250
   characters costs with `tokenizers`. With the fast engine (`tokenizer.Tokenizer.fast`, ~0.08 us
-  per character) the bound is FAST_INLINE_CHARS, ~0.3 ms of the loop's time: the hand-off and the
-  wake-up of the awaiting task cost a warm 4k-token chat 0.3-0.7 ms of latency (measured), more
-  than the encode.
+  per character) the bound is FAST_INLINE_CHARS, ~0.3 ms of the loop's time, for texts it takes
+  (`FastEngine.takes`): the hand-off and the wake-up of the awaiting task cost a warm 4k-token chat
+  0.3-0.7 ms of latency (measured), more than the encode.
 - Longer texts go through the tokenizer's `prefixcache.PrefixCache` (one per tokenizer, each
   bounded by `prefix_cache_bytes`, 64 MiB by default; 0 disables; tokenizers it cannot prove exact
   for are listed in `prefix_cache_refused` and encoded plainly): looked up on the loop (a text
   cached whole is answered there), else in a worker thread starting from that lookup, or on the
-  loop when the fast engine has at most FAST_INLINE_CHARS after the cached chunks to encode. With
-  the fast engine the request gets its ids before the cache's `commit` step (the `tokenizers`
-  encode that chunking needs, ~5x the fast one) runs on one more thread; at most MAX_PENDING_COMMITS
-  wait for it, past that a text is not cached (counted in `commits_dropped`): under overload the
-  cache stops growing rather than delaying requests.
+  loop when the fast engine takes the (at most FAST_INLINE_CHARS) text after the cached chunks
+  (a seam that turns out to need `tokenizers` raises `prefixcache.WouldBlock` and goes to a
+  worker). With the fast engine the request gets its ids before the cache's `commit` step (the
+  `tokenizers` encode that chunking needs, ~4x the fast one) runs on one more thread; at most
+  MAX_PENDING_COMMITS wait for it, past that a text is not cached (counted in `commits_dropped`):
+  under overload the cache stops growing rather than delaying requests. Without it (or for a text
+  it does not take) the worker caches the text before answering, as the commit is then cheap.
 - Longer texts go to a small ThreadPoolExecutor. `Tokenizer.encode` releases the GIL (see
   `epp.tokenize.tokenizer`), so the loop keeps running meanwhile. Encoding 16k- or 100k-token
   prompts back to back this way, the loop's lag was p99 ~1 ms, max 3-4 ms (idle: max 2 ms); on

@@ -198,7 +198,7 @@ class Tokenizer:
         template = _template_file(folder / TEMPLATE_FILE)
         if template is None:
             template = _config_template(config, folder / CONFIG_FILE)
-        return cls(
+        made = cls(
             backend,
             name=name or folder.resolve().name,
             path=file,
@@ -208,6 +208,8 @@ class Tokenizer:
             special_tokens=_special_strings(config),
             engine=engine,
         )
+        log.info("tokenizer %s (%s): encoding with %s: %s", made.name, file, made.engine, made.engine_note)
+        return made
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
