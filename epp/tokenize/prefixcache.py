@@ -386,7 +386,7 @@ class PrefixCache:
                     fresh = None
         if new is None or seam is None:
             base = self._root
-            whole = self._fast_ids(text) if fast and (start == 0 or FastEngine.takes(text[:start])) else None
+            whole = self._fast_ids(text) if fast and (start == 0 or FastEngine.takes(text)) else None
             if whole is not None:
                 new = whole
                 fresh = None

@@ -70,6 +70,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import types
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -180,8 +181,12 @@ class Tokenizers:
             thread_name_prefix="epp-tokenize",
         )
         # The prefix caches' commit steps (fast engine): one thread, so they never hold up the
-        # encodes requests wait for in the pool above.
-        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="epp-tokenize-commit")
+        # encodes requests wait for in the pool above, at a lower CPU priority, so under cold
+        # traffic (a commit is a second, slower encode of each new text) the loop and the
+        # request encodes get the cores first.
+        self._committer = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="epp-tokenize-commit", initializer=_lower_priority
+        )
         self._commits: set[concurrent.futures.Future[None]] = set()
 
     @classmethod
@@ -523,6 +528,17 @@ def _encode_cached(
     ids, commit = cache.begin(text, add_special_tokens=add_special_tokens, found=found, fast=False)
     commit()
     return ids
+
+
+COMMIT_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    """Run this thread at COMMIT_NICENESS (Linux schedules threads by their own nice value)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMMIT_NICENESS)
+    except (AttributeError, OSError) as e:  # not Linux, or a sandbox that forbids it
+        log.debug("commit thread keeps its priority: %s", e)
 
 
 def _begin(

@@ -3,6 +3,7 @@ counters, the byte bound and LRU structure, thread safety, refusals, and the reg
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -670,3 +671,12 @@ def test_begin_on_the_loop_raises_would_block_before_a_long_tokenizers_encode() 
     ids, commit = cache.begin(text, fast=True, blocking_chars=256)  # the fast engine needs no tokenizers
     commit()
     assert ids == tok.backend.encode(text).ids and cache.misses == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread niceness is Linux's")
+def test_commit_steps_run_on_a_lower_priority_thread(
+    track: Callable[[registry.Tokenizers], registry.Tokenizers],
+) -> None:
+    toks = track(registry.Tokenizers(default=tokenizer.load_shipped(), workers=1))
+    niceness = toks._committer.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert niceness.result(timeout=10) == os.getpriority(os.PRIO_PROCESS, 0) + registry.COMMIT_NICENESS
