@@ -1,13 +1,17 @@
 """Microbenchmark (a script, not a test): tokenizing prompts with epp-tiny, and what it does to the loop.
 
     .venv/bin/python -m tests.tokenize.bench_tokenize              # everything (~1 min)
-    .venv/bin/python -m tests.tokenize.bench_tokenize stall        # one section: sync|async|stall|concurrency
+    .venv/bin/python -m tests.tokenize.bench_tokenize stall    # or sync|async|concurrency|engines|prefix
 
 Texts: this repository's Markdown and Python files in path order (prose, tables and code, ~2.7
 characters per epp-tiny token), repeated as needed and cut to exactly 1k/4k/16k/100k tokens.
 `gc.collect()` before each timed loop.
-- sync: one call at a time on this thread. `Tokenizer.encode` (tokenizers' `encode_batch_fast`,
-  what epp uses) against tokenizers' `encode` and `encode_batch`.
+- sync: one call at a time on this thread. `Tokenizer.encode` (what epp uses: fastokens for texts
+  `FastEngine.takes`, else tokenizers' `encode_batch_fast`) against tokenizers' `encode` and
+  `encode_batch`.
+- engines: fastokens alone, `Tokenizer.encode`, and `tokenizers` on pieces of 1,700 to 270,000
+  characters; how many pieces fastokens takes; ids compared.
+- prefix: the prefix cache, with fastokens and with `tokenizers` only (BENCHMARKS.md section 3).
 - async: `await Tokenizers.encode(...)` one at a time (workers 2): latency including the hand-off
   to a worker thread.
 - stall: a task sleeping 1 ms in a loop measures how late it wakes (loop lag) while prompts of
@@ -16,7 +20,12 @@ characters per epp-tiny token), repeated as needed and cut to exactly 1k/4k/16k/
 - concurrency: 64 concurrent 4k-token encodes through `Tokenizers` with 1, 2 and 4 workers:
   wall time, tokens per second, loop lag.
 
-Results (2026-11-22, 2-vCPU VM, Python 3.11.7, tokenizers 0.23.3; timings vary ~30% between runs):
+Results with fastokens 0.3.5 (2026-11-22, commit 0d7a48d), sync p50 / p99 ms, `Tokenizer.encode`:
+0.31/0.73 (1k), 1.34/2.41 (4k), 23.8/26.5 (16k: over MAX_FAST_CHARS, so tokenizers), 128/208
+(100k, tokenizers); tokenizers' `encode` in the same run 1.33, 6.37, 32.1, 184. (`async` repeats one
+text, which the prefix cache answers whole since it was added: it no longer measures encoding.)
+
+Earlier results (2026-11-22, 2-vCPU VM, Python 3.11.7, tokenizers 0.23.3; timings vary ~30% between runs):
 - sync p50 / p99 ms. Tokenizer.encode: 0.95/1.3 (1k), 4.5/7.6 (4k), 21/30 (16k), 112/144 (100k).
   tokenizers encode: 1.1/2.0, 6.0/10, 25/34, 181/202. encode_batch: 1.4/2.3, 6.2/11, 27/40,
   179/203. About 1.1 us per token for this text with Tokenizer.encode.
