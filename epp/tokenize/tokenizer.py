@@ -18,8 +18,9 @@ same tokenizer.json: PCRE2-JIT pre-tokenization, caches of pre-token ids, ids on
 the tokenizer.json and gives the same ids as `tokenizers` on ENGINE_PROBES, with and without
 special tokens; otherwise, or with EPP_TOKENIZER_ENGINE=tokenizers in the environment, on
 `tokenizers` itself, which vLLM uses. Measured on epp-tiny, 2 vCPUs (`tests/tokenize/bench_tokenize.py
-engines`): ~800 tokens of this repository's prose and code in 0.19 ms against 0.68 ms, 100k tokens
-4.4 M tokens/s against 0.9 M. A tokenizer fastokens refuses (Metaspace, BertPreTokenizer) or
+engines`): ~800 tokens of this repository's prose and code in 0.12-0.19 ms against 0.48-0.68 ms,
+fastokens alone 4-6x `tokenizers` up to 100k tokens (texts that long are not given to it: "Memory"
+below). A tokenizer fastokens refuses (Metaspace, BertPreTokenizer) or
 encodes differently on a probe stays on `tokenizers` (`engine_note` says why). `backend` is always
 the `tokenizers` object: offsets, word ids, decoding and the vocabulary come from it, and the prefix
 cache re-encodes with it off the request path, so every text it caches also checks fastokens' ids
@@ -30,13 +31,16 @@ Exactness is tested with hypothesis over generated texts and every Unicode code 
 Memory. fastokens caches the ids of every pre-token it encodes, bounded in entries, not bytes, and
 keeps its pools' capacity after a clear: texts of long unique pre-tokens (runs of rare characters)
 grew the process by ~95 KB per 2,000-character text, 1.9 GB after 20,000 of them. So a text goes to
-fastokens only when no run of word characters, of other non-space characters, or of spaces is
-longer than MAX_RUN_CHARS (`FastEngine.takes`, ~30 us per 1,700 characters), and only if the
-tokenizer's pre-tokens end at spaces (checked at load): the same flood with runs of 32 random rare
-characters levelled off at +227 MB on one thread. Other texts (~17% of 1,700-character pieces of
-this repository: long identifiers, hashes, URLs, table rules) go to `tokenizers`. kitoken (no
-caches, faster still) was measured too and not taken: the code-point sweep found it splitting
-`\t's` apart where `tokenizers` keeps the contraction, and 3 Unicode 16 letters.
+fastokens only when it is at most MAX_FAST_CHARS long and no run of word characters, of other
+non-space characters, or of spaces is longer than MAX_RUN_CHARS (MAX_ASCII_RUN_CHARS for the
+alphanumeric or other runs of an ASCII word; `FastEngine.takes`, ~30 us per 1,700 characters), and
+only if the tokenizer's pre-tokens end at spaces (checked at load). The same flood with runs of 32
+random rare characters levelled off at +227 MB on one thread, with ASCII words of 128 random
+letters at +180 MB. Other texts go to `tokenizers`: 1-2% of 1,700- and 4,096-character pieces of
+this repository, 6% of 10,800-character ones (whitespace runs, long non-ASCII words), and every
+text over MAX_FAST_CHARS (the scan holds the GIL). kitoken (no caches, faster still) was measured
+too and not taken: the code-point sweep found it splitting `\t's` apart where `tokenizers` keeps
+the contraction, and 3 Unicode 16 letters.
 
 GIL (measured with tokenizers 0.23.3 on 2 vCPUs; tests/tokenize/bench_tokenize.py):
 `tokenizers.Tokenizer.encode` holds the GIL for the whole call: run in a worker thread, a 16k-token
