@@ -372,7 +372,7 @@ class PrefixCache:
             else:  # the window is matched whole: keep it as it is
                 first = (length, length)
             if fast:
-                new = self._fast_ids(text[start:])
+                new = self._tok.encode_fast(text[start:], add_special_tokens=False)
                 # The window repeated id for id is `_window_agrees`' first test; anything else
                 # needs word ids, which only `tokenizers` gives.
                 if new is not None and array.array("I", new[: len(window.ids)]) != window.ids:
@@ -386,7 +386,9 @@ class PrefixCache:
                     fresh = None
         if new is None or seam is None:
             base = self._root
-            whole = self._fast_ids(text) if fast and (start == 0 or FastEngine.takes(text)) else None
+            whole = None
+            if fast and (start == 0 or FastEngine.takes(text)):
+                whole = self._tok.encode_fast(text, add_special_tokens=False)
             if whole is not None:
                 new = whole
                 fresh = None
@@ -431,17 +433,6 @@ class PrefixCache:
                     break
 
         return answer, commit
-
-    def _fast_ids(self, text: str) -> list[int] | None:
-        """`text`'s content ids from the fast engine; None if it is off or fails (it is then off)."""
-        engine = self._tok.fast
-        if engine is None:
-            return None
-        try:
-            return engine.encode(text, add_special_tokens=False)
-        except Exception as e:  # fastokens raises where tokenizers drops a byte it has no id for
-            self._tok.disable_fast(f"fastokens failed on a {len(text)}-character text: {e}")
-            return None
 
     def _mismatch(self, text: str, fast: list[int], reference: list[int]) -> None:
         """The fast engine gave other ids than `tokenizers` for `text`: count it and stop using it."""

@@ -360,10 +360,12 @@ class Tokenizers:
             text = text[: self.max_chars]
             self.truncated[tok.name] = self.truncated.get(tok.name, 0) + 1
         engine = tok.fast
-        if len(text) <= INLINE_CHARS or (
-            engine is not None and len(text) <= FAST_INLINE_CHARS and engine.takes(text)
-        ):
+        if len(text) <= INLINE_CHARS:
             return tok.encode(text, add_special_tokens=add_special_tokens)
+        if engine is not None and len(text) <= FAST_INLINE_CHARS and engine.takes(text):
+            ids = tok.encode_fast(text, add_special_tokens=add_special_tokens)  # checked: no second scan
+            # None only the once fastokens fails and is turned off: `tokenizers` on the loop then.
+            return ids if ids is not None else tok.encode(text, add_special_tokens=add_special_tokens)
         loop = asyncio.get_running_loop()
         cache = self._cache_for(tok)
         if cache is None:

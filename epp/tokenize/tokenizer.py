@@ -246,11 +246,22 @@ class Tokenizer:
         """
         fast = self._fast
         if fast is not None and fast.takes(text):
-            try:
-                return fast.encode(text, add_special_tokens=add_special_tokens)
-            except Exception as e:  # fastokens raises where tokenizers drops a byte it has no id for
-                self.disable_fast(f"fastokens failed on a {len(text)}-character text: {e}")
+            ids = self.encode_fast(text, add_special_tokens=add_special_tokens)
+            if ids is not None:
+                return ids
         return self._backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def encode_fast(self, text: str, *, add_special_tokens: bool) -> list[int] | None:
+        """fastokens' ids for a text the caller checked with `FastEngine.takes`; None when fastokens
+        is off, or fails on it (it is then turned off)."""
+        fast = self._fast
+        if fast is None:
+            return None
+        try:
+            return fast.encode(text, add_special_tokens=add_special_tokens)
+        except Exception as e:  # fastokens raises where tokenizers drops a byte it has no id for
+            self.disable_fast(f"fastokens failed on a {len(text)}-character text: {e}")
+            return None
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, path={str(self.path)!r})"
