@@ -292,6 +292,14 @@ _PREFIX_COUNTERS = (
 _PREFIX_GAUGES = (("cached_bytes", "bytes held (estimated)"), ("cached_tokens", "token ids held"))
 
 
+def _counts(name: str, doc: str, label: str, counts: Mapping[str, int]) -> CounterMetricFamily:
+    """A counter family with one sample per key of `counts`, in key order."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in sorted(counts.items()):
+        family.add_metric([key], n)
+    return family
+
+
 class TokenizerCollector(Collector):
     """`epp_tokenizer_missing_total{model}`, `epp_tokenizer_truncated_total{tokenizer}`,
     `epp_tokenizer_engine_info{tokenizer,engine}`, and the prefix-tokenization caches'
@@ -335,22 +343,18 @@ class TokenizerCollector(Collector):
         engines: Mapping[str, str],
         dropped: Mapping[str, int],
     ) -> Iterator[Metric]:
-        m = CounterMetricFamily(
+        yield _counts(
             "epp_tokenizer_missing",
             "Requests that needed token ids for a model with no tokenizer (routed without them).",
-            labels=["model"],
+            "model",
+            missing,
         )
-        for model, n in sorted(missing.items()):
-            m.add_metric([model], n)
-        yield m
-        t = CounterMetricFamily(
+        yield _counts(
             "epp_tokenizer_truncated",
             "Prompts cut to the tokenizer's max_chars before tokenizing (only leading blocks matter).",
-            labels=["tokenizer"],
+            "tokenizer",
+            truncated,
         )
-        for name, n in sorted(truncated.items()):
-            t.add_metric([name], n)
-        yield t
         e = GaugeMetricFamily(
             "epp_tokenizer_engine_info",
             "What each tokenizer encodes with: fastokens, or tokenizers (fastokens refused/disagreed/off).",
@@ -359,14 +363,12 @@ class TokenizerCollector(Collector):
         for name, engine in sorted(engines.items()):
             e.add_metric([name, engine], 1)
         yield e
-        d = CounterMetricFamily(
+        yield _counts(
             "epp_tokenizer_prefix_cache_commits_dropped",
             "Texts not cached because too many commit steps were waiting (overload).",
-            labels=["tokenizer"],
+            "tokenizer",
+            dropped,
         )
-        for name, n in sorted(dropped.items()):
-            d.add_metric([name], n)
-        yield d
         label = ["tokenizer"]
         prefix = "epp_tokenizer_prefix_cache_"
         for field, text in _PREFIX_COUNTERS:
