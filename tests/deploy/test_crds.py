@@ -74,7 +74,7 @@ def test_pool_schema_fields_and_limits() -> None:
     assert (labels["minProperties"], labels["maxProperties"]) == (1, 64)
     ports = spec["properties"]["targetPorts"]
     assert (ports["minItems"], ports["maxItems"]) == (1, 8)
-    assert rules(ports) == ["self.all(p1, self.exists_one(p2, p1.number == p2.number))"]
+    assert rules(ports) == ["self.all(p1, self.exists_one(p2, p1.number==p2.number))"]
     assert spec["properties"]["appProtocol"]["enum"] == ["http", "kubernetes.io/h2c"]
     ref = spec["properties"]["endpointPickerRef"]
     assert ref["required"] == ["name"]
