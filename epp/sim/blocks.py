@@ -2,9 +2,9 @@
 
 What vLLM's block pool (`vllm/v1/core/block_pool.py`) does and this module does too:
 
-* **Physical blocks.** `num_blocks` blocks of `block_size` token slots. A running request holds one
-  block per `block_size` tokens it has KV for; blocks are shared (reference-counted) when several
-  requests hit the same cached prefix.
+* **Physical blocks.** `num_blocks - 1` usable blocks of `block_size` token slots (the null
+  block, below). A running request holds one block per `block_size` tokens it has KV for; blocks
+  are shared (reference-counted) when several requests hit the same cached prefix.
 * **Block hashes.** Only full blocks are hashed, each over (parent hash, its token ids, its extra
   keys), so a hash stands for the whole prefix up to its block. Extra keys are the LoRA adapter's
   name on every block and the request's `cache_salt` on the first one (vLLM 0.19-0.30 order), so
@@ -12,12 +12,19 @@ What vLLM's block pool (`vllm/v1/core/block_pool.py`) does and this module does 
   fixed root like vLLM >= 0.29's sha256 default, so every replica hashes the same content alike);
   events carry its low 64 bits as vLLM does by default. It is deliberately not epp's key scheme:
   epp keys blocks from the events' token ids and treats these hashes as opaque.
-* **Free queue and eviction.** Blocks nobody holds sit in a queue, least recently freed first; a
-  request frees its blocks tail first, so a prompt's last blocks go before its first ones. Cached
-  blocks stay cached while free and are evicted only when a new block is needed: the head of the
-  queue is taken and, if it had a hash, it leaves the cache (`BlockRemoved`, one per block).
-  Never-used blocks come before any freed one (vLLM's queue starts with every block in id order).
-  A hit on a free cached block takes it out of the queue.
+* **The null block.** vLLM takes block 0 out of the pool at start as a placeholder
+  (`BlockPool.__init__`: `self.null_block = self.free_block_queue.popleft()`), so a pool of
+  `num_blocks` (vLLM's `num_gpu_blocks`, what `--num-gpu-blocks-override` sets) has
+  `num_blocks - 1` usable blocks, ids 1 to `num_blocks - 1`; usage is counted over those.
+* **Free queue and eviction.** Blocks nobody holds sit in one queue; new blocks are taken from
+  its head, and a taken block that had a hash leaves the cache then (`BlockRemoved`, one per
+  block). At start the queue holds every usable block in id order. A request frees its blocks
+  tail first (`free_blocks(reversed(...))`); of those reaching no holder, the ones without a hash
+  (a partial last block, or any block after a reset) go to the *front* of the queue, in that
+  order, to be reused first (vLLM: "LIFO reuse of non-cached blocks"), and the cached ones to the
+  back, so cached blocks are evicted least recently freed first, a prompt's last blocks before its
+  first ones, and only when no hash-less block is left. A hit on a free cached block takes it out
+  of the queue (`touch`).
 * **Duplicates.** A block computed while an identical one is already cached (two requests racing,
   or a prompt whose last full block is never reused because the last prompt token must be
   computed) is cached again under the same hash and announced again; evicting either copy sends
@@ -27,16 +34,16 @@ What vLLM's block pool (`vllm/v1/core/block_pool.py`) does and this module does 
   `BlockRemoved` on eviction, `AllBlocksCleared` on reset. They queue in the pool until the
   caller `take_events()`s them, as the engine core takes them once per step.
 
-* **Capacity checks.** `num_free` is what vLLM's `get_num_free_blocks` returns (never-used plus
-  free cached blocks). The step-based engine (`epp.sim.core`) checks it before allocating and
-  preempts when it falls short, as vLLM's scheduler does; `cache(start=, end=)` lets it commit
-  exactly the blocks a step completes, including blocks filled by generated tokens (vLLM caches
-  those too). The older request-at-a-time engine (`epp.sim.engine`) instead relies on
-  `allocate` making up blocks outside the pool when none is free.
+* **Capacity checks.** `num_free` is what vLLM's `get_num_free_blocks` returns (the length of the
+  free queue: never-used, hash-less and cached free blocks). The step-based engine
+  (`epp.sim.core`) checks it before allocating and preempts when it falls short, as vLLM's
+  scheduler does; `cache(start=, end=)` lets it commit exactly the blocks a step schedules
+  (`allocate_slots` -> `cache_blocks`, at scheduling time, blocks filled by generated tokens
+  included). `allocate` still makes up blocks outside the pool when none is free, for a caller
+  that does not check first; those are never cached.
 
-Deliberately absent: the null block (all `num_blocks` are usable; the vLLM 0.32 CPU capture's
-evictions need all 40 of `--num-gpu-blocks-override 40`, see docs/simulator.md), hybrid models,
-multimodal extra keys, CPU offloading.
+Deliberately absent: hybrid models (several KV cache groups, partial-block hashes), multimodal
+extra keys, CPU offloading, `kv_cache_report_mode="full"` (re-announcing hit blocks).
 """
 
 from __future__ import annotations
@@ -215,16 +222,31 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, record_events: bool = False) -> None:
+        """`num_blocks`: vLLM's `num_gpu_blocks`, the null block included (so one fewer is usable).
+
+        Raises:
+            ValueError: `block_size` < 1 or `num_blocks` < 1 (vLLM asserts both).
+        """
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be > 0 (the null block included), got {num_blocks}")
         self.num_blocks = num_blocks
+        self.usable = num_blocks - 1  # block 0 is vLLM's null block, never handed out
         self.block_size = block_size
         self.record_events = record_events
         self.held = 0  # pool blocks some request holds
         self.outside = 0  # blocks running requests hold beyond the pool (no free block was left)
         self.cached = 0  # blocks with a digest (a digest held by two blocks counts twice)
-        self._fresh = max(0, num_blocks)  # never-used blocks, handed out before any freed one
-        self._free: collections.OrderedDict[int, Block] = collections.OrderedDict()  # oldest first
+        # vLLM's one free queue, kept as three runs that together are that queue, head first:
+        # hash-less blocks put at the front by `free` (most recently freed run first), the
+        # never-used blocks (ids `num_blocks - _fresh` up, as a count: profiles have ~30k), and
+        # the blocks appended by `free` (cached when freed), least recently freed first. Every
+        # block `free` prepends has no hash and nothing gives a free block one, so `touch` only
+        # ever takes blocks out of the last run.
+        self._front: collections.deque[Block] = collections.deque()
+        self._fresh = self.usable
+        self._free: collections.OrderedDict[int, Block] = collections.OrderedDict()
         # digest -> its blocks: one block, or a dict of duplicates by id (the common case is one,
         # so no dict is built for it).
         self._by_digest: dict[Digest, Block | dict[int, Block]] = {}
@@ -234,15 +256,17 @@ class BlockPool:
     # --- queries --------------------------------------------------------------------------------
 
     def usage(self) -> float:
-        """Share of the pool held by running requests (cached free blocks count as free, as vLLM)."""
-        if self.num_blocks <= 0:
+        """Share of the usable blocks held by running requests (free cached blocks count as free),
+        as vLLM's `get_usage` (which leaves the null block out)."""
+        if self.usable <= 0:
             return 0.0
-        return min(1.0, (self.held + self.outside) / self.num_blocks)
+        return min(1.0, (self.held + self.outside) / self.usable)
 
     @property
     def num_free(self) -> int:
-        """Blocks an allocation can take now: never used, or free (cached or not), as vLLM counts."""
-        return self._fresh + len(self._free)
+        """Blocks an allocation can take now: the free queue's length (never used, hash-less or
+        cached), as vLLM's `get_num_free_blocks`."""
+        return len(self._front) + self._fresh + len(self._free)
 
     def lookup(self, digests: Sequence[Digest], limit: int | None = None) -> list[Block]:
         """The cached blocks of the longest cached prefix of `digests`, at most `limit` of them
@@ -272,14 +296,19 @@ class BlockPool:
             b.ref += 1
 
     def allocate(self, n: int) -> list[Block]:
-        """`n` new blocks: never-used ones first, then the least recently freed, evicting its hash.
+        """`n` new blocks from the head of the free queue (`get_new_blocks`), evicting the hash of a
+        cached one.
 
         With nothing free, blocks outside the pool are made up (vLLM would not schedule the request):
-        the request runs, its usage shows 100%, and those blocks are never cached.
+        the request runs, its usage shows 100%, and those blocks are never cached. The step-based
+        engine never gets here: it checks `num_free` first, as vLLM's scheduler does.
         """
         out: list[Block] = []
         for _ in range(n):
-            if self._fresh:
+            if self._front:
+                block = self._front.popleft()
+                self.held += 1
+            elif self._fresh:
                 block = Block(self.num_blocks - self._fresh)
                 self._fresh -= 1
                 self.held += 1
@@ -352,16 +381,26 @@ class BlockPool:
         return end - start
 
     def free(self, blocks: Sequence[Block]) -> None:
-        """A request lets go of its blocks, tail first (so its last blocks are evicted first)."""
+        """A request lets go of its blocks (`blocks` in request order), as vLLM's `free_blocks` of
+        them reversed: blocks no request holds any more join the free queue, the hash-less ones at
+        its front (reused first: a partial block is never a hit), the cached ones at its back,
+        tail first (so a prompt's last blocks are evicted before its first ones)."""
+        first: list[Block] = []
         for b in reversed(blocks):
             b.ref -= 1
             if b.ref:
                 continue
             if b.id < 0:
                 self.outside -= 1
+                continue
+            self.held -= 1
+            if b.digest is None:
+                first.append(b)
             else:
-                self.held -= 1
                 self._free[b.id] = b
+        if first:
+            # prepend_n: the run goes to the front in its own order.
+            self._front.extendleft(reversed(first))
 
     def reset(self, *, force: bool = False) -> bool:
         """Drop every cached hash (vLLM's reset_prefix_cache); one `AllBlocksCleared`.

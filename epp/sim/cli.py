@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="num_blocks",
         type=cli.positive_int,
         default=None,
-        help="KV capacity in blocks",
+        help="KV capacity in blocks, as vLLM's flag: one of them is vLLM's null block, so N-1 hold tokens",
     )
     g.add_argument("--max-num-seqs", type=cli.positive_int, default=None, help="running requests at most")
     g.add_argument(
@@ -135,7 +135,8 @@ def build_profile(args: argparse.Namespace) -> Profile:
         num_blocks = max(1, base.kv_capacity_tokens // block_size)  # the same KV memory
     else:
         num_blocks = base.num_gpu_blocks
-    max_model_len = args.max_model_len or min(base.max_model_len, block_size * num_blocks)
+    # Cut to what the usable blocks hold (the null block holds none).
+    max_model_len = args.max_model_len or max(1, min(base.max_model_len, block_size * (num_blocks - 1)))
     return base.replace(
         block_size=block_size,
         num_gpu_blocks=num_blocks,

@@ -42,7 +42,7 @@ a generated block's when its last token is sampled.
 Absent, because routing cannot observe them or they are off by default: speculative decoding,
 priority scheduling, `long_prefill_token_threshold` (0 by default), async scheduling, KV
 connectors and CPU offload, LoRA slot limits (`max_loras`), structured output, pipeline
-parallelism, the null block. docs/simulator.md has the model, calibration and fidelity notes.
+parallelism. docs/simulator.md has the model, calibration and fidelity notes.
 """
 
 from __future__ import annotations

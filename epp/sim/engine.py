@@ -160,13 +160,14 @@ class SimConfig:
         a step takes max(decode_per_token, tokens computed x prefill_cost), which is
         `decode_per_token` for a decode step, `prefill_cost` per token for a long prefill, and the
         old per-request numbers for a request alone. `max_model_len` is cut to the KV capacity
-        (vLLM would refuse to start instead)."""
+        (`num_gpu_blocks - 1` blocks: vLLM's null block holds none; vLLM would refuse to start
+        instead)."""
         limits: dict[str, Any] = {
             "block_size": self.block_size,
             "num_gpu_blocks": self.num_gpu_blocks,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
-            "max_model_len": min(self.max_model_len, self.block_size * self.num_gpu_blocks),
+            "max_model_len": max(1, min(self.max_model_len, self.block_size * (self.num_gpu_blocks - 1))),
         }
         if self.profile is not None:
             return self.profile.replace(**limits)

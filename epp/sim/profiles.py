@@ -32,7 +32,9 @@ class Profile:
 
     name: str
     block_size: int  # tokens per KV block
-    num_gpu_blocks: int  # KV capacity in blocks
+    # vLLM's num_gpu_blocks (--num-gpu-blocks-override): KV capacity in blocks, vLLM's null block
+    # included, so num_gpu_blocks - 1 hold tokens.
+    num_gpu_blocks: int
     max_num_seqs: int
     max_num_batched_tokens: int  # token budget per step (chunked prefill)
     max_model_len: int
@@ -58,10 +60,11 @@ class Profile:
                 raise ValueError(f"profile {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")
         # vLLM refuses to start when one max_model_len request cannot fit in the KV cache; the
         # engine relies on it too (a lone request always fits, so a step always makes progress).
-        tokens = self.num_gpu_blocks * self.block_size
+        # The null block holds no tokens.
+        tokens = (self.num_gpu_blocks - 1) * self.block_size
         if tokens < self.max_model_len:
             raise ValueError(
-                f"profile {self.name!r}: num_gpu_blocks * block_size = {tokens} tokens "
+                f"profile {self.name!r}: (num_gpu_blocks - 1) * block_size = {tokens} tokens "
                 f"cannot hold one max_model_len ({self.max_model_len}) request"
             )
 
@@ -91,6 +94,8 @@ class Profile:
 
     @property
     def kv_capacity_tokens(self) -> int:
+        """num_gpu_blocks * block_size: vLLM's logged "KV cache size" (the null block's share
+        included; one block fewer holds tokens)."""
         return self.num_gpu_blocks * self.block_size
 
 

@@ -38,7 +38,7 @@ def test_digests_chain_over_full_blocks_and_keys() -> None:
 
 
 def test_hits_are_capped_below_the_last_prompt_token() -> None:
-    pool = BlockPool(16, BS)
+    pool = BlockPool(17, BS)
     first = run(pool, toks(0, 8))
     pool.free(first)
     assert pool.cached == 2
@@ -51,7 +51,7 @@ def test_hits_are_capped_below_the_last_prompt_token() -> None:
 
 
 def test_eviction_takes_the_least_recently_freed_tail_first() -> None:
-    pool = BlockPool(8, BS, record_events=True)
+    pool = BlockPool(9, BS, record_events=True)
     a, b, c = toks(0, 12), toks(100, 12), toks(200, 12)
     blocks_a = run(pool, a)
     stored_a = pool.take_events()
@@ -61,7 +61,8 @@ def test_eviction_takes_the_least_recently_freed_tail_first() -> None:
     pool.free(run(pool, b))
     pool.take_events()
     assert pool.held == 0 and pool.cached == 6
-    # c needs 3 blocks: the 2 never used, then the head of the queue: a's last block.
+    # a's and b's last blocks were full (12 tokens), so every freed block is cached and goes to
+    # the back. c needs 3 blocks: the 2 never used, then the head of the queue: a's last block.
     pool.free(run(pool, c))
     removed = [e for e in pool.take_events() if isinstance(e, BlockRemoved)]
     assert [e.block_hashes for e in removed] == [[hashes_a[2]]]
@@ -74,8 +75,43 @@ def test_eviction_takes_the_least_recently_freed_tail_first() -> None:
     assert events[1].block_hashes == [hashes_a[2]]
 
 
+def test_block_zero_is_the_null_block() -> None:
+    """vLLM takes block 0 out of the pool at start: `num_blocks` 4 (the flag) leaves 3 usable."""
+    pool = BlockPool(4, BS)
+    assert pool.num_free == 3 and pool.usage() == 0.0
+    held = pool.allocate(3)
+    assert [b.id for b in held] == [1, 2, 3]
+    assert pool.num_free == 0 and pool.usage() == 1.0
+    with pytest.raises(ValueError, match="num_blocks"):
+        BlockPool(0, BS)
+
+
+def test_hashless_blocks_are_reused_before_fresh_and_cached_ones() -> None:
+    """vLLM's free_blocks prepends blocks without a hash (LIFO) and appends cached ones (LRU)."""
+    pool = BlockPool(4, BS, record_events=True)  # blocks 1-3
+    a = run(pool, toks(0, 6))  # block 0 full and cached, block 1 partial
+    assert [b.id for b in a] == [1, 2]
+    pool.free(a)
+    pool.take_events()
+    # Queue: 2 (partial, at the front), 3 (never used), 1 (cached, at the back).
+    assert [b.id for b in pool.allocate(2)] == [2, 3]
+    assert pool.take_events() == []  # nothing cached was evicted
+    assert [b.id for b in pool.allocate(1)] == [1]
+    (removed,) = pool.take_events()
+    assert isinstance(removed, BlockRemoved)
+
+
+def test_freed_runs_keep_their_order_at_the_front() -> None:
+    pool = BlockPool(8, BS)
+    first = pool.allocate(3)  # 1, 2, 3: no hashes
+    second = pool.allocate(2)  # 4, 5
+    pool.free(first)  # front: 3, 2, 1 (tail first)
+    pool.free(second)  # front: 5, 4, then 3, 2, 1
+    assert [b.id for b in pool.allocate(7)] == [5, 4, 3, 2, 1, 6, 7]
+
+
 def test_block_stored_event_fields() -> None:
-    pool = BlockPool(8, BS, record_events=True)
+    pool = BlockPool(9, BS, record_events=True)
     tokens = toks(0, 9)
     run(pool, tokens, lora_name="ad", cache_salt="s")
     (ev,) = pool.take_events()
@@ -89,7 +125,7 @@ def test_block_stored_event_fields() -> None:
 
 
 def test_duplicates_are_removed_one_copy_at_a_time() -> None:
-    pool = BlockPool(4, BS, record_events=True)
+    pool = BlockPool(5, BS, record_events=True)
     first = run(pool, toks(0, 4))
     second = run(pool, toks(0, 4))  # overlapping identical requests: both compute block 0
     assert first[0] is not second[0] and pool.cached == 2
@@ -103,7 +139,7 @@ def test_duplicates_are_removed_one_copy_at_a_time() -> None:
 
 
 def test_exhausted_pool_runs_outside_it_uncached() -> None:
-    pool = BlockPool(2, BS)
+    pool = BlockPool(3, BS)
     held = run(pool, toks(0, 12))
     assert [b.id >= 0 for b in held] == [True, True, False]
     assert pool.usage() == 1.0 and pool.cached == 2
@@ -112,7 +148,7 @@ def test_exhausted_pool_runs_outside_it_uncached() -> None:
 
 
 def test_reset_is_refused_while_blocks_are_held_unless_forced() -> None:
-    pool = BlockPool(8, BS, record_events=True)
+    pool = BlockPool(9, BS, record_events=True)
     held = run(pool, toks(0, 8))
     pool.take_events()
     assert not pool.reset() and pool.cached == 2 and pool.take_events() == []
@@ -128,4 +164,4 @@ def test_reset_is_refused_while_blocks_are_held_unless_forced() -> None:
 
 def test_bad_block_size() -> None:
     with pytest.raises(ValueError, match="block_size"):
-        BlockPool(4, 0)
+        BlockPool(5, 0)

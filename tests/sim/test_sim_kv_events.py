@@ -103,7 +103,7 @@ async def replica(zctx: zmq.Context[zmq.Socket[bytes]]) -> AsyncIterator[Replica
     cfg = SimConfig(
         time_scale=0.001,
         block_size=BS,
-        num_gpu_blocks=48,  # ~3 system prompts' worth: the workload below must evict
+        num_gpu_blocks=49,  # 48 usable beside the null block, ~3 system prompts: the workload evicts
         lora_adapters=(ADAPTER,),
         kv_events="tcp://127.0.0.1:0",
         kv_replay="tcp://127.0.0.1:0",
