@@ -3,8 +3,10 @@
 Start order: `--tokenizer` tokenizers and config (fail fast on a bad one) -> the config's
 tokenizers -> endpoint sources (the endpoints file's tokenizers with it) -> epp-tiny as the
 default if no tokenizer was named anywhere -> KV-event ingestion -> metrics scraper -> servers.
-Stop order on SIGTERM/SIGINT: health goes NOT_SERVING, the ext-proc server drains in-flight
-streams for a grace period, then background tasks stop.
+Stop order on SIGTERM/SIGINT: health goes NOT_SERVING (both ports), the ext-proc server refuses
+new streams and lets in-flight ones (a long streamed response is one stream) finish for up to
+--drain-timeout (default 130 s, GIE's terminationGracePeriodSeconds), then background tasks stop.
+A second signal ends the drain at once.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import logging
 import os
 import signal
 
+import grpc
 import zmq
 
-from epp import tasks
+from epp import flags, tasks
 from epp.datastore import standalone
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.datastore.scraper import MetricsScraper
@@ -33,6 +36,7 @@ from epp.observability import http as obs_http
 from epp.observability import logs, metrics
 from epp.observability.looplag import LoopLagMonitor
 from epp.requestcontrol import admission
+from epp.requestcontrol.context_length import ContextLimits
 from epp.requestcontrol.director import Director, DirectorSettings
 from epp.rpc import http as rpc_http
 from epp.rpc import service as rpc_service
@@ -44,13 +48,19 @@ from epp.tokenize.tokenizer import TokenizerError
 
 log = logging.getLogger("epp")
 
-DRAIN_GRACE_S = 5.0
-
 _warned_bind_ranks: list[bool] = []  # warn once per process
 
 
 def main(args: argparse.Namespace) -> int:
-    logs.setup(level=args.log_level, fmt=args.log_format)
+    level, fmt = flags.log_settings(args)
+    logs.setup(level=level, fmt=fmt)
+    errors, notes = flags.gie_flag_problems(args)
+    for note in notes:
+        log.info("GIE flag: %s", note)
+    if errors:
+        for error in errors:
+            log.error("cannot start: %s", error)
+        return 2
     try:
         asyncio.run(run(args))
     except sched_config.ConfigError as exc:
@@ -140,6 +150,7 @@ async def _run(
         tokenizer=tokenizers,
         admission_controller=admission.LegacyAdmissionController(config.saturation_detector),
         objectives=objective_store,
+        context_limits=_context_limits(args, datastore, tokenizers),
     )
 
     pool_label = args.pool_name or "standalone"
@@ -250,11 +261,10 @@ async def _run(
     try:
         await stop.wait()
     finally:
-        log.info("stopping: draining ext-proc streams for up to %.0fs", DRAIN_GRACE_S)
         if ready_task is not None:  # first: the pool must not turn health back on while draining
             await tasks.cancel_and_wait([ready_task])
         await health.set(False)
-        await grpc_server.stop(DRAIN_GRACE_S)
+        await drain(grpc_server, args.drain_timeout)
         await health_server.stop(0)
         if pool_operator is not None:
             await pool_operator.stop()
@@ -265,6 +275,54 @@ async def _run(
             await ingester.stop()
         await http_runner.cleanup()
         await loop_lag.stop()
+
+
+def _open_streams() -> int:
+    return int(metrics.REGISTRY.get_sample_value("epp_extproc_active_streams") or 0)
+
+
+async def drain(server: grpc.aio.Server, grace: float) -> None:
+    """Stop `server`: new streams are refused at once, in-flight ones get `grace` seconds to end.
+
+    Readiness is already NOT_SERVING (the caller's job), so Kubernetes takes the pod out of the
+    Service and the gateway sends new requests elsewhere while the streams in flight, long
+    generations included, run to their end. A second SIGTERM/SIGINT cancels what is left.
+    """
+    log.info(
+        "stopping: readiness NOT_SERVING, refusing new ext-proc streams; %d in flight get up to %.0fs",
+        _open_streams(),
+        grace,
+    )
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    # grpc.aio refuses new RPCs from here on, returns as soon as the last one ends, and cancels
+    # the ones left when the grace is over.
+    stopping = asyncio.ensure_future(server.stop(grace))
+    again = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, again.set)
+    cut = 0
+    try:
+        # Polled, not awaited from gRPC, to know (and log) how many streams the deadline cuts.
+        while not stopping.done() and _open_streams() > 0 and not again.is_set():
+            if loop.time() - started >= grace - 0.05:
+                cut = _open_streams()
+                break
+            await asyncio.sleep(0.05)
+        if again.is_set() and not stopping.done():
+            cut = _open_streams()
+            log.warning("second signal: cancelling the %d ext-proc stream(s) still in flight", cut)
+            await server.stop(0)
+        await stopping
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    log.info(
+        "ext-proc server stopped after %.1fs; %d stream(s) cut",
+        loop.time() - started,
+        cut,
+        extra={"streams_cut": cut},
+    )
 
 
 def kubernetes_source(
@@ -298,6 +356,21 @@ def kubernetes_source(
         pool_name=None if pool is not None else args.pool_name,
         pool=pool,
         objective_store=objective_store,
+    )
+
+
+def _context_limits(args: argparse.Namespace, datastore: Datastore, tokenizers: Tokenizers) -> ContextLimits:
+    """max_model_len per model: `--max-model-len`, else the pods' /v1/models, else the tokenizer's
+    `model_max_length` (docs/tokenization.md, "Context length")."""
+
+    def from_tokenizer(model: str) -> int | None:
+        tok = tokenizers.for_model(model, base_model=datastore.base_model)
+        return tok.model_max_length if tok is not None else None
+
+    return ContextLimits(
+        overrides=dict(args.max_model_len),
+        from_pods=datastore.max_model_len,
+        from_tokenizer=from_tokenizer,
     )
 
 

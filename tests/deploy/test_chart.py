@@ -117,6 +117,7 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "--kv-events=connect",
         "--kv-events-port=5557",
         "--kv-replay-port=5558",
+        "--drain-timeout=125s",
         "--log-level=info",
         "--log-format=json",
     ]
@@ -488,3 +489,21 @@ def test_grafana_dashboard_uses_only_metrics_epp_exports() -> None:
 def test_helm_sdk_version() -> None:
     # Pins the engine the other tests ran under, so a failure after an upgrade is easy to place.
     assert helm_python.helm_sdk_version().startswith("v4"), helm_python.helm_sdk_version()
+
+
+# --- shutdown ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("grace", "drain"), [(None, "125s"), (600, "595s"), (6, "1s")])
+def test_epp_drains_within_the_pods_grace(grace: int | None, drain: str) -> None:
+    values = {} if grace is None else {"terminationGracePeriodSeconds": grace}
+    pod = chart.one(chart.render(values), "Deployment", chart.RELEASE)["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == (grace or 130)  # GIE's chart: 130
+    assert f"--drain-timeout={drain}" in container(chart.render(values))["args"]
+
+
+def test_the_rendered_args_parse_as_epp_serve() -> None:
+    from epp import cli
+
+    args = cli.build_parser().parse_args(container(chart.render())["args"])
+    assert (args.command, args.drain_timeout, args.pool_name) == ("serve", 125.0, chart.RELEASE)

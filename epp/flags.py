@@ -1,0 +1,511 @@
+"""`epp serve`'s flags, GIE's EPP flags among them, and the argparse types every subcommand uses.
+
+Flag names and defaults follow GIE's EPP (v1.0-v1.5, the last GIE release with its EPP) where it
+has them (--grpc-port 9002, --grpc-health-port 9003, --metrics-port 9090, --config-file/
+--config-text, --secure-serving, --cert-path, --refresh-metrics-interval,
+--metrics-staleness-threshold, --disable-endpoint-subset-filter, --pool-*, --endpoint-*), so a GIE
+deployment's arguments carry over. GIE's other flags (-v, --zap-*, --tracing,
+--ha-enable-leader-election, ...) are accepted too: each does what GIE's does, or is a clear
+startup error where epp cannot do it yet, or is logged once as having no effect in epp
+(docs/kubernetes.md, "GIE flags"). Booleans take Go's forms: `--flag`, `--flag=false`.
+
+This module imports nothing of epp's but units, so every subcommand's module can use its types
+without importing `epp.cli` (which imports them all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+from epp.units import parse_duration
+
+
+def duration(text: str) -> float:
+    """Go-style durations: '50ms', '2s', '1.5s', '1m30s'; a bare number is seconds."""
+    try:
+        return parse_duration(text, bare_seconds=True)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def byte_size(text: str) -> int:
+    match = re.match(r"^(\d+)\s*([kKmMgG]i?[bB]?)?$", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 16Mi, 1048576)")
+    unit = (match.group(2) or "").lower()[:1]
+    return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def model_length(text: str) -> tuple[str, int]:
+    """`--max-model-len` values: `MODEL=N` for one model, `N` for every model (model "*")."""
+    model, sep, number = text.rpartition("=")
+    if sep and not model:
+        raise argparse.ArgumentTypeError(f"the model name before '=' is empty: {text!r}")
+    return (model if sep else "*", positive_int(number))
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port in 1-65535: {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if value < 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ports")
+    g.add_argument("--grpc-port", type=int, default=9002, help="ext-proc gRPC port (default 9002)")
+    g.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port (default 9003)")
+    g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (default 9090)")
+    g.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    g.add_argument(
+        "--secure-serving",
+        type=boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        help="serve ext-proc over TLS (default true, as GIE); --secure-serving=false for plaintext",
+    )
+    g.add_argument(
+        "--cert-path", help="directory with tls.crt and tls.key; default: a self-signed certificate"
+    )
+
+    g = p.add_argument_group("scheduling")
+    cfg = g.add_mutually_exclusive_group()
+    cfg.add_argument("--config-file", help="EndpointPickerConfig YAML file")
+    cfg.add_argument("--config-text", help="EndpointPickerConfig YAML given inline")
+    g.add_argument(
+        "--max-body-bytes",
+        type=byte_size,
+        default=16 << 20,
+        help="larger request bodies are answered 413 (default 16Mi)",
+    )
+    g.add_argument(
+        "--disable-endpoint-subset-filter",
+        type=boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        help="ignore the proxy's envoy.lb.subset_hint",
+    )
+
+    g = p.add_argument_group("endpoints (standalone pool)")
+    g.add_argument("--endpoints", help="comma-separated host:port list of model-server endpoints")
+    g.add_argument("--endpoints-file", help="YAML file of endpoints, reloaded when it changes")
+    g.add_argument(
+        "--pool-name",
+        default=None,
+        help="the InferencePool to serve: without --endpoints/--endpoints-file, epp watches it and "
+        "its pods in Kubernetes (as GIE's EPP); always the pool name in metrics (default: standalone)",
+    )
+
+    g = p.add_argument_group("endpoints (Kubernetes)")
+    g.add_argument(
+        "--pool-namespace",
+        default=None,
+        help="namespace of the InferencePool or selected pods (default: $NAMESPACE, else default)",
+    )
+    g.add_argument(
+        "--pool-group",
+        default="inference.networking.k8s.io",
+        choices=["inference.networking.k8s.io"],
+        help="API group of the InferencePool (v1; the only one supported)",
+    )
+    g.add_argument(
+        "--endpoint-selector",
+        default=None,
+        help="pool-less mode: pods matching these labels (k=v,k2=v2) are the endpoints; "
+        "needs --endpoint-target-ports",
+    )
+    g.add_argument(
+        "--endpoint-target-ports",
+        default=None,
+        help="pool-less mode: the model-server port(s) of each pod, 8000[,8001...] (1-8; one rank each)",
+    )
+    g.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config)",
+    )
+
+    g = p.add_argument_group("KV-cache events (precise prefix-cache routing)")
+    g.add_argument(
+        "--kv-events",
+        choices=["off", "connect", "bind"],
+        default="off",
+        help="consume vLLM's KV-cache events: connect a subscriber to each endpoint's publisher, "
+        "or bind one that the model servers connect to (default off)",
+    )
+    g.add_argument(
+        "--kv-events-port",
+        type=port_number,
+        default=5557,
+        help="connect mode: the publisher port of endpoints whose entry names no kvEvents, "
+        "plus the endpoint's data-parallel rank, as vLLM offsets it (default 5557)",
+    )
+    g.add_argument(
+        "--kv-replay-port",
+        type=port_number,
+        default=None,
+        help="the replay port of endpoints whose entry names no kvReplay (plus the rank); "
+        "default: no replay for them (a gap purges the pod's blocks until new events rebuild them)",
+    )
+    g.add_argument(
+        "--kv-events-bind",
+        default="tcp://*:5557",
+        help="bind mode: where to listen for publishers (vLLM's endpoint tcp://<epp>:5557, "
+        "topic kv@<ip>:<port>@<model>) (default tcp://*:5557)",
+    )
+    g.add_argument(
+        "--kv-index-max-entries",
+        type=positive_int,
+        default=10_000_000,
+        help="cap on (block, pod) entries in the KV index; least recently used go first (default 10M)",
+    )
+    g.add_argument(
+        "--kv-block-size",
+        type=positive_int,
+        default=None,
+        help="block size for events that carry none (offload connectors); default: none",
+    )
+
+    g = p.add_argument_group("tokenizers")
+    g.add_argument(
+        "--tokenizer",
+        action="append",
+        default=[],
+        metavar="[MODEL=]PATH",
+        help="a Hugging Face tokenizer directory or tokenizer.json, for MODEL or (without MODEL=) "
+        "for every model; repeatable. Default: epp-tiny, shipped with epp, for every model",
+    )
+    g.add_argument(
+        "--tokenizer-workers",
+        type=positive_int,
+        default=None,
+        help="threads tokenizing long prompts off the event loop (default: CPUs, at most 4; "
+        "in a container set it to the CPU limit)",
+    )
+    g.add_argument(
+        "--tokenizer-prefix-cache-bytes",
+        type=byte_size,
+        default=64 << 20,
+        help="per tokenizer: memory for token ids of prompt prefixes seen before, so a repeated "
+        "system prompt or a growing conversation encodes only its new part; 0 disables (default 64Mi)",
+    )
+    g.add_argument(
+        "--max-model-len",
+        action="append",
+        type=model_length,
+        default=[],
+        metavar="[MODEL=]N",
+        help="context length vLLM enforces for MODEL (or, without MODEL=, for every model); "
+        "repeatable. Requests vLLM would refuse for it get vLLM's 400 from epp. Default: what the "
+        "pods list on /v1/models, else the tokenizer config's model_max_length",
+    )
+
+    g = p.add_argument_group("model-server metrics")
+    g.add_argument(
+        "--refresh-metrics-interval",
+        type=duration,
+        default=0.05,
+        help="scrape interval per endpoint (default 50ms)",
+    )
+    g.add_argument(
+        "--metrics-staleness-threshold",
+        type=duration,
+        default=2.0,
+        help="metrics older than this are stale (default 2s)",
+    )
+    g.add_argument(
+        "--scrape-failure-threshold",
+        type=int,
+        default=3,
+        help="exclude an endpoint after this many consecutive failed scrapes (default 3)",
+    )
+
+    g = p.add_argument_group("shutdown")
+    g.add_argument(
+        "--drain-timeout",
+        type=duration,
+        default=DEFAULT_DRAIN_S,
+        help="on SIGTERM: readiness goes NOT_SERVING, new ext-proc streams are refused, and "
+        "in-flight ones (long streamed responses too) get this long to finish (default 130s, "
+        "GIE's terminationGracePeriodSeconds; keep it below the pod's)",
+    )
+
+    g = p.add_argument_group("logging")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--log-format", default="json", choices=["json", "text"])
+    add_gie_arguments(p)
+
+
+# GIE's terminationGracePeriodSeconds (its chart's and epp's): how long in-flight streams may run
+# after SIGTERM.
+DEFAULT_DRAIN_S = 130.0
+
+# GIE's logging verbosity levels (its logutil): V(2) is the default, V(4) debug, V(5) trace.
+GIE_DEFAULT_VERBOSITY = 2
+
+
+def zap_level(text: str) -> str:
+    """controller-runtime's --zap-log-level: debug, info, error, panic, or an integer > 0."""
+    value = text.strip().lower()
+    if value in ("debug", "info", "error", "panic"):
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a zap level: {text!r} (debug, info, error, panic or N > 0)"
+        ) from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"a numeric zap level must be > 0: {text!r}")
+    return value
+
+
+def verbosity_level(v: int) -> str:
+    """A klog/logr verbosity (-v N) as a Python level: GIE logs most lines at V(2), debug at V(4)."""
+    if v >= 4:
+        return "debug"
+    if v >= GIE_DEFAULT_VERBOSITY:
+        return "info"
+    return "warning"
+
+
+def log_settings(args: argparse.Namespace) -> tuple[str, str]:
+    """(level, format) for `epp serve` from epp's flags and GIE's (zap, -v), GIE's winning when given.
+
+    Precedence as in GIE: an explicit --zap-log-level beats -v; --zap-devel (development mode)
+    means console output at debug unless --zap-encoder or a level says otherwise.
+    """
+    fmt = args.log_format
+    if args.zap_encoder is not None:
+        fmt = "json" if args.zap_encoder == "json" else "text"
+    elif args.zap_devel:
+        fmt = "text"
+    level = args.log_level
+    if args.zap_log_level is not None:
+        zap = args.zap_log_level
+        level = {"panic": "critical"}.get(zap, zap)
+        if zap.isdigit():
+            level = verbosity_level(int(zap))
+    elif args.v is not None:
+        level = verbosity_level(args.v)
+    elif args.zap_devel:
+        level = "debug"
+    return level, fmt
+
+
+# GIE EPP flags that epp accepts without acting on them: flag -> why. Logged once at startup when
+# given (docs/kubernetes.md has the same table).
+GIE_NO_EFFECT: dict[str, str] = {
+    "health-checking": "epp always serves gRPC health on the ext-proc port and on --grpc-health-port",
+    "enable-pprof": "Go's pprof; epp is Python (the event-loop lag metric and py-spy cover profiling)",
+    "refresh-prometheus-metrics-interval": "epp computes its pool gauges when /metrics is scraped",
+    "zap-stacktrace-level": "epp logs a traceback with every logged exception, at any level",
+    "zap-time-encoding": "epp writes RFC 3339 timestamps (milliseconds, UTC) in the ts field",
+    "model-server-metrics-https-insecure-skip-verify": "epp scrapes model servers over http only",
+}
+
+# GIE's deprecated metric-name flags (v1.0-v1.4; v1.5 refuses them): epp reads vLLM's metrics,
+# so vLLM's names, GIE's defaults, are accepted and anything else is a startup error.
+GIE_METRIC_FLAGS: dict[str, str] = {
+    "total-queued-requests-metric": "vllm:num_requests_waiting",
+    "total-running-requests-metric": "vllm:num_requests_running",
+    "kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc",
+    "lora-info-metric": "vllm:lora_requests_info",
+    "cache-info-metric": "vllm:cache_config_info",
+}
+
+
+def _optional_bool(g: argparse._ArgumentGroup, name: str, text: str) -> None:
+    # default None: "not given", so startup can tell GIE's defaults from what the user asked for.
+    g.add_argument(f"--{name}", type=boolean, nargs="?", const=True, default=None, help=text)
+
+
+def add_gie_arguments(p: argparse.ArgumentParser) -> None:
+    """The GIE EPP flags (v1.0-v1.5) that are not epp flags of the same name already."""
+    g = p.add_argument_group(
+        "GIE EPP compatibility (docs/kubernetes.md, 'GIE flags', says what each does in epp)"
+    )
+    g.add_argument(
+        "-v",
+        "--v",
+        type=int,
+        default=None,
+        metavar="N",
+        help="GIE/klog verbosity: 0-1 warnings and errors, 2-3 info (GIE's default 2), 4+ debug",
+    )
+    g.add_argument(
+        "--zap-encoder",
+        choices=["json", "console"],
+        default=None,
+        help="json: one JSON object per line; console: plain text (overrides --log-format)",
+    )
+    g.add_argument(
+        "--zap-log-level",
+        type=zap_level,
+        default=None,
+        help="debug, info, error, panic, or a verbosity N > 0 as for -v (overrides -v and --log-level)",
+    )
+    _optional_bool(g, "zap-devel", "development logging: console output at debug level")
+    g.add_argument(
+        "--zap-stacktrace-level", choices=["info", "error", "panic"], default=None, help="no effect"
+    )
+    g.add_argument(
+        "--zap-time-encoding",
+        choices=["epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano"],
+        default=None,
+        help="no effect",
+    )
+    _optional_bool(
+        g,
+        "ha-enable-leader-election",
+        "GIE's active-passive HA through a Lease: not supported yet, true is a startup error",
+    )
+    _optional_bool(
+        g,
+        "tracing",
+        "OpenTelemetry traces: not supported yet, true is a startup error (GIE's default is true; "
+        "epp's is off)",
+    )
+    _optional_bool(g, "health-checking", "no effect: epp always serves health")
+    _optional_bool(g, "enable-pprof", "no effect (Go pprof)")
+    _optional_bool(
+        g,
+        "enable-cert-reload",
+        "reload --cert-path's tls.crt/tls.key when they change: not supported yet, true is a startup error",
+    )
+    _optional_bool(
+        g,
+        "metrics-endpoint-auth",
+        "Kubernetes authn/authz on /metrics: not supported yet, true is a startup error; "
+        "epp's /metrics is open (GIE's chart passes false unless its auth is enabled)",
+    )
+    g.add_argument("--refresh-prometheus-metrics-interval", type=duration, default=None, help="no effect")
+    g.add_argument(
+        "--model-server-metrics-scheme",
+        choices=["http", "https"],
+        default=None,
+        help="epp scrapes http only: https is a startup error",
+    )
+    g.add_argument(
+        "--model-server-metrics-path",
+        default=None,
+        help="epp scrapes /metrics: another path is a startup error",
+    )
+    g.add_argument(
+        "--model-server-metrics-port",
+        type=int,
+        default=None,
+        help="port to scrape instead of the target port: not supported yet, a startup error unless 0",
+    )
+    _optional_bool(g, "model-server-metrics-https-insecure-skip-verify", "no effect (https is not scraped)")
+    for name, default in GIE_METRIC_FLAGS.items():
+        g.add_argument(f"--{name}", default=None, help=f"only vLLM's {default} is accepted")
+
+
+def gie_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(errors, notes) for the GIE flags given: what epp cannot do, and what it accepts but ignores."""
+    errors: list[str] = []
+    notes: list[str] = []
+    if args.ha_enable_leader_election:
+        errors.append(
+            "--ha-enable-leader-election: active-passive leader election is not supported yet; run "
+            "one replica, or several without it (each epp replica routes on its own)"
+        )
+    if args.tracing:
+        errors.append(
+            "--tracing: OpenTelemetry tracing is not supported yet; pass --tracing=false "
+            "(GIE's chart does unless inferenceExtension.tracing.enabled)"
+        )
+    if args.enable_cert_reload:
+        errors.append(
+            "--enable-cert-reload: certificate reloading is not supported yet; restart epp to "
+            "pick up a renewed certificate"
+        )
+    if args.metrics_endpoint_auth:
+        errors.append(
+            "--metrics-endpoint-auth: authentication on /metrics is not supported yet; pass "
+            "--metrics-endpoint-auth=false and restrict the metrics port (e.g. a NetworkPolicy)"
+        )
+    if args.model_server_metrics_scheme == "https":
+        errors.append("--model-server-metrics-scheme=https: epp scrapes model servers over http only")
+    if args.model_server_metrics_path not in (None, "/metrics"):
+        errors.append(
+            f"--model-server-metrics-path={args.model_server_metrics_path}: epp scrapes /metrics only"
+        )
+    if args.model_server_metrics_port:
+        errors.append(
+            "--model-server-metrics-port: epp scrapes each endpoint's own port (or the endpoints "
+            "file's metricsPort); a pool-wide metrics port is not supported yet"
+        )
+    for name, default in GIE_METRIC_FLAGS.items():
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None and value.strip('"') != default:
+            errors.append(f"--{name}={value}: epp reads vLLM's metrics; only {default} is accepted")
+        elif value is not None:
+            notes.append(f"--{name}: vLLM's name, which epp reads anyway")
+    for name, why in GIE_NO_EFFECT.items():
+        if getattr(args, name.replace("-", "_")) is not None:
+            notes.append(f"--{name} has no effect in epp: {why}")
+    return errors, notes
+
+
+def normalize_go_flags(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """Go's flag package (GIE's EPP up to v1.2) also takes long flags with one dash: -grpc-port=9002."""
+    long_options = {
+        option
+        for action in parser._actions  # argparse has no public listing of option strings
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+    out = []
+    for arg in argv:
+        if arg.startswith("-") and not arg.startswith("--") and f"-{arg.split('=', 1)[0]}" in long_options:
+            arg = f"-{arg}"
+        out.append(arg)
+    return out
