@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the Endpoint Picker (Envoy ext-proc server)")
     add_serve_arguments(serve)
+    envoy_config = sub.add_parser(
+        "envoy-config", help="print an Envoy config that fronts epp serve (TLS to epp, as its default)"
+    )
+    from epp.gateway import cli as gateway_cli
+
+    gateway_cli.add_arguments(envoy_config)
     demo = sub.add_parser("demo", help="local demo: Envoy + epp + a simulated vLLM fleet")
     from epp import demo as demo_mod
 
@@ -80,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from epp import serve
 
         return serve.main(args)
+    if args.command == "envoy-config":
+        from epp.gateway import cli as gateway_cli
+
+        return gateway_cli.run(args)
     if args.command == "demo":
         from epp import demo
 

@@ -1,0 +1,170 @@
+"""`epp envoy-config`: print a complete Envoy 1.40 bootstrap that fronts `epp serve`.
+
+The config is `epp.gateway.envoy.gateway_config` for the flags given, the one epp's end-to-end
+tests, demo and benchmarks run. Its defaults pair with `epp serve`'s: TLS to the ext-proc port
+(`--secure-serving`, true as in `epp serve` and GIE, without certificate verification, since
+epp's default certificate is self-signed), gRPC health checks on the ext-proc port (so an epp
+that drains or loses its pool stops getting new streams), GIE's full-duplex streamed bodies, and
+the ORIGINAL_DST upstream on `x-gateway-destination-endpoint`. Pass the same `--secure-serving`
+value to both.
+
+    epp envoy-config --epp epp.llm.svc.cluster.local:9002 > envoy.yaml
+    envoy -c envoy.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from epp import flags
+from epp.gateway import envoy
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("epp (the ext-proc server)")
+    g.add_argument(
+        "--epp",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="epp's ext-proc address; repeatable (Envoy spreads streams over them); a DNS name "
+        "such as a Kubernetes Service is resolved by Envoy (default 127.0.0.1:9002)",
+    )
+    g.add_argument(
+        "--secure-serving",
+        type=flags.boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        help="TLS to epp, as `epp serve --secure-serving` (default true, as epp's); "
+        "--secure-serving=false when epp serves plaintext",
+    )
+    g.add_argument("--epp-sni", default="", help="TLS server name sent to epp (default: none)")
+    g.add_argument(
+        "--epp-health-check",
+        type=flags.boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        help="gRPC health-check epp's ext-proc port, so a draining epp gets no new streams (default true)",
+    )
+    g.add_argument(
+        "--failure-mode-allow",
+        type=flags.boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        help="route without epp when it cannot be reached (GIE's FailOpen); default false (FailClose)",
+    )
+    g.add_argument(
+        "--body-mode",
+        choices=[str(m) for m in envoy.REQUEST_BODY_MODES],
+        default=str(envoy.BodyMode.FULL_DUPLEX_STREAMED),
+        help="request body mode (default FULL_DUPLEX_STREAMED, GIE's)",
+    )
+    g.add_argument(
+        "--process-responses",
+        type=flags.boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        help="send responses through epp too (token usage, TTFT, in-flight accounting; default true)",
+    )
+
+    g = p.add_argument_group("model servers")
+    g.add_argument(
+        "--pods-mode",
+        choices=[str(envoy.PodsMode.ORIGINAL_DST), str(envoy.PodsMode.OVERRIDE_HOST)],
+        default=str(envoy.PodsMode.ORIGINAL_DST),
+        help="original-dst: connect to the ip:port epp names (no list of pods needed; default); "
+        "override-host: a fixed list of pods (--pod) and retries down epp's fallback list",
+    )
+    g.add_argument(
+        "--pod",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a model server, for --pods-mode override-host; repeatable",
+    )
+    g.add_argument(
+        "--num-retries",
+        type=int,
+        default=2,
+        help="override-host: attempts down epp's endpoint list (default 2)",
+    )
+    g.add_argument(
+        "--route-timeout",
+        type=flags.duration,
+        default=300.0,
+        help="longest request, streamed responses included (default 300s)",
+    )
+
+    g = p.add_argument_group("Envoy")
+    g.add_argument("--listen-address", default="0.0.0.0", help="default 0.0.0.0")
+    g.add_argument("--listen-port", type=flags.port_number, default=8081, help="default 8081")
+    g.add_argument("--admin-address", default="127.0.0.1", help="default 127.0.0.1")
+    g.add_argument("--admin-port", type=flags.port_number, default=19000, help="default 19000")
+    g.add_argument("--access-log", default="", metavar="PATH", help="an access log file (default: none)")
+    g.add_argument("-o", "--output", default="-", help="file to write (default -: stdout)")
+    g.add_argument(
+        "--validate",
+        action="store_true",
+        help="also load the config in the Envoy binary (`envoy --mode validate`) and fail if it refuses",
+    )
+
+
+def params_from(args: argparse.Namespace) -> envoy.GatewayParams:
+    """The GatewayParams the flags describe; ValueError on a bad combination."""
+    return envoy.GatewayParams(
+        listen_port=args.listen_port,
+        admin_port=args.admin_port,
+        listen_address=args.listen_address,
+        admin_address=args.admin_address,
+        epp_addresses=tuple(args.epp or ["127.0.0.1:9002"]),
+        pods_mode=envoy.PodsMode(args.pods_mode),
+        pod_endpoints=tuple(args.pod),
+        body_mode=envoy.BodyMode(args.body_mode),
+        process_responses=args.process_responses,
+        epp_tls=args.secure_serving,
+        epp_sni=args.epp_sni,
+        epp_health_check=args.epp_health_check,
+        failure_mode_allow=args.failure_mode_allow,
+        route_timeout=args.route_timeout,
+        num_retries=args.num_retries,
+        access_log_path=args.access_log,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        params = params_from(args)
+    except ValueError as exc:
+        print(f"epp envoy-config: {exc}", file=sys.stderr)
+        return 2
+    if args.pod and params.pods_mode is envoy.PodsMode.ORIGINAL_DST:
+        print("epp envoy-config: --pod needs --pods-mode override-host", file=sys.stderr)
+        return 2
+    text = envoy.dump_config(envoy.gateway_config(params))
+    if args.validate:
+        try:
+            with tempfile.TemporaryDirectory(prefix="epp-envoy-") as tmp:
+                path = Path(tmp) / "envoy.yaml"
+                path.write_text(text, encoding="utf-8")
+                result = envoy.validate_config(path)
+        except FileNotFoundError as exc:
+            print(f"epp envoy-config: --validate: {exc}", file=sys.stderr)
+            return 2
+        if result.returncode != 0:
+            print(
+                f"epp envoy-config: Envoy refused the config:\n{result.stderr}{result.stdout}",
+                file=sys.stderr,
+            )
+            return 1
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+    return 0
