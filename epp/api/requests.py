@@ -75,6 +75,12 @@ class InferenceRequest:
     # The priority of the request's InferenceObjective (header x-gateway-inference-objective); 0 when
     # none is named or known. Negative = sheddable under saturation. Set by requestcontrol.
     priority: int = 0
+    # vLLM's length parameters of a chat or completions body, for its context-length rules
+    # (`epp.requestcontrol.context_length`); None when absent or not an integer (vLLM answers those).
+    max_output_tokens: int | None = None
+    max_output_param: str = "max_tokens"  # the field `max_output_tokens` came from, for messages
+    truncate_prompt_tokens: int | None = None
+    truncation_side: str | None = None
 
 
 # --- Body shapes: only the fields we read. Unknown fields are skipped by msgspec. ---------------
@@ -88,12 +94,9 @@ class _Part(msgspec.Struct):
 
 class _Message(msgspec.Struct):
     role: str
-    content: str | list[_Part] | None = None
-    # Only inspected for presence (content may be null when the assistant called tools).
-    tool_calls: list[msgspec.Raw] | None = None
-    # The deprecated single-call form, same exemption. (msgspec cannot put Raw in a union: an
-    # absent field is an empty Raw, JSON null is the 4 bytes `null`.)
-    function_call: msgspec.Raw = msgspec.Raw()
+    # Parts may be bare strings (vLLM takes them as text). Absent (UNSET) and null differ: vLLM
+    # takes a message without content as an empty one, but null only on an assistant message.
+    content: str | list[_Part | str] | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class _Item(msgspec.Struct):
@@ -111,12 +114,22 @@ class _Body(msgspec.Struct):
     cache_salt: str | None = None
 
 
-class _ChatBody(_Body):
+class _LengthFields(_Body):
+    """vLLM's length parameters (chat and completions). Any: a value of the wrong type is vLLM's
+    to refuse, with its own message; epp reads only integers (`_integer`)."""
+
+    max_tokens: Any = None
+    truncate_prompt_tokens: Any = None
+    truncation_side: Any = None
+
+
+class _ChatBody(_LengthFields):
+    max_completion_tokens: Any = None  # wins over max_tokens when given (vLLM's build_tok_params)
     messages: list[_Message] | None = None
     tools: list[msgspec.Raw] | None = None  # validated as a list, otherwise left to the template step
 
 
-class _CompletionsBody(_Body):
+class _CompletionsBody(_LengthFields):
     prompt: msgspec.Raw = msgspec.Raw()  # empty when absent
     add_special_tokens: Any = None  # vLLM's extension; lax like pydantic: see _special_tokens
 
@@ -215,6 +228,10 @@ def parse_request(
     )
     if api is Api.CHAT:
         _fill_chat(req, parsed)
+        _fill_lengths(req, parsed)
+        completion = _integer(parsed.max_completion_tokens)
+        if completion is not None:
+            req.max_output_tokens, req.max_output_param = completion, "max_completion_tokens"
     elif api is Api.RESPONSES:
         _fill_responses(req, parsed)
     elif api is Api.EMBEDDINGS:
@@ -223,6 +240,7 @@ def parse_request(
     else:
         _fill_polymorphic(req, parsed.prompt, "prompt")
         req.add_special_tokens = _special_tokens(parsed.add_special_tokens)
+        _fill_lengths(req, parsed)
 
     if req.prompt_token_ids:
         req.prompt_tokens_estimate = sum(map(len, req.prompt_token_ids))
@@ -239,6 +257,24 @@ def parse_request(
         req.target_model = target
         req.body_bytes = _rewrite_model(body, target)
     return req
+
+
+def _fill_lengths(req: InferenceRequest, parsed: _LengthFields) -> None:
+    req.max_output_tokens = _integer(parsed.max_tokens)
+    req.truncate_prompt_tokens = _integer(parsed.truncate_prompt_tokens)
+    side = parsed.truncation_side
+    req.truncation_side = side if side in ("left", "right") else None
+
+
+def _integer(value: Any) -> int | None:
+    """An integer as pydantic's lax mode reads one (3 and 3.0; not True, not 3.5); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
 
 
 _FALSE = frozenset((False, 0, "0", "false", "f", "no", "n", "off"))
@@ -304,9 +340,11 @@ def _validation_error(msg: str) -> BadRequest:
     return BadRequest(_one_line(f"invalid request body: {msg}"))
 
 
-def _parts_text(parts: list[_Part], out: list[str]) -> None:
+def _parts_text(parts: list[_Part] | list[_Part | str], out: list[str]) -> None:
     for part in parts:
-        if part.text is not None:
+        if isinstance(part, str):
+            out.append(part)
+        elif part.text is not None:
             out.append(part.text)
 
 
@@ -321,10 +359,10 @@ def _fill_chat(req: InferenceRequest, parsed: _ChatBody) -> None:
         content = msg.content
         if isinstance(content, str):
             texts.append(content)
-        elif content is not None:
+        elif isinstance(content, list):
             _parts_text(content, texts)
-        elif not msg.tool_calls and not _present(msg.function_call):
-            raise BadRequest(f"messages[{i}].content is missing or null and the message has no tool_calls")
+        elif content is None and msg.role != "assistant":
+            raise BadRequest(f"messages[{i}].content is null (only an assistant message may be)")
 
 
 def _fill_responses(req: InferenceRequest, parsed: _ResponsesBody) -> None:

@@ -65,6 +65,9 @@ class Endpoint:
     # Scrape health: consecutive failures; `excluded` once they reach the configured bound.
     scrape_failures: int = 0
     excluded: bool = False
+    # max_model_len per model the server lists on GET /v1/models (vLLM's model cards), set by the
+    # scraper through `Datastore.set_model_limits`; empty until read, or when the server lists none.
+    model_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -105,6 +108,8 @@ class Datastore:
         self._listeners: list[Listener] = []
         self.synced = False  # True once any source has reported (readiness)
         self._unavailable: dict[str, str] = {}  # source -> why it offers no endpoints now
+        # model -> the largest max_model_len any endpoint lists for it; None: to be recomputed.
+        self._model_limits: dict[str, int] | None = None
 
     def set_unavailable(self, source: str, reason: str | None) -> None:
         """Record why `source` offers no endpoints now (a deleted pool), or clear it with None; the
@@ -151,7 +156,28 @@ class Datastore:
                 listener(added, removed)
         return added, removed
 
+    def set_model_limits(self, endpoint: Endpoint, limits: Mapping[str, int]) -> None:
+        """Record what `endpoint` lists on /v1/models (model -> max_model_len)."""
+        if limits != endpoint.model_limits:
+            endpoint.model_limits = dict(limits)
+            self._model_limits = None
+
+    def max_model_len(self, model: str) -> int | None:
+        """The largest max_model_len the endpoints list for `model` (None if none lists it). The
+        largest: during a rollout that changes it, a request one pod refuses another may serve, and
+        refusing is only epp's to do where every pod would."""
+        limits = self._model_limits
+        if limits is None:
+            limits = {}
+            for ep in self._all.values():
+                for name, length in ep.model_limits.items():
+                    if length > limits.get(name, 0):
+                        limits[name] = length
+            self._model_limits = limits
+        return limits.get(model)
+
     def _rebuild(self) -> None:
+        self._model_limits = None
         self._all = {}
         for eps in self._by_source.values():
             self._all.update(eps)

@@ -19,6 +19,13 @@ each time, since a label-only resync may change the metrics port in place):
   when its metrics have become older than `staleness` (a hung server whose scrapes each take the
   whole timeout would otherwise need threshold x timeout to be excluded).
 
+Every `models_interval` (30 s), and at once when an excluded endpoint comes back (a restarted
+server may serve another context length), the loop also reads the server's model cards from
+`GET /v1/models` on its serving port: vLLM lists each served model and LoRA adapter with its
+`max_model_len`, which epp enforces as vLLM does (`epp.requestcontrol.context_length`). A server
+without that page, or cards without `max_model_len`, leaves the endpoint's limits as they were
+(empty: epp then falls back to the tokenizer config); a failed read is retried after 5 s.
+
 Staleness is exposed, not hidden: `Endpoint.metrics_age()` gives the seconds since the last
 good scrape (inf if never), and `MetricsScraper.is_stale(endpoint)` compares it with the
 configured bound, for scorers or debug endpoints that want to discount old numbers. An endpoint
@@ -41,8 +48,10 @@ import contextlib
 import logging
 import random
 import time
+from typing import Any
 
 import aiohttp
+import msgspec
 
 from epp import tasks
 from epp.datastore import promtext
@@ -60,8 +69,25 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 _HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain"}
 
 
+# /v1/models lists a card per model and adapter: a few KB even for a server with many adapters.
+MAX_MODELS_BODY_BYTES = 1024 * 1024
+MODELS_RETRY_S = 5.0
+
+
 class _ScrapeError(Exception):
     """A failed scrape with a human-readable reason."""
+
+
+class _Card(msgspec.Struct):
+    id: str
+    max_model_len: Any = None  # vLLM's extension of OpenAI's model card; others have none
+
+
+class _Cards(msgspec.Struct):
+    data: list[_Card]
+
+
+_CARDS_DECODER = msgspec.json.Decoder(_Cards)
 
 
 class MetricsScraper:
@@ -77,6 +103,8 @@ class MetricsScraper:
         failure_threshold: int = 3,
         staleness: float = 2.0,
         path: str = "/metrics",
+        models_interval: float = 30.0,
+        models_path: str = "/v1/models",
     ) -> None:
         """`timeout` (per request) defaults to max(20 x interval, 0.5 s): 1 s at the default 50 ms."""
         if interval <= 0 or failure_threshold < 1 or staleness <= 0:
@@ -88,6 +116,8 @@ class MetricsScraper:
         self.failure_threshold = failure_threshold
         self.staleness = staleness
         self._path = path if path.startswith("/") else "/" + path
+        self.models_interval = models_interval
+        self._models_path = models_path if models_path.startswith("/") else "/" + models_path
         self._session: aiohttp.ClientSession | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on
         self._loops: dict[Endpoint, asyncio.Task[None]] = {}
@@ -201,8 +231,15 @@ class MetricsScraper:
         metrics.endpoint_excluded.labels(endpoint=ep.name).set(1 if ep.excluded else 0)
         await asyncio.sleep(random.uniform(0, self.interval))  # spread the herd
         next_at = loop.time()
+        cards_at = next_at
         while True:
+            was_excluded = ep.excluded
             await self._scrape(ep, started)
+            if loop.time() >= cards_at or (was_excluded and not ep.excluded):
+                read = await self._read_model_cards(ep)
+                cards_at = loop.time() + (
+                    self.models_interval if read else min(self.models_interval, MODELS_RETRY_S)
+                )
             # Fixed rate, like a ticker; after an overrun (a slow scrape) start the next one at
             # once rather than firing a burst to catch up.
             next_at = max(next_at + self.interval, loop.time())
@@ -232,22 +269,48 @@ class MetricsScraper:
 
     async def _fetch(self, ep: Endpoint) -> bytes:
         spec = ep.spec
-        port = spec.metrics_port or spec.port
-        host = f"[{spec.address}]" if ":" in spec.address else spec.address
+        return await self._get(spec.address, spec.metrics_port or spec.port, self._path, MAX_BODY_BYTES)
+
+    async def _get(self, address: str, port: int, path: str, limit: int) -> bytes:
+        host = f"[{address}]" if ":" in address else address
         assert self._session is not None  # loops run only between start() and stop()
-        async with self._session.get(f"http://{host}:{port}{self._path}") as resp:
+        async with self._session.get(f"http://{host}:{port}{path}") as resp:
             if resp.status != 200:
                 raise _ScrapeError(f"HTTP {resp.status}")
-            if resp.content_length is not None and resp.content_length > MAX_BODY_BYTES:
-                raise _ScrapeError(f"body of {resp.content_length} bytes exceeds {MAX_BODY_BYTES}")
+            if resp.content_length is not None and resp.content_length > limit:
+                raise _ScrapeError(f"body of {resp.content_length} bytes exceeds {limit}")
             chunks: list[bytes] = []
             size = 0
             async for chunk in resp.content.iter_any():
                 size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise _ScrapeError(f"body exceeds {MAX_BODY_BYTES} bytes")
+                if size > limit:
+                    raise _ScrapeError(f"body exceeds {limit} bytes")
                 chunks.append(chunk)
             return b"".join(chunks)
+
+    async def _read_model_cards(self, ep: Endpoint) -> bool:
+        """Read the endpoint's /v1/models into its model limits; False when the read failed."""
+        try:
+            body = await self._get(ep.spec.address, ep.spec.port, self._models_path, MAX_MODELS_BODY_BYTES)
+            cards = _CARDS_DECODER.decode(body)
+        except Exception as e:  # any failure: keep what was known, try again soon
+            reason = f"invalid model list: {e}" if isinstance(e, msgspec.MsgspecError) else self._reason(e)
+            log.debug("reading %s of %s failed: %s", self._models_path, ep.name, reason)
+            return False
+        limits = {
+            card.id: card.max_model_len
+            for card in cards.data
+            if type(card.max_model_len) is int and card.max_model_len > 0
+        }
+        if limits != ep.model_limits:
+            log.info(
+                "endpoint %s serves %s",
+                ep.name,
+                ", ".join(f"{m} (max_model_len {n})" for m, n in limits.items())
+                or "no model with a max_model_len",
+            )
+            self._datastore.set_model_limits(ep, limits)
+        return True
 
     def _succeeded(self, ep: Endpoint, result: ModelServerMetrics) -> None:
         result.updated_at = time.monotonic()

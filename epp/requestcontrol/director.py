@@ -36,10 +36,10 @@ from epp.api.requests import Api, InferenceRequest, header_only_request, parse_r
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.observability import metrics
-from epp.requestcontrol import admission
+from epp.requestcontrol import admission, context_length
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
-from epp.tokenize.chat import ChatTemplateError, UnsupportedChat
+from epp.tokenize.chat import ChatTemplateError, UnsupportedChat, add_special_tokens
 
 log = logging.getLogger("epp.director")
 
@@ -139,9 +139,11 @@ class Director:
         tokenizer: PromptTokenizer | None = None,
         admission_controller: admission.LegacyAdmissionController | None = None,
         objectives: admission.Objectives | None = None,
+        context_limits: context_length.ContextLimits | None = None,
     ) -> None:
         """`admission_controller` None admits every request; `objectives` None makes every
-        request's priority 0 (no InferenceObjectives: standalone mode)."""
+        request's priority 0 (no InferenceObjectives: standalone mode); `context_limits` None
+        enforces no context length (the model servers do)."""
         self.datastore = datastore
         self.scheduler = scheduler
         self.settings = settings
@@ -151,6 +153,7 @@ class Director:
         self._response_complete = list(response_complete)
         self.admission_controller = admission_controller
         self.objectives = objectives
+        self.context_limits = context_limits
         # Bound Prometheus children: `labels()` costs ~1.5 µs a call and a request needs a dozen.
         self._children: dict[tuple[str, ...], Any] = {}
         self._models: set[str] = set()
@@ -189,8 +192,7 @@ class Director:
                 target = request.target_model or "-"
                 self._child(metrics.requests_total, model, target, "429", str(request.priority)).inc()
                 raise
-        if self._tokenizer is not None:
-            await self._tokenize(request)
+        await self._prompt(request, self._tokenizer)
         result = self.scheduler.schedule(request, candidates)
         if not result.targets:
             raise errors.NoCapacity("the scheduler found no endpoint for the request")
@@ -214,8 +216,7 @@ class Director:
         keep a cursor (round-robin) still advance. Raises `errors.RequestError` like `route`.
         """
         request, candidates = self._prepare(path=path, headers=headers, body=body, subset=None)
-        if self._tokenizer is not None:
-            await self._tokenize(request)
+        await self._prompt(request, self._tokenizer)
         return request, self.scheduler.schedule(request, candidates, explain=True)
 
     async def tokenize(
@@ -224,14 +225,55 @@ class Director:
         """The request with the token ids epp computes for it, and whether the configured plugins
         score them (`POST /debug/tokenize`). Raises `errors.RequestError` like `route`."""
         request, _ = self._prepare(path=path, headers=headers, body=body, subset=None)
-        if self.tokenizer is not None:
-            await self._tokenize(request, self.tokenizer)
+        await self._prompt(request, self.tokenizer)
         return request, self._tokenizer is not None
 
-    async def _tokenize(self, request: InferenceRequest, tokenizer: PromptTokenizer | None = None) -> None:
+    async def _prompt(self, request: InferenceRequest, tokenizer: PromptTokenizer | None) -> None:
+        """The prompt's token ids (with `tokenizer`, when given), and vLLM's context-length rules
+        for them: raises `errors.BadRequest` where the model server would answer 400."""
+        limit = None
+        if self.context_limits is not None and context_length.applies(request):
+            limit = self.context_limits.max_model_len(request.target_model)
+            if limit is not None:
+                context_length.check_parameters(request, limit)
+        if request.prompt_token_ids:  # given as ids: every prompt of a batch is known
+            if limit is not None:
+                request.token_ids = context_length.check_given_ids(request.prompt_token_ids, request, limit)
+            elif request.truncate_prompt_tokens is not None and request.truncate_prompt_tokens >= 0:
+                request.token_ids = context_length.truncate(request.prompt_token_ids[0], request, 0)
+            return
+        if tokenizer is None:
+            return
+        await self._tokenize(request, tokenizer)
+        ids = request.token_ids
+        if ids is None:
+            return
+        keep = request.truncate_prompt_tokens
+        if keep is not None and (keep >= 0 or limit is not None) and keep < len(ids):
+            specials = (0, 0)
+            if request.truncation_side is None and _adds_special_tokens(request):
+                specials = await self._special_tokens(request, tokenizer)
+            ids = context_length.truncate(ids, request, limit or 0, specials=specials)
+            request.token_ids = ids
+            request.prompt_tokens_estimate = len(ids)
+        if limit is not None:
+            context_length.check_prompt(len(ids), request, limit, from_text=True)
+
+    async def _special_tokens(self, request: InferenceRequest, tokenizer: PromptTokenizer) -> tuple[int, int]:
+        """How many special tokens the tokenizer puts before and after a text (a BOS: (1, 0)).
+        Only truncation needs it, so it is found when needed: a one-word text with and without."""
+        model, base = request.target_model, self.datastore.base_model
+        plain = await tokenizer.encode(model, "a", base_model=base, add_special_tokens=False)
+        full = await tokenizer.encode(model, "a", base_model=base, add_special_tokens=True)
+        if not plain or not full:
+            return (0, 0)
+        for lead in range(len(full) - len(plain) + 1):
+            if full[lead : lead + len(plain)] == plain:
+                return (lead, len(full) - lead - len(plain))
+        return (0, 0)
+
+    async def _tokenize(self, request: InferenceRequest, tokenizer: PromptTokenizer) -> None:
         """Fill `request.token_ids` (and the exact prompt size) unless the ids came with it."""
-        tokenizer = tokenizer or self._tokenizer
-        assert tokenizer is not None
         if request.token_ids is not None:
             return
         # vLLM tokenizes an adapter's prompt with the base model's tokenizer unless the adapter
@@ -359,6 +401,13 @@ class Director:
                 child(metrics.output_tokens, model).inc(usage.completion_tokens)
             if usage.cached_tokens:
                 child(metrics.cached_tokens, model).inc(usage.cached_tokens)
+
+
+def _adds_special_tokens(request: InferenceRequest) -> bool:
+    """Whether the tokenizer added special tokens to the request's text (chat: only when asked)."""
+    if request.api is Api.CHAT:
+        return add_special_tokens(msgspec.json.decode(request.body_bytes))
+    return request.add_special_tokens
 
 
 def _json(value: Any) -> str:

@@ -141,6 +141,7 @@ class Tokenizer:
         "chat_template",
         "engine_note",
         "eos_token_id",
+        "model_max_length",
         "name",
         "path",
         "special_tokens",
@@ -157,6 +158,7 @@ class Tokenizer:
         chat_template: str | None = None,
         special_tokens: Mapping[str, str | list[str]] | None = None,
         engine: str | None = None,
+        model_max_length: int | None = None,
     ) -> None:
         self._backend = backend
         # `engine`: one of ENGINES; None reads ENGINE_ENV. One assignment swaps `_fast` (to None in
@@ -166,6 +168,9 @@ class Tokenizer:
         self.path = path  # the tokenizer.json it was loaded from, if any
         self.bos_token_id = bos_token_id  # from tokenizer_config.json's bos_token; None if not named
         self.eos_token_id = eos_token_id
+        # tokenizer_config.json's context length, the last fallback for vLLM's max_model_len
+        # (epp.requestcontrol.context_length); None when absent or Hugging Face's "unset" value.
+        self.model_max_length = model_max_length
         self.chat_template = chat_template  # Jinja source; chat_template.jinja wins over the config's
         # The config's special-token strings by name (bos_token, eos_token, ..., and the list
         # additional_special_tokens): chat templates read them as variables, as transformers passes them.
@@ -211,6 +216,7 @@ class Tokenizer:
             chat_template=template,
             special_tokens=_special_strings(config),
             engine=engine,
+            model_max_length=_model_max_length(config),
         )
         log.info("tokenizer %s (%s): encoding with %s: %s", made.name, file, made.engine, made.engine_note)
         return made
@@ -359,6 +365,22 @@ def _config(file: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise TokenizerError(f"{file}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+# transformers writes int(1e30) (its VERY_LARGE_INTEGER) when a tokenizer has no length of its own.
+_UNSET_LENGTH = int(1e30)
+
+
+def _model_max_length(config: Mapping[str, Any]) -> int | None:
+    """`model_max_length` when it is a real length: a positive integer below transformers' sentinel
+    (written as an int or, by some tools, a float)."""
+    value = config.get("model_max_length")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    length = int(value)
+    return length if 0 < length < _UNSET_LENGTH else None
 
 
 def _template_file(file: Path) -> str | None:

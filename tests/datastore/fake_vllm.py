@@ -48,6 +48,9 @@ class FakeVLLM:
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._closing = asyncio.Event()
+        # GET /v1/models: the body to answer (None: 404, as a server without the page).
+        self.models: bytes | None = None
+        self.model_requests = 0
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
@@ -64,9 +67,16 @@ class FakeVLLM:
         body = self.body if self.body is not None else _page(self.waiting, self.running, self.kv_usage)
         return web.Response(body=body, content_type="text/plain")
 
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        self.model_requests += 1
+        if self.models is None:
+            return web.Response(status=404, text="not found")
+        return web.Response(body=self.models, content_type="application/json")
+
     async def start(self, port: int = 0) -> FakeVLLM:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True)

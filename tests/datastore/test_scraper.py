@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -300,3 +301,59 @@ async def test_sync_from_another_thread_is_handed_to_the_loop(server: FakeVLLM) 
         (ep,) = ds.endpoints()
         await until(lambda: ep.metrics.waiting == 8)
         assert len(scrape_tasks()) == 1
+
+
+def model_list(**limits: int | None) -> bytes:
+    """A /v1/models body as vLLM 0.32 writes it (its cards carry more fields, ignored)."""
+    cards = [
+        {"id": m, "object": "model", "owned_by": "vllm", "root": "/m", "parent": None, "max_model_len": n}
+        for m, n in limits.items()
+    ]
+    return json.dumps({"object": "list", "data": cards}).encode()
+
+
+async def test_model_cards_give_each_models_max_model_len(server: FakeVLLM) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.models = model_list(tiny=2048, adapter=2048, other=None)
+    async with make(ds, models_interval=0.05):
+        await until(lambda: ds.max_model_len("tiny") == 2048, "the card read")
+        assert ep.model_limits == {"tiny": 2048, "adapter": 2048}  # a card without a length: none
+        server.models = model_list(tiny=4096)  # the server was redeployed with a longer context
+        await until(lambda: ds.max_model_len("tiny") == 4096, "the periodic re-read")
+        assert ds.max_model_len("adapter") is None
+
+
+async def reread(server: FakeVLLM) -> None:
+    seen = server.model_requests
+    await until(lambda: server.model_requests > seen, "a re-read of /v1/models", within=10)
+
+
+async def test_unreadable_model_cards_keep_what_was_known(server: FakeVLLM) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.models = model_list(tiny=2048)
+    async with make(ds, models_interval=0.02):
+        await until(lambda: ds.max_model_len("tiny") == 2048, "the card read")
+        for bad in (b"not json", b'{"data": 5}', b"[]"):
+            server.models = bad
+            await reread(server)
+            assert ds.max_model_len("tiny") == 2048 and not ep.excluded
+        server.models = None  # 404: a server without the page
+        await reread(server)
+        assert ds.max_model_len("tiny") == 2048
+        assert ep.metrics.updated_at > 0  # metrics scrapes went on meanwhile
+
+
+async def test_cards_are_read_from_the_serving_port_not_the_metrics_port(
+    server: FakeVLLM, server2: FakeVLLM
+) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port, metrics_port=server2.port)])
+    server.models = model_list(tiny=1024)
+    server2.models = model_list(tiny=9999)
+    async with make(ds):
+        await until(lambda: ds.max_model_len("tiny") is not None, "the card read")
+        assert ds.max_model_len("tiny") == 1024
