@@ -184,3 +184,34 @@ def test_unreadable_config(copy_of_shipped: Path) -> None:
     (copy_of_shipped / "tokenizer_config.json").mkdir()  # exists, cannot be read as a file
     message = _error(copy_of_shipped)
     assert str(copy_of_shipped / "tokenizer_config.json") in message and "cannot read" in message
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (131072, 131072),
+        (4096.0, 4096),
+        (1000000000000000019884624838656, None),  # transformers' "unset" (int(1e30))
+        (1e30, None),  # the same, as some tools write it
+        (0, None),
+        (-1, None),
+        (True, None),
+        ("4096", None),
+        (4096.5, None),
+    ],
+)
+def test_model_max_length_from_the_config(copy_of_shipped: Path, value: object, expected: int | None) -> None:
+    config_file = copy_of_shipped / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["model_max_length"] = value
+    config_file.write_text(json.dumps(config))
+    assert tokenizer.Tokenizer.load(copy_of_shipped).model_max_length == expected
+
+
+def test_model_max_length_absent(copy_of_shipped: Path, shipped: tokenizer.Tokenizer) -> None:
+    assert shipped.model_max_length == 131072  # epp-tiny's config names one
+    config_file = copy_of_shipped / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    del config["model_max_length"]
+    config_file.write_text(json.dumps(config))
+    assert tokenizer.Tokenizer.load(copy_of_shipped).model_max_length is None
