@@ -12,6 +12,8 @@ What each step does, as vLLM V1's `Scheduler.schedule` (`vllm/v1/core/sched/sche
   still prefilling takes what is left of its prompt up to the remaining budget (chunked prefill:
   a long prompt spans several steps). Then waiting requests, FIFO, while the budget lasts and
   fewer than `max_num_seqs` run; the first one that does not fit stops admission (no skipping).
+  A waiting request is admitted only if its whole sequence fits in the free blocks (vLLM's
+  `scheduler_reserve_full_isl`, on by default), even when only a first chunk is scheduled.
 * **Prefix cache at admission.** A waiting request takes the leading full blocks of its
   sequence that are cached, at most `(tokens - 1) // block_size` of them, because vLLM always
   computes the last token to get logits. `num_cached_tokens` (usage.cached_tokens) is that
@@ -208,9 +210,24 @@ class StepResult:
 class Engine:
     """One simulated vLLM engine core; see the module docstring. Single-threaded."""
 
-    def __init__(self, profile: profiles.Profile, *, name: str = "", record_events: bool = False) -> None:
+    def __init__(
+        self,
+        profile: profiles.Profile,
+        *,
+        name: str = "",
+        record_events: bool = False,
+        record_schedule: bool = False,
+    ) -> None:
+        """`record_schedule`: keep what each step scheduled (`last_scheduled`, `last_preempted`),
+        as vLLM's SchedulerOutput has it; for conformance tests against real captures."""
         self.profile = profile
         self.name = name
+        # request id -> tokens the last step scheduled, in vLLM's order (running, then admitted),
+        # and the ids preempted since the step before it (a forced reset's too, as vLLM's
+        # preempted_req_ids); None unless record_schedule.
+        self.last_scheduled: dict[str, int] | None = {} if record_schedule else None
+        self.last_preempted: list[str] | None = [] if record_schedule else None
+        self._preempted_log: list[str] | None = [] if record_schedule else None
         self._pool = blocks.BlockPool(profile.num_gpu_blocks, profile.block_size, record_events=record_events)
         self._waiting: collections.deque[EngineRequest] = collections.deque()
         self._running: list[EngineRequest] = []
@@ -350,6 +367,9 @@ class Engine:
         done: list[EngineRequest] = []
         preempted = scheduled = False
         prefill_tokens = prefill_pairs = decode_seqs = decode_context = generated = 0
+        trace = self.last_scheduled
+        if trace is not None:
+            trace.clear()
 
         # Running requests first, in admission order. Most are decoding (one token, a new block
         # every `bs` tokens), so their path is inlined: this loop is the simulator's hot spot.
@@ -378,6 +398,8 @@ class Engine:
             scheduled = True
             budget -= n
             i += 1
+            if trace is not None:
+                trace[req.request_id] = n
             if n == 1 and c >= req._num_prompt:
                 decode_seqs += 1
                 decode_context += c + 1
@@ -413,13 +435,15 @@ class Engine:
                 n = total - c
                 if n > budget:
                     n = budget
-                need = (c + n + bs - 1) // bs - len(hit)
                 evictable = 0
                 for b in hit:
                     if b.ref == 0:
                         evictable += 1
-                if need + evictable > pool.num_free:
+                # The whole sequence must fit, not just this step's chunk: vLLM's default
+                # scheduler_reserve_full_isl passes allocate_slots(full_sequence_must_fit=True).
+                if (total + bs - 1) // bs - len(hit) + evictable > pool.num_free:
                     break  # head-of-line: vLLM does not skip to a smaller request
+                need = (c + n + bs - 1) // bs - len(hit)
                 waiting.popleft()
                 if req.first_scheduled_time is None:
                     req.first_scheduled_time = now
@@ -439,6 +463,8 @@ class Engine:
                     self._cache(req, (c + n) // bs)
                 scheduled = True
                 budget -= n
+                if trace is not None:
+                    trace[req.request_id] = n
                 if n == 1 and c >= req._num_prompt:
                     decode_seqs += 1
                     decode_context += c + 1
@@ -468,6 +494,8 @@ class Engine:
                 del self._requests[req.request_id]
                 self._release(req)
             self._running = [r for r in self._running if r._state == _RUNNING]
+        if self._preempted_log is not None:
+            self.last_preempted, self._preempted_log = self._preempted_log, []
         return StepResult(duration, first, done, prefill_tokens, decode_seqs)
 
     # --- internals ----------------------------------------------------------------------------------
@@ -521,6 +549,8 @@ class Engine:
         req._num_cached_blocks = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
+        if self._preempted_log is not None:
+            self._preempted_log.append(req.request_id)
         req._state = _WAITING
         self._waiting.appendleft(req)
 

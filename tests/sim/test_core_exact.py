@@ -54,7 +54,8 @@ class TwoPass(core.Engine):
                 computed = len(hit) * bs
                 n = min(total - computed, budget)
                 need = (computed + n + bs - 1) // bs - len(hit)
-                if need + sum(1 for b in hit if b.ref == 0) > pool.num_free:
+                # The whole sequence must fit (vLLM's scheduler_reserve_full_isl).
+                if (total + bs - 1) // bs - len(hit) + sum(1 for b in hit if b.ref == 0) > pool.num_free:
                     break
                 waiting.popleft()
                 if req.first_scheduled_time is None:
