@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import json
 import time
+import uuid
 from array import array
 from collections.abc import Mapping
 from typing import Any
@@ -308,32 +309,43 @@ def _route(api: str) -> Any:
     return handler
 
 
+def _model_card(name: str, created: int, *, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
+    """One entry of GET /v1/models, field for field vLLM 0.32's ModelCard (with one
+    ModelPermission): `max_model_len` on the base model's card, null on an adapter's, as vLLM."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": name,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [
+            {
+                "id": f"modelperm-{uuid.uuid4().hex}",
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
+
+
 async def _models(request: web.Request) -> web.Response:
-    cfg = request.app[SIM_STATE].config
-    created = int(request.app[SIM_STATE].started)
-    max_model_len = request.app[SIM_STATE].profile.max_model_len
-    data = [
-        {
-            "id": cfg.served_model,
-            "object": "model",
-            "created": created,
-            "owned_by": "epp-sim",
-            "root": cfg.served_model,
-            "parent": None,
-            "max_model_len": max_model_len,
-        }
-    ]
+    state = request.app[SIM_STATE]
+    cfg = state.config
+    created = int(time.time())  # vLLM stamps the cards when it answers
+    data = [_model_card(cfg.served_model, created, parent=None, max_model_len=state.profile.max_model_len)]
     data += [
-        {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "epp-sim",
-            "root": name,
-            "parent": cfg.served_model,
-            "max_model_len": max_model_len,
-        }
-        for name in cfg.lora_adapters
+        _model_card(name, created, parent=cfg.served_model, max_model_len=None) for name in cfg.lora_adapters
     ]
     return web.json_response({"object": "list", "data": data})
 

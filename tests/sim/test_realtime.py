@@ -12,6 +12,7 @@ few seconds; timing assertions keep wide margins.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -185,6 +186,19 @@ async def test_a_prompt_longer_than_max_model_len_is_a_400(pods: Any, http: aioh
     assert error["code"] == 400 and error["type"] == "BadRequestError"
     assert "maximum context length is 256 tokens" in error["message"]
     assert (await complete(http, pod.url, ids(1, 246), 10))["usage"]["completion_tokens"] == 10
+
+
+async def test_models_report_max_model_len_as_vllm(pods: Any, http: aiohttp.ClientSession) -> None:
+    """vLLM 0.32's ModelCard: the base model's card carries max_model_len, an adapter's has null."""
+    cfg = SimConfig.from_profile(linear(max_model_len=256), time_scale=0.01)
+    pod = await pods(dataclasses.replace(cfg, lora_adapters=("ad",)))
+    async with http.get(pod.url + "/v1/models") as r:
+        assert r.status == 200
+        body = await r.json()
+    base, adapter = body["data"]
+    assert (base["id"], base["max_model_len"], base["parent"], base["owned_by"]) == (MODEL, 256, None, "vllm")
+    assert (adapter["id"], adapter["max_model_len"], adapter["parent"]) == ("ad", None, MODEL)
+    assert base["permission"][0]["object"] == "model_permission"
 
 
 async def test_sim_output_token_ids_are_generated_and_cached(pods: Any, http: aiohttp.ClientSession) -> None:
