@@ -20,8 +20,8 @@ What each step does, as vLLM V1's `Scheduler.schedule` (`vllm/v1/core/sched/sche
   count at first admission; `prefix_cache_queries` / `prefix_cache_hits` add the request's tokens
   and its hit tokens then (requests resumed after preemption are counted apart by vLLM, so not
   here).
-* **Blocks.** Allocated per step for the tokens scheduled (`epp.sim.blocks`: LRU free queue,
-  evictions announced), and committed to the cache as the step that computes them is scheduled
+* **Blocks.** Allocated per step for the tokens scheduled (`epp.sim.blocks`: vLLM's null block and
+  free queue, evictions announced), and committed to the cache as the step that computes them is scheduled
   (`BlockStored` carries the blocks a step completes, generated tokens included, as vLLM's
   `allocate_slots` -> `cache_blocks`). A cached hit block that sits in the free queue counts
   against the free blocks, as vLLM's `get_num_blocks_to_allocate` counts it.
@@ -44,7 +44,9 @@ a generated block's when its last token is sampled.
 Absent, because routing cannot observe them or they are off by default: speculative decoding,
 priority scheduling, `long_prefill_token_threshold` (0 by default), async scheduling, KV
 connectors and CPU offload, LoRA slot limits (`max_loras`), structured output, pipeline
-parallelism. docs/simulator.md has the model, calibration and fidelity notes.
+parallelism, the watermark (0 by default). docs/simulator.md has the model, calibration and
+fidelity notes; tests/sim/test_conformance.py holds the engine to real vLLM 0.32 captures step by
+step (scheduled tokens, preemptions, KV events).
 """
 
 from __future__ import annotations
