@@ -404,7 +404,26 @@ def add_gie_arguments(p: argparse.ArgumentParser) -> None:
     _optional_bool(
         g,
         "ha-enable-leader-election",
-        "GIE's active-passive HA through a Lease: not supported yet, true is a startup error",
+        "active-passive HA as GIE's: replicas campaign for the pool's Lease; only the leader is "
+        "ready (gRPC health readiness, ext-proc); liveness stays SERVING",
+    )
+    g.add_argument(
+        "--ha-lease-duration",
+        type=duration,
+        default=15.0,
+        help="epp: how long a leader's Lease holds without renewal (default 15s, controller-runtime's)",
+    )
+    g.add_argument(
+        "--ha-renew-deadline",
+        type=duration,
+        default=10.0,
+        help="epp: a leader that cannot renew for this long stops leading (default 10s)",
+    )
+    g.add_argument(
+        "--ha-retry-period",
+        type=duration,
+        default=2.0,
+        help="epp: how often candidates try and the leader renews (default 2s)",
     )
     _optional_bool(
         g,
@@ -452,10 +471,12 @@ def gie_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(errors, notes) for the GIE flags given: what epp cannot do, and what it accepts but ignores."""
     errors: list[str] = []
     notes: list[str] = []
-    if args.ha_enable_leader_election:
+    if args.ha_enable_leader_election and not (
+        args.ha_lease_duration > args.ha_renew_deadline > args.ha_retry_period > 0
+    ):
         errors.append(
-            "--ha-enable-leader-election: active-passive leader election is not supported yet; run "
-            "one replica, or several without it (each epp replica routes on its own)"
+            "--ha-lease-duration > --ha-renew-deadline > --ha-retry-period > 0 is needed, got "
+            f"{args.ha_lease_duration:g}s, {args.ha_renew_deadline:g}s, {args.ha_retry_period:g}s"
         )
     if args.tracing:
         errors.append(

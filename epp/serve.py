@@ -27,6 +27,7 @@ from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
 from epp.k8s import connections as k8s_connections
+from epp.k8s import leader as k8s_leader
 from epp.k8s import objectives as k8s_objectives
 from epp.k8s import operator as k8s_operator
 from epp.k8s import pools as k8s_pools
@@ -189,6 +190,7 @@ async def _run(
         raise ValueError(
             "no endpoint source: give --pool-name, --endpoint-selector, --endpoints or --endpoints-file"
         )
+    elector = leader_elector(args, pool_operator)
     pool_gauge.set(len(datastore.candidates()))
     if ingester is not None:
         ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
@@ -229,16 +231,39 @@ async def _run(
     await loop_lag.start()
     await grpc_server.start()
     await health_server.start()
-    await health.set(datastore.synced if pool_operator is None else pool_operator.ready)
-    ready_task = None
+    # Readiness: the pool is listed (or the static endpoints are loaded) and, with leader
+    # election, this replica holds the Lease (GIE: followers are NOT_SERVING, liveness stays up).
+    pool_ready = datastore.synced if pool_operator is None else pool_operator.ready
+
+    async def update_health() -> None:
+        await health.set(pool_ready and (elector is None or elector.leading))
+
+    await update_health()
+    ready_tasks: list[asyncio.Task[None]] = []
     if pool_operator is not None:
         operator = pool_operator
 
         async def follow_readiness() -> None:  # NOT_SERVING while the pool is missing, till listed
+            nonlocal pool_ready
             async for ready in operator.readiness():
-                await health.set(ready)
+                pool_ready = ready
+                await update_health()
 
-        ready_task = tasks.create_guarded_task(follow_readiness(), name="health follows the pool", logger=log)
+        ready_tasks.append(
+            tasks.create_guarded_task(follow_readiness(), name="health follows the pool", logger=log)
+        )
+    if elector is not None:
+        campaign = elector
+
+        async def follow_leadership() -> None:
+            while True:
+                await campaign.wait_changed()
+                await update_health()
+
+        await campaign.start()
+        ready_tasks.append(
+            tasks.create_guarded_task(follow_leadership(), name="health follows the lease", logger=log)
+        )
     log.info(
         "epp serving",
         extra={
@@ -261,9 +286,13 @@ async def _run(
     try:
         await stop.wait()
     finally:
-        if ready_task is not None:  # first: the pool must not turn health back on while draining
-            await tasks.cancel_and_wait([ready_task])
+        # First: neither the pool nor the lease may turn health back on while draining.
+        await tasks.cancel_and_wait(ready_tasks)
         await health.set(False)
+        if elector is not None:
+            # Handed back before the drain, so a follower takes the traffic while this one's
+            # streams finish (as GIE, which releases on cancel).
+            await elector.stop(release=True)
         await drain(grpc_server, args.drain_timeout)
         await health_server.stop(0)
         if pool_operator is not None:
@@ -322,6 +351,33 @@ async def drain(server: grpc.aio.Server, grace: float) -> None:
         loop.time() - started,
         cut,
         extra={"streams_cut": cut},
+    )
+
+
+def leader_elector(
+    args: argparse.Namespace, pool_operator: k8s_operator.PoolOperator | None
+) -> k8s_leader.LeaderElector | None:
+    """GIE's --ha-enable-leader-election: a campaign for the pool's Lease, or None when off."""
+    if not args.ha_enable_leader_election:
+        return None
+    if pool_operator is None:
+        raise ValueError(
+            "--ha-enable-leader-election needs a Kubernetes pool (--pool-name or --endpoint-selector): "
+            "the Lease lives in the pool's namespace"
+        )
+    if pool_operator.pool_name is not None:
+        name = pool_operator.pool_name
+    else:  # pool-less: GIE names the Lease after the Deployment, from POD_NAME
+        name = k8s_leader.deployment_name(os.environ.get("POD_NAME", ""))
+    return k8s_leader.LeaderElector(
+        k8s_connections.load(args.kubeconfig),  # the pool operator's, read again
+        namespace=pool_operator.namespace,
+        name=k8s_leader.lease_name(pool_operator.namespace, name),
+        timing=k8s_leader.Timing(
+            lease_duration=args.ha_lease_duration,
+            renew_deadline=args.ha_renew_deadline,
+            retry_period=args.ha_retry_period,
+        ),
     )
 
 

@@ -159,7 +159,10 @@ def test_bad_logging_flags_are_refused(bad: str, capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--ha-enable-leader-election"], "leader election is not supported yet"),
+        (
+            ["--ha-enable-leader-election", "--ha-renew-deadline=20s"],
+            "--ha-lease-duration > --ha-renew-deadline",
+        ),
         (["--tracing"], "tracing is not supported yet"),
         (["--enable-cert-reload=true"], "certificate reloading is not supported yet"),
         (["--metrics-endpoint-auth"], "authentication on /metrics is not supported yet"),
@@ -203,7 +206,7 @@ def run_serve(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_zap_encoder_and_verbosity_change_the_real_logs() -> None:
-    refused = ["--ha-enable-leader-election", "--enable-pprof=false"]
+    refused = ["--tracing", "--enable-pprof=false"]
     as_json = run_serve(*refused, "--zap-encoder", "json", "-v", "2")
     assert as_json.returncode == 2
     lines = [json.loads(line) for line in as_json.stderr.splitlines()]
@@ -211,9 +214,15 @@ def test_zap_encoder_and_verbosity_change_the_real_logs() -> None:
         ("info", "GIE flag"),
         ("error", "cannot start"),
     ]
-    assert "--ha-enable-leader-election" in lines[1]["msg"] and "not supported yet" in lines[1]["msg"]
+    assert "--tracing" in lines[1]["msg"] and "not supported yet" in lines[1]["msg"]
 
     console = run_serve(*refused, "--zap-encoder=console", "--v=1")  # warnings and errors only
     assert console.returncode == 2
     (line,) = console.stderr.splitlines()
-    assert not line.startswith("{") and " ERROR " in line and "leader election is not supported yet" in line
+    assert not line.startswith("{") and " ERROR " in line and "tracing is not supported yet" in line
+
+
+def test_leader_election_needs_a_kubernetes_pool() -> None:
+    done = run_serve("--ha-enable-leader-election")
+    assert done.returncode == 2
+    assert "--ha-enable-leader-election needs a Kubernetes pool" in done.stderr

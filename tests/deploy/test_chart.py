@@ -507,3 +507,26 @@ def test_the_rendered_args_parse_as_epp_serve() -> None:
 
     args = cli.build_parser().parse_args(container(chart.render())["args"])
     assert (args.command, args.drain_timeout, args.pool_name) == ("serve", 125.0, chart.RELEASE)
+
+
+def test_leader_election_adds_the_flag_lease_rbac_and_split_probes() -> None:
+    docs = chart.render({"replicas": 2, "epp": {"leaderElection": True}})
+    c = container(docs)
+    assert "--ha-enable-leader-election" in c["args"]
+    assert c["readinessProbe"]["grpc"]["service"] == "readiness"
+    assert c["livenessProbe"]["grpc"]["service"] == "liveness"  # a follower is alive, not restarted
+    rules = chart.one(docs, "Role")["rules"]
+    assert {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "update"],
+    } in rules
+    for doc in docs:
+        chart.validate(doc)
+
+    default = container(chart.render())
+    assert "--ha-enable-leader-election" not in default["args"]
+    assert default["readinessProbe"]["grpc"]["service"] == "inference-extension"
+    assert all(
+        "coordination.k8s.io" not in r["apiGroups"] for r in chart.one(chart.render(), "Role")["rules"]
+    )

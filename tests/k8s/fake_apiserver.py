@@ -19,6 +19,10 @@ It speaks the parts of the real protocol that epp's reflector uses, with the rea
 - `POST /api/v1/namespaces/{ns}/events`: a core/v1 Event is created (name from
   `metadata.generateName`, 201) and kept in `events`; a namespace in the body other than the
   path's is a 400, as for a real server.
+- `GET`/`PUT /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}` and `POST .../leases`:
+  Leases for leader election, with optimistic concurrency as on a real server: a PUT whose
+  `metadata.resourceVersion` is not the current one is a 409 Conflict, a POST of an existing name
+  a 409 AlreadyExists, a GET or PUT of a missing one a 404.
 - A bearer token, when configured: 401 without it.
 
 Test controls: `create`/`update`/`delete`, `compact()` (history before now is gone -> 410),
@@ -146,6 +150,7 @@ class FakeApiServer:
         self.history: list[_Event] = []
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.events: list[Object] = []  # core/v1 Events posted, in order
+        self.leases: dict[tuple[str, str], Object] = {}  # (namespace, name) -> Lease
         self.url = ""
         self._watchers: set[_Watcher] = set()
         self._failures: list[int] = []
@@ -165,6 +170,10 @@ class FakeApiServer:
             self._handle_objectives,
         )
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._handle_event_post)
+        leases = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+        app.router.add_post(leases, self._handle_lease)
+        app.router.add_get(leases + "/{name}", self._handle_lease)
+        app.router.add_put(leases + "/{name}", self._handle_lease)
         self._runner = web.AppRunner(
             app, handle_signals=False, shutdown_timeout=0.1, handler_cancellation=True
         )
@@ -283,6 +292,49 @@ class FakeApiServer:
         meta.setdefault("name", f"{meta.get('generateName', 'event.')}{len(self.events):05x}")
         self.events.append(event)
         return web.json_response(event, status=201)
+
+    async def _handle_lease(self, request: web.Request) -> web.Response:
+        self.requests.append((request.path, {"method": request.method}))
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return self._error(401, "Unauthorized", "Unauthorized")
+        if self._failures:
+            code = self._failures.pop(0)
+            return self._error(code, "InternalError", "injected failure")
+        ns = request.match_info["ns"]
+        if request.method == "GET":
+            found = self.leases.get((ns, request.match_info["name"]))
+            if found is None:
+                return self._error(404, "NotFound", f"leases {request.match_info['name']!r} not found")
+            return web.json_response(found)
+        try:
+            lease = await request.json()
+        except ValueError as e:
+            return self._error(400, "BadRequest", str(e))
+        meta = lease.setdefault("metadata", {})
+        if meta.setdefault("namespace", ns) != ns:
+            return self._error(400, "BadRequest", "the namespace of the object does not match the request")
+        key = (ns, meta.get("name", ""))
+        current = self.leases.get(key)
+        if request.method == "POST":
+            if current is not None:
+                return self._error(409, "AlreadyExists", f"leases {key[1]!r} already exists")
+        else:
+            if key[1] != request.match_info["name"]:
+                return self._error(400, "BadRequest", "the name of the object does not match the request")
+            if current is None:
+                return self._error(404, "NotFound", f"leases {key[1]!r} not found")
+            if meta.get("resourceVersion") not in (None, current["metadata"]["resourceVersion"]):
+                return self._error(
+                    409,
+                    "Conflict",
+                    "the object has been modified; please apply your changes to the latest version",
+                )
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
+        lease.setdefault("apiVersion", "coordination.k8s.io/v1")
+        lease.setdefault("kind", "Lease")
+        self.leases[key] = lease
+        return web.json_response(lease, status=201 if request.method == "POST" else 200)
 
     def _error(self, code: int, reason: str, message: str) -> web.Response:
         return web.json_response(_status(code, reason, message), status=code)
