@@ -436,7 +436,7 @@ def add_gie_arguments(p: argparse.ArgumentParser) -> None:
     _optional_bool(
         g,
         "enable-cert-reload",
-        "reload --cert-path's tls.crt/tls.key when they change: not supported yet, true is a startup error",
+        "serve a renewed tls.crt/tls.key from --cert-path from the next connection on",
     )
     _optional_bool(
         g,
@@ -483,11 +483,8 @@ def gie_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             "--tracing: OpenTelemetry tracing is not supported yet; pass --tracing=false "
             "(GIE's chart does unless inferenceExtension.tracing.enabled)"
         )
-    if args.enable_cert_reload:
-        errors.append(
-            "--enable-cert-reload: certificate reloading is not supported yet; restart epp to "
-            "pick up a renewed certificate"
-        )
+    if args.enable_cert_reload and not args.cert_path:
+        errors.append("--enable-cert-reload needs --cert-path (a self-signed certificate never changes)")
     if args.metrics_endpoint_auth:
         errors.append(
             "--metrics-endpoint-auth: authentication on /metrics is not supported yet; pass "

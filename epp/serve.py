@@ -204,7 +204,11 @@ async def _run(
     )
 
     health = extproc_server.Health()
-    credentials = tls.server_credentials(args.cert_path) if args.secure_serving else None
+    credentials = (
+        tls.server_credentials(args.cert_path, reload=bool(args.enable_cert_reload))
+        if args.secure_serving
+        else None
+    )
     grpc_server = extproc_server.build_server(
         director, health, bind=args.bind_address, port=args.grpc_port, credentials=credentials
     )

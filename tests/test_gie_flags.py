@@ -164,7 +164,7 @@ def test_bad_logging_flags_are_refused(bad: str, capsys: pytest.CaptureFixture[s
             "--ha-lease-duration > --ha-renew-deadline",
         ),
         (["--tracing"], "tracing is not supported yet"),
-        (["--enable-cert-reload=true"], "certificate reloading is not supported yet"),
+        (["--enable-cert-reload=true"], "--enable-cert-reload needs --cert-path"),
         (["--metrics-endpoint-auth"], "authentication on /metrics is not supported yet"),
         (["--model-server-metrics-scheme=https"], "over http only"),
         (["--model-server-metrics-path=/prometheus/metrics"], "/metrics only"),
