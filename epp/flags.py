@@ -346,7 +346,6 @@ GIE_NO_EFFECT: dict[str, str] = {
     "enable-pprof": "Go's pprof; epp is Python (the event-loop lag metric and py-spy cover profiling)",
     "refresh-prometheus-metrics-interval": "epp computes its pool gauges when /metrics is scraped",
     "zap-stacktrace-level": "epp logs a traceback with every logged exception, at any level",
-    "zap-time-encoding": "epp writes RFC 3339 timestamps (milliseconds, UTC) in the ts field",
     "model-server-metrics-https-insecure-skip-verify": "epp scrapes model servers over http only",
 }
 
@@ -399,7 +398,7 @@ def add_gie_arguments(p: argparse.ArgumentParser) -> None:
         "--zap-time-encoding",
         choices=["epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano"],
         default=None,
-        help="no effect",
+        help="the log timestamps' encoding, as zap's (default: RFC 3339 with milliseconds, UTC)",
     )
     _optional_bool(
         g,

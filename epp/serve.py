@@ -54,7 +54,7 @@ _warned_bind_ranks: list[bool] = []  # warn once per process
 
 def main(args: argparse.Namespace) -> int:
     level, fmt = flags.log_settings(args)
-    logs.setup(level=level, fmt=fmt)
+    logs.setup(level=level, fmt=fmt, time_encoding=args.zap_time_encoding)
     errors, notes = flags.gie_flag_problems(args)
     for note in notes:
         log.info("GIE flag: %s", note)

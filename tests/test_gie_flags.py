@@ -226,3 +226,35 @@ def test_leader_election_needs_a_kubernetes_pool() -> None:
     done = run_serve("--ha-enable-leader-election")
     assert done.returncode == 2
     assert "--ha-enable-leader-election needs a Kubernetes pool" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("encoding", "expected"),
+    [
+        (None, "2026-11-25T15:04:05.123+00:00"),
+        ("epoch", 1795619045.123),
+        ("millis", 1795619045123.0),
+        ("nano", 1795619045123000064),
+        ("iso8601", "2026-11-25T15:04:05.123Z"),
+        ("rfc3339", "2026-11-25T15:04:05Z"),
+        ("rfc3339nano", "2026-11-25T15:04:05.123000Z"),
+    ],
+)
+def test_zap_time_encodings(encoding: str | None, expected: object) -> None:
+    from epp.observability import logs
+
+    got = logs.encode_time(1795619045.123, encoding)
+    if isinstance(expected, float):
+        assert got == pytest.approx(expected)
+    elif isinstance(expected, int) and encoding == "nano":
+        assert isinstance(got, int) and abs(got - expected) < 1000
+    else:
+        assert got == expected
+
+
+def test_zap_time_encoding_reaches_the_real_logs() -> None:
+    done = run_serve("--tracing", "--zap-time-encoding=nano")
+    (line,) = done.stderr.splitlines()
+    assert isinstance(json.loads(line)["ts"], int)
+    text = run_serve("--tracing", "--zap-time-encoding=rfc3339", "--zap-encoder=console")
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ERROR ", text.stderr), text.stderr

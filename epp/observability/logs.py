@@ -1,6 +1,10 @@
 """Structured logs: one JSON object per line (default) or plain text for humans.
 
-JSON keys: ts (RFC 3339, UTC), level, logger, msg, plus any `extra=` fields and the exception.
+JSON keys: ts (RFC 3339 with milliseconds, UTC, unless another time encoding is asked for),
+level, logger, msg, plus any `extra=` fields and the exception.
+
+Time encodings are controller-runtime's `--zap-time-encoding` values, so GIE's flag means the same:
+epoch (seconds, float), millis (float), nano (integer), iso8601, rfc3339, rfc3339nano.
 """
 
 from __future__ import annotations
@@ -16,12 +20,38 @@ _STD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"
 _encode = msgspec.json.Encoder().encode
 
 
+TIME_ENCODINGS = ("epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano")
+
+
+def encode_time(created: float, encoding: str | None) -> str | float | int:
+    """`created` (a LogRecord's epoch seconds) as `encoding` renders it; None: RFC 3339 with ms."""
+    if encoding == "epoch":
+        return created
+    if encoding == "millis":
+        return created * 1e3
+    if encoding == "nano":
+        return int(created * 1e9)
+    moment = datetime.datetime.fromtimestamp(created, datetime.UTC)
+    if encoding == "rfc3339":
+        return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+    if encoding == "rfc3339nano":
+        return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")  # Python has us
+    if encoding == "iso8601":
+        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if encoding is None:
+        return moment.isoformat(timespec="milliseconds")
+    raise ValueError(f"unknown time encoding {encoding!r} (one of {', '.join(TIME_ENCODINGS)})")
+
+
 class JsonFormatter(logging.Formatter):
+    def __init__(self, time_encoding: str | None = None) -> None:
+        super().__init__()
+        encode_time(0.0, time_encoding)  # fail now on a bad name, not per record
+        self.time_encoding = time_encoding
+
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
-                timespec="milliseconds"
-            ),
+            "ts": encode_time(record.created, self.time_encoding),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -34,12 +64,24 @@ class JsonFormatter(logging.Formatter):
         return _encode(out).decode()
 
 
-def setup(*, level: str = "info", fmt: str = "json") -> None:
+class TextFormatter(logging.Formatter):
+    def __init__(self, time_encoding: str | None = None) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        encode_time(0.0, time_encoding)
+        self.time_encoding = time_encoding
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if self.time_encoding is None:
+            return super().formatTime(record, datefmt)
+        return str(encode_time(record.created, self.time_encoding))
+
+
+def setup(*, level: str = "info", fmt: str = "json", time_encoding: str | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter(time_encoding))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter(time_encoding))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
