@@ -22,7 +22,8 @@ each time, since a label-only resync may change the metrics port in place):
 Every `models_interval` (30 s), and at once when an excluded endpoint comes back (a restarted
 server may serve another context length), the loop also reads the server's model cards from
 `GET /v1/models` on its serving port: vLLM lists each served model and LoRA adapter with its
-`max_model_len`, which epp enforces as vLLM does (`epp.requestcontrol.context_length`). A server
+`max_model_len` (an adapter's card has none: its base model's, named by `parent`, applies), which
+epp enforces as vLLM does (`epp.requestcontrol.context_length`). A server
 without that page, or cards without `max_model_len`, leaves the endpoint's limits as they were
 (empty: epp then falls back to the tokenizer config); a failed read is retried after 5 s.
 
@@ -81,6 +82,7 @@ class _ScrapeError(Exception):
 class _Card(msgspec.Struct):
     id: str
     max_model_len: Any = None  # vLLM's extension of OpenAI's model card; others have none
+    parent: Any = None  # a LoRA adapter's base model (vLLM lists adapters with max_model_len null)
 
 
 class _Cards(msgspec.Struct):
@@ -302,6 +304,9 @@ class MetricsScraper:
             for card in cards.data
             if type(card.max_model_len) is int and card.max_model_len > 0
         }
+        for card in cards.data:  # an adapter runs within its base model's context
+            if card.id not in limits and isinstance(card.parent, str) and card.parent in limits:
+                limits[card.id] = limits[card.parent]
         if limits != ep.model_limits:
             log.info(
                 "endpoint %s serves %s",

@@ -316,7 +316,9 @@ async def test_model_cards_give_each_models_max_model_len(server: FakeVLLM) -> N
     ds = Datastore()
     ds.sync("t", [spec(server.port)])
     (ep,) = ds.endpoints()
-    server.models = model_list(tiny=2048, adapter=2048, other=None)
+    cards = json.loads(model_list(tiny=2048, adapter=None, other=None))
+    cards["data"][1]["parent"] = "tiny"  # vLLM 0.32 lists a LoRA adapter so: null, with its base
+    server.models = json.dumps(cards).encode()
     async with make(ds, models_interval=0.05):
         await until(lambda: ds.max_model_len("tiny") == 2048, "the card read")
         assert ep.model_limits == {"tiny": 2048, "adapter": 2048}  # a card without a length: none
