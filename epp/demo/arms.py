@@ -64,7 +64,7 @@ def sim_config(args: argparse.Namespace, name: str) -> SimConfig:
         served_model=MODEL,
         max_num_seqs=args.max_num_seqs,
         block_size=BLOCK_TOKENS,
-        num_gpu_blocks=blocks,
+        num_gpu_blocks=blocks + 1,  # vLLM's flag: one block of it is the null block, never usable
         chars_per_token=CHARS_PER_TOKEN,
         base_latency=args.base_latency_ms / 1e3,
         prefill_per_char=args.prefill_us_per_char / 1e6,

@@ -198,7 +198,8 @@ def setup_paragraph(args: argparse.Namespace, cfg: SimConfig, workload: Workload
 
     prompt_tokens = len(load_shipped().encode(workload.system_prompts[0])) if workload.system_prompts else 0
     cold_ms = (cfg.base_latency + prompt_tokens * cfg.prefill_cost) * 1e3
-    tenants_fit = cfg.num_gpu_blocks * cfg.block_size / max(1, prompt_tokens)
+    usable = cfg.num_gpu_blocks - 1  # vLLM keeps one block back (its null block)
+    tenants_fit = usable * cfg.block_size / max(1, prompt_tokens)
     question_chars = sum(len(r.question) for r in workload.requests) // max(1, len(workload.requests))
     return (
         f'Setup: {args.pods} simulated vLLM replicas ("pods") run inside this process. They are a '
@@ -210,7 +211,7 @@ def setup_paragraph(args: argparse.Namespace, cfg: SimConfig, workload: Workload
         f"request; {args.output_tokens} tokens per answer), after {cfg.base_latency * 1e3:g} ms of "
         f"request handling. A pod runs at most {cfg.max_num_seqs} requests at once and queues "
         f"the rest, so a request's first token also waits for the prefills sharing its steps. "
-        f"Its prefix cache holds {cfg.num_gpu_blocks} blocks of {cfg.block_size} "
+        f"Its prefix cache holds {usable} blocks of {cfg.block_size} "
         f"tokens (evicted least recently used, as vLLM's), room for about {tenants_fit:.1f} "
         f"tenants' system prompts; it publishes vLLM's KV-cache events over ZMQ. Prompts are "
         f"tokenized with epp-tiny, the tokenizer shipped with epp. "
