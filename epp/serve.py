@@ -21,6 +21,7 @@ import grpc
 import zmq
 
 from epp import flags, tasks
+from epp.api.context_length import ContextLimits
 from epp.datastore import standalone
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.datastore.scraper import MetricsScraper
@@ -37,7 +38,6 @@ from epp.observability import http as obs_http
 from epp.observability import logs, metrics
 from epp.observability.looplag import LoopLagMonitor
 from epp.requestcontrol import admission
-from epp.requestcontrol.context_length import ContextLimits
 from epp.requestcontrol.director import Director, DirectorSettings
 from epp.rpc import http as rpc_http
 from epp.rpc import service as rpc_service

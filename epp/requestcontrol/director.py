@@ -31,12 +31,12 @@ from typing import Any, Protocol
 import msgspec
 
 from epp import clock
-from epp.api import errors
+from epp.api import context_length, errors
 from epp.api.requests import Api, InferenceRequest, header_only_request, parse_request, plain_prompt
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.observability import metrics
-from epp.requestcontrol import admission, context_length
+from epp.requestcontrol import admission
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
 from epp.tokenize.chat import ChatTemplateError, UnsupportedChat, add_special_tokens

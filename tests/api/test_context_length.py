@@ -11,12 +11,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from epp.api import errors
+from epp.api import context_length, errors
+from epp.api.context_length import ContextLimits
 from epp.api.requests import parse_request
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.kvcache.index import BlockIndex
-from epp.requestcontrol import context_length
-from epp.requestcontrol.context_length import ContextLimits
 from epp.requestcontrol.director import Director
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
@@ -61,21 +60,28 @@ CONTEXT = (
     "the input prompt."
 )
 
+BUDGET = "max_tokens=257 cannot be greater than max_model_len=256. Please request fewer output tokens."
+TRUNCATE = (
+    "truncate_prompt_tokens=257 cannot be greater than max_model_len = 256. "
+    "Please request a smaller truncation size."
+)
+NO_ROOM = "max_tokens must be at least 1, got 0."
+
 # (prompt length, extra body fields, expected) as vLLM 0.32 answered them.
 TOKEN_ID_CASES: list[tuple[int, dict[str, Any], tuple[int, Any]]] = [
     (255, {}, (200, 255)),
     (255, {"max_tokens": 256}, (200, 255)),  # clamped to 1, not refused
-    (255, {"max_tokens": 257}, (400, "max_tokens=257 cannot be greater than max_model_len=256. Please request fewer output tokens.")),
-    (256, {}, (400, "max_tokens must be at least 1, got 0.")),
-    (256, {"max_tokens": 1}, (400, "max_tokens must be at least 1, got 0.")),
+    (255, {"max_tokens": 257}, (400, BUDGET)),
+    (256, {}, (400, NO_ROOM)),
+    (256, {"max_tokens": 1}, (400, NO_ROOM)),
     (257, {}, (400, CONTEXT.format("at least 257"))),
     (300, {"max_tokens": 1}, (400, CONTEXT.format("300"))),
     (10, {"max_tokens": 256}, (200, 10)),
     (300, {"truncate_prompt_tokens": 10, "max_tokens": 1}, (200, 10)),
     (300, {"truncate_prompt_tokens": -1, "max_tokens": 1}, (200, 255)),
     (300, {"truncate_prompt_tokens": 255}, (200, 255)),
-    (300, {"truncate_prompt_tokens": 256, "max_tokens": 1}, (400, "max_tokens must be at least 1, got 0.")),
-    (300, {"truncate_prompt_tokens": 257}, (400, "truncate_prompt_tokens=257 cannot be greater than max_model_len = 256. Please request a smaller truncation size.")),
+    (300, {"truncate_prompt_tokens": 256, "max_tokens": 1}, (400, NO_ROOM)),
+    (300, {"truncate_prompt_tokens": 257}, (400, TRUNCATE)),
     (100, {"truncate_prompt_tokens": 0, "max_tokens": 1}, (400, "The decoder prompt cannot be empty")),
 ]  # fmt: skip
 
@@ -147,7 +153,7 @@ async def test_chat_budget_is_max_completion_tokens_when_given(tokenizers: Token
     )
     assert got == (
         400,
-        "max_completion_tokens=500 cannot be greater than max_model_len=256. Please request fewer output tokens.",
+        BUDGET.replace("max_tokens=257", "max_completion_tokens=500"),
     )
     status, _ = await answer(
         d, {"model": "tiny", "messages": short, "max_completion_tokens": 5, "max_tokens": 500}, path
