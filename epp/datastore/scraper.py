@@ -23,7 +23,7 @@ Every `models_interval` (30 s), and at once when an excluded endpoint comes back
 server may serve another context length), the loop also reads the server's model cards from
 `GET /v1/models` on its serving port: vLLM lists each served model and LoRA adapter with its
 `max_model_len` (an adapter's card has none: its base model's, named by `parent`, applies), which
-epp enforces as vLLM does (`epp.requestcontrol.context_length`). A server
+epp enforces as vLLM does (`epp.api.context_length`). A server
 without that page, or cards without `max_model_len`, leaves the endpoint's limits as they were
 (empty: epp then falls back to the tokenizer config); a failed read is retried after 5 s.
 

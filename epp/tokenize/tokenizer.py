@@ -169,7 +169,7 @@ class Tokenizer:
         self.bos_token_id = bos_token_id  # from tokenizer_config.json's bos_token; None if not named
         self.eos_token_id = eos_token_id
         # tokenizer_config.json's context length, the last fallback for vLLM's max_model_len
-        # (epp.requestcontrol.context_length); None when absent or Hugging Face's "unset" value.
+        # (epp.api.context_length); None when absent or Hugging Face's "unset" value.
         self.model_max_length = model_max_length
         self.chat_template = chat_template  # Jinja source; chat_template.jinja wins over the config's
         # The config's special-token strings by name (bos_token, eos_token, ..., and the list
