@@ -1,104 +1,68 @@
-"""epp's token ids equal the ids vLLM feeds its engine, on a few hundred varied requests.
+"""epp's token ids equal the ids vLLM feeds its engine, or both refuse: the differential test, a
+seeded few hundred requests of every kind (e2e/vllm/chat_requests.py) in every chat-template style.
 
-epp's side is `POST /debug/tokenize` on its metrics port: exactly the ids epp scores. vLLM's side
-is the request itself sent through Envoy with the OpenAI client and `"return_token_ids": true`,
-which answers the engine prompt's ids (`prompt_token_ids`); vLLM's POST /tokenize takes another
-path (reference notes, vllm-chat-preprocessing.md) and is not used. Requests come from
-`chat_requests.cases`: completions, and chat in five template styles.
-
-Outcomes per request: equal ids; both refuse (vLLM 400, and epp answers an error or no ids);
-epp has ids where vLLM refused (counted, reported; routing a request the server will refuse costs
-nothing); anything else is a mismatch and fails the test, listed with both id lists.
+Each request goes to vLLM (pod-0, directly: through Envoy, epp's own refusal would stand in for
+vLLM's) and to epp's `POST /debug/tokenize` (e2e/vllm/differential.py). vLLM's side is the
+request itself with `"return_token_ids": true`, which answers the engine prompt's ids; vLLM's
+POST /tokenize takes another path (reference notes, vllm-chat-preprocessing.md) and is not used.
+Every disagreement fails the test - different ids, a refusal on one side only, a different status
+- listed with both answers. The one tolerance (differential.classify): over-long prompts while epp
+does not yet refuse them. `scripts/differential_tokenize.py` runs the same comparison at scale.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import json
-from typing import Any
+import time
 
-import openai
 import pytest
 
-from e2e.vllm.chat_requests import Case, cases
+from e2e.vllm import chat_requests, differential
+from e2e.vllm.chat_requests import Case
+from e2e.vllm.fleet import MAX_MODEL_LEN
 from e2e.vllm.stack import VllmStack
+from epp.gateway.processes import HOST
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
-SEED = 20261122
-PER_STYLE = 45
-COMPLETIONS = 50
+SEED = 20261125
+CASES = 360
+BOUNDARY_CHATS = 2
 
 
-def vllm_ids(client: openai.OpenAI, case: Case) -> list[int] | str:
-    """The engine prompt ids vLLM reports, or the error text of a 400."""
-    body = dict(case.body)
-    model = body.pop("model")
-    extra = {"return_token_ids": True, **body}
-    try:
-        if case.path == "/v1/completions":
-            prompt = extra.pop("prompt")
-            completion = client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body=extra)
-            choice_extra = completion.choices[0].model_extra or {}
-            return list(choice_extra["prompt_token_ids"])
-        messages = extra.pop("messages")
-        chat = client.chat.completions.create(model=model, messages=messages, max_tokens=1, extra_body=extra)
-        return list((chat.model_extra or {})["prompt_token_ids"])
-    except openai.BadRequestError as err:
-        return f"400 {err.message}"
+def _urls(stack: VllmStack) -> tuple[str, str]:
+    return stack.pods[0].url, f"http://{HOST}:{stack.epp.metrics_port}"
 
 
-def compare(stack: VllmStack, client: openai.OpenAI, case: Case) -> dict[str, Any]:
-    theirs = vllm_ids(client, case)
-    mine = stack.tokenize(case.body, case.path)
-    ours = mine.get("token_ids")
-    if isinstance(theirs, str):
-        outcome = "both refuse" if ours is None else "epp ids, vLLM refuses"
-    else:
-        outcome = "equal" if ours == theirs else "mismatch"
-    return {"outcome": outcome, "case": case, "vllm": theirs, "epp": mine}
+def test_epp_tokenizes_like_vllm(stack: VllmStack) -> None:
+    vllm_url, epp_url = _urls(stack)
+    cases = chat_requests.cases(SEED, CASES)
 
+    def measure(case: Case) -> int | None:
+        ids = differential.vllm_answer(vllm_url, case).ids
+        return None if ids is None else len(ids)
 
-def first_difference(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
-
-def test_epp_tokenizes_like_vllms_engine(stack: VllmStack) -> None:
-    all_cases = cases(SEED, PER_STYLE, COMPLETIONS)
-    client = stack.client(timeout=120)
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda c: compare(stack, client, c), all_cases))
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    print("tokenization outcomes:", json.dumps(counts))
-    bad = [r for r in results if r["outcome"] == "mismatch"]
-    lines = []
-    for r in bad[:8]:
-        ours = r["epp"].get("token_ids")
-        at = first_difference(ours or [], r["vllm"])
-        lines.append(
-            f"{r['case'].describe()}\n  epp  {r['epp'] if ours is None else ours[max(0, at - 5) : at + 10]}"
-            f"\n  vLLM {r['vllm'][max(0, at - 5) : at + 10]} (first difference at {at}; lengths "
-            f"{len(ours or [])} / {len(r['vllm'])})"
-        )
-    assert not bad, f"{len(bad)} of {len(results)} requests tokenized differently:\n" + "\n".join(lines)
-    assert counts.get("equal", 0) >= 200, counts
-    assert counts.get("both refuse", 0) + counts.get("epp ids, vLLM refuses", 0) >= 2, counts
+    cases += chat_requests.boundary_cases(measure, SEED, n_chats=BOUNDARY_CHATS)
+    epp_length = differential.epp_checks_length(epp_url, MAX_MODEL_LEN)
+    started = time.monotonic()
+    results = differential.run(cases, vllm_url=vllm_url, epp_url=epp_url, epp_length=epp_length)
+    counts = differential.counts(results)
+    print(f"differential: {len(results)} requests in {time.monotonic() - started:.0f} s: {counts}")
+    bad = differential.disagreements(results)
+    listed = "\n".join(r.describe() for r in bad[:10])
+    assert not bad, f"{len(bad)} of {len(results)} requests disagree:\n{listed}"
+    # The mix must keep exercising both sides of the comparison.
+    assert counts.get("equal", 0) >= CASES // 2, counts
+    assert counts.get("both refuse", 0) >= CASES // 20, counts
 
 
 def test_completions_without_special_tokens(stack: VllmStack) -> None:
     """vLLM's completions endpoint takes `add_special_tokens` (default true): false means no BOS."""
-    client = stack.client(timeout=120)
+    vllm_url, epp_url = _urls(stack)
     prompts = ["Hello there, how are you?", "  leading spaces", "<s> a literal BOS string", "12345 numbers"]
-    results = [
-        compare(
-            stack,
-            client,
-            Case("/v1/completions", {"model": "tiny", "prompt": p, "add_special_tokens": False}),
-        )
+    cases = [
+        Case("/v1/completions", {"model": "tiny", "prompt": p, "add_special_tokens": False, "max_tokens": 1})
         for p in prompts
     ]
-    assert [r["outcome"] for r in results] == ["equal"] * len(prompts), [
-        (r["epp"].get("token_ids"), r["vllm"]) for r in results
-    ]
+    results = differential.run(cases, vllm_url=vllm_url, epp_url=epp_url, epp_length=True)
+    assert [r.outcome for r in results] == ["equal"] * len(prompts), [r.describe() for r in results]
+    assert all(r.vllm.ids and r.vllm.ids[0] != 1 for r in results), "BOS (id 1) added despite the flag"

@@ -274,7 +274,7 @@ def test_chatml_tools_and_tool_calls(make: Callable[[str], tokenizer.Tokenizer])
         },
         {"id": "c2", "type": "function", "function": {"name": "now", "arguments": "not json"}},
         {"id": "c3", "type": "function", "function": {"name": "now", "arguments": "[1, 2]"}},
-        {"id": "c4", "type": "function", "function": {"name": "now", "arguments": {"tz": "UTC"}}},
+        {"id": "c4", "type": "function", "function": {"name": "now", "arguments": '{"tz": "UTC"}'}},
     ]
     body = _body(
         U1,
@@ -331,15 +331,21 @@ def test_reasoning_and_reasoning_effort(make: Callable[[str], tokenizer.Tokenize
     assert text.endswith("<|im_start|>assistant\n")
 
 
-def test_reasoning_content_key_is_not_passed_on(tiny: tokenizer.Tokenizer) -> None:
+def test_reasoning_content_is_the_older_name_of_reasoning(tiny: tokenizer.Tokenizer) -> None:
+    # vLLM's ChatCompletionRequest._normalize_messages_before: reasoning_content moves to reasoning
+    # when reasoning is absent or null; reasoning wins when both are set. Only assistant messages
+    # pass reasoning on (as both names); other keys never reach the template.
     source = "{% for m in messages %}[{{ m.reasoning_content }}|{{ m.reasoning }}|{{ m.extra }}]{% endfor %}"
     tok = tokenizer.Tokenizer(tiny.backend, name="t", chat_template=source)
     msgs = [
         {"role": "assistant", "content": "a", "reasoning": "r"},
         {"role": "assistant", "content": "b", "reasoning_content": "old", "extra": 1},
-        {"role": "user", "content": "c", "reasoning": "ignored"},
+        {"role": "assistant", "content": "c", "reasoning": "new", "reasoning_content": "old"},
+        {"role": "assistant", "content": "d", "reasoning": None, "reasoning_content": "old"},
+        {"role": "assistant", "content": "e", "reasoning_content": None},
+        {"role": "user", "content": "f", "reasoning": "ignored", "reasoning_content": "ignored"},
     ]
-    assert chat.render_chat(tok, _body(*msgs)) == "[r|r|][||][||]"
+    assert chat.render_chat(tok, _body(*msgs)) == "[r|r|][old|old|][new|new|][old|old|][||][||]"
 
 
 def test_developer_merged_into_system_when_template_lacks_it(
@@ -393,8 +399,7 @@ def test_other_template_failures_are_chat_template_errors(tiny: tokenizer.Tokeni
 @pytest.mark.parametrize(
     ("fields", "match"),
     [
-        ({"messages": []}, "non-empty"),
-        ({"messages": "hi"}, "non-empty"),
+        ({"messages": "hi"}, "must be a list"),
         ({"messages": [{"content": "x"}]}, "role"),
         ({"messages": [{"role": "user", "content": 5}]}, "content"),
         ({"tools": []}, "tools must not be empty"),
@@ -403,6 +408,27 @@ def test_other_template_failures_are_chat_template_errors(tiny: tokenizer.Tokeni
         ({"chat_template_kwargs": {"chat_template": "x"}}, "may not set"),
         ({"chat_template_kwargs": []}, "must be an object"),
         ({"continue_final_message": True}, "cannot both"),
+        # vLLM's check_generation_prompt tests the raw values' truth: "false" is a true string
+        ({"continue_final_message": True, "add_generation_prompt": "false"}, "cannot both"),
+        ({"add_generation_prompt": None}, "must be a boolean"),
+        ({"continue_final_message": "perhaps"}, "must be a boolean"),
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"documents": [{"title": 1}]}, "documents"),
+        ({"tool_choice": "auto"}, "needs tools"),
+        ({"tool_choice": "sometimes", "tools": [{"function": {"name": "f"}}]}, "tool_choice"),
+        (
+            {
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            "names none",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "parameters"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "strict": "maybe"}}]}, "strict"),
+        ({"chat_template_kwargs": {"messages": []}}, "may not set"),
+        ({"chat_template_kwargs": {"conversation": []}}, "may not set"),
+        ({"chat_template_kwargs": {"tools": True}}, "tools must be a list of objects"),
+        ({"chat_template_kwargs": {"documents": ["a"]}}, "documents must be a list of objects"),
     ],
 )
 def test_refused_bodies(tiny: tokenizer.Tokenizer, fields: dict[str, Any], match: str) -> None:
