@@ -115,6 +115,18 @@ def truncate(
     return ids[len(ids) - keep :] if keep else []
 
 
+def special_counts(plain: Sequence[int], full: Sequence[int]) -> tuple[int, int]:
+    """(leading, trailing) special tokens a tokenizer adds, from one text encoded without and with
+    them (a BOS: (1, 0)); what `truncate` keeps of a text prompt."""
+    n = len(plain)
+    if not n:
+        return (0, 0)
+    for lead in range(len(full) - n + 1):
+        if list(full[lead : lead + n]) == list(plain):
+            return (lead, len(full) - lead - n)
+    return (0, 0)
+
+
 def check_prompt(n_tokens: int, request: InferenceRequest, max_model_len: int, *, from_text: bool) -> None:
     """Rule 3 for a prompt of `n_tokens` (after truncation). Raises `errors.BadRequest`.
 

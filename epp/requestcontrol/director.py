@@ -265,12 +265,7 @@ class Director:
         model, base = request.target_model, self.datastore.base_model
         plain = await tokenizer.encode(model, "a", base_model=base, add_special_tokens=False)
         full = await tokenizer.encode(model, "a", base_model=base, add_special_tokens=True)
-        if not plain or not full:
-            return (0, 0)
-        for lead in range(len(full) - len(plain) + 1):
-            if full[lead : lead + len(plain)] == plain:
-                return (lead, len(full) - lead - len(plain))
-        return (0, 0)
+        return context_length.special_counts(plain or [], full or [])
 
     async def _tokenize(self, request: InferenceRequest, tokenizer: PromptTokenizer) -> None:
         """Fill `request.token_ids` (and the exact prompt size) unless the ids came with it."""

@@ -29,8 +29,9 @@ from typing import Any
 
 from aiohttp import web
 
+from epp.api import context_length
 from epp.api.errors import BadRequest
-from epp.api.requests import InferenceRequest, parse_request
+from epp.api.requests import Api, InferenceRequest, parse_request
 from epp.sim.core import RequestRejected
 from epp.sim.engine import SimConfig, SimRequest, SimState, render_metrics
 from epp.tokenize.chat import ChatTemplateError
@@ -70,6 +71,29 @@ def _parse(path: str, raw: bytes, config: SimConfig) -> tuple[dict[str, Any], In
     return body, req
 
 
+async def _within_context(state: SimState, parsed: InferenceRequest, ids: list[int]) -> list[int]:
+    """vLLM 0.32's context-length rules (`epp.api.context_length`): the prompt as truncated, or
+    BadRequest with vLLM's message."""
+    limit = state.profile.max_model_len
+    context_length.check_parameters(parsed, limit)
+    if parsed.prompt_token_ids:
+        return context_length.check_given_ids(parsed.prompt_token_ids, parsed, limit)
+    specials = (0, 0)
+    if (
+        parsed.truncate_prompt_tokens is not None
+        and parsed.truncation_side is None
+        and parsed.add_special_tokens
+    ):
+        encode = state.tokenizers.encode
+        plain = await encode(parsed.model, "a", add_special_tokens=False)
+        full = await encode(parsed.model, "a", add_special_tokens=True)
+        if parsed.api is Api.COMPLETIONS:  # a chat prompt comes from its template, without specials
+            specials = context_length.special_counts(plain or [], full or [])
+    ids = context_length.truncate(ids, parsed, limit, specials=specials)
+    context_length.check_prompt(len(ids), parsed, limit, from_text=True)
+    return ids
+
+
 def _check_token_ids(ids: list[int]) -> None:
     if not ids:
         raise _BadRequest("the prompt cannot be empty")
@@ -101,9 +125,12 @@ def _max_tokens(api: str, body: Mapping[str, Any], state: SimState, prompt_token
     for key in keys:
         value = body.get(key)
         if value is not None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool):
                 raise _BadRequest(f"'{key}' must be a positive integer")
-            return min(value, cfg.max_output_tokens)
+            if value < 1:
+                raise _BadRequest(f"max_tokens must be at least 1, got {value}.")  # vLLM's words
+            # vLLM clamps the budget to what the context has left, it does not refuse it.
+            return min(value, cfg.max_output_tokens, state.profile.max_model_len - prompt_tokens)
     return max(1, min(cfg.default_max_tokens, state.profile.max_model_len - prompt_tokens))
 
 
@@ -143,13 +170,18 @@ async def _inference(request: web.Request, api: str) -> web.StreamResponse:
         return _error(404, f"The model `{parsed.model}` does not exist.", "NotFoundError")
     started = time.monotonic()
     try:
-        ids = await state.prompt_token_ids(parsed, body=body)
+        ids = await state.prompt_token_ids(parsed, body=body, add_special_tokens=parsed.add_special_tokens)
+        if parsed.api is Api.CHAT or parsed.api is Api.COMPLETIONS:
+            ids = await _within_context(state, parsed, ids)
         _check_token_ids(ids)
         n_out = _max_tokens(api, body, state, len(ids))
         out_ids = _output_token_ids(body)
     except (_BadRequest, ChatTemplateError) as exc:
         state.stats.errors += 1
         return _error(400, str(exc))
+    except BadRequest as exc:
+        state.stats.errors += 1
+        return _error(400, exc.reason)
     req = SimRequest(state, api, body, ids, n_out, cache_salt=parsed.cache_salt, output_token_ids=out_ids)
 
     await state.delay(cfg.base_latency)

@@ -394,3 +394,33 @@ async def test_named_replica() -> None:
         assert sim_state(runner).name == "replica-a"
     finally:
         await runner.cleanup()
+
+
+async def test_context_length_as_vllm(start: Start, http: aiohttp.ClientSession) -> None:
+    """vLLM 0.32's rules (`epp.api.context_length`, checked against a real vLLM in e2e/vllm): the
+    budget is clamped to what the context leaves, a prompt of max_model_len tokens or more is
+    refused, a budget above max_model_len too; truncate_prompt_tokens keeps the last tokens."""
+    url = await start(SimConfig(time_scale=0.01, max_model_len=256))
+
+    async def ask(prompt: list[int], **extra: Any) -> tuple[int, Any]:
+        body = {"model": "m", "prompt": prompt, **extra}
+        async with http.post(url + "/v1/completions", json=body) as r:
+            answer = await r.json()
+        if r.status != 200:
+            return r.status, answer["error"]["message"]
+        return r.status, (answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"])
+
+    ids = [100 + i % 50 for i in range(300)]
+    assert await ask(ids[:250], max_tokens=100) == (200, (250, 6))  # clamped: 250 + 6 = 256
+    assert await ask(ids[:255]) == (200, (255, 1))
+    status, message = await ask(ids[:256], max_tokens=1)
+    assert (status, message) == (400, "max_tokens must be at least 1, got 0.")
+    status, message = await ask(ids[:257])
+    assert status == 400 and "maximum context length is 256 tokens" in message and "at least 257" in message
+    status, message = await ask(ids[:10], max_tokens=257)
+    assert (status, message) == (
+        400,
+        "max_tokens=257 cannot be greater than max_model_len=256. Please request fewer output tokens.",
+    )
+    assert await ask(ids, truncate_prompt_tokens=-1, max_tokens=1) == (200, (255, 1))
+    assert await ask(ids, truncate_prompt_tokens=20, max_tokens=1) == (200, (20, 1))

@@ -178,13 +178,15 @@ async def test_preemption_under_a_small_kv_cache(pods: Any, http: aiohttp.Client
 
 
 async def test_a_prompt_longer_than_max_model_len_is_a_400(pods: Any, http: aiohttp.ClientSession) -> None:
+    """As vLLM 0.32: a prompt that leaves no room is refused; a budget past the end is clamped."""
     pod = await pods(SimConfig.from_profile(linear(max_model_len=256), time_scale=0.01))
-    body = {"model": MODEL, "prompt": ids(1, 250), "max_tokens": 10}
+    body = {"model": MODEL, "prompt": ids(1, 257), "max_tokens": 10}
     async with http.post(pod.url + "/v1/completions", json=body) as r:
         assert r.status == 400
         error = (await r.json())["error"]
     assert error["code"] == 400 and error["type"] == "BadRequestError"
     assert "maximum context length is 256 tokens" in error["message"]
+    assert (await complete(http, pod.url, ids(1, 250), 10))["usage"]["completion_tokens"] == 6
     assert (await complete(http, pod.url, ids(1, 246), 10))["usage"]["completion_tokens"] == 10
 
 
