@@ -3,8 +3,8 @@
 The behaviour behind the routes (the step engine in real time: batching, prefix cache, KV events,
 preemption, the Prometheus text) is `epp.sim.engine`'s; this module parses requests, writes JSON
 and SSE responses the way vLLM does (errors as vLLM's `{"error": {message, type, param, code}}`;
-what vLLM refuses for its context length is a 400 with its message, `epp.api.context_length`), and starts and addresses the
-server. A client that disconnects aborts its request in the engine.
+what vLLM refuses for its context length is a 400 with its message, `epp.api.context_length`),
+and starts and addresses the server. A client that disconnects aborts its request in the engine.
 
 Every response carries `x-sim-server` (this replica's name, by default `host:port`) and
 `x-sim-received-destination` (the `x-gateway-destination-endpoint` request header it got, or ""),
