@@ -440,8 +440,8 @@ def add_gie_arguments(p: argparse.ArgumentParser) -> None:
     _optional_bool(
         g,
         "metrics-endpoint-auth",
-        "Kubernetes authn/authz on /metrics: not supported yet, true is a startup error; "
-        "epp's /metrics is open (GIE's chart passes false unless its auth is enabled)",
+        "Kubernetes authn/authz (TokenReview, SubjectAccessReview) on the metrics port, as GIE's; "
+        "epp's default is off (GIE's is on; its chart passes false unless its auth is enabled)",
     )
     g.add_argument("--refresh-prometheus-metrics-interval", type=duration, default=None, help="no effect")
     g.add_argument(
@@ -484,11 +484,6 @@ def gie_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         )
     if args.enable_cert_reload and not args.cert_path:
         errors.append("--enable-cert-reload needs --cert-path (a self-signed certificate never changes)")
-    if args.metrics_endpoint_auth:
-        errors.append(
-            "--metrics-endpoint-auth: authentication on /metrics is not supported yet; pass "
-            "--metrics-endpoint-auth=false and restrict the metrics port (e.g. a NetworkPolicy)"
-        )
     if args.model_server_metrics_scheme == "https":
         errors.append("--model-server-metrics-scheme=https: epp scrapes model servers over http only")
     if args.model_server_metrics_path not in (None, "/metrics"):

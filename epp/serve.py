@@ -29,6 +29,7 @@ from epp.extproc import server as extproc_server
 from epp.extproc import tls
 from epp.k8s import connections as k8s_connections
 from epp.k8s import leader as k8s_leader
+from epp.k8s import metricsauth as k8s_metricsauth
 from epp.k8s import objectives as k8s_objectives
 from epp.k8s import operator as k8s_operator
 from epp.k8s import pools as k8s_pools
@@ -218,6 +219,11 @@ async def _run(
     rpc_service.add_to_server(grpc_server, director)
     app = obs_http.build_app()
     rpc_http.add_routes(app, director)
+    metrics_auth: k8s_metricsauth.ApiServerAuth | None = None
+    if args.metrics_endpoint_auth:  # GIE's: TokenReview + SubjectAccessReview per (cached) caller
+        metrics_auth = k8s_metricsauth.ApiServerAuth(k8s_connections.load(args.kubeconfig))
+        await metrics_auth.start()
+        app.middlewares.append(metrics_auth.middleware)
     http_runner = await obs_http.start(app, host=args.bind_address, port=args.metrics_port)
 
     if ingester is not None:
@@ -307,6 +313,8 @@ async def _run(
         if ingester is not None:
             await ingester.stop()
         await http_runner.cleanup()
+        if metrics_auth is not None:
+            await metrics_auth.close()
         await loop_lag.stop()
 
 

@@ -165,7 +165,6 @@ def test_bad_logging_flags_are_refused(bad: str, capsys: pytest.CaptureFixture[s
         ),
         (["--tracing"], "tracing is not supported yet"),
         (["--enable-cert-reload=true"], "--enable-cert-reload needs --cert-path"),
-        (["--metrics-endpoint-auth"], "authentication on /metrics is not supported yet"),
         (["--model-server-metrics-scheme=https"], "over http only"),
         (["--model-server-metrics-path=/prometheus/metrics"], "/metrics only"),
         (["--model-server-metrics-port=9400"], "pool-wide metrics port"),

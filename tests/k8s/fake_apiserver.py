@@ -23,6 +23,9 @@ It speaks the parts of the real protocol that epp's reflector uses, with the rea
   Leases for leader election, with optimistic concurrency as on a real server: a PUT whose
   `metadata.resourceVersion` is not the current one is a 409 Conflict, a POST of an existing name
   a 409 AlreadyExists, a GET or PUT of a missing one a 404.
+- `POST /apis/authentication.k8s.io/v1/tokenreviews` and
+  `POST /apis/authorization.k8s.io/v1/subjectaccessreviews`: a token in `users` authenticates as
+  that user; a (user, path, verb) in `grants` is allowed (non-resource URLs only).
 - A bearer token, when configured: 401 without it.
 
 Test controls: `create`/`update`/`delete`, `compact()` (history before now is gone -> 410),
@@ -151,6 +154,8 @@ class FakeApiServer:
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.events: list[Object] = []  # core/v1 Events posted, in order
         self.leases: dict[tuple[str, str], Object] = {}  # (namespace, name) -> Lease
+        self.users: dict[str, Object] = {}  # bearer token -> TokenReview status.user
+        self.grants: set[tuple[str, str, str]] = set()  # (username, non-resource path, verb)
         self.url = ""
         self._watchers: set[_Watcher] = set()
         self._failures: list[int] = []
@@ -170,6 +175,8 @@ class FakeApiServer:
             self._handle_objectives,
         )
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._handle_event_post)
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._handle_review)
+        app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", self._handle_review)
         leases = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
         app.router.add_post(leases, self._handle_lease)
         app.router.add_get(leases + "/{name}", self._handle_lease)
@@ -292,6 +299,26 @@ class FakeApiServer:
         meta.setdefault("name", f"{meta.get('generateName', 'event.')}{len(self.events):05x}")
         self.events.append(event)
         return web.json_response(event, status=201)
+
+    async def _handle_review(self, request: web.Request) -> web.Response:
+        self.requests.append((request.path, {"method": "POST"}))
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return self._error(401, "Unauthorized", "Unauthorized")
+        if self._failures:
+            code = self._failures.pop(0)
+            return self._error(code, "Forbidden" if code == 403 else "InternalError", "injected failure")
+        review = await request.json()
+        spec = review.get("spec") or {}
+        if review.get("kind") == "TokenReview":
+            user = self.users.get(spec.get("token", ""))
+            review["status"] = {"authenticated": True, "user": user} if user else {"authenticated": False}
+        elif review.get("kind") == "SubjectAccessReview":
+            attrs = spec.get("nonResourceAttributes") or {}
+            allowed = (spec.get("user"), attrs.get("path"), attrs.get("verb")) in self.grants
+            review["status"] = {"allowed": allowed}
+        else:
+            return self._error(400, "BadRequest", f"not a review: {review.get('kind')}")
+        return web.json_response(review, status=201)
 
     async def _handle_lease(self, request: web.Request) -> web.Response:
         self.requests.append((request.path, {"method": request.method}))
