@@ -303,7 +303,25 @@ def chat_case(rng: random.Random, style: str, template: str | None, *, long_word
         body["add_special_tokens"] = rng.choice([True, "true", 1, "yes"])  # BOS from the post-processor too
     if style == "probe" and rng.random() < 0.15:
         body["documents"] = [{"title": "doc", "text": sentence_soup(rng, 6)}]
+    _extras(rng, body)
     return Case("/v1/chat/completions", body, "long chat" if long_words else "chat")
+
+
+def _extras(rng: random.Random, body: dict[str, Any]) -> None:
+    """Fields beside the prompt that change what vLLM does with it: a cache salt, prompt ids
+    forwarded from a prefill stage (chat), truncation (`truncate_prompt_tokens`)."""
+    if rng.random() < 0.05:
+        body["cache_salt"] = rng.choice(["tenant-a", "x" * 128])
+    if "messages" in body and rng.random() < 0.03:
+        body["kv_transfer_params"] = {
+            "prompt_token_ids": [rng.randrange(7, 8192) for _ in range(rng.randint(1, 40))]
+        }
+        if rng.random() < 0.3:
+            body["echo"] = True  # vLLM then renders the messages instead
+    if rng.random() < 0.04:
+        body["truncate_prompt_tokens"] = rng.choice([1, 5, 64, -1])
+        if rng.random() < 0.5:
+            body["truncation_side"] = rng.choice(["left", "right"])
 
 
 def _generation_flags(rng: random.Random, body: dict[str, Any]) -> None:
@@ -354,6 +372,7 @@ def completion_case(rng: random.Random) -> Case:
     body: dict[str, Any] = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
     if rng.random() < 0.2:
         body["add_special_tokens"] = rng.choice([False, True, "false", "0", 0, "off", "yes"])
+    _extras(rng, body)
     return Case("/v1/completions", body, "completion")
 
 
@@ -371,7 +390,7 @@ def refused_case(rng: random.Random, style: str, template: str | None) -> Case:
             "tool call arguments object", "tool call without name", "reasoning_effort unknown",
             "add_generation_prompt null", "both generation flags", "name not a string",
             "content a number", "role missing", "tools type", "tools parameters list",
-            "chat_template_kwargs list", "tool_calls not a list",
+            "chat_template_kwargs list", "tool_calls not a list", "cache_salt", "forwarded ids",
         ]
     )  # fmt: skip
     user = {"role": "user", "content": "hi"}
@@ -418,6 +437,10 @@ def refused_case(rng: random.Random, style: str, template: str | None) -> Case:
         body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": [1]}}]
     elif kind == "chat_template_kwargs list":
         body["chat_template_kwargs"] = [1]
+    elif kind == "cache_salt":
+        body["cache_salt"] = rng.choice(["", "x" * 129, "a/b", "a@b"])
+    elif kind == "forwarded ids":
+        body["kv_transfer_params"] = {"prompt_token_ids": rng.choice([[], [1, -2], "1 2"])}
     else:
         msgs += [user, {"role": "assistant", "content": "x", "tool_calls": call}]
     return Case(base.path, body, f"refused: {kind}")
@@ -532,43 +555,58 @@ def varied(seed: int, n: int) -> list[Case]:
 
 
 def boundary_cases(prompt_len: Callable[[Case], int | None], seed: int, n_chats: int = 6) -> list[Case]:
-    """Requests right at the context limit: prompt tokens = max_model_len - max_tokens, +-1, with
-    `max_tokens`, with `max_completion_tokens`, with both, and without either (the prompt alone
-    against max_model_len; completions only). Completions are given as token ids, so their length
-    is exact; chats are measured first (`prompt_len`: vLLM's count of a chat's prompt tokens) and
-    then given the `max_tokens` that puts them at the limit."""
+    """Requests right at the context limit, with `max_tokens`, `max_completion_tokens`, both, or
+    neither: prompt tokens = max_model_len - max_tokens +-1 and prompt tokens = max_model_len +-1.
+    Completions are given as token ids, so their length is exact. A chat is measured first
+    (`prompt_len`: vLLM's count of its prompt tokens) and then padded to the length wanted with
+    " x" words, one token each in every style's vocabulary."""
     rng = random.Random(seed)
     out: list[Case] = []
+    sizes: set[tuple[int, int | None]] = set()
     for delta in (-1, 0, 1):
         for max_tokens in (None, 1, 16, 300):
-            size = MAX_MODEL_LEN - (max_tokens or 0) + delta
-            ids = [rng.randrange(7, 8192) for _ in range(size)]
-            body: dict[str, Any] = {"model": "tiny", "prompt": ids}
-            if max_tokens is not None:
-                body["max_tokens"] = max_tokens  # completions have no max_completion_tokens
-            out.append(
-                Case("/v1/completions", body, f"boundary completion {delta:+d} max_tokens={max_tokens}")
-            )
+            sizes.add((MAX_MODEL_LEN - (max_tokens or 0) + delta, max_tokens))
+            sizes.add((MAX_MODEL_LEN + delta, max_tokens))
+    for size, max_tokens in sorted(sizes, key=lambda s: (s[0], s[1] or 0)):
+        body: dict[str, Any] = {"model": "tiny", "prompt": [rng.randrange(7, 8192) for _ in range(size)]}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens  # completions have no max_completion_tokens
+        out.append(Case("/v1/completions", body, f"boundary completion {size} ids, max_tokens={max_tokens}"))
     all_styles = list(styles().items())
     for _ in range(n_chats):
         style, template = rng.choice(all_styles)
-        base = chat_case(rng, style, template, long_words=rng.randint(1200, 1500))
-        n = prompt_len(base)
-        if n is None or n >= MAX_MODEL_LEN:
+        base = chat_case(rng, style, template, long_words=rng.randint(1200, 1400))
+        body = {
+            k: v
+            for k, v in base.body.items()
+            if k not in ("max_tokens", "kv_transfer_params", "truncate_prompt_tokens")
+        }
+        measured = prompt_len(Case(base.path, {**body, "max_tokens": 1}))
+        if measured is None or measured > MAX_MODEL_LEN - 64:
             continue
+        # the longest text message gets the padding: its end is plain text in every template
+        at = max(
+            (i for i, m in enumerate(body["messages"]) if isinstance(m.get("content"), str)),
+            key=lambda i: len(body["messages"][i]["content"]),
+        )
+        for size in (MAX_MODEL_LEN - 1, MAX_MODEL_LEN, MAX_MODEL_LEN + 1):
+            messages = [dict(m) for m in body["messages"]]
+            messages[at]["content"] += " x" * (size - measured)
+            padded = {**body, "messages": messages}
+            kind = f"boundary chat {style} prompt {size}"
+            out.append(Case(base.path, padded, f"{kind} no max_tokens"))
+            out.append(
+                Case(base.path, {**padded, "max_completion_tokens": 1}, f"{kind} max_completion_tokens=1")
+            )
         for delta in (-1, 0, 1):
-            room = MAX_MODEL_LEN - n + delta  # prompt + room = max_model_len + delta
-            body = {k: v for k, v in base.body.items() if k != "max_tokens"}
+            room = MAX_MODEL_LEN - measured + delta  # prompt + room = max_model_len + delta
             for key in ("max_tokens", "max_completion_tokens"):
                 out.append(
-                    Case(base.path, {**body, key: room}, f"boundary chat {style} {key}={room} (prompt {n})")
+                    Case(base.path, {**body, key: room}, f"boundary chat {style} {key}=limit{delta:+d}")
                 )
+            both = {**body, "max_tokens": room + 5, "max_completion_tokens": room}
             out.append(
-                Case(
-                    base.path,
-                    {**body, "max_tokens": room + 5, "max_completion_tokens": room},
-                    f"boundary chat {style} both (prompt {n})",
-                )
+                Case(base.path, both, f"boundary chat {style} both, max_completion_tokens=limit{delta:+d}")
             )
     return out
 

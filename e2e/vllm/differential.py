@@ -151,10 +151,17 @@ def classify(vllm: Answer, epp: Answer, *, epp_checks_length: bool) -> str:
     return "both refuse" if epp.status == vllm.status else "status differs"
 
 
-def epp_checks_length(metrics_url: str, max_model_len: int) -> bool:
-    """Whether epp refuses a prompt longer than the context (completions ids: no tokenizer doubt)."""
+def epp_checks_length(metrics_url: str, max_model_len: int, within: float = 15.0) -> bool:
+    """Whether epp refuses a prompt longer than the context (completions ids: no tokenizer doubt).
+    epp learns a model's context from its pods' /v1/models after it starts: asked until `within`."""
     body = {"model": "tiny", "prompt": [100] * (max_model_len + 8), "max_tokens": 1}
-    return epp_answer(metrics_url, Case("/v1/completions", body)).status == 400
+    deadline = time.monotonic() + within
+    while True:
+        if epp_answer(metrics_url, Case("/v1/completions", body)).status == 400:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 def run(

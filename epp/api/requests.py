@@ -213,6 +213,7 @@ def parse_request(
     model = parsed.model
     if not model:
         raise BadRequest("model not found in request body")
+    _check_cache_salt(parsed.cache_salt)
 
     req = InferenceRequest(
         request_id=request_id,
@@ -275,6 +276,21 @@ def _integer(value: Any) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
+
+
+# vLLM's validate_cache_salt (every API that takes a salt): a salt it would refuse is answered 400.
+_MAX_CACHE_SALT = 128
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def _check_cache_salt(salt: str | None) -> None:
+    if salt is None:
+        return
+    if not salt or len(salt) > _MAX_CACHE_SALT or not _CACHE_SALT_FORBIDDEN.isdisjoint(salt):
+        raise BadRequest(
+            f"cache_salt must be a non-empty string of at most {_MAX_CACHE_SALT} characters "
+            "without '@', '/', '\\' or NUL"
+        )
 
 
 _FALSE = frozenset((False, 0, "0", "false", "f", "no", "n", "off"))
@@ -352,8 +368,8 @@ def _fill_chat(req: InferenceRequest, parsed: _ChatBody) -> None:
     messages = parsed.messages
     if messages is None:
         raise BadRequest("messages not found in request body")
-    if not messages:
-        raise BadRequest("messages must not be empty")
+    # No messages: vLLM refuses them when it renders (epp's chat template step does too), but
+    # not with prompt ids forwarded in kv_transfer_params.
     texts = req.prompt_texts
     for i, msg in enumerate(messages):
         content = msg.content

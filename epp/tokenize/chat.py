@@ -261,6 +261,8 @@ def _render(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> tuple[str, boo
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list):
         raise ChatTemplateError("messages must be a list")
+    if not raw_messages:
+        raise ChatTemplateError("messages must not be empty")
     _check_request(body)
     messages = [_message(m, fmt, i) for i, m in enumerate(raw_messages)]
     if not compiled.supports_developer and any(m["role"] == "developer" for m in messages):
@@ -313,15 +315,82 @@ def _render(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> tuple[str, boo
     return text, bool(tokenize)
 
 
-def encode_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> list[int]:
-    """The prompt token ids vLLM computes for a chat body: the rendered text, encoded without
-    special tokens (the template writes BOS) unless the body sets `add_special_tokens`.
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """What vLLM's chat endpoint feeds its engine for a body: `text` to encode (with special
+    tokens added or not), or `token_ids` forwarded in the body that vLLM takes as they are."""
+
+    text: str = ""
+    add_special_tokens: bool = False
+    token_ids: list[int] | None = None
+
+
+def prepare_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> ChatPrompt:
+    """The prompt vLLM's chat endpoint builds for `body`, before encoding.
+
+    `kv_transfer_params.prompt_token_ids` (disaggregated serving: the prefill stage's ids) are
+    taken as they are, without rendering, unless the body sets `echo` or a message has non-text
+    parts (vLLM's online_renderer._reused_prompt_token_ids); the request model's own checks still
+    apply. With `tokenize` in chat_template_kwargs vLLM gets ids from apply_chat_template, which
+    adds no special tokens whatever `add_special_tokens` says.
 
     Raises:
-        ChatTemplateError: as `render_chat`.
+        ChatTemplateError: as `render_chat`; forwarded ids that are not a non-empty list of
+            non-negative integers.
     """
+    forwarded = _forwarded_ids(body)
+    if forwarded is not None:
+        if not isinstance(body.get("messages"), list):
+            raise ChatTemplateError("messages must be a list")
+        _check_request(body)
+        if body.get("continue_final_message") and body.get("add_generation_prompt"):
+            raise ChatTemplateError("add_generation_prompt and continue_final_message cannot both be true")
+        return ChatPrompt(token_ids=forwarded)
     text, tokenized = _render(tok, body)
-    return tok.encode(text, add_special_tokens=not tokenized and add_special_tokens(body))
+    return ChatPrompt(text=text, add_special_tokens=not tokenized and add_special_tokens(body))
+
+
+def encode_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> list[int]:
+    """The prompt token ids vLLM computes for a chat body (`prepare_chat`, then encoded).
+
+    Raises:
+        ChatTemplateError: as `prepare_chat`.
+    """
+    prompt = prepare_chat(tok, body)
+    if prompt.token_ids is not None:
+        return prompt.token_ids
+    return tok.encode(prompt.text, add_special_tokens=prompt.add_special_tokens)
+
+
+def _forwarded_ids(body: Mapping[str, Any]) -> list[int] | None:
+    params = body.get("kv_transfer_params")
+    if not isinstance(params, Mapping) or params.get("prompt_token_ids") is None:
+        return None
+    if _lax_bool(body.get("echo", False)) or _has_non_text(body.get("messages")):
+        return None  # vLLM renders the messages then
+    ids = params["prompt_token_ids"]
+    # bool is an int: vLLM checks the exact type
+    if not isinstance(ids, list) or not ids or any(type(i) is not int or i < 0 for i in ids):
+        raise ChatTemplateError("kv_transfer_params.prompt_token_ids must be a non-empty list of ids")
+    return list(ids)
+
+
+def _has_non_text(messages: Any) -> bool:
+    """vLLM's has_non_text_content: a part with a media key, or of a type that is not text."""
+    if not isinstance(messages, list):
+        return False
+    text_types = {*_TEXT_PART_KEYS, "tool_reference"}
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if not isinstance(part, Mapping):
+                continue
+            kind = part.get("type", "text")
+            if any(key in part for key in _MEDIA_KEYS) or not isinstance(kind, str) or kind not in text_types:
+                return True
+    return False
 
 
 def add_special_tokens(body: Mapping[str, Any]) -> bool:

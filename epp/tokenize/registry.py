@@ -440,8 +440,10 @@ class Tokenizers:
         tok = self._serving(model, base_model)
         if tok is None:
             return None
-        text = chat.render_chat(tok, body)
-        return await self._encode_with(tok, text, chat.add_special_tokens(body))
+        prompt = chat.prepare_chat(tok, body)
+        if prompt.token_ids is not None:  # ids forwarded in the body: vLLM takes them as they are
+            return prompt.token_ids
+        return await self._encode_with(tok, prompt.text, prompt.add_special_tokens)
 
     def _serving(self, model: str, base_model: str | None) -> tokenizer.Tokenizer | None:
         """`for_model`, counting a miss in `missing`."""

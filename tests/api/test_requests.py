@@ -213,7 +213,6 @@ def test_headers_and_subset_are_passed_through() -> None:
         ("/v1/embeddings", _body(input=None), "input not found"),
         # empty collections
         ("/v1/completions", _body(prompt=[]), "prompt must not be empty"),
-        ("/v1/chat/completions", _body(messages=[]), "messages must not be empty"),
         ("/v1/responses", _body(input=[]), "input must not be empty"),
         ("/v1/embeddings", _body(input=[]), "input must not be empty"),
         # wrong types
@@ -350,3 +349,28 @@ def test_header_only_request(headers: dict[str, str], model: str) -> None:
     assert req.body_bytes == b""
     assert req.prompt_texts == [] and req.prompt_token_ids == []
     assert req.prompt_tokens_estimate == 0
+
+
+_SALTED = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
+
+
+@pytest.mark.parametrize("path", _SALTED)
+@pytest.mark.parametrize("salt", ["", "a" * 129, "a@b", "a/b", "a\\b", "a\x00b"])
+def test_cache_salt_vllm_refuses(path: str, salt: str) -> None:
+    # vLLM's validate_cache_salt: a non-empty string of at most 128 characters without @ / \ NUL
+    body = {"model": "m", "cache_salt": salt, "messages": [{"role": "user", "content": "x"}], "prompt": "x"}
+    body["input"] = "x"
+    with pytest.raises(BadRequest, match="cache_salt"):
+        _parse(path, json.dumps(body).encode())
+
+
+def test_cache_salt_kept() -> None:
+    body = {"model": "m", "cache_salt": "a" * 128, "prompt": "x"}
+    assert _parse("/v1/completions", json.dumps(body).encode()).cache_salt == "a" * 128
+
+
+def test_chat_without_messages_is_left_to_the_template_step() -> None:
+    # vLLM refuses no messages when it renders them, but takes prompt ids forwarded in
+    # kv_transfer_params instead (epp.tokenize.chat decides both).
+    req = _parse("/v1/chat/completions", json.dumps({"model": "m", "messages": []}).encode())
+    assert req.prompt_texts == [] and req.prompt_tokens_estimate == 0

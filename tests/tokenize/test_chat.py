@@ -400,6 +400,7 @@ def test_other_template_failures_are_chat_template_errors(tiny: tokenizer.Tokeni
     ("fields", "match"),
     [
         ({"messages": "hi"}, "must be a list"),
+        ({"messages": []}, "must not be empty"),
         ({"messages": [{"content": "x"}]}, "role"),
         ({"messages": [{"role": "user", "content": 5}]}, "content"),
         ({"tools": []}, "tools must not be empty"),

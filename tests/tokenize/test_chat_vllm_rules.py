@@ -333,3 +333,29 @@ def test_continue_final_message_with_parts_and_errors(tiny: tokenizer.Tokenizer)
     with pytest.raises(chat.ChatTemplateError, match="no text"):
         empty = {"role": "assistant", "content": []}
         _render(tiny, source, U, empty, continue_final_message=True, add_generation_prompt=False)
+
+
+# --- ids forwarded in the body --------------------------------------------------------------------
+
+
+def test_forwarded_prompt_token_ids_are_taken_as_they_are(tiny: tokenizer.Tokenizer) -> None:
+    """online_renderer._reused_prompt_token_ids: kv_transfer_params.prompt_token_ids skip the
+    template and the tokenizer, unless echo is set or a message has non-text parts."""
+    body = {"model": "m", "messages": [U], "kv_transfer_params": {"prompt_token_ids": [5, 6, 7]}}
+    assert chat.encode_chat(tiny, body) == [5, 6, 7]
+    rendered = chat.encode_chat(tiny, {"model": "m", "messages": [U]})
+    assert chat.encode_chat(tiny, {**body, "echo": True}) == rendered
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}
+    with pytest.raises(chat.UnsupportedChat):  # rendered then, and epp cannot render media
+        chat.encode_chat(tiny, {**body, "messages": [image]})
+    for bad in ([], [1, -1], [1, True], "1 2", [1.0]):
+        with pytest.raises(chat.ChatTemplateError, match="prompt_token_ids"):
+            chat.encode_chat(tiny, {**body, "kv_transfer_params": {"prompt_token_ids": bad}})
+    # the request model's checks still apply
+    with pytest.raises(chat.ChatTemplateError, match="needs tools"):
+        chat.encode_chat(tiny, {**body, "tool_choice": "auto"})
+    assert chat.prepare_chat(tiny, body) == chat.ChatPrompt(token_ids=[5, 6, 7])
+    # no messages: refused when rendering, fine with forwarded ids
+    assert chat.encode_chat(tiny, {**body, "messages": []}) == [5, 6, 7]
+    with pytest.raises(chat.ChatTemplateError, match="must not be empty"):
+        chat.encode_chat(tiny, {"model": "m", "messages": []})
