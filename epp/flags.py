@@ -427,8 +427,8 @@ def add_gie_arguments(p: argparse.ArgumentParser) -> None:
     _optional_bool(
         g,
         "tracing",
-        "OpenTelemetry traces: not supported yet, true is a startup error (GIE's default is true; "
-        "epp's is off)",
+        "OpenTelemetry: a span per request, configured by the OTEL_* environment as GIE's "
+        "(needs epp[tracing]; GIE's default is true, epp's off)",
     )
     _optional_bool(g, "health-checking", "no effect: epp always serves health")
     _optional_bool(g, "enable-pprof", "no effect (Go pprof)")
@@ -476,11 +476,6 @@ def gie_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         errors.append(
             "--ha-lease-duration > --ha-renew-deadline > --ha-retry-period > 0 is needed, got "
             f"{args.ha_lease_duration:g}s, {args.ha_renew_deadline:g}s, {args.ha_retry_period:g}s"
-        )
-    if args.tracing:
-        errors.append(
-            "--tracing: OpenTelemetry tracing is not supported yet; pass --tracing=false "
-            "(GIE's chart does unless inferenceExtension.tracing.enabled)"
         )
     if args.enable_cert_reload and not args.cert_path:
         errors.append("--enable-cert-reload needs --cert-path (a self-signed certificate never changes)")

@@ -36,7 +36,7 @@ from epp.k8s import pools as k8s_pools
 from epp.kvcache.index import BlockIndex
 from epp.kvcache.ingest import FeedSpec, KVEventIngester
 from epp.observability import http as obs_http
-from epp.observability import logs, metrics
+from epp.observability import logs, metrics, tracing
 from epp.observability.looplag import LoopLagMonitor
 from epp.requestcontrol import admission
 from epp.requestcontrol.director import Director, DirectorSettings
@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     except sched_config.ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
-    except (ValueError, OSError, TokenizerError, zmq.ZMQError) as exc:
+    except (ValueError, OSError, TokenizerError, zmq.ZMQError, tracing.TracingUnavailable) as exc:
         # ZMQError (e.g. --kv-events-bind on a port in use) is not an OSError.
         log.error("cannot start: %s", exc)
         return 2
@@ -102,6 +102,15 @@ def feed_spec(ep: Endpoint, args: argparse.Namespace) -> FeedSpec:
 
 
 async def run(args: argparse.Namespace) -> None:
+    if args.tracing:
+        tracing.setup()
+    try:
+        await _run_traced(args)
+    finally:
+        tracing.shutdown()  # flushes the spans still buffered
+
+
+async def _run_traced(args: argparse.Namespace) -> None:
     datastore = Datastore()
     index = BlockIndex(max_entries=args.kv_index_max_entries) if args.kv_events != "off" else None
     handle = Handle(datastore=datastore, kv_index=index)

@@ -163,7 +163,6 @@ def test_bad_logging_flags_are_refused(bad: str, capsys: pytest.CaptureFixture[s
             ["--ha-enable-leader-election", "--ha-renew-deadline=20s"],
             "--ha-lease-duration > --ha-renew-deadline",
         ),
-        (["--tracing"], "tracing is not supported yet"),
         (["--enable-cert-reload=true"], "--enable-cert-reload needs --cert-path"),
         (["--model-server-metrics-scheme=https"], "over http only"),
         (["--model-server-metrics-path=/prometheus/metrics"], "/metrics only"),
@@ -205,7 +204,7 @@ def run_serve(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_zap_encoder_and_verbosity_change_the_real_logs() -> None:
-    refused = ["--tracing", "--enable-pprof=false"]
+    refused = ["--model-server-metrics-scheme=https", "--enable-pprof=false"]
     as_json = run_serve(*refused, "--zap-encoder", "json", "-v", "2")
     assert as_json.returncode == 2
     lines = [json.loads(line) for line in as_json.stderr.splitlines()]
@@ -213,12 +212,12 @@ def test_zap_encoder_and_verbosity_change_the_real_logs() -> None:
         ("info", "GIE flag"),
         ("error", "cannot start"),
     ]
-    assert "--tracing" in lines[1]["msg"] and "not supported yet" in lines[1]["msg"]
+    assert "--model-server-metrics-scheme=https" in lines[1]["msg"] and "http only" in lines[1]["msg"]
 
     console = run_serve(*refused, "--zap-encoder=console", "--v=1")  # warnings and errors only
     assert console.returncode == 2
     (line,) = console.stderr.splitlines()
-    assert not line.startswith("{") and " ERROR " in line and "tracing is not supported yet" in line
+    assert not line.startswith("{") and " ERROR " in line and "scrapes model servers over http only" in line
 
 
 def test_leader_election_needs_a_kubernetes_pool() -> None:
@@ -252,8 +251,10 @@ def test_zap_time_encodings(encoding: str | None, expected: object) -> None:
 
 
 def test_zap_time_encoding_reaches_the_real_logs() -> None:
-    done = run_serve("--tracing", "--zap-time-encoding=nano")
+    done = run_serve("--model-server-metrics-scheme=https", "--zap-time-encoding=nano")
     (line,) = done.stderr.splitlines()
     assert isinstance(json.loads(line)["ts"], int)
-    text = run_serve("--tracing", "--zap-time-encoding=rfc3339", "--zap-encoder=console")
+    text = run_serve(
+        "--model-server-metrics-scheme=https", "--zap-time-encoding=rfc3339", "--zap-encoder=console"
+    )
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ERROR ", text.stderr), text.stderr

@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
+from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.extproc import messages as m
+from epp.extproc.messages import DESTINATION_HEADER
 from epp.extproc.stream import Stream
-from epp.observability import metrics
+from epp.observability import metrics, tracing
 from epp.requestcontrol.director import Director
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("epp.extproc")
 
@@ -36,9 +42,16 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         stream = Stream(self._director)
         metrics.extproc_streams.inc()
         failed = False
+        tracer = tracing.TRACER  # None unless --tracing
+        span: Span | None = None
         try:
             async for msg in request_iterator:
-                for response in await stream.handle(msg):
+                responses = await stream.handle(msg)
+                if tracer is not None:
+                    if span is None:  # after the first message: the request headers are known
+                        span = tracing.start_request_span(tracer, stream.headers)
+                    _continue_trace(span, responses)
+                for response in responses:
                     yield response
                 if stream.closed:
                     return
@@ -53,8 +66,46 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             # complete response: only the first kind is counted.
             if stream.abandoned and not failed:
                 metrics.extproc_stream_errors.labels("cancelled").inc()
+            if span is not None:
+                _end_span(span, stream, failed=failed)
             stream.close()
             metrics.extproc_streams.dec()
+
+
+def _continue_trace(span: Span, responses: list[m.ProcessingResponse]) -> None:
+    """Add the span's trace headers to the answer that routes the request, or note epp's own answer."""
+    for response in responses:
+        kind = response.WhichOneof("response")
+        if kind == "immediate_response":
+            tracing.set_attributes(
+                span, {"http.response.status_code": int(response.immediate_response.status.code)}
+            )
+        elif kind in ("request_headers", "request_body"):
+            mutation = getattr(response, kind).response.header_mutation
+            if any(h.header.key == DESTINATION_HEADER for h in mutation.set_headers):
+                mutation.set_headers.extend(
+                    base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
+                        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+                    )
+                    for k, v in tracing.inject(span)
+                )
+
+
+def _end_span(span: Span, stream: Stream, *, failed: bool) -> None:
+    ctx = stream.ctx
+    if ctx is not None:
+        tracing.set_attributes(
+            span,
+            {
+                "target_model": ctx.request.target_model,
+                "incoming_model": ctx.request.model,
+                "epp.destination": ctx.destination,
+                "epp.served": ctx.served.hostport if ctx.served is not None else None,
+            },
+        )
+    error = "ext-proc stream failed" if failed else "abandoned" if stream.abandoned else None
+    tracing.end(span, error=error)
 
 
 class Health:
