@@ -148,3 +148,21 @@ async def test_an_idle_epp_exits_at_once(tmp_path: Path, cleanup: Cleanup) -> No
     os.kill(stack.epp.process.pid, signal.SIGTERM)
     rc, took = await wait_exit(stack, within=10)
     assert rc == 0 and took < 3, took
+
+
+async def test_a_second_signal_ends_the_drain(
+    tmp_path: Path, cleanup: Cleanup, session: aiohttp.ClientSession
+) -> None:
+    stack = start(tmp_path, cleanup, "60s")
+    url = stack.url + "/v1/chat/completions"
+    async with session.post(url, json=body(TOKENS), timeout=aiohttp.ClientTimeout(total=60)) as resp:
+        assert resp.status == 200
+        await asyncio.wait_for(resp.content.readuntil(b"\n\n"), timeout=10)
+        os.kill(stack.epp.process.pid, signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        assert stack.epp.process.alive()  # draining
+        os.kill(stack.epp.process.pid, signal.SIGINT)
+        rc, took = await wait_exit(stack, within=10)
+    assert rc == 0 and took < 5, took
+    log = stack.epp.process.log_text()
+    assert "second signal: cancelling the 1 ext-proc stream(s) still in flight" in log, log[-2000:]
