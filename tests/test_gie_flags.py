@@ -258,3 +258,76 @@ def test_zap_time_encoding_reaches_the_real_logs() -> None:
         "--model-server-metrics-scheme=https", "--zap-time-encoding=rfc3339", "--zap-encoder=console"
     )
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ERROR ", text.stderr), text.stderr
+
+
+# The epp container's args in GIE v1.5.0's chart (config/charts/epplib/templates/_deployment.yaml),
+# per value set: the arguments exactly as rendered (the sglang and trtllm lines keep their quotes).
+GIE_CHART_BASE = [
+    "--pool-name", "vllm-llama3-8b-instruct", "--pool-namespace", "default",
+    "--pool-group", "inference.networking.k8s.io",
+]  # fmt: skip
+GIE_CHART_TAIL = ["--zap-encoder", "json", "--config-file", "/config/default-plugins.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "refused"),
+    [
+        (
+            "defaults",
+            [*GIE_CHART_BASE, *GIE_CHART_TAIL, "--tracing=false", "--metrics-endpoint-auth=false"],
+            None,
+        ),
+        ("prometheus auth on", [*GIE_CHART_BASE, *GIE_CHART_TAIL, "--tracing=false"], None),
+        (
+            "tracing on",
+            [*GIE_CHART_BASE, *GIE_CHART_TAIL, "--tracing=true", "--metrics-endpoint-auth=false"],
+            None,
+        ),
+        (
+            "replicas 2, flags {v: 4}",
+            [*GIE_CHART_BASE, *GIE_CHART_TAIL, "--ha-enable-leader-election", "--v", "4", "--tracing=false"],
+            None,
+        ),
+        (
+            "standalone (endpoint selector)",
+            [
+                "--endpoint-selector",
+                "app=vllm",
+                "--endpoint-target-ports",
+                "8000",
+                *GIE_CHART_TAIL,
+                "--tracing=false",
+            ],
+            None,
+        ),
+        (
+            "sglang",
+            [
+                *GIE_CHART_BASE,
+                '--total-queued-requests-metric="sglang:num_queue_reqs"',
+                '--total-running-requests-metric="sglang:num_running_reqs"',
+                '--kv-cache-usage-percentage-metric="sglang:token_usage"',
+                '--cache-info-metric="sglang:cache_config_info"',
+                *GIE_CHART_TAIL,
+                "--tracing=false",
+            ],
+            "epp reads vLLM's metrics",
+        ),
+        (
+            "trtllm-serve",
+            [
+                *GIE_CHART_BASE,
+                '--model-server-metrics-path="/prometheus/metrics"',
+                *GIE_CHART_TAIL,
+                "--tracing=false",
+            ],
+            "/metrics only",
+        ),
+    ],
+)
+def test_gies_chart_variants(name: str, argv: list[str], refused: str | None) -> None:
+    errors, _ = flags.gie_flag_problems(parse(*argv))
+    if refused is None:
+        assert errors == [], name
+    else:
+        assert errors and all(refused in e for e in errors), errors
