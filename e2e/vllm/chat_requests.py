@@ -145,12 +145,16 @@ def _tool(rng: random.Random, i: int) -> dict[str, Any]:
             "required": ["query"],
         }
     if rng.random() < 0.2:
-        fn["strict"] = rng.random() < 0.5
+        fn["strict"] = rng.choice([True, False, "true", 0])
+    if rng.random() < 0.05:
+        fn["defer_loading"] = rng.random() < 0.5
     if rng.random() < 0.1:
         fn["x-extra"] = "dropped by vLLM"
     tool: dict[str, Any] = {"type": "function", "function": fn}
     if rng.random() < 0.15:
         tool["x-unknown"] = "dropped by vLLM"
+    if rng.random() < 0.05:
+        tool["defer_loading"] = True  # copied into the function when it has none
     if rng.random() < 0.15:
         tool = {"function": fn, "type": "function"}
     return tool
@@ -204,7 +208,12 @@ def _tool_turn(
         content: Any = sentence_soup(rng, rng.randint(2, 10))
         if rng.random() < 0.25:
             content = [{"type": "text", "text": sentence_soup(rng, 3)} for _ in range(rng.randint(0, 2))]
-        results.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+            if rng.random() < 0.2:
+                content.append({"type": "tool_reference", "name": call["function"]["name"]})
+        result = {"role": "tool", "tool_call_id": call["id"], "content": content}
+        if rng.random() < 0.1:
+            result["name"] = call["function"]["name"]
+        results.append(result)
     return [assistant, *results]
 
 
@@ -242,6 +251,8 @@ def _system(rng: random.Random, style: str) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": role, "content": content}
     if rng.random() < 0.1:
         msg["name"] = "ops"
+    if role == "developer" and rng.random() < 0.3:
+        msg["tools"] = [_tool(rng, 9)]  # kept on the message where the template knows the role
     return msg
 
 

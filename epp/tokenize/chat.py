@@ -1,33 +1,62 @@
 """Chat requests rendered with the model's chat template, the way vLLM's chat endpoint renders them.
 
-vLLM does not hand the request body to the template as it came: it rebuilds every message first
-(reference: /work/shared/reference/vllm-chat-preprocessing.md), and those changes move the token
-ids. `render_chat` repeats them, in this order:
+vLLM does not hand the request body to the template as it came: its request model validates and
+reshapes it, and its chat preprocessing rebuilds every message (reference:
+/work/shared/reference/vllm-chat-preprocessing.md; vLLM 0.32's entrypoints/openai/chat_completion/
+protocol.py, renderers/chat_utils.py, hf.py, params.py; transformers 5's render_jinja_template).
+Those changes move the token ids. `prepare_chat` repeats them, in this order (each rule has a test
+in tests/tokenize/test_chat_vllm_rules.py, and the differential run against real vLLM,
+e2e/vllm/differential.py, checks them together):
 
-1. Messages are rebuilt with only the keys vLLM keeps: `role`, `content`, `name` (a string), and
-   per role `tool_calls`, `reasoning` + `reasoning_content` (assistant), `tool_call_id` (tool),
-   `tools` (developer). Other keys never reach the template.
-2. Content goes to the template in the template's *content format*:
+0. Ids forwarded in `kv_transfer_params.prompt_token_ids` are the prompt as they are (no
+   template, no tokenizer), unless `echo` is set or a message has non-text parts.
+1. What vLLM's request model refuses (400): a `name` that is not a string; null content except on
+   an assistant message (whose tool_calls are then not null); content neither string, list nor
+   null; parts its request model does not accept on a user, assistant, system or developer
+   message (`_parts_pass`: observed, pydantic's choice among the message shapes); a tool call
+   without a string `id`, `type` "function", or a function with string `name` and `arguments`;
+   `tools: []`, a tool of another type, a description that is not a string, parameters that are
+   not an object; a `tool_choice` other than "none" without tools, an unknown one, a named one
+   naming no tool; an unknown `reasoning_effort`; `documents` that are not objects of strings;
+   `add_generation_prompt` / `continue_final_message` that are not booleans as pydantic reads them
+   ("false", "off", 0 ... are false; null is refused), or both true (tested on the raw values, so
+   "false" counts as true there); no messages.
+2. Messages are rebuilt with only the keys vLLM keeps: `role`, `content`, `name`, `task` (strings),
+   and per role `tool_calls`, `reasoning` + `reasoning_content` (assistant), `tool_call_id` (tool),
+   `tools` (developer). `reasoning_content` is the older name of `reasoning`: it fills a reasoning
+   that is absent or null. A system message's first line naming Claude Code's billing header
+   (`x-anthropic-billing-header`) is dropped.
+3. Content goes to the template in the template's *content format*:
    - "string": a null content becomes "", a list of parts becomes its non-empty texts joined by
      "\\n" (a text part's text, a refusal's refusal, a thinking part's thinking);
    - "openai": a string becomes `[{"type": "text", "text": s}]`, parts become
-     `{"type": "text", "text": ...}` (empty texts kept), a null content becomes `[]`.
+     `{"type": "text", "text": ...}` plus any keys no vLLM part type declares (empty texts kept),
+     a null content becomes `[]`.
    A tool message whose parts are all text gets them joined by "\\n" in either format. Media
    parts (image, audio, video, embeddings) are refused: their placeholders are model-specific,
    so epp cannot know the ids. An unknown part type is refused, as vLLM answers 400.
-3. Each tool call's `arguments` JSON string is parsed into an object, so the template
-   re-serialises it; invalid JSON, or anything but an object, becomes `{}`. An empty
+4. Tool calls get the key order of vLLM's validated dicts (id, function, type; arguments, name;
+   other keys after), and `arguments` is parsed into an object, so the template re-serialises
+   it; invalid JSON, an empty string, or anything but an object becomes `{}`. An empty
    `tool_calls` list is dropped.
-4. `tools` are rebuilt as `{"type", "function": {"name", "description", "parameters"[, "strict"]}}`
-   in that key order, a missing description or parameters as null, unknown keys dropped.
-5. When the template never quotes "developer" ('developer' or "developer"), developer messages
+5. `tools` are rebuilt as `{"type", "function": {"name", "description", "parameters"[, "strict"]
+   [, "defer_loading"]}[, "defer_loading"]}`, a missing description or parameters as null,
+   unknown keys dropped.
+6. When the template never quotes "developer" ('developer' or "developer"), developer messages
    become system messages, and all system messages merge into one first message whose
    non-empty texts are joined by "\\n\\n" (only when there is more than one, or it is not first).
-6. Template variables: `messages`, `tools`, `documents`, `add_generation_prompt` (default True),
-   `reasoning_effort`, `enable_thinking=False` when `reasoning_effort` is "none", the tokenizer's
-   special-token strings (`bos_token`, `eos_token`, ...), then the body's `chat_template_kwargs`
-   over all of these. `continue_final_message` cuts the text right after the last message's
-   content, as transformers does (it and `add_generation_prompt` together are refused).
+7. Template variables, merged in vLLM's order (`_template_kwargs`): the body's
+   `chat_template_kwargs`, overridden by the request's own `add_generation_prompt`,
+   `continue_final_message`, `documents` and `reasoning_effort` (the last two when set) and by
+   `enable_thinking` = `reasoning_effort != "none"` (when reasoning_effort is set and the kwargs
+   do not name it); under all of that the tools; a null or "auto" value counts as unset, so such
+   a kwarg is undefined in the template (as is reasoning_effort when unset). The tokenizer's
+   special-token strings (`bos_token`, ...) lie under the kwargs. `tools` and `documents` must
+   then be lists of objects. `tokenize` in the kwargs makes vLLM take apply_chat_template's ids,
+   which have no special tokens added.
+8. `continue_final_message` as transformers 5 does it: a tag is appended to the final message's
+   content (its last part with a text) and the rendering is cut where the tag lands, trailing
+   whitespace stripped if the template did not keep the tag's space.
 
 Content format ("auto" detection, the rule vLLM applies): a template is "openai" when it has a
 `for` loop over a message's content - `message['content']` or `message.content`, possibly
