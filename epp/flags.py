@@ -345,7 +345,6 @@ GIE_NO_EFFECT: dict[str, str] = {
     "health-checking": "epp always serves gRPC health on the ext-proc port and on --grpc-health-port",
     "enable-pprof": "Go's pprof; epp is Python (the event-loop lag metric and py-spy cover profiling)",
     "refresh-prometheus-metrics-interval": "epp computes its pool gauges when /metrics is scraped",
-    "zap-stacktrace-level": "epp logs a traceback with every logged exception, at any level",
     "model-server-metrics-https-insecure-skip-verify": "epp scrapes model servers over http only",
 }
 
@@ -392,7 +391,11 @@ def add_gie_arguments(p: argparse.ArgumentParser) -> None:
     )
     _optional_bool(g, "zap-devel", "development logging: console output at debug level")
     g.add_argument(
-        "--zap-stacktrace-level", choices=["info", "error", "panic"], default=None, help="no effect"
+        "--zap-stacktrace-level",
+        choices=["info", "error", "panic"],
+        default=None,
+        help="log lines at this level or above carry the caller's stack (default: none; "
+        "a logged exception always carries its traceback)",
     )
     g.add_argument(
         "--zap-time-encoding",

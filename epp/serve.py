@@ -55,7 +55,8 @@ _warned_bind_ranks: list[bool] = []  # warn once per process
 
 def main(args: argparse.Namespace) -> int:
     level, fmt = flags.log_settings(args)
-    logs.setup(level=level, fmt=fmt, time_encoding=args.zap_time_encoding)
+    stack_level = {"panic": "critical"}.get(args.zap_stacktrace_level, args.zap_stacktrace_level)
+    logs.setup(level=level, fmt=fmt, time_encoding=args.zap_time_encoding, stacktrace_level=stack_level)
     errors, notes = flags.gie_flag_problems(args)
     for note in notes:
         log.info("GIE flag: %s", note)

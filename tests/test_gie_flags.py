@@ -331,3 +331,13 @@ def test_gies_chart_variants(name: str, argv: list[str], refused: str | None) ->
         assert errors == [], name
     else:
         assert errors and all(refused in e for e in errors), errors
+
+
+def test_zap_stacktrace_level_adds_the_callers_stack() -> None:
+    done = run_serve("--model-server-metrics-scheme=https", "--zap-stacktrace-level=error")
+    (line,) = done.stderr.splitlines()
+    record = json.loads(line)
+    assert record["level"] == "error"
+    assert "epp/serve.py" in record["stacktrace"] and "logging/__init__.py" not in record["stacktrace"]
+    plain = json.loads(run_serve("--model-server-metrics-scheme=https").stderr.splitlines()[0])
+    assert "stacktrace" not in plain

@@ -1,7 +1,8 @@
 """Structured logs: one JSON object per line (default) or plain text for humans.
 
 JSON keys: ts (RFC 3339 with milliseconds, UTC, unless another time encoding is asked for),
-level, logger, msg, plus any `extra=` fields and the exception.
+level, logger, msg, plus any `extra=` fields, the exception (exc) and, above a stacktrace level,
+the caller's stack (stacktrace).
 
 Time encodings are controller-runtime's `--zap-time-encoding` values, so GIE's flag means the same:
 epoch (seconds, float), millis (float), nano (integer), iso8601, rfc3339, rfc3339nano.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import sys
+import traceback
 from typing import Any
 
 import msgspec
@@ -61,6 +63,8 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            out["stacktrace"] = record.stack_info  # zap's key
         return _encode(out).decode()
 
 
@@ -76,12 +80,42 @@ class TextFormatter(logging.Formatter):
         return str(encode_time(record.created, self.time_encoding))
 
 
-def setup(*, level: str = "info", fmt: str = "json", time_encoding: str | None = None) -> None:
+class StackAbove(logging.Filter):
+    """zap's stacktrace level: records at `level` or above carry the stack of the call that logged.
+
+    A filter runs in the logging call's own thread, so the stack it takes is the caller's; the
+    frames of the logging module itself are cut off the end.
+    """
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.level and not record.exc_info and not record.stack_info:
+            frames = traceback.extract_stack()
+            while frames and (frames[-1].filename == logging.__file__ or frames[-1].filename == __file__):
+                frames.pop()
+            record.stack_info = "Stack (most recent call last):\n" + "".join(traceback.format_list(frames))
+        return True
+
+
+def setup(
+    *,
+    level: str = "info",
+    fmt: str = "json",
+    time_encoding: str | None = None,
+    stacktrace_level: str | None = None,
+) -> None:
+    """Log to stderr at `level` as JSON lines or text; `stacktrace_level` (a level name) adds the
+    caller's stack to records at or above it (zap's --zap-stacktrace-level)."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter(time_encoding))
     else:
         handler.setFormatter(TextFormatter(time_encoding))
+    if stacktrace_level is not None:
+        handler.addFilter(StackAbove(logging.getLevelNamesMapping()[stacktrace_level.upper()]))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
