@@ -4,9 +4,10 @@ No API server runs here, so the rules that make `kubectl apply -f crds/` fail on
 pass every schema check are written down from Kubernetes' apiextensions validation
 (apiextensions.k8s.io/v1):
 
-- Protected groups: a CRD whose group is k8s.io, kubernetes.io or a subdomain of either needs
-  the annotation api-approved.kubernetes.io, set to the URL of the API review that approved it
-  (or a value starting with "unapproved", which the server accepts and flags).
+- Protected groups (KEP-1111): a CRD whose group is k8s.io, kubernetes.io or a subdomain of
+  either needs the annotation api-approved.kubernetes.io, set to the URL of the API review that
+  approved it (or a value starting with "unapproved", which the server accepts and flags); a
+  CRD in any other group must not carry it.
 - Structural schemas: every node says its type (unless it is int-or-string or keeps unknown
   fields), properties and additionalProperties never together, no JSON-schema keywords that v1
   forbids, metadata at the root constrained to at most name and generateName, defaults valid
@@ -44,7 +45,8 @@ def approval_errors(crd: dict[str, Any]) -> list[str]:
     group = crd["spec"]["group"]
     value = (crd["metadata"].get("annotations") or {}).get(APPROVAL)
     if not is_protected_group(group):
-        return []
+        # KEP-1111: in apiextensions.k8s.io/v1 the annotation outside the protected groups is an error too.
+        return [] if value is None else [f"{APPROVAL} is only for protected groups, not {group}"]
     if value is None:
         return [f"protected groups must have approval annotation {APPROVAL!r} ({group})"]
     if value.startswith("unapproved"):

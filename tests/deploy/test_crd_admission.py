@@ -66,6 +66,15 @@ def test_a_protected_group_without_approval_is_refused() -> None:
     assert admission.admission_errors(crd) == []
 
 
+def test_the_approval_annotation_outside_protected_groups_is_refused() -> None:
+    crd = chart.crd(OBJECTIVE_FILE)
+    crd["metadata"].setdefault("annotations", {})[admission.APPROVAL] = GIE_POOL["annotations"][
+        admission.APPROVAL
+    ]
+    (error,) = admission.admission_errors(crd)
+    assert "only for protected groups" in error
+
+
 @pytest.mark.parametrize(
     ("group", "protected"),
     [
