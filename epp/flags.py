@@ -484,7 +484,7 @@ def gie_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         errors.append("--enable-cert-reload needs --cert-path (a self-signed certificate never changes)")
     if args.model_server_metrics_scheme == "https":
         errors.append("--model-server-metrics-scheme=https: epp scrapes model servers over http only")
-    if args.model_server_metrics_path not in (None, "/metrics"):
+    if args.model_server_metrics_path is not None and args.model_server_metrics_path.strip('"') != "/metrics":
         errors.append(
             f"--model-server-metrics-path={args.model_server_metrics_path}: epp scrapes /metrics only"
         )
