@@ -1,7 +1,7 @@
 """Loads GIE's `EndpointPickerConfig` YAML into a ready `framework.Scheduler`.
 
-The format is GIE's (`apiVersion: inference.networking.x-k8s.io/v1alpha1`,
-`kind: EndpointPickerConfig`): `plugins[]{name (defaults to type), type, parameters}` and
+The format is GIE's (`apiVersion: inference.networking.x-k8s.io/v1alpha1`, or llm-d's
+`llm-d.ai/v1alpha1`, the same schema; `kind: EndpointPickerConfig`): `plugins[]{name (defaults to type), type, parameters}` and
 `schedulingProfiles[]{name, plugins[]{pluginRef, weight}}`. GIE's rules for what is left out apply:
 a profile without a picker gets `max-score-picker`, a scorer without a weight gets 1.0, an empty
 `schedulingProfiles` becomes one profile `default` made of every filter, scorer and picker with
@@ -18,20 +18,31 @@ more than one profile (multi-profile handlers are not supported yet).
 with GIE's defaults is used, as in GIE. A detector is a filter only where a profile lists it: the
 implicit `default` profile leaves detectors out.
 
-Tokenizers per model, in llm-d's form: a plugin of type `tokenizer` per model with parameters
-`modelName` (the model as requests name it) and epp's `path` (a local Hugging Face tokenizer
-directory or tokenizer.json; relative to the config file's directory). It is not a scheduling
-plugin (epp tokenizes before scheduling when a plugin consumes token ids): it fills
-`SchedulerConfig.tokenizers`, a profile may list it (llm-d lists it with weight 0) to no effect,
-and llm-d's `udsTokenizerConfig` (a tokenizer sidecar) is accepted with a warning, since epp
-tokenizes in-process. Several need distinct `name`s, as any plugins.
+GIE v1.0-1.3's inline form, `saturationDetector: {queueDepthThreshold, kvCacheUtilThreshold,
+metricsStalenessThreshold}`, configures that default detector.
 
-GIE keys that configure parts epp does not have yet (`featureGates`, `dataLayer`, `flowControl`,
-`parser`) are accepted so that GIE configurations load, and each is
-reported in `SchedulerConfig.warnings` for the caller to log. So are the GIE plugin types those
-sections refer to (`_GIE_ONLY`), which are ignored rather than built. Such a section is still
-rejected when its content is nonsense: the wrong shape, or a `pluginRef` to an undefined plugin or
-to a plugin of the wrong kind.
+Tokenizers per model, in llm-d's form: a plugin of type `token-producer` (or its older name
+`tokenizer`) per model with parameters `modelName` (the model as requests name it) and epp's `path`
+(a local Hugging Face tokenizer directory or tokenizer.json; relative to the config file's
+directory). It is not a scheduling plugin (epp tokenizes before scheduling when a plugin consumes
+token ids): it fills `SchedulerConfig.tokenizers`, and a profile may list it (llm-d does) to no
+effect. llm-d's sidecars (`udsTokenizerConfig`, `vllm`) are accepted with a warning, since epp
+tokenizes in-process; without `path` the model is listed in `SchedulerConfig.tokenizer_models`,
+whose tokenizers the caller must find elsewhere (flags, endpoints file). Several need distinct
+`name`s, as any plugins.
+
+GIE keys that configure parts epp does not have or does its own way (`featureGates`, `dataLayer`,
+`flowControl`, `parser`) are accepted so that GIE and llm-d configurations load, and each is
+reported in `SchedulerConfig.warnings` for the caller to log. So are the plugin types those
+sections refer to (`config_compat.GIE_ONLY`), which are ignored rather than built. These sections
+are decoded as strictly as plugin parameters: an unknown key or gate, a wrong type, a `pluginRef`
+to an undefined plugin or to a plugin of the wrong kind is an error with its line. Plugin types of
+features epp lacks (P/D disaggregation, other parsers, admitters, ...) are refused with the reason
+(`config_compat.REFUSED`). docs/configs.md lists every type and parameter and what epp does.
+
+llm-d's `precise-prefix-cache-scorer` parameters may say how KV events are consumed
+(`kvEventsConfig`): that is `SchedulerConfig.kv_events`, which the caller applies
+(`requested_kv_events` reads it before the KV index exists).
 """
 
 from __future__ import annotations
@@ -48,41 +59,18 @@ from typing import Annotated, Any
 import msgspec
 import yaml
 
-from epp.scheduling import framework, interfaces, registry
-from epp.scheduling.plugins import single_profile_handler
+from epp.scheduling import config_compat, framework, interfaces, registry
+from epp.scheduling.config_compat import GIE_ONLY as _GIE_ONLY
+from epp.scheduling.config_compat import WHY as _WHY
+from epp.scheduling.plugins import precise_llmd, precise_prefix_cache_scorer, single_profile_handler
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+API_VERSIONS = (API_VERSION, "llm-d.ai/v1alpha1")  # GIE's, llm-d's: one schema
 KIND = "EndpointPickerConfig"
 DEFAULT_PICKER = "max-score-picker"  # GIE's default when a profile names no picker
 DEFAULT_DETECTOR = "utilization-detector"  # GIE's default when the config names no detector
-TOKENIZER = "tokenizer"  # llm-d's per-model tokenizer plugin type: read here, not built
 
 ConfigError = registry.ConfigError
-
-# GIE plugin types that epp accepts but does not build, by kind; and why, by kind.
-_GIE_ONLY = {
-    "metrics-data-source": "data source",
-    "core-metrics-extractor": "extractor",
-    "openai-parser": "parser",
-    "approx-prefix-cache-producer": "data producer",
-    "inflight-load-producer": "data producer",
-    "global-strict-fairness-policy": "flow-control policy",
-    "round-robin-fairness-policy": "flow-control policy",
-    "fcfs-ordering-policy": "flow-control policy",
-    "edf-ordering-policy": "flow-control policy",
-    "slo-deadline-ordering-policy": "flow-control policy",
-    "static-usage-limit-policy": "flow-control policy",
-    "eviction-sheddable-filter": "flow-control policy",
-    "eviction-priority-then-time-ordering": "flow-control policy",
-}
-_WHY = {
-    "data source": "epp scrapes model-server metrics itself",
-    "extractor": "epp scrapes model-server metrics itself",
-    "parser": "epp parses OpenAI request bodies itself",
-    "data producer": "epp's scorers gather their own inputs",
-    "flow-control policy": "flow control is not implemented yet",
-}
-
 
 @dataclasses.dataclass(slots=True)
 class SchedulerConfig:
@@ -96,6 +84,10 @@ class SchedulerConfig:
     warnings: list[str]  # accepted but ignored parts of the configuration, for the caller to log
     # `tokenizer` plugins: model name -> tokenizer path (loaded by the caller: epp.tokenize).
     tokenizers: dict[str, Path] = dataclasses.field(default_factory=dict)
+    # Models a tokenizer plugin names without a `path`: their tokenizers must come from elsewhere.
+    tokenizer_models: list[str] = dataclasses.field(default_factory=list)
+    # How llm-d's precise-prefix-cache-scorer parameters say KV events are consumed (None: flags).
+    kv_events: precise_llmd.KVEventsSettings | None = None
 
 
 # The document, decoded strictly: an unknown key anywhere epp acts on is an error.
@@ -103,12 +95,6 @@ class _PluginSpec(msgspec.Struct, forbid_unknown_fields=True):
     type: str
     name: str = ""
     parameters: dict[str, Any] | None = None
-
-
-class _TokenizerParams(msgspec.Struct, forbid_unknown_fields=True):
-    modelName: str = ""
-    path: str = ""
-    udsTokenizerConfig: dict[str, Any] | None = None  # llm-d's sidecar: accepted, not used
 
 
 class _ProfileEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -121,30 +107,16 @@ class _ProfileSpec(msgspec.Struct, forbid_unknown_fields=True):
     plugins: list[_ProfileEntry] = []
 
 
-# Sections epp ignores: their shape and plugin references are checked, unknown keys are not.
-class _Ref(msgspec.Struct):
-    pluginRef: str = ""
-
-
-class _DataLayerSource(msgspec.Struct):
-    pluginRef: str = ""
-    extractors: list[_Ref] = []
-
-
-class _DataLayer(msgspec.Struct):
-    sources: list[_DataLayerSource] = []
-
-
 class _Document(msgspec.Struct, forbid_unknown_fields=True):
     apiVersion: str = ""
     kind: str = ""
     plugins: list[_PluginSpec] = []
     schedulingProfiles: list[_ProfileSpec] = []
     featureGates: list[str] = []
-    saturationDetector: _Ref | None = None
-    dataLayer: _DataLayer | None = None
+    saturationDetector: config_compat.SaturationDetectorSection | None = None
+    dataLayer: config_compat.DataLayer | None = None
     flowControl: dict[str, Any] | None = None
-    parser: _Ref | None = None
+    parser: config_compat.Ref | None = None
 
 
 def default_config_text(*, precise: bool = False) -> str:
@@ -152,6 +124,28 @@ def default_config_text(*, precise: bool = False) -> str:
     `default-precise-config.yaml` when KV events feed an index (`precise`)."""
     name = "default-precise-config.yaml" if precise else "default-config.yaml"
     return importlib.resources.files(__package__).joinpath(name).read_text("utf-8")
+
+
+def requested_kv_events(text: str | None) -> precise_llmd.KVEventsSettings | None:
+    """How the configuration's llm-d-style `precise-prefix-cache-scorer` says KV events are
+    consumed, read before the KV index exists (the caller creates it, then calls `load_config`).
+    None when no such scorer says (or the text is not a valid configuration: `load_config` then
+    reports why)."""
+    if text is None:
+        return None
+    try:
+        data = yaml.safe_load(text)
+        for spec in data.get("plugins") or []:
+            if spec.get("type") == "precise-prefix-cache-scorer":
+                params = msgspec.convert(
+                    spec.get("parameters") or {}, precise_prefix_cache_scorer.PrecisePrefixCacheScorer.Params
+                )
+                settings = precise_llmd.apply("", params).kv_events
+                if settings is not None:
+                    return settings
+    except (yaml.YAMLError, AttributeError, TypeError, msgspec.ValidationError, ConfigError):
+        return None
+    return None
 
 
 def load_config_file(path: str | os.PathLike[str], handle: interfaces.Handle) -> SchedulerConfig:
@@ -183,11 +177,11 @@ def load_config(
         doc = msgspec.convert(data, _Document)
     except msgspec.ValidationError as err:
         raise where.validation_error(err) from None
-    for key, value, expected in (("apiVersion", doc.apiVersion, API_VERSION), ("kind", doc.kind, KIND)):
+    for key, value, expected in (("apiVersion", doc.apiVersion, API_VERSIONS), ("kind", doc.kind, (KIND,))):
         if key not in data:
-            raise ConfigError(f"{key} is missing; expected {key}: {expected}")
-        if value != expected:
-            raise where.error((key,), f"expected {expected!r}, got {value!r}")
+            raise ConfigError(f"{key} is missing; expected {key}: {' or '.join(expected)}")
+        if value not in expected:
+            raise where.error((key,), f"expected {' or '.join(map(repr, expected))}, got {value!r}")
     return _Builder(doc, where, handle, base_dir or Path()).build()
 
 
@@ -199,15 +193,17 @@ class _Builder:
         self.base_dir = base_dir
         self.plugins: dict[str, interfaces.Plugin] = {}
         self.ignored: dict[str, str] = {}  # GIE-only plugins: name -> type
-        self.tokenizer_plugins: set[str] = set()  # names of `tokenizer` plugins
+        self.tokenizer_plugins: set[str] = set()  # names of tokenizer plugins
         self.tokenizers: dict[str, Path] = {}
+        self.tokenizer_models: list[str] = []
+        self.kv_events: tuple[_Path, precise_llmd.KVEventsSettings] | None = None
         self.used: set[str] = set()
         self.warnings: list[str] = []
         self._default_picker: interfaces.Picker | None = None
 
     def build(self) -> SchedulerConfig:
         self._build_plugins()
-        self._check_ignored_sections()
+        self._check_sections()
         profiles = self._build_profiles()
         plugins = list(self.plugins.values())
         handlers = [p for p in plugins if isinstance(p, single_profile_handler.SingleProfileHandler)]
@@ -233,6 +229,8 @@ class _Builder:
             saturation_detector=self._saturation_detector(),
             warnings=self.warnings,
             tokenizers=self.tokenizers,
+            tokenizer_models=self.tokenizer_models,
+            kv_events=self.kv_events[1] if self.kv_events is not None else None,
         )
 
     def _build_plugins(self) -> None:
@@ -243,72 +241,135 @@ class _Builder:
             name = spec.name or spec.type
             if name in self.plugins or name in self.ignored or name in self.tokenizer_plugins:
                 raise self.where.error(path, f"duplicate plugin name {name!r}")
-            if spec.type == TOKENIZER:
-                self._read_tokenizer(path, name, spec.parameters)
+            if spec.type in config_compat.TOKENIZER_TYPES:
+                self._read_tokenizer(path, name, spec.type, spec.parameters)
                 continue
+            refused = config_compat.REFUSED.get(spec.type)
+            if refused is not None:
+                raise self.where.error(path, f"plugin {name!r} (type {spec.type!r}) is not supported: {refused}")
             kind = _GIE_ONLY.get(spec.type)
-            if kind is not None:
-                self.ignored[name] = spec.type
-                self.warnings.append(f"plugin {name!r} (type {spec.type!r}) is ignored: {_WHY[kind]}")
-                continue
             try:
-                self.plugins[name] = registry.default.build(spec.type, name, spec.parameters, self.handle)
+                if kind is not None:
+                    config_compat.check_gie_only(name, spec.type, spec.parameters)
+                    self.ignored[name] = spec.type
+                    self.warnings.append(f"plugin {name!r} (type {spec.type!r}) is ignored: {_WHY[kind]}")
+                    continue
+                plugin = registry.default.build(spec.type, name, spec.parameters, self.handle)
             except ConfigError as err:
-                raise self.where.error(path, str(err)) from None
+                culprit = self._culprit(path, spec.parameters, str(err))
+                stale = config_compat.STALE.get((spec.type, self.where.dotted(culprit[3:])))
+                message = f"{err}; {stale}" if stale is not None else str(err)
+                raise self.where.error(culprit, message) from None
+            self.plugins[name] = plugin
+            if isinstance(plugin, precise_prefix_cache_scorer.PrecisePrefixCacheScorer):
+                self._take_llmd(path, plugin.llmd)
+            notes = getattr(plugin, "config_notes", ())
+            self.warnings.extend(notes)
 
-    def _read_tokenizer(self, path: _Path, name: str, parameters: dict[str, Any] | None) -> None:
+    @staticmethod
+    def _culprit(path: _Path, parameters: dict[str, Any] | None, message: str) -> _Path:
+        """Where in the plugin an error message points (msgspec's `at `$.a[0].b``, an unknown
+        field, or `parameter a.b`), so that its line is the one reported; else the plugin."""
+        if not parameters:
+            return path
+        steps: list[str | int] = []
+        at = re.search(r"at `\$(?P<at>[^`]*)`", message)
+        if at is not None:
+            steps = [key or int(index) for key, index in _STEP.findall(at["at"])]
+        unknown = re.search(r"unknown field `([^`]+)`", message)
+        if unknown is not None:
+            steps.append(unknown[1])
+        if not steps:
+            named = re.search(r"parameters?[. ]([A-Za-z][\w.]*)", message)
+            if named is None:
+                return path
+            steps = list(named[1].split("."))
+        return (*path, "parameters", *steps)
+
+    def _take_llmd(self, path: _Path, mapped: precise_llmd.Mapped) -> None:
+        self.warnings.extend(mapped.notes)
+        if mapped.tokenizer_model and mapped.tokenizer_model not in self.tokenizers:
+            if mapped.tokenizer_model not in self.tokenizer_models:
+                self.tokenizer_models.append(mapped.tokenizer_model)
+        if mapped.kv_events is None:
+            return
+        if self.kv_events is not None and self.kv_events[1] != mapped.kv_events:
+            raise self.where.error(
+                (*path, "parameters"),
+                f"its KV-event settings {mapped.kv_events} differ from those of "
+                f"{self.where.dotted(self.kv_events[0])} ({self.kv_events[1]}); epp consumes KV events one way",
+            )
+        self.kv_events = (path, mapped.kv_events)
+
+    def _read_tokenizer(self, path: _Path, name: str, type_name: str, parameters: dict[str, Any] | None) -> None:
         try:
-            params = msgspec.convert(parameters or {}, _TokenizerParams)
+            params = msgspec.convert(parameters or {}, config_compat.TokenizerParams)
         except msgspec.ValidationError as err:
             raise self.where.validation_error(
-                err, prefix=(*path, "parameters"), known=_TokenizerParams.__struct_fields__
+                err, prefix=(*path, "parameters"), known=config_compat.TokenizerParams.__struct_fields__
             ) from None
-        label = f"plugin {name!r} (type {TOKENIZER!r})"
+        label = f"plugin {name!r} (type {type_name!r})"
         model = params.modelName.strip()
         if not model:
             raise self.where.error((*path, "parameters"), f"{label}: parameters.modelName is required")
-        if not params.path.strip():
-            raise self.where.error(
-                (*path, "parameters"),
-                f"{label}: parameters.path is required: epp loads tokenizers in-process from a local "
-                "Hugging Face tokenizer directory or tokenizer.json (no download, no sidecar)",
-            )
-        if model in self.tokenizers:
+        if model in self.tokenizers or model in self.tokenizer_models:
             raise self.where.error(
                 (*path, "parameters", "modelName"), f"model {model!r} already has a tokenizer"
             )
-        if params.udsTokenizerConfig is not None:
-            self.warnings.append(f"{label}: udsTokenizerConfig is ignored: epp tokenizes in-process")
+        self.warnings.extend(config_compat.tokenizer_notes(label, params))
         self.tokenizer_plugins.add(name)
-        self.tokenizers[model] = self.base_dir / Path(params.path.strip()).expanduser()
+        tokenizer = config_compat.tokenizer_path(self.base_dir, params)
+        if tokenizer is None:
+            self.tokenizer_models.append(model)
+        else:
+            self.tokenizers[model] = tokenizer
 
-    def _check_ignored_sections(self) -> None:
+    def _check_sections(self) -> None:
         doc = self.doc
-        if doc.featureGates:
-            self.warnings.append(f"featureGates {doc.featureGates} are ignored: epp has no feature gates yet")
+        for i, gate in enumerate(doc.featureGates):
+            note = config_compat.FEATURE_GATES.get(gate)
+            if note is None:
+                raise self.where.error(
+                    ("featureGates", i),
+                    f"unknown feature gate {gate!r}; known gates: {', '.join(config_compat.FEATURE_GATES)}",
+                )
+            self.warnings.append(f"featureGates {gate!r} has no effect: {note}")
         if doc.dataLayer is not None:
             for i, source in enumerate(doc.dataLayer.sources):
-                self._check_ref(("dataLayer", "sources", i, "pluginRef"), source.pluginRef, "data source")
+                where = ("dataLayer", "sources", i)
+                kind = self._check_ref((*where, "pluginRef"), source.pluginRef, tuple(config_compat.EXTRACTORS))
                 for j, extractor in enumerate(source.extractors):
                     self._check_ref(
-                        ("dataLayer", "sources", i, "extractors", j, "pluginRef"),
-                        extractor.pluginRef,
-                        "extractor",
+                        (*where, "extractors", j, "pluginRef"), extractor.pluginRef, config_compat.EXTRACTORS[kind]
                     )
+            if doc.dataLayer.discovery is not None:
+                self._check_ref(
+                    ("dataLayer", "discovery", "pluginRef"), doc.dataLayer.discovery.pluginRef, ("notification source",)
+                )
             self.warnings.append(f"dataLayer is ignored: {_WHY['data source']}")
         if doc.flowControl is not None:
             self.warnings.append(f"flowControl is ignored: {_WHY['flow-control policy']}")
         if doc.parser is not None:
-            self._check_ref(("parser", "pluginRef"), doc.parser.pluginRef, "parser")
+            self._check_ref(("parser", "pluginRef"), doc.parser.pluginRef, ("parser",))
             self.warnings.append(f"parser is ignored: {_WHY['parser']}")
 
     def _saturation_detector(self) -> interfaces.SaturationDetector:
         section = self.doc.saturationDetector
         if section is None or not section.pluginRef:
-            detector = registry.default.build(DEFAULT_DETECTOR, DEFAULT_DETECTOR, None, self.handle)
+            inline = section.inline() if section is not None else {}
+            try:
+                detector = registry.default.build(DEFAULT_DETECTOR, DEFAULT_DETECTOR, inline, self.handle)
+            except ConfigError as err:
+                raise self.where.error(("saturationDetector",), str(err)) from None
             assert isinstance(detector, interfaces.SaturationDetector)
             return detector
         path: _Path = ("saturationDetector", "pluginRef")
+        if section.inline():
+            raise self.where.error(
+                ("saturationDetector", next(iter(section.inline()))),
+                "give pluginRef or the inline thresholds (GIE v1.0-1.3), not both: configure the "
+                "referenced plugin's parameters instead",
+            )
         plugin = self.plugins.get(section.pluginRef)
         if isinstance(plugin, interfaces.SaturationDetector):
             return plugin
@@ -319,15 +380,22 @@ class _Builder:
             path, f"plugin {section.pluginRef!r} (type {type_name!r}) is not a saturation detector"
         )
 
-    def _check_ref(self, path: _Path, ref: str, kind: str) -> None:
+    def _check_ref(self, path: _Path, ref: str, kinds: tuple[str, ...]) -> str:
+        """Check that `ref` names a plugin of one of `kinds` (GIE-only kinds, or "scorer" for a
+        built scorer); return its kind."""
+        wanted = " or ".join(f"a {k}" for k in kinds)
         type_name = self.ignored.get(ref)
         if type_name is None:
             plugin = self.plugins.get(ref)
             if plugin is None:
                 raise self.where.error(path, f"pluginRef {ref!r} is not a defined plugin")
-            raise self.where.error(path, f"plugin {ref!r} (type {plugin.type!r}) is not a {kind}")
-        if _GIE_ONLY[type_name] != kind:
-            raise self.where.error(path, f"plugin {ref!r} (type {type_name!r}) is not a {kind}")
+            if "scorer" in kinds and isinstance(plugin, interfaces.Scorer):
+                return "scorer"
+            raise self.where.error(path, f"plugin {ref!r} (type {plugin.type!r}) is not {wanted}")
+        kind = _GIE_ONLY[type_name]
+        if kind not in kinds:
+            raise self.where.error(path, f"plugin {ref!r} (type {type_name!r}) is not {wanted}")
+        return kind
 
     def _build_profiles(self) -> list[framework.Profile]:
         if not self.doc.schedulingProfiles:
@@ -472,9 +540,12 @@ class _Locator:
                 break
         return line + 1
 
+    @staticmethod
+    def dotted(path: _Path) -> str:
+        return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
+
     def error(self, path: _Path, message: str) -> ConfigError:
-        dotted = "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
-        return ConfigError(f"{dotted} (line {self.line(path)}): {message}")
+        return ConfigError(f"{self.dotted(path)} (line {self.line(path)}): {message}")
 
     def validation_error(
         self, err: msgspec.ValidationError, *, prefix: _Path = (), known: Sequence[str] = ()

@@ -282,7 +282,8 @@ def test_gie_sections_epp_does_not_implement_load_with_warnings() -> None:
         "plugin 'openai-parser' (type 'openai-parser') is ignored: epp parses OpenAI request bodies itself",
         "plugin 'fcfs-ordering-policy' (type 'fcfs-ordering-policy') is ignored: flow control is not "
         "implemented yet",
-        "featureGates ['dataLayer', 'flowControl'] are ignored: epp has no feature gates yet",
+        "featureGates 'dataLayer' has no effect: epp's data layer (scraping, /v1/models) is always on",
+        "featureGates 'flowControl' has no effect: flow control is not implemented yet",
         "dataLayer is ignored: epp scrapes model-server metrics itself",
         "flowControl is ignored: flow control is not implemented yet",
         "parser is ignored: epp parses OpenAI request bodies itself",
@@ -371,12 +372,19 @@ ERRORS: list[tuple[str, str, list[str]]] = [
     (
         "unknown parameter",
         HEAD + "plugins:\n- type: max-score-picker\n  parameters:\n    maxEndpoints: 2\n",
-        ["plugins[0] (line 4)", "plugin 'max-score-picker' (type 'max-score-picker')", "`maxEndpoints`"],
+        [
+            "plugins[0].parameters.maxEndpoints (line 6)",
+            "plugin 'max-score-picker' (type 'max-score-picker')",
+            "`maxEndpoints`",
+        ],
     ),
     (
         "mistyped parameter",
         HEAD + "plugins:\n- {name: p, type: max-score-picker, parameters: {maxNumOfEndpoints: two}}\n",
-        ["plugins[0] (line 4): plugin 'p' (type 'max-score-picker')", "got `str` - at `$.maxNumOfEndpoints`"],
+        [
+            "plugins[0].parameters.maxNumOfEndpoints (line 4): plugin 'p' (type 'max-score-picker')",
+            "got `str` - at `$.maxNumOfEndpoints`",
+        ],
     ),
     (
         "parameters not a mapping",

@@ -323,7 +323,8 @@ def test_needs_an_index() -> None:
     [
         ({"gpuWeight": 1.5}, "$.gpuWeight"),
         ({"blockSize": -1}, "$.blockSize"),
-        ({"speculativeTTL": 1}, "unknown field `speculativeTTL`"),
+        ({"speculativeTTLs": 1}, "unknown field `speculativeTTLs`"),
+        ({"speculativeTTL": 1}, "$.speculativeTTL"),
     ],
 )
 def test_bad_parameters(params: dict[str, Any], fragment: str) -> None:

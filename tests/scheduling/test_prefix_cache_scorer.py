@@ -305,7 +305,9 @@ def test_block_size_tokens_sets_the_character_block() -> None:
     "params",
     [
         {"blockSize": 16},  # GIE's legacy name, rejected there too
-        {"hashBlockSize": 64},
+        {"hashBlockSize": 64, "blockSizeTokens": 16},  # two names of one size
+        {"hashBlockSize": 0},
+        {"maxPrefixTokensToMatch": -1},
         {"blockSizeTokens": 0},
         {"maxPrefixBlocksToMatch": -1},
         {"lruCapacityPerServer": 0},
@@ -320,13 +322,29 @@ def test_bad_parameters_are_rejected(params: dict[str, Any]) -> None:
 
 
 def test_defaults_are_gie_defaults() -> None:
+    ds, _ = pool(1)
+    plugin = make(ds)
+    # 16 tokens (64 characters) per block, 256 blocks at most.
+    assert len(plugin.block_hashes(tokens(list(range(16 * 300))))) == 256
+    assert len(plugin.block_hashes(tokens(list(range(33))))) == 3
+    assert len(plugin.block_hashes(chat("x" * 129))) == 3
     p = Scorer.Params()
-    assert (p.blockSizeTokens, p.maxPrefixBlocksToMatch, p.lruCapacityPerServer, p.autoTune) == (
-        16,
-        256,
-        31250,
-        True,
-    )
+    assert (p.maxPrefixBlocksToMatch, p.lruCapacityPerServer, p.autoTune) == (256, 31250, True)
+
+
+def test_gie_v1_0_hash_block_size_is_characters_per_block() -> None:
+    ds, _ = pool(1)
+    plugin = make(ds, hashBlockSize=5, maxPrefixBlocksToMatch=256)
+    assert len(plugin.block_hashes(chat("x" * 12))) == 3  # 5 + 5 + a partial 2
+    assert len(plugin.block_hashes(chat("x" * 4))) == 0  # shorter than a block
+    # Token ids, which GIE v1.0 never hashed, are cut at 5 // 4 = 1 token per block.
+    assert len(plugin.block_hashes(tokens([1, 2, 3]))) == 3
+
+
+def test_max_prefix_tokens_to_match_overrides_blocks_in_whole_blocks() -> None:
+    ds, _ = pool(1)
+    plugin = make(ds, blockSizeTokens=16, maxPrefixBlocksToMatch=256, maxPrefixTokensToMatch=40)
+    assert len(plugin.block_hashes(tokens(list(range(1000))))) == 2  # 40 // 16
 
 
 # --- the index against a naive model -------------------------------------------------------------

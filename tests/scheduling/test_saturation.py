@@ -214,7 +214,30 @@ def test_a_detector_listed_in_a_profile_is_a_filter() -> None:
         ),
         (
             "plugins: [{type: utilization-detector, parameters: {kvCacheUtilThreshold: 0}}]\n",
-            "plugins[0] (line 3)",
+            "plugins[0].parameters.kvCacheUtilThreshold (line 3)",
+        ),
+        # GIE v1.0-1.3's inline form is decoded as strictly as a plugin's parameters.
+        (
+            "saturationDetector:\n  kvCacheUtilThreshold: banana\n",
+            "saturationDetector.kvCacheUtilThreshold (line 4): Expected `float | null`, got `str`",
+        ),
+        (
+            "saturationDetector:\n  queueDepthThreshold: 5\n  kvCacheUtilThreshhold: 0.8\n",
+            "saturationDetector.kvCacheUtilThreshhold (line 5): unknown key 'kvCacheUtilThreshhold'",
+        ),
+        (
+            "saturationDetector: {kvCacheUtilThreshold: 1.5}\n",
+            "saturationDetector.kvCacheUtilThreshold (line 3): Expected `float` <= 1",
+        ),
+        (
+            "saturationDetector: {metricsStalenessThreshold: soon}\n",
+            "saturationDetector (line 3): plugin 'utilization-detector' (type 'utilization-detector'): "
+            "metricsStalenessThreshold",
+        ),
+        (
+            "plugins: [{type: utilization-detector}]\n"
+            "saturationDetector: {pluginRef: utilization-detector, queueDepthThreshold: 3}\n",
+            "saturationDetector.queueDepthThreshold (line 4): give pluginRef or the inline thresholds",
         ),
     ],
 )
@@ -222,3 +245,15 @@ def test_bad_saturation_detector_sections(body: str, fragment: str) -> None:
     with pytest.raises(config.ConfigError) as info:
         config.load_config(HEAD + body, builders.handle())
     assert fragment in str(info.value)
+
+
+def test_gie_v1_inline_thresholds_configure_the_default_detector() -> None:
+    cfg = config.load_config(
+        HEAD
+        + "saturationDetector:\n  queueDepthThreshold: 10\n  kvCacheUtilThreshold: 0.5\n"
+        + "  metricsStalenessThreshold: 150ms\n",
+        builders.handle(),
+    )
+    detector = cfg.saturation_detector
+    assert isinstance(detector, utilization_detector.UtilizationDetector)
+    assert (detector.queue_threshold, detector.kv_threshold, detector.staleness) == (10.0, 0.5, 0.15)

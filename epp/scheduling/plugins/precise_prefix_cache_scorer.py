@@ -65,6 +65,7 @@ from epp.datastore.endpoints import Endpoint
 from epp.kvcache.index import BlockIndex, MatchResult
 from epp.kvcache.keys import BlockKey, block_keys, seed_for
 from epp.scheduling import interfaces, registry
+from epp.scheduling.plugins import precise_llmd
 
 DEFAULT_BLOCK_SIZE: Final = 16  # vLLM's default --block-size on GPUs
 
@@ -95,6 +96,12 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
         speculativeTTLSeconds: Annotated[float, msgspec.Meta(ge=0.0, le=60.0)] = 2.0
         maxPrefixBlocksToMatch: Annotated[int, msgspec.Meta(ge=0)] = 0
         homeScore: _Weight = 0.0
+        # llm-d's parameters (llm-d-kv-cache's structs), mapped in `precise_llmd.apply`.
+        tokenProcessorConfig: precise_llmd.TokenProcessorConfig | None = None
+        indexerConfig: precise_llmd.IndexerConfig | None = None
+        kvEventsConfig: precise_llmd.KVEventsConfig | None = None
+        speculativeIndexing: bool | None = None
+        speculativeTTL: str | None = None
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         self.name = name
@@ -104,6 +111,8 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
                 "--kv-events connect (or bind), or use prefix-cache-scorer (approximate) instead"
             )
         self._index: BlockIndex = handle.kv_index
+        # llm-d's form, mapped onto epp's parameters; what serve must apply, and notes to log.
+        self.llmd: precise_llmd.Mapped = precise_llmd.apply(f"plugin {name!r} (type {self.type!r})", params)
         self._block_size = params.blockSize
         self._w_gpu = params.gpuWeight
         self._w_off = params.offloadWeight

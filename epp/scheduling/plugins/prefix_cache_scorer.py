@@ -27,7 +27,8 @@ prompt (health probes, "hi") onto one endpoint.
 Inputs consumed: `InferenceRequest.target_model`; `token_ids` when known, else `prompt_texts`
 concatenated in order (completions prompt(s), chat message texts); `Endpoint.metrics`
 `num_gpu_blocks` and `block_size` (scraped `vllm:cache_config_info`) when `autoTune` is on. Writes
-the request's block-hash list (`list[int]`) to `CycleState[<plugin name>]`.
+the request's block-hash list (`list[int]`) to `CycleState[<plugin name>]`, and the number of
+candidates holding a prefix of it to `CycleState[matched_key(<plugin name>)]` (when any does).
 
 Parameters (GIE names; each must be > 0, else the factory raises `registry.ConfigError`):
 - `blockSizeTokens` (16): tokens per block; 4x as many characters for text prompts.
@@ -37,6 +38,12 @@ Parameters (GIE names; each must be > 0, else the factory raises `registry.Confi
   cache size instead, converted to our blocks as `num_gpu_blocks * block_size / blockSizeTokens`.
   Unlike GIE, the block size itself is not tuned from the metrics: hashes of one request must not
   depend on which endpoint happened to be the first candidate.
+- `maxPrefixTokensToMatch` (0): when > 0, replaces `maxPrefixBlocksToMatch` by this many tokens'
+  worth of whole blocks (at least one), as in GIE.
+- `hashBlockSize` (GIE v1.0): the block size in characters, which v1.0 cut prompt text by; text is
+  cut every `hashBlockSize` characters and token ids every `hashBlockSize // 4` (at least 1). Not
+  together with `blockSizeTokens`.
+- `blockSize`: GIE's deprecated block size in characters, refused as GIE (v1.1+) refuses it.
 """
 
 from __future__ import annotations
@@ -53,6 +60,12 @@ from epp.scheduling import interfaces, registry
 
 CHARS_PER_TOKEN = 4  # GIE's averageCharactersPerToken
 
+
+def matched_key(name: str) -> str:
+    """The CycleState key under which scorer `name` leaves how many candidates hold a prefix of
+    the request (absent: none), for `no-hit-lru-scorer`."""
+    return f"{name}/matched"
+
 _Positive = Annotated[int, msgspec.Meta(gt=0)]
 
 
@@ -61,16 +74,38 @@ class PrefixCacheScorer(registry.PluginBase):
     consumes_tokens: Final = True
 
     class Params(msgspec.Struct, forbid_unknown_fields=True):
-        blockSizeTokens: _Positive = 16
+        blockSizeTokens: _Positive | None = None  # None: 16, or derived from hashBlockSize
         maxPrefixBlocksToMatch: _Positive = 256
         lruCapacityPerServer: _Positive = 31250
         autoTune: bool = True
+        hashBlockSize: _Positive | None = None  # GIE v1.0: characters per block
+        blockSize: int | None = None  # GIE v1.1-v1.5's deprecated characters per block: refused
+        maxPrefixTokensToMatch: Annotated[int, msgspec.Meta(ge=0)] = 0  # > 0: overrides blocks
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         self.name = name
-        self._block_tokens = params.blockSizeTokens
-        self._block_chars = params.blockSizeTokens * CHARS_PER_TOKEN
+        label = f"plugin {name!r} (type {self.type!r})"
+        if params.blockSize is not None:
+            # GIE (v1.1+) refuses it alike: it was a size in characters, blockSizeTokens replaced it.
+            raise registry.ConfigError(
+                f"{label}: parameter blockSize ({params.blockSize}) is GIE's deprecated block size in "
+                "characters, which GIE itself refuses; use blockSizeTokens (tokens per block)"
+            )
+        if params.hashBlockSize is not None and params.blockSizeTokens is not None:
+            raise registry.ConfigError(
+                f"{label}: give blockSizeTokens or GIE v1.0's hashBlockSize (characters), not both"
+            )
+        if params.hashBlockSize is not None:
+            # GIE v1.0 cut the prompt text every hashBlockSize characters; token ids, which v1.0
+            # never hashed, are cut at the same length in GIE's 4 characters per token.
+            self._block_chars = params.hashBlockSize
+            self._block_tokens = max(1, params.hashBlockSize // CHARS_PER_TOKEN)
+        else:
+            self._block_tokens = params.blockSizeTokens or 16
+            self._block_chars = self._block_tokens * CHARS_PER_TOKEN
         self._max_blocks = params.maxPrefixBlocksToMatch
+        if params.maxPrefixTokensToMatch > 0:  # GIE: takes precedence, in whole blocks
+            self._max_blocks = max(1, params.maxPrefixTokensToMatch // self._block_tokens)
         self._capacity = params.lruCapacityPerServer
         self._auto_tune = params.autoTune
         self._datastore = handle.datastore
@@ -99,6 +134,7 @@ class PrefixCacheScorer(registry.PluginBase):
         matched = self._match(hashes)
         if not matched:
             return [0.0] * len(endpoints)
+        cycle[matched_key(self.name)] = sum(1 for ep in endpoints if ep in matched)
         inverse = 1.0 / len(hashes)
         return [matched.get(ep, 0) * inverse for ep in endpoints]
 

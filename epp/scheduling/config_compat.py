@@ -1,0 +1,288 @@
+"""The parts of GIE's and llm-d's EndpointPickerConfig vocabulary that epp accepts without building
+a plugin from them, or refuses with a reason: used by `config`.
+
+Three groups of plugin types:
+
+- `GIE_ONLY`: types naming work epp does another way (it scrapes metrics, parses OpenAI bodies and
+  follows the pool's endpoints itself). They are accepted, not built, and reported as warnings; the
+  ones whose parameters are known (`metrics-data-source`, `core-metrics-extractor`, ...) have them
+  decoded strictly, and a value that would make GIE behave differently from epp (another metrics
+  path, another engine's metric names) is a `ConfigError`.
+- `REFUSED`: types of features epp does not have (P/D disaggregation, other parsers, admitters, the
+  latency-predictor sidecar, CEL reporters): a `ConfigError` saying what is missing and why.
+- llm-d's tokenizer plugins (`tokenizer`, `token-producer`): read by `read_tokenizer` into the
+  model -> tokenizer-path map; they are not scheduling plugins.
+
+The inline sections are decoded as strictly as plugin parameters: `saturationDetector` (a
+`pluginRef`, or GIE v1.0-1.3's inline thresholds), `featureGates` (GIE's and llm-d's gate names),
+`dataLayer` and `parser`. `flowControl` is accepted as any mapping, with a warning: epp has no
+flow control, so there is nothing its content could configure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from epp.scheduling import registry
+
+TOKENIZER_TYPES = ("tokenizer", "token-producer")  # llm-d: legacy name, current name
+
+# GIE/llm-d plugin types epp accepts but does not build, by kind; and why, by kind.
+GIE_ONLY = {
+    "metrics-data-source": "data source",
+    "endpoint-notification-source": "notification source",
+    "k8s-notification-source": "notification source",
+    "models-data-source": "models source",
+    "core-metrics-extractor": "extractor",
+    "models-data-extractor": "models extractor",
+    "openai-parser": "parser",
+    "approx-prefix-cache-producer": "data producer",
+    "inflight-load-producer": "data producer",
+    "global-strict-fairness-policy": "flow-control policy",
+    "round-robin-fairness-policy": "flow-control policy",
+    "fcfs-ordering-policy": "flow-control policy",
+    "edf-ordering-policy": "flow-control policy",
+    "slo-deadline-ordering-policy": "flow-control policy",
+    "static-usage-limit-policy": "flow-control policy",
+    "eviction-sheddable-filter": "flow-control policy",
+    "sheddable-eviction-filter": "flow-control policy",
+    "eviction-priority-then-time-ordering": "flow-control policy",
+    "priority-then-time-eviction-order-policy": "flow-control policy",
+}
+WHY = {
+    "data source": "epp scrapes model-server metrics itself",
+    "extractor": "epp scrapes model-server metrics itself",
+    "notification source": "epp's plugins follow the pool's endpoints through the datastore",
+    "models source": "epp reads each server's /v1/models itself",
+    "models extractor": "epp reads each server's /v1/models itself",
+    "parser": "epp parses OpenAI request bodies itself",
+    "data producer": "epp's scorers gather their own inputs",
+    "flow-control policy": "flow control is not implemented yet",
+}
+# What a dataLayer source's extractors may be, by the source's kind ("scorer": a built plugin).
+EXTRACTORS = {
+    "data source": ("extractor",),
+    "models source": ("models extractor",),
+    "notification source": ("scorer",),  # llm-d: the precise scorer follows pod changes
+}
+
+_PD = (
+    "P/D (prefill/decode) and E/P/D disaggregation are not supported: epp runs one scheduling "
+    "profile per request and has no prefill/decode sidecar protocol"
+)
+_PREDICTOR = (
+    "GIE's latency predictor (a trained-model sidecar) is not supported; epp's in-process "
+    "equivalent is predicted-ttft-scorer"
+)
+REFUSED = {
+    "disagg-profile-handler": _PD,
+    "pd-profile-handler": _PD,
+    "disagg-headers-handler": _PD,
+    "prefill-header-handler": _PD,
+    "prefix-based-pd-decider": _PD,
+    "always-disagg-pd-decider": _PD,
+    "always-disagg-multimodal-decider": _PD,
+    "vllmgrpc-parser": "epp parses OpenAI HTTP request bodies only (no vLLM gRPC)",
+    "passthrough-parser": "epp parses OpenAI HTTP request bodies only",
+    "vertexai-parser": "epp parses OpenAI HTTP request bodies only (no Vertex AI)",
+    "probabilistic-admitter": "epp's admission is its saturation detector alone; no admitter plugins",
+    "latency-slo-admitter": "epp's admission is its saturation detector alone; no admitter plugins",
+    "request-attribute-reporter": "epp has no CEL request-attribute reporter (Envoy dynamic metadata)",
+    "predicted-latency-scorer": _PREDICTOR,
+    "predicted-latency-producer": _PREDICTOR,
+    "latency-scorer": _PREDICTOR,
+    "slo-headroom-tier-filter": _PREDICTOR,
+    "prefix-cache-affinity-filter": _PREDICTOR,
+    "destination-endpoint-served-verifier": (
+        "GIE's conformance-test plugin copies Envoy's served-endpoint metadata into a response "
+        "header; epp has no response-header plugin hook"
+    ),
+    "active-request-scorer": (
+        "llm-d's active-request-scorer is not implemented; inflight-load-scorer scores the "
+        "requests epp has in flight per endpoint"
+    ),
+}
+
+# Parameters llm-d's own published configurations give where llm-d's decoder silently drops them
+# (so llm-d runs on its defaults, not on what they say): (plugin type, dotted parameter) -> advice.
+STALE = {
+    ("precise-prefix-cache-scorer", "indexerConfig.tokenProcessorConfig"): (
+        "llm-d ignores it there too (its decoder drops unknown fields, so its block size stays 16); "
+        "give it as parameters.tokenProcessorConfig"
+    ),
+    ("precise-prefix-cache-scorer", "indexerConfig.kvBlockIndexConfig.maxPrefixBlocksToMatch"): (
+        "llm-d ignores it there too (not a field of kvBlockIndexConfig); epp's parameter is "
+        "maxPrefixBlocksToMatch"
+    ),
+}
+
+# Feature gates: name -> what epp does about it (each is accepted with this note).
+FEATURE_GATES = {
+    "dataLayer": "epp's data layer (scraping, /v1/models) is always on",
+    "enableLegacyMetrics": "epp always exports its metrics",
+    "flowControl": "flow control is not implemented yet",
+    "prepareDataPlugins": "epp's scorers gather their own inputs",
+}
+
+_VLLM_METRICS = {
+    "queuedRequestsSpec": "vllm:num_requests_waiting",
+    "runningRequestsSpec": "vllm:num_requests_running",
+    "kvUsageSpec": "vllm:kv_cache_usage_perc",
+    "loraSpec": "vllm:lora_requests_info",
+    "cacheInfoSpec": "vllm:cache_config_info",
+}
+
+
+# ---- parameters of GIE-only plugins whose schema is known ------------------------------------------
+
+
+class _ScrapeParams(msgspec.Struct, forbid_unknown_fields=True):
+    scheme: Literal["http", "https"] = "http"
+    path: str = ""
+    insecureSkipVerify: bool = True
+
+
+class _EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    queuedRequestsSpec: str = ""
+    runningRequestsSpec: str = ""
+    kvUsageSpec: str = ""
+    loraSpec: str = ""
+    cacheInfoSpec: str = ""
+
+
+class _ExtractorParams(msgspec.Struct, forbid_unknown_fields=True):
+    engineLabelKey: str = ""
+    defaultEngine: str = "vllm"
+    engineConfigs: list[_EngineConfig] = []
+
+
+class _NoParams(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+_PARAMS: dict[str, type[msgspec.Struct]] = {
+    "metrics-data-source": _ScrapeParams,
+    "models-data-source": _ScrapeParams,
+    "core-metrics-extractor": _ExtractorParams,
+    "endpoint-notification-source": _NoParams,
+    "k8s-notification-source": _NoParams,
+    "models-data-extractor": _NoParams,
+    "openai-parser": _NoParams,
+}
+
+
+def check_gie_only(name: str, type_name: str, parameters: dict[str, Any] | None) -> None:
+    """Decode a GIE-only plugin's parameters when their schema is known; raise ConfigError for
+    an unknown or mistyped one, or a value epp would not honour."""
+    schema = _PARAMS.get(type_name)
+    if schema is None:
+        return
+    label = f"plugin {name!r} (type {type_name!r})"
+    try:
+        params = msgspec.convert(parameters or {}, schema)
+    except msgspec.ValidationError as err:
+        raise registry.ConfigError(f"{label}: invalid parameters: {err}") from None
+    if isinstance(params, _ScrapeParams):
+        default = "/metrics" if type_name == "metrics-data-source" else "/v1/models"
+        if params.scheme != "http" or params.path not in ("", default):
+            raise registry.ConfigError(
+                f"{label}: epp reads http://<endpoint>{default} (scheme {params.scheme!r}, path "
+                f"{params.path or default!r} given); set epp's scrape flags instead"
+            )
+    elif isinstance(params, _ExtractorParams):
+        if params.defaultEngine != "vllm":
+            raise registry.ConfigError(
+                f"{label}: parameters.defaultEngine {params.defaultEngine!r}: epp reads vLLM's metrics only"
+            )
+        for engine in params.engineConfigs:
+            if engine.name != "vllm":
+                raise registry.ConfigError(
+                    f"{label}: parameters.engineConfigs {engine.name!r}: epp reads vLLM's metrics only"
+                )
+            for field, expected in _VLLM_METRICS.items():
+                given = getattr(engine, field)
+                if given and given != expected:
+                    raise registry.ConfigError(
+                        f"{label}: parameters.engineConfigs[vllm].{field} {given!r}: epp reads {expected!r}"
+                    )
+
+
+# ---- tokenizer plugins ---------------------------------------------------------------------------
+
+
+class _UdsTokenizerConfig(msgspec.Struct, forbid_unknown_fields=True):
+    socketFile: str = ""
+    useTCP: bool = False
+    modelTokenizerMap: dict[str, str] | None = None
+
+
+class _VllmRender(msgspec.Struct, forbid_unknown_fields=True):
+    http: str = ""
+    timeout: str = ""
+    mmTimeout: str = ""
+
+
+class TokenizerParams(msgspec.Struct, forbid_unknown_fields=True):
+    modelName: str = ""
+    path: str = ""  # epp's: a local tokenizer directory or tokenizer.json
+    udsTokenizerConfig: _UdsTokenizerConfig | None = None  # llm-d's sidecar: accepted, not used
+    vllm: _VllmRender | None = None  # llm-d's vLLM /render sidecar: accepted, not used
+
+
+def tokenizer_notes(label: str, params: TokenizerParams) -> list[str]:
+    """What of a tokenizer plugin's parameters epp does not use, for the log."""
+    notes = []
+    if params.udsTokenizerConfig is not None:
+        notes.append(f"{label}: udsTokenizerConfig is ignored: epp tokenizes in-process")
+    if params.vllm is not None:
+        notes.append(f"{label}: vllm (the /render sidecar) is ignored: epp tokenizes in-process")
+    if not params.path.strip():
+        notes.append(
+            f"{label}: no path: the tokenizer for model {params.modelName.strip()!r} must come from "
+            "--tokenizer MODEL=PATH or the endpoints file"
+        )
+    return notes
+
+
+def tokenizer_path(base_dir: Path, params: TokenizerParams) -> Path | None:
+    path = params.path.strip()
+    return base_dir / Path(path).expanduser() if path else None
+
+
+# ---- inline sections -----------------------------------------------------------------------------
+
+
+class Ref(msgspec.Struct, forbid_unknown_fields=True):
+    pluginRef: str = ""
+
+
+class SaturationDetectorSection(msgspec.Struct, forbid_unknown_fields=True):
+    """`pluginRef` (GIE v1.4+), or GIE v1.0-1.3's inline utilization-detector thresholds."""
+
+    pluginRef: str = ""
+    queueDepthThreshold: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    kvCacheUtilThreshold: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    metricsStalenessThreshold: str | None = None
+
+    def inline(self) -> dict[str, Any]:
+        """The inline thresholds given, as utilization-detector parameters."""
+        return {
+            key: getattr(self, key)
+            for key in ("queueDepthThreshold", "kvCacheUtilThreshold", "metricsStalenessThreshold")
+            if getattr(self, key) is not None
+        }
+
+
+class DataLayerSource(msgspec.Struct, forbid_unknown_fields=True):
+    pluginRef: str = ""
+    extractors: list[Ref] = []
+
+
+class DataLayer(msgspec.Struct, forbid_unknown_fields=True):
+    injectDefaults: bool | None = None
+    sources: list[DataLayerSource] = []
+    discovery: Ref | None = None
