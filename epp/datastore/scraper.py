@@ -35,7 +35,9 @@ not exclude a new endpoint on its first failed scrape.
 
 Gauges kept: `epp_endpoint_excluded{endpoint}` (1 while excluded; the series is removed with the
 endpoint) and `inference_pool_ready_pods{name=<pool>}` = `len(datastore.candidates())` after every
-change this module sees or makes.
+change this module sees or makes. While started, the scraper is also the source of GIE's pool
+averages (`inference_pool_average_*`, `inference_pool_per_pod_queue_size`), computed from the
+endpoints' latest scrapes whenever /metrics is read (`metrics.PoolCollector`).
 
 Cost note: at GIE's default 50 ms interval every endpoint costs 20 HTTP requests and parses per
 second; the parse is ~30 us (promtext), the aiohttp request several times that. Large pools
@@ -146,6 +148,7 @@ class MetricsScraper:
         if not self._subscribed:
             self._datastore.subscribe(self._on_change)
             self._subscribed = True
+        metrics.pool_collector.add(self._pool_snapshot)
         self._apply_change(self._datastore.endpoints(), [])
         log.info(
             "scraping /metrics of %d endpoints every %gs (timeout %gs, exclusion after %d failures or %gs)",
@@ -159,6 +162,7 @@ class MetricsScraper:
     async def stop(self) -> None:
         """Cancel every loop, wait for them to end, close the session."""
         session, self._session = self._session, None
+        metrics.pool_collector.discard(self._pool_snapshot)
         loops = [*self._loops.values(), *self._retired]
         self._loops.clear()
         await tasks.cancel_and_wait(loops)
@@ -181,6 +185,25 @@ class MetricsScraper:
     def scraping(self) -> list[Endpoint]:
         """Endpoints that currently have a scrape loop."""
         return list(self._loops)
+
+    def _pool_snapshot(self) -> metrics.PoolSnapshot:
+        """The pool's load as last scraped. Averages count routable endpoints with a good scrape
+        (GIE averages the pods whose metrics are fresh); an excluded endpoint's last figures
+        would describe a server epp no longer sends to."""
+        routable = {id(ep) for ep in self._datastore.candidates()}
+        return metrics.PoolSnapshot(
+            self._pool_name,
+            [
+                metrics.PodLoad(
+                    ep.name,
+                    ep.metrics.waiting,
+                    ep.metrics.running,
+                    ep.metrics.kv_usage,
+                    id(ep) in routable and ep.metrics.updated_at > 0,
+                )
+                for ep in self._datastore.endpoints()
+            ],
+        )
 
     # -- loop management -------------------------------------------------------------------------
 

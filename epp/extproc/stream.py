@@ -140,7 +140,7 @@ class Stream:
                 subset=m.subset_hint(msg),
             )
         except errors.RequestError as exc:
-            return self._fail(exc)
+            return self._fail(exc, counted=True)  # the director counted it, with the model
         except Exception:
             log.exception("routing failed unexpectedly")
             metrics.extproc_stream_errors.labels("internal").inc()
@@ -158,14 +158,14 @@ class Stream:
         responses.extend(m.streamed_request_body(out_body) if body_eos else _no_eos(out_body))
         return responses
 
-    def _fail(self, exc: errors.RequestError) -> list[m.ProcessingResponse]:
+    def _fail(self, exc: errors.RequestError, *, counted: bool = False) -> list[m.ProcessingResponse]:
         self.closed = True
         if exc.status >= 500:
             log.warning("answering %d: %s", exc.status, exc.reason, extra={"path": self.headers.get(":path")})
         else:
             log.info("answering %d: %s", exc.status, exc.reason, extra={"path": self.headers.get(":path")})
-        # Answered before (or instead of) parsing succeeded: no trustworthy model name to label.
-        metrics.request_errors_total.labels("-", str(exc.status)).inc()
+        if not counted:  # answered before (or instead of) parsing: no trustworthy model name
+            metrics.request_errors_total.labels("-", "-", metrics.error_code(exc.status)).inc()
         return [m.immediate(exc.status, errors.error_body(exc.status, exc.reason))]
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:

@@ -3,9 +3,11 @@
 One registry per process (`REGISTRY`), not prometheus_client's global one, so tests can read values
 without interference and the exposition lists only what epp defines, plus the standard
 `process_*` series (CPU seconds, resident memory, open fds: what a capacity plan for epp itself
-needs). Names follow GIE's EPP where it has an equivalent (`inference_extension_*`,
-`inference_objective_*`, `inference_pool_*`), so existing dashboards keep working; epp-specific
-series use the `epp_` prefix.
+needs). Where GIE's EPP has a series (`inference_objective_*`, `inference_pool_*`,
+`inference_extension_*`), epp's has GIE's name, type, label names and buckets (GIE v1.5.0's
+metrics.go; tests/observability compares them), so GIE's dashboards and alert rules work
+unchanged; epp-specific series use the `epp_` prefix. docs/metrics.md lists both, and the GIE
+series epp does not export, with the reason.
 """
 
 from __future__ import annotations
@@ -18,10 +20,41 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from epp import __version__
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 
-# Sub-millisecond resolution: the whole decision is budgeted well under 1 ms.
+GIE_RELEASE = "v1.5.0"
+"""The GIE EPP release whose series (names, types, labels, buckets) the GIE-named ones match."""
+
+# --- Buckets: GIE's for GIE's series (a dashboard's quantiles then read the same bounds) ---------
+
+LATENCY_BUCKETS = (
+    *(0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0),
+    *(8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0),
+    *(900.0, 1200.0, 1800.0, 2700.0, 3600.0),
+)
+"""5 ms to an hour: long generations stay inside the buckets."""
+TPOT_BUCKETS = (
+    *(0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5),
+    *(0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 4.5, 6.0, 12.0, 18.0, 24.0, 30.0, 36.0, 48.0, 60.0, 90.0),
+    *(120.0, 180.0, 270.0, 360.0),
+)
+NTPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+SCHEDULING_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+REQUEST_SIZE_BUCKETS = tuple(float(2**n) for n in range(6, 31))  # 64 B .. 1 GiB
+# GIE's lists have 32778 where the doubling gives 32768; kept, so the bounds are GIE's exactly.
+RESPONSE_SIZE_BUCKETS = (1.0, *(float(2**n) for n in range(3, 15)), 32778.0, 65536.0)
+INPUT_TOKEN_BUCKETS = (
+    1.0,
+    *(float(2**n) for n in range(3, 15)),
+    32778.0,
+    *(float(2**n) for n in range(16, 21)),
+)
+OUTPUT_TOKEN_BUCKETS = (1.0, *(float(2**n) for n in range(3, 14)))
+
+# Sub-millisecond resolution for epp's own decision timing: it is budgeted well under 1 ms.
 _FAST_BUCKETS = (
     0.00005,
     0.0001,
@@ -37,66 +70,139 @@ _FAST_BUCKETS = (
     0.25,
     1.0,
 )
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+_MODEL = ["model_name", "target_model_name"]
+
+# --- GIE's series: inference_objective_* ---------------------------------------------------------
 
 requests_total = Counter(
     "inference_objective_request_total",
-    "Requests seen by epp, by model, HTTP status epp or the model server answered, and the priority "
-    "of the request's InferenceObjective (0 when none).",
-    ["model_name", "target_model_name", "status", "priority"],
+    "Requests routed by epp, by model as the client named it, the model the server was asked for, "
+    "and the priority of the request's InferenceObjective (0 when none). Counted at routing.",
+    ["model_name", "target_model_name", "priority"],
     registry=REGISTRY,
 )
 request_errors_total = Counter(
     "inference_objective_request_error_total",
-    "Requests epp answered itself with an error, by reason code.",
-    ["model_name", "error_code"],
+    "Requests answered with an error: by epp (error_code BadRequest, ResourceExhausted, "
+    "ServiceUnavailable, Internal, ... or the HTTP status where GIE has no name) or by the model "
+    "server (ModelServerError, any non-2xx status).",
+    [*_MODEL, "error_code"],
     registry=REGISTRY,
 )
 request_duration = Histogram(
     "inference_objective_request_duration_seconds",
-    "From the routing decision to the end of the response stream.",
-    ["model_name"],
-    buckets=_LATENCY_BUCKETS,
+    "From the routing decision to the end of a complete response stream.",
+    _MODEL,
+    buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
 request_ttft = Histogram(
     "inference_objective_request_ttft_seconds",
     "From the routing decision to the first response body byte (time to first token as epp sees it).",
-    ["model_name"],
-    buckets=_LATENCY_BUCKETS,
+    _MODEL,
+    buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
-input_tokens = Counter(
-    "inference_objective_input_tokens_total",
-    "Prompt tokens reported by model servers in usage.",
+request_tpot = Histogram(
+    "inference_objective_request_tpot_seconds",
+    "Mean time per output token after the first, of streamed responses with usage: (end - first "
+    "chunk) / (completion_tokens - 1).",
+    _MODEL,
+    buckets=TPOT_BUCKETS,
+    registry=REGISTRY,
+)
+ntpot = Histogram(
+    "inference_objective_normalized_time_per_output_token_seconds",
+    "Request duration divided by the completion tokens, of complete responses with usage.",
+    _MODEL,
+    buckets=NTPOT_BUCKETS,
+    registry=REGISTRY,
+)
+request_sizes = Histogram(
+    "inference_objective_request_sizes",
+    "Request body size in bytes, as received from the client.",
+    _MODEL,
+    buckets=REQUEST_SIZE_BUCKETS,
+    registry=REGISTRY,
+)
+response_sizes = Histogram(
+    "inference_objective_response_sizes",
+    "Response body size in bytes, of complete responses.",
+    _MODEL,
+    buckets=RESPONSE_SIZE_BUCKETS,
+    registry=REGISTRY,
+)
+input_tokens = Histogram(
+    "inference_objective_input_tokens",
+    "Prompt tokens per request, as the model server reported them in usage.",
+    _MODEL,
+    buckets=INPUT_TOKEN_BUCKETS,
+    registry=REGISTRY,
+)
+output_tokens = Histogram(
+    "inference_objective_output_tokens",
+    "Completion tokens per request, as the model server reported them in usage.",
+    _MODEL,
+    buckets=OUTPUT_TOKEN_BUCKETS,
+    registry=REGISTRY,
+)
+cached_tokens = Histogram(
+    "inference_objective_prompt_cached_tokens",
+    "Prompt tokens per request served from the model server's prefix cache "
+    "(usage.prompt_tokens_details.cached_tokens).",
+    _MODEL,
+    buckets=INPUT_TOKEN_BUCKETS,
+    registry=REGISTRY,
+)
+running_requests = Gauge(
+    "inference_objective_running_requests",
+    "Requests routed whose response stream has not ended, by model as the client named it.",
     ["model_name"],
     registry=REGISTRY,
 )
-output_tokens = Counter(
-    "inference_objective_output_tokens_total",
-    "Completion tokens reported by model servers in usage.",
-    ["model_name"],
+
+# --- GIE's series: inference_pool_* (the averages: PoolCollector, below) -------------------------
+
+ready_endpoints = Gauge(
+    "inference_pool_ready_pods",
+    "Routable endpoints in the pool.",
+    ["name"],
     registry=REGISTRY,
 )
-cached_tokens = Counter(
-    "inference_objective_prompt_cached_tokens_total",
-    "Prompt tokens served from the model server's prefix cache (usage.prompt_tokens_details.cached_tokens).",
-    ["model_name"],
-    registry=REGISTRY,
-)
+
+# --- GIE's series: inference_extension_* ---------------------------------------------------------
+
 scheduler_duration = Histogram(
     "inference_extension_scheduler_e2e_duration_seconds",
     "Time to run all scheduling profiles for one request.",
-    buckets=_FAST_BUCKETS,
+    buckets=SCHEDULING_BUCKETS,
+    registry=REGISTRY,
+)
+scheduler_attempts = Counter(
+    "inference_extension_scheduler_attempts_total",
+    "Scheduling attempts by outcome (success, failure) and, on success, the primary endpoint's pod "
+    "and port (namespace is empty: endpoints are known by pod name).",
+    ["status", "target_model_name", "pod_name", "namespace", "port"],
     registry=REGISTRY,
 )
 plugin_duration = Histogram(
     "inference_extension_plugin_duration_seconds",
     "Time spent in one plugin call (sampled: one scheduling cycle in 8 is timed).",
     ["extension_point", "plugin_type", "plugin_name"],
-    buckets=_FAST_BUCKETS,
+    buckets=SCHEDULING_BUCKETS,
     registry=REGISTRY,
 )
+build_info = Gauge(
+    "inference_extension_info",
+    "1, labelled with the build: commit (unknown for a build without one) and build_ref (epp's version).",
+    ["commit", "build_ref"],
+    registry=REGISTRY,
+)
+build_info.labels(commit="unknown", build_ref=f"epp-{__version__}").set(1)
+
+# --- epp's own -----------------------------------------------------------------------------------
+
 decision_duration = Histogram(
     "epp_decision_duration_seconds",
     "From the end of the request body to the routing answer: parse, schedule, book.",
@@ -133,12 +239,6 @@ endpoint_excluded = Gauge(
     ["endpoint"],
     registry=REGISTRY,
 )
-ready_endpoints = Gauge(
-    "inference_pool_ready_pods",
-    "Routable endpoints in the pool.",
-    ["name"],
-    registry=REGISTRY,
-)
 extproc_streams = Gauge(
     "epp_extproc_active_streams",
     "ext-proc streams currently open from the proxy.",
@@ -157,6 +257,134 @@ extproc_stream_errors = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+
+# --- Label values --------------------------------------------------------------------------------
+
+_GIE_ERROR_CODES = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    429: "ResourceExhausted",
+    500: "Internal",
+    503: "ServiceUnavailable",
+}
+MODEL_SERVER_ERROR = "ModelServerError"
+"""GIE's error_code for a response the model server answered with a non-2xx status."""
+
+
+def error_code(status: int) -> str:
+    """GIE's error_code for an answer epp gave with HTTP `status` (the number where GIE has none)."""
+    return _GIE_ERROR_CODES.get(status) or str(status)
+
+
+MAX_LABEL_VALUES = 256
+"""Distinct client-chosen values (model names) kept per label; later ones are counted as "other"."""
+
+
+class LabelCap:
+    """Bounds a label whose values clients choose (model names): the first `limit` distinct values
+    are kept, every later one becomes "other", so junk names cannot multiply the series."""
+
+    __slots__ = ("_limit", "_seen")
+
+    def __init__(self, limit: int = MAX_LABEL_VALUES) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if not value:
+            return "-"
+        if len(self._seen) >= self._limit:
+            return "other"
+        self._seen.add(value)
+        return value
+
+
+# --- Pool averages (epp.datastore.scraper) -------------------------------------------------------
+# Computed at scrape time from the endpoints' latest scraped metrics, so they are as fresh as the
+# scrape loop and need no refresh timer (GIE's --refresh-prometheus-metrics-interval).
+
+
+class PodLoad(NamedTuple):
+    """What one endpoint's model server last reported."""
+
+    name: str  # GIE's model_server_pod: the endpoint's name ("<pod>-rank-<n>", or host:port)
+    waiting: int
+    running: int
+    kv_usage: float  # 0..1
+    routable: bool  # counted in the averages (GIE averages its fresh, ready pods)
+
+
+class PoolSnapshot(NamedTuple):
+    name: str  # the InferencePool's name (or "standalone")
+    pods: list[PodLoad]
+
+
+class PoolCollector(Collector):
+    """GIE's `inference_pool_average_{kv_cache_utilization,queue_size,running_requests}{name}` and
+    `inference_pool_per_pod_queue_size{name,model_server_pod}`, from registered sources.
+
+    The averages are over routable endpoints and absent while there is none (a stale average of
+    gone pods would keep an alert firing); the per-pod queue covers every endpoint, as GIE's does.
+    """
+
+    def __init__(self) -> None:
+        self._sources: list[Callable[[], PoolSnapshot]] = []
+
+    def add(self, source: Callable[[], PoolSnapshot]) -> None:
+        self._sources.append(source)
+
+    def discard(self, source: Callable[[], PoolSnapshot]) -> None:
+        with contextlib.suppress(ValueError):
+            self._sources.remove(source)
+
+    def describe(self) -> list[Metric]:
+        return list(self._families([]))
+
+    def collect(self) -> list[Metric]:
+        return list(self._families([source() for source in self._sources]))
+
+    @staticmethod
+    def _families(snaps: list[PoolSnapshot]) -> Iterator[Metric]:
+        name = ["name"]
+        kv = GaugeMetricFamily(
+            "inference_pool_average_kv_cache_utilization",
+            "Mean KV-cache utilization (0..1) the pool's routable model servers last reported.",
+            labels=name,
+        )
+        queue = GaugeMetricFamily(
+            "inference_pool_average_queue_size",
+            "Mean number of requests waiting in the queues of the pool's routable model servers.",
+            labels=name,
+        )
+        running = GaugeMetricFamily(
+            "inference_pool_average_running_requests",
+            "Mean number of requests running on the pool's routable model servers.",
+            labels=name,
+        )
+        per_pod = GaugeMetricFamily(
+            "inference_pool_per_pod_queue_size",
+            "Requests waiting in each model server's queue, as it last reported.",
+            labels=["name", "model_server_pod"],
+        )
+        for snap in snaps:
+            live = [p for p in snap.pods if p.routable]
+            if live:
+                n = len(live)
+                kv.add_metric([snap.name], sum(p.kv_usage for p in live) / n)
+                queue.add_metric([snap.name], sum(p.waiting for p in live) / n)
+                running.add_metric([snap.name], sum(p.running for p in live) / n)
+            for p in snap.pods:
+                per_pod.add_metric([snap.name, p.name], p.waiting)
+        yield from (kv, queue, running, per_pod)
+
+
+pool_collector = PoolCollector()
+REGISTRY.register(pool_collector)
+
 
 # --- KV events (epp.kvcache.ingest) ---------------------------------------------------------------
 # Computed at scrape time from the ingester's own counters (`KVCollector`), not kept in Counter

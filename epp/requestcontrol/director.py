@@ -44,10 +44,6 @@ from epp.tokenize.chat import ChatTemplateError, UnsupportedChat, add_special_to
 log = logging.getLogger("epp.director")
 
 
-MAX_MODEL_LABELS = 256
-"""Distinct model names kept as metric label values; later ones are counted as "other"."""
-
-
 class PromptTokenizer(Protocol):
     """What the Director needs of a tokenizer registry (`epp.tokenize`)."""
 
@@ -83,8 +79,10 @@ class RequestContext:
         "_finished",
         "booked",
         "destination",
+        "labels",
         "picked_at",
         "request",
+        "response_bytes",
         "result",
         "served",
         "tracker",
@@ -101,6 +99,8 @@ class RequestContext:
         self.served: Endpoint | None = None
         self.picked_at = clock.now()
         self.tracker = ResponseTracker(incoming_model=request.model, target_model=request.target_model)
+        self.labels = director.model_labels(request)  # (model_name, target_model_name) for metrics
+        self.response_bytes = 0
 
     @property
     def body(self) -> bytes:
@@ -117,6 +117,7 @@ class RequestContext:
             self.served = self._director.datastore.by_hostport(served_hostport)
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        self.response_bytes += len(chunk)
         return self.tracker.on_chunk(chunk, end_of_stream)
 
     def finish(self, *, complete: bool) -> None:
@@ -156,18 +157,16 @@ class Director:
         self.context_limits = context_limits
         # Bound Prometheus children: `labels()` costs ~1.5 µs a call and a request needs a dozen.
         self._children: dict[tuple[str, ...], Any] = {}
-        self._models: set[str] = set()
+        # Model names come from clients: capped, so junk names cannot multiply the series.
+        self._model_label = metrics.LabelCap()
+        self._target_label = metrics.LabelCap()
 
-    def _model_label(self, model: str) -> str:
-        """Model names come from clients: cap the label values so junk cannot explode the series."""
-        if model in self._models:
-            return model
-        if not model:
-            return "-"
-        if len(self._models) >= MAX_MODEL_LABELS:
-            return "other"
-        self._models.add(model)
-        return model
+    def model_labels(self, request: InferenceRequest) -> tuple[str, str]:
+        """The request's (model_name, target_model_name) metric label values, capped."""
+        return self._model_label(request.model), self._target_label(request.target_model)
+
+    def _count_error(self, labels: tuple[str, str], status: int) -> None:
+        self._child(metrics.request_errors_total, *labels, metrics.error_code(status)).inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (metric._name, *labels)
@@ -183,18 +182,28 @@ class Director:
 
         `body` None means a header-only request (GET /v1/models): it is routed too.
         """
-        request, candidates = self._prepare(path=path, headers=headers, body=body, subset=subset)
+        # Every error answer raised here is counted here, with the model once the body is parsed;
+        # the ext-proc layer counts only the ones it raises itself.
+        try:
+            request, candidates = self._prepare(path=path, headers=headers, body=body, subset=subset)
+        except errors.RequestError as exc:
+            self._count_error(("-", "-"), exc.status)
+            raise
+        try:
+            return await self._route(request, candidates, len(body) if body is not None else 0)
+        except errors.RequestError as exc:
+            self._count_error(self.model_labels(request), exc.status)
+            raise
+
+    async def _route(
+        self, request: InferenceRequest, candidates: list[Endpoint], body_size: int
+    ) -> RequestContext:
         if self.admission_controller is not None:
-            try:
-                self.admission_controller.admit(request, candidates)
-            except errors.NoCapacity:
-                model = self._model_label(request.model)
-                target = request.target_model or "-"
-                self._child(metrics.requests_total, model, target, "429", str(request.priority)).inc()
-                raise
+            self.admission_controller.admit(request, candidates)
         await self._prompt(request, self._tokenizer)
         result = self.scheduler.schedule(request, candidates)
         if not result.targets:
+            self._count_attempt(request, None)
             raise errors.NoCapacity("the scheduler found no endpoint for the request")
         for hook in self._pre_request:
             hook.pre_request(request, result)
@@ -203,9 +212,29 @@ class Director:
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(request, result)
         primary.book(request.prompt_tokens_estimate)
-        self._child(metrics.picks_total, primary.name).inc()
-        self._child(metrics.inflight_requests, primary.name).set(primary.inflight_requests)
+        self._count_routed(ctx, body_size)
         return ctx
+
+    def _count_attempt(self, request: InferenceRequest, primary: Endpoint | None) -> None:
+        """GIE's scheduler_attempts_total: the primary endpoint's pod and port, or a failure."""
+        target = self._target_label(request.target_model)
+        if primary is None:
+            self._child(metrics.scheduler_attempts, "failure", target, "", "", "").inc()
+        else:
+            spec = primary.spec
+            pod = spec.pod or spec.name
+            self._child(metrics.scheduler_attempts, "success", target, pod, "", str(spec.port)).inc()
+
+    def _count_routed(self, ctx: RequestContext, body_size: int) -> None:
+        primary = ctx.booked
+        model, target = ctx.labels
+        child = self._child
+        self._count_attempt(ctx.request, primary)
+        child(metrics.picks_total, primary.name).inc()
+        child(metrics.inflight_requests, primary.name).set(primary.inflight_requests)
+        child(metrics.requests_total, model, target, str(ctx.request.priority)).inc()
+        child(metrics.request_sizes, model, target).observe(body_size)
+        child(metrics.running_requests, model).inc()
 
     async def explain(
         self, *, path: str, headers: Mapping[str, str], body: bytes | None
@@ -381,21 +410,39 @@ class Director:
                 hook.response_complete(request, outcome)
             except Exception:  # a plugin bug must not leak the booking or kill the stream
                 log.exception("response-complete hook %s failed", hook.name)
-        model = self._model_label(request.model)
-        status = str(tracker.status) if tracker.status else ("aborted" if not complete else "0")
+        self._count_finished(ctx, outcome, complete=complete, now=now)
+
+    def _count_finished(
+        self, ctx: RequestContext, outcome: RequestOutcome, *, complete: bool, now: float
+    ) -> None:
+        """GIE's per-request series, once the response stream has ended (however it ended)."""
+        labels = ctx.labels
+        model = labels[0]
+        tracker = ctx.tracker
         child = self._child
-        child(metrics.requests_total, model, request.target_model or "-", status, str(request.priority)).inc()
-        if complete:
-            child(metrics.request_duration, model).observe(outcome.duration_s)
+        child(metrics.running_requests, model).dec()
+        if tracker.status and not 200 <= tracker.status < 300:
+            child(metrics.request_errors_total, *labels, metrics.MODEL_SERVER_ERROR).inc()
         if outcome.ttft_s is not None:
-            child(metrics.request_ttft, model).observe(outcome.ttft_s)
-        if usage is not None:
-            if usage.prompt_tokens:
-                child(metrics.input_tokens, model).inc(usage.prompt_tokens)
-            if usage.completion_tokens:
-                child(metrics.output_tokens, model).inc(usage.completion_tokens)
-            if usage.cached_tokens:
-                child(metrics.cached_tokens, model).inc(usage.cached_tokens)
+            child(metrics.request_ttft, *labels).observe(outcome.ttft_s)
+        if complete:
+            child(metrics.request_duration, *labels).observe(outcome.duration_s)
+            child(metrics.response_sizes, *labels).observe(ctx.response_bytes)
+        if tracker.usage is None:
+            return
+        prompt, completion, cached = outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens
+        if prompt:
+            child(metrics.input_tokens, *labels).observe(prompt)
+        if completion:
+            child(metrics.output_tokens, *labels).observe(completion)
+        if cached is not None:
+            child(metrics.cached_tokens, *labels).observe(cached)
+        if complete and completion:
+            child(metrics.ntpot, *labels).observe(outcome.duration_s / completion)
+            first = tracker.first_chunk_at
+            # Per-token pace needs tokens arriving over time: a streamed body, two tokens or more.
+            if tracker.streaming and first is not None and completion > 1:
+                child(metrics.request_tpot, *labels).observe((now - first) / (completion - 1))
 
 
 def _adds_special_tokens(request: InferenceRequest) -> bool:

@@ -117,10 +117,18 @@ def make_director(store: objectives.ObjectiveStore | None) -> tuple[Director, Da
 BODY = msgspec.json.encode({"model": "m", "prompt": "hi"})
 
 
-def sample(status: str, priority: str) -> float:
+def routed(priority: str) -> float:
     value = metrics.REGISTRY.get_sample_value(
         "inference_objective_request_total",
-        {"model_name": "m", "target_model_name": "m", "status": status, "priority": priority},
+        {"model_name": "m", "target_model_name": "m", "priority": priority},
+    )
+    return value or 0.0
+
+
+def shed() -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "inference_objective_request_error_total",
+        {"model_name": "m", "target_model_name": "m", "error_code": "ResourceExhausted"},
     )
     return value or 0.0
 
@@ -131,25 +139,25 @@ async def test_director_sheds_sheddable_requests_once_saturated() -> None:
     director, _ = make_director(store)
     batch = {"x-gateway-inference-objective": "batch"}
     chat = {"x-gateway-inference-objective": "chat"}
-    shed_before = sample("429", "-1")
+    shed_before, batch_before = shed(), routed("-1")
 
     first = await director.route(path="/v1/completions", headers=batch, body=BODY, subset=None)
     assert first.request.priority == -1  # admitted: nothing in flight yet (0 / 1)
     # Now 1 in flight of a capacity of 1: saturated.
     with pytest.raises(errors.NoCapacity, match="sheddable request dropped"):
         await director.route(path="/v1/completions", headers=batch, body=BODY, subset=None)
-    assert sample("429", "-1") == shed_before + 1
+    assert shed() == shed_before + 1  # counted as GIE counts a shed: an error, not a request
+    assert routed("-1") == batch_before + 1
+    chat_before = routed("2")
     ctx = await director.route(path="/v1/completions", headers=chat, body=BODY, subset=None)
+    assert routed("2") == chat_before + 1  # counted when routed, with its priority
     assert ctx.request.priority == 2  # admitted despite saturation
     unknown = await director.route(
         path="/v1/completions", headers={"x-gateway-inference-objective": "nope"}, body=BODY, subset=None
     )
     assert unknown.request.priority == 0
 
-    done_before = sample("0", "2")
-    ctx.finish(complete=True)
-    assert sample("0", "2") == done_before + 1  # no response seen: status "0", with its priority
-    for c in (first, unknown):
+    for c in (ctx, first, unknown):
         c.finish(complete=True)
     again = await director.route(path="/v1/completions", headers=batch, body=BODY, subset=None)
     again.finish(complete=True)
