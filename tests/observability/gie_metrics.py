@@ -160,7 +160,7 @@ _PREDICTED_LATENCY = (
     "recorded only by GIE's predicted-latency plugins (their latency-predictor sidecar); epp's "
     "predicted-ttft-scorer predicts in-process and exports epp_predicted_ttft_*"
 )
-_FLOW_CONTROL = "epp has no flow-control layer (a GIE feature gate); its config keys are refused"
+_FLOW_CONTROL = "epp has no flow-control layer (a GIE feature gate); a flowControl section is ignored"
 _PREFIX_INDEXER = (
     "recorded by GIE's approximate prefix-cache plugin; epp's prefix scorers report matches "
     "through /debug/score and the KV index through epp_kv_index_*"
