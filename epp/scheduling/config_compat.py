@@ -189,9 +189,10 @@ def check_gie_only(name: str, type_name: str, parameters: dict[str, Any] | None)
     if isinstance(params, _ScrapeParams):
         default = "/metrics" if type_name == "metrics-data-source" else "/v1/models"
         if params.scheme != "http" or params.path not in ("", default):
+            field = "scheme" if params.scheme != "http" else "path"
             raise registry.ConfigError(
-                f"{label}: epp reads http://<endpoint>{default} (scheme {params.scheme!r}, path "
-                f"{params.path or default!r} given); set epp's scrape flags instead"
+                f"{label}: parameter {field} {getattr(params, field)!r}: epp reads "
+                f"http://<endpoint>{default}; set epp's scrape flags instead"
             )
     elif isinstance(params, _ExtractorParams):
         if params.defaultEngine != "vllm":
