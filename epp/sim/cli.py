@@ -25,7 +25,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from epp import cli
+from epp import flags
 from epp.sim.profiles import PROFILES, Profile, get_profile
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class _UsageError(ValueError):
 
 def _port(text: str) -> int:
     """A TCP port, or 0 for any free one (each pod its own)."""
-    return 0 if text.strip() == "0" else cli.port_number(text)
+    return 0 if text.strip() == "0" else flags.port_number(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     g.add_argument("--port", type=_port, default=8000, help="first pod's HTTP port; 0 = any (default 8000)")
-    g.add_argument("--pods", type=cli.positive_int, default=1, help="pods to run (default 1)")
+    g.add_argument("--pods", type=flags.positive_int, default=1, help="pods to run (default 1)")
     g.add_argument(
         "--served-model-name", default="sim-model", help="the model name served (default sim-model)"
     )
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", default=None, help="tokenizer.json or its directory (default epp-tiny)")
     g.add_argument(
         "--default-max-tokens",
-        type=cli.positive_int,
+        type=flags.positive_int,
         default=16,
         help="tokens generated when a request names none (default 16; vLLM: the rest of the context)",
     )
@@ -78,25 +78,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(PROFILES),
         help=f"pod hardware and model: step costs and default limits (default {DEFAULT_PROFILE})",
     )
-    g.add_argument("--block-size", type=cli.positive_int, default=None, help="tokens per KV block")
+    g.add_argument("--block-size", type=flags.positive_int, default=None, help="tokens per KV block")
     g.add_argument(
         "--num-gpu-blocks-override",
         "--num-blocks",
         dest="num_blocks",
-        type=cli.positive_int,
+        type=flags.positive_int,
         default=None,
         help="KV capacity in blocks, as vLLM's flag: one of them is vLLM's null block, so N-1 hold tokens",
     )
-    g.add_argument("--max-num-seqs", type=cli.positive_int, default=None, help="running requests at most")
+    g.add_argument("--max-num-seqs", type=flags.positive_int, default=None, help="running requests at most")
     g.add_argument(
-        "--max-num-batched-tokens", type=cli.positive_int, default=None, help="token budget per step"
+        "--max-num-batched-tokens", type=flags.positive_int, default=None, help="token budget per step"
     )
     g.add_argument(
-        "--max-model-len", type=cli.positive_int, default=None, help="prompt + output tokens at most"
+        "--max-model-len", type=flags.positive_int, default=None, help="prompt + output tokens at most"
     )
     g.add_argument(
         "--time-scale",
-        type=cli.positive_float,
+        type=flags.positive_float,
         default=1.0,
         help="wall seconds per simulated second (default 1; 0.1 runs ten times faster)",
     )
