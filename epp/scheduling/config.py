@@ -1,9 +1,10 @@
 """Loads GIE's `EndpointPickerConfig` YAML into a ready `framework.Scheduler`.
 
 The format is GIE's (`apiVersion: inference.networking.x-k8s.io/v1alpha1`, or llm-d's
-`llm-d.ai/v1alpha1`, the same schema; `kind: EndpointPickerConfig`): `plugins[]{name (defaults to type), type, parameters}` and
-`schedulingProfiles[]{name, plugins[]{pluginRef, weight}}`. GIE's rules for what is left out apply:
-a profile without a picker gets `max-score-picker`, a scorer without a weight gets 1.0, an empty
+`llm-d.ai/v1alpha1`, the same schema; `kind: EndpointPickerConfig`):
+`plugins[]{name (defaults to type), type, parameters}` and
+`schedulingProfiles[]{name, plugins[]{pluginRef, weight}}`. GIE's rules for what is left out
+apply: a profile without a picker gets `max-score-picker`, a scorer without a weight gets 1.0, an empty
 `schedulingProfiles` becomes one profile `default` made of every filter, scorer and picker with
 weight 1, and one profile without a handler gets `single-profile-handler`.
 
@@ -71,6 +72,7 @@ DEFAULT_PICKER = "max-score-picker"  # GIE's default when a profile names no pic
 DEFAULT_DETECTOR = "utilization-detector"  # GIE's default when the config names no detector
 
 ConfigError = registry.ConfigError
+
 
 @dataclasses.dataclass(slots=True)
 class SchedulerConfig:
@@ -246,7 +248,9 @@ class _Builder:
                 continue
             refused = config_compat.REFUSED.get(spec.type)
             if refused is not None:
-                raise self.where.error(path, f"plugin {name!r} (type {spec.type!r}) is not supported: {refused}")
+                raise self.where.error(
+                    path, f"plugin {name!r} (type {spec.type!r}) is not supported: {refused}"
+                )
             kind = _GIE_ONLY.get(spec.type)
             try:
                 if kind is not None:
@@ -288,20 +292,23 @@ class _Builder:
 
     def _take_llmd(self, path: _Path, mapped: precise_llmd.Mapped) -> None:
         self.warnings.extend(mapped.notes)
-        if mapped.tokenizer_model and mapped.tokenizer_model not in self.tokenizers:
-            if mapped.tokenizer_model not in self.tokenizer_models:
-                self.tokenizer_models.append(mapped.tokenizer_model)
+        model = mapped.tokenizer_model
+        if model and model not in self.tokenizers and model not in self.tokenizer_models:
+            self.tokenizer_models.append(model)
         if mapped.kv_events is None:
             return
         if self.kv_events is not None and self.kv_events[1] != mapped.kv_events:
             raise self.where.error(
                 (*path, "parameters"),
                 f"its KV-event settings {mapped.kv_events} differ from those of "
-                f"{self.where.dotted(self.kv_events[0])} ({self.kv_events[1]}); epp consumes KV events one way",
+                f"{self.where.dotted(self.kv_events[0])} ({self.kv_events[1]}); "
+                "epp consumes KV events one way",
             )
         self.kv_events = (path, mapped.kv_events)
 
-    def _read_tokenizer(self, path: _Path, name: str, type_name: str, parameters: dict[str, Any] | None) -> None:
+    def _read_tokenizer(
+        self, path: _Path, name: str, type_name: str, parameters: dict[str, Any] | None
+    ) -> None:
         try:
             params = msgspec.convert(parameters or {}, config_compat.TokenizerParams)
         except msgspec.ValidationError as err:
@@ -337,14 +344,20 @@ class _Builder:
         if doc.dataLayer is not None:
             for i, source in enumerate(doc.dataLayer.sources):
                 where = ("dataLayer", "sources", i)
-                kind = self._check_ref((*where, "pluginRef"), source.pluginRef, tuple(config_compat.EXTRACTORS))
+                kind = self._check_ref(
+                    (*where, "pluginRef"), source.pluginRef, tuple(config_compat.EXTRACTORS)
+                )
                 for j, extractor in enumerate(source.extractors):
                     self._check_ref(
-                        (*where, "extractors", j, "pluginRef"), extractor.pluginRef, config_compat.EXTRACTORS[kind]
+                        (*where, "extractors", j, "pluginRef"),
+                        extractor.pluginRef,
+                        config_compat.EXTRACTORS[kind],
                     )
             if doc.dataLayer.discovery is not None:
                 self._check_ref(
-                    ("dataLayer", "discovery", "pluginRef"), doc.dataLayer.discovery.pluginRef, ("notification source",)
+                    ("dataLayer", "discovery", "pluginRef"),
+                    doc.dataLayer.discovery.pluginRef,
+                    ("notification source",),
                 )
             self.warnings.append(f"dataLayer is ignored: {_WHY['data source']}")
         if doc.flowControl is not None:

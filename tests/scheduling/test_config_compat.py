@@ -37,7 +37,10 @@ def test_both_api_versions_load_the_same_schema() -> None:
             ["load-aware-scorer"],
         )
     message = refused("plugins: []\n", "apiVersion: llm-d.ai/v1beta1\nkind: EndpointPickerConfig\n")
-    assert "apiVersion (line 1): expected 'inference.networking.x-k8s.io/v1alpha1' or 'llm-d.ai/v1alpha1'" in message
+    assert (
+        "apiVersion (line 1): expected 'inference.networking.x-k8s.io/v1alpha1' or 'llm-d.ai/v1alpha1'"
+        in message
+    )
 
 
 def test_token_producer_with_and_without_a_path(tmp_path: Path) -> None:
@@ -65,7 +68,10 @@ def test_token_producer_with_and_without_a_path(tmp_path: Path) -> None:
     message = refused(
         "plugins:\n- {type: token-producer, parameters: {modelName: m, vllm: {url: x}}}\n", LLMD
     )
-    assert "plugins[0].parameters.vllm.url (line 4)" in message or "plugins[0].parameters.vllm (line 4)" in message
+    assert (
+        "plugins[0].parameters.vllm.url (line 4)" in message
+        or "plugins[0].parameters.vllm (line 4)" in message
+    )
     assert "unknown" in message
     message = refused(
         "plugins:\n- {name: a, type: token-producer, parameters: {modelName: m}}\n"
@@ -77,22 +83,34 @@ def test_token_producer_with_and_without_a_path(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
-        ("featureGates: [flowControll]\n", "featureGates[0] (line 3): unknown feature gate 'flowControll'; known gates:"),
+        (
+            "featureGates: [flowControll]\n",
+            "featureGates[0] (line 3): unknown feature gate 'flowControll'; known gates:",
+        ),
         ("featureGates: [1]\n", "featureGates[0] (line 3): Expected `str`, got `int`"),
         (
-            "plugins: [{type: metrics-data-source}]\ndataLayer:\n  sources:\n  - pluginRef: metrics-data-source\n"
-            "    extractor: []\n",
+            "plugins: [{type: metrics-data-source}]\ndataLayer:\n  sources:\n"
+            "  - pluginRef: metrics-data-source\n    extractor: []\n",
             "dataLayer.sources[0].extractor (line 7): unknown key 'extractor'",
         ),
-        ("dataLayer: {injectDefaults: maybe}\n", "dataLayer.injectDefaults (line 3): Expected `bool | null`, got `str`"),
+        (
+            "dataLayer: {injectDefaults: maybe}\n",
+            "dataLayer.injectDefaults (line 3): Expected `bool | null`, got `str`",
+        ),
         ("dataLayer: {sources: [{pluginRef: nope}]}\n", "pluginRef 'nope' is not a defined plugin"),
-        ("plugins: [{type: openai-parser}]\nparser: {pluginRef: openai-parser, mode: fast}\n", "parser.mode (line 4): unknown key"),
+        (
+            "plugins: [{type: openai-parser}]\nparser: {pluginRef: openai-parser, mode: fast}\n",
+            "parser.mode (line 4): unknown key",
+        ),
         (
             "plugins: [{type: metrics-data-source, parameters: {path: /stats}}]\n",
             "plugins[0].parameters.path (line 3)",
         ),
         ("plugins: [{type: metrics-data-source, parameters: {interval: 1s}}]\n", "unknown field `interval`"),
-        ("plugins: [{type: disagg-profile-handler}]\n", "plugins[0] (line 3): plugin 'disagg-profile-handler'"),
+        (
+            "plugins: [{type: disagg-profile-handler}]\n",
+            "plugins[0] (line 3): plugin 'disagg-profile-handler'",
+        ),
         ("plugins: [{type: active-request-scorer}]\n", "inflight-load-scorer"),
         (
             "plugins: [{type: data-parallel-profile-handler, parameters: {primaryPort: 0}}]\n",
@@ -141,7 +159,10 @@ def test_two_precise_scorers_must_agree_on_kv_events() -> None:
 
 
 def test_requested_kv_events_reads_the_config_before_the_index_exists() -> None:
-    text = LLMD + "plugins:\n- type: precise-prefix-cache-scorer\n  parameters: {kvEventsConfig: {zmqEndpoint: 'tcp://*:7'}}\n"
+    text = (
+        LLMD
+        + "plugins:\n- type: precise-prefix-cache-scorer\n  parameters: {kvEventsConfig: {zmqEndpoint: 'tcp://*:7'}}\n"
+    )
     assert config.requested_kv_events(text) == KVEventsSettings("bind", bind="tcp://*:7")
     assert config.requested_kv_events(GIE + "plugins: [{type: precise-prefix-cache-scorer}]\n") is None
     assert config.requested_kv_events(None) is None

@@ -92,7 +92,9 @@ def test_no_hit_lru_reads_the_approximate_prefix_scorer_in_a_profile() -> None:
         handle,
     )
     # The prefix scorer remembers blocks only on endpoints the datastore knows.
-    eps, _ = handle.datastore.sync("test", [EndpointSpec("a", "10.0.0.1", 8000), EndpointSpec("b", "10.0.0.2", 8000)])
+    eps, _ = handle.datastore.sync(
+        "test", [EndpointSpec("a", "10.0.0.1", 8000), EndpointSpec("b", "10.0.0.2", 8000)]
+    )
 
     def route(text: str) -> tuple[str, dict[str, float]]:
         request = builders.request()
@@ -100,7 +102,9 @@ def test_no_hit_lru_reads_the_approximate_prefix_scorer_in_a_profile() -> None:
         result = cfg.scheduler.schedule(request, eps, explain=True)
         for hook in cfg.pre_request:
             hook.pre_request(request, result)
-        return result.targets[0].name, {n: s["no-hit-lru-scorer"] for n, s in result.profiles["default"].scores.items()}
+        return result.targets[0].name, {
+            n: s["no-hit-lru-scorer"] for n, s in result.profiles["default"].scores.items()
+        }
 
     assert route("first prompt " * 20) == ("a", {"a": 1.0, "b": 0.0})
     assert route("second prompt " * 20) == ("b", {"a": 0.0, "b": 1.0})  # cold: the unused one
@@ -139,12 +143,20 @@ def test_role_filters_use_llm_d_role_values() -> None:
 
 def test_label_selector_filter() -> None:
     eps = [labelled("a", role="prefill", zone="x"), labelled("b", role="decode"), labelled("c")]
-    params = {"matchLabels": {"zone": "x"}, "matchExpressions": [{"key": "role", "operator": "In", "values": ["prefill"]}]}
+    params = {
+        "matchLabels": {"zone": "x"},
+        "matchExpressions": [{"key": "role", "operator": "In", "values": ["prefill"]}],
+    }
     f = builders.plugin("label-selector-filter", params)
     assert [ep.name for ep in f.filter({}, builders.request(), eps)] == ["a"]
-    f = builders.plugin("label-selector-filter", {"matchExpressions": [{"key": "role", "operator": "DoesNotExist"}]})
+    f = builders.plugin(
+        "label-selector-filter", {"matchExpressions": [{"key": "role", "operator": "DoesNotExist"}]}
+    )
     assert [ep.name for ep in f.filter({}, builders.request(), eps)] == ["c"]
-    f = builders.plugin("by-label-selector", {"matchExpressions": [{"key": "role", "operator": "NotIn", "values": ["decode"]}]})
+    f = builders.plugin(
+        "by-label-selector",
+        {"matchExpressions": [{"key": "role", "operator": "NotIn", "values": ["decode"]}]},
+    )
     assert [ep.name for ep in f.filter({}, builders.request(), eps)] == ["a", "c"]
     assert builders.plugin("label-selector-filter").filter({}, builders.request(), eps) == eps
     with pytest.raises(registry.ConfigError, match=r"matchExpressions\[0\]: operator In needs values"):
@@ -161,18 +173,35 @@ def precise(**params: Any) -> Any:
 
 
 def test_llmd_backend_weights_map_to_gpu_and_offload_weights() -> None:
-    p = precise(indexerConfig={"kvCacheBackendConfigs": [{"name": "gpu", "weight": 0.9}, {"name": "cpu", "weight": 0.3}]})
+    p = precise(
+        indexerConfig={
+            "kvCacheBackendConfigs": [{"name": "gpu", "weight": 0.9}, {"name": "cpu", "weight": 0.3}]
+        }
+    )
     assert (p._w_gpu, p._w_off) == (0.9, 0.3)
-    with pytest.raises(registry.ConfigError, match="the weights .* of cpu, disk differ"):
-        precise(indexerConfig={"kvCacheBackendConfigs": [{"name": "cpu", "weight": 0.3}, {"name": "disk", "weight": 0.1}]})
+    with pytest.raises(registry.ConfigError, match=r"the weights .* of cpu, disk differ"):
+        precise(
+            indexerConfig={
+                "kvCacheBackendConfigs": [{"name": "cpu", "weight": 0.3}, {"name": "disk", "weight": 0.1}]
+            }
+        )
 
 
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
-        ({"kvEventsConfig": {"zmqEndpoint": "tcp://*:5557", "discoverPods": False}}, KVEventsSettings("bind", bind="tcp://*:5557")),
-        ({"kvEventsConfig": {"zmqEndpoint": "tcp://0.0.0.0:6000"}}, KVEventsSettings("bind", bind="tcp://0.0.0.0:6000")),
-        ({"kvEventsConfig": {"podDiscoveryConfig": {"socketPort": 6001}}}, KVEventsSettings("connect", port=6001)),
+        (
+            {"kvEventsConfig": {"zmqEndpoint": "tcp://*:5557", "discoverPods": False}},
+            KVEventsSettings("bind", bind="tcp://*:5557"),
+        ),
+        (
+            {"kvEventsConfig": {"zmqEndpoint": "tcp://0.0.0.0:6000"}},
+            KVEventsSettings("bind", bind="tcp://0.0.0.0:6000"),
+        ),
+        (
+            {"kvEventsConfig": {"podDiscoveryConfig": {"socketPort": 6001}}},
+            KVEventsSettings("connect", port=6001),
+        ),
         ({"tokenProcessorConfig": {"blockSizeTokens": 32}}, KVEventsSettings("connect", port=5557)),
         ({"blockSize": 32}, None),  # epp's own parameters: the flags decide
     ],
@@ -184,15 +213,24 @@ def test_llmd_kv_events_config(params: dict[str, Any], expected: KVEventsSetting
 @pytest.mark.parametrize(
     ("params", "fragment"),
     [
-        ({"kvEventsConfig": {"zmqEndpoint": "tcp://*:1", "discoverPods": True}}, "epp consumes KV events one way"),
+        (
+            {"kvEventsConfig": {"zmqEndpoint": "tcp://*:1", "discoverPods": True}},
+            "epp consumes KV events one way",
+        ),
         ({"kvEventsConfig": {"discoverPods": False}}, "leaves no source of KV events"),
         ({"kvEventsConfig": {"engineType": "sglang"}}, "engineType 'sglang'"),
         ({"kvEventsConfig": {"topicFilter": "mine@"}}, "topicFilter 'mine@'"),
-        ({"indexerConfig": {"kvBlockIndexConfig": {"redisConfig": {"address": "r:6379"}}}}, "kvBlockIndexConfig.redisConfig"),
+        (
+            {"indexerConfig": {"kvBlockIndexConfig": {"redisConfig": {"address": "r:6379"}}}},
+            "kvBlockIndexConfig.redisConfig",
+        ),
         ({"tokenProcessorConfig": {"blockSize": 16, "blockSizeTokens": 64}}, "block sizes disagree"),
         ({"blockSize": 16, "tokenProcessorConfig": {"blockSize": 64}}, "block sizes disagree"),
         ({"speculativeTTL": "forever"}, "speculativeTTL"),
-        ({"indexerConfig": {"kvBlockIndexConfig": {"maxPrefixBlocksToMatch": 1}}}, "unknown field `maxPrefixBlocksToMatch`"),
+        (
+            {"indexerConfig": {"kvBlockIndexConfig": {"maxPrefixBlocksToMatch": 1}}},
+            "unknown field `maxPrefixBlocksToMatch`",
+        ),
     ],
 )
 def test_llmd_parameters_epp_cannot_honour_are_refused(params: dict[str, Any], fragment: str) -> None:

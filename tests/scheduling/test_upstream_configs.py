@@ -113,7 +113,10 @@ EXPECTED: dict[str, list[str] | None] = {
         _PD,
     ],
     "llm-d-router-HEAD-docs__architecture-2.yaml": [_STALE_TP, "llm-d ignores it there too"],
-    "llm-d-router-HEAD-docs__disaggregation-1.yaml": ["plugins[4] (line 27): plugin 'prefix-based-pd-decider'", _PD],
+    "llm-d-router-HEAD-docs__disaggregation-1.yaml": [
+        "plugins[4] (line 27): plugin 'prefix-based-pd-decider'",
+        _PD,
+    ],
     "llm-d-router-HEAD-docs__disaggregation-2.yaml": [
         "plugins[5] (line 35): plugin 'always-disagg-multimodal-decider'",
         _PD,
@@ -121,7 +124,8 @@ EXPECTED: dict[str, list[str] | None] = {
     "llm-d-router-HEAD-pkg__epp__framework__plugins__datalayer__source__models__README-1.yaml": [
         "data (line 12): unknown key 'data'"
     ],
-    "llm-d-router-HEAD-pkg__epp__framework__plugins__requestcontrol__requestattributereporter__README-1.yaml": [
+    "llm-d-router-HEAD-pkg__epp__framework__plugins__requestcontrol__"
+    "requestattributereporter__README-1.yaml": [
         "plugins[0] (line 4): plugin 'total-tokens-cost-reporter'",
         _CEL,
     ],

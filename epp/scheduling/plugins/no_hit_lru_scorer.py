@@ -83,7 +83,9 @@ class NoHitLRUScorer(registry.PluginBase):
             return [1.0]
         order = {name: i for i, name in enumerate(self._lru)}
         never = [i for i, ep in enumerate(endpoints) if ep.name not in order]
-        used = sorted((i for i, ep in enumerate(endpoints) if ep.name in order), key=lambda i: order[endpoints[i].name])
+        used = sorted(
+            (i for i, ep in enumerate(endpoints) if ep.name in order), key=lambda i: order[endpoints[i].name]
+        )
         scores = [0.0] * n
         for rank, i in enumerate(never + used):
             scores[i] = 1.0 - rank / (n - 1)

@@ -117,7 +117,13 @@ class Mapped:
     notes: tuple[str, ...] = ()  # accepted settings that change nothing, for the log
 
 
-_LLMD_KEYS = ("tokenProcessorConfig", "indexerConfig", "kvEventsConfig", "speculativeIndexing", "speculativeTTL")
+_LLMD_KEYS = (
+    "tokenProcessorConfig",
+    "indexerConfig",
+    "kvEventsConfig",
+    "speculativeIndexing",
+    "speculativeTTL",
+)
 
 
 def apply(label: str, params: Any) -> Mapped:

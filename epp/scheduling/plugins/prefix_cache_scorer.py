@@ -66,6 +66,7 @@ def matched_key(name: str) -> str:
     the request (absent: none), for `no-hit-lru-scorer`."""
     return f"{name}/matched"
 
+
 _Positive = Annotated[int, msgspec.Meta(gt=0)]
 
 
