@@ -467,7 +467,10 @@ def test_istio_and_gateway_api_examples() -> None:
 def test_service_monitor_scrapes_the_metrics_port() -> None:
     docs = chart.render(VALUE_SETS["monitoring-ha"])
     monitor = chart.one(docs, "ServiceMonitor")
-    assert monitor["spec"]["endpoints"] == [{"port": "http-metrics", "path": "/metrics", "interval": "10s"}]
+    # honorLabels: epp's own endpoint/pod/namespace labels must not become exported_* (docs/metrics.md).
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "http-metrics", "path": "/metrics", "interval": "10s", "honorLabels": True}
+    ]
     svc = chart.one(docs, "Service", chart.RELEASE)
     assert monitor["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
 
