@@ -1,0 +1,202 @@
+"""The container image, built by scripts/image from the Containerfile and run as a cluster runs it.
+
+client ──► Envoy (`epp envoy-config`, its TLS default) ──► simulated pods (this process)
+               │ ext_proc over TLS
+               ▼
+          `epp serve` inside the image (podman, --network=host, epp's defaults but the ports)
+
+Checked: the image's metadata (non-root numeric user, the three ports, `epp serve` as entrypoint),
+requests routed through it, its /metrics, the uid its process really runs as, and a clean exit
+on SIGTERM (the signal a kubelet sends; epp is PID 1 in the container, with no init to help).
+
+scripts/image is run once per module: a few seconds when nothing changed (podman's layer cache),
+~1-2 min after a change to pyproject.toml, ~3 min on a new machine (it installs podman with
+apt-get and makes the Debian base image first). Without podman the tests skip outside CI; in CI
+(CI=true) scripts/image installs podman, and a failure to build is a test failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from e2e.harness import E2E_SIM, Cleanup, SimBackends, eventually, parse_prometheus, request, sse_events
+from epp.gateway.processes import HOST, EnvoyServer, EppServer, free_ports
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = E2E_SIM.served_model
+NONROOT_UID = 65532
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str
+    env: dict[str, str]  # the environment podman needs here (CONTAINERS_CONF)
+
+    def podman(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
+    in_ci = os.environ.get("CI") == "true"
+    if shutil.which("podman") is None and not in_ci:
+        pytest.skip("podman not installed: `bash scripts/image` installs it (apt-get) and builds the image")
+    env = dict(os.environ)
+    if not env.get("CONTAINERS_CONF"):
+        # scripts/image writes the containers.conf this machine needs into its cache directory.
+        env["EPP_IMAGE_CACHE"] = str(tmp_path_factory.mktemp("image-cache"))
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "image")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"scripts/image failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
+    if not env.get("CONTAINERS_CONF"):
+        env["CONTAINERS_CONF"] = str(Path(env["EPP_IMAGE_CACHE"]) / "containers.conf")
+    return Image(result.stdout.strip().splitlines()[-1], env)
+
+
+def test_image_metadata(image: Image) -> None:
+    inspected = image.podman("image", "inspect", image.name)
+    assert inspected.returncode == 0, inspected.stderr
+    config = json.loads(inspected.stdout)[0]["Config"]
+    assert config["User"] == f"{NONROOT_UID}:{NONROOT_UID}"  # numeric: runAsNonRoot can verify it
+    assert set(config["ExposedPorts"]) == {"9002/tcp", "9003/tcp", "9090/tcp"}
+    assert config["Entrypoint"] == ["/opt/epp/bin/epp"]
+    assert config["Cmd"] == ["serve"]
+    # No pip, no build tools, no Envoy in the runtime image.
+    listed = image.podman("run", "--rm", "--entrypoint", "ls", image.name, "/opt/epp/bin")
+    assert listed.returncode == 0, listed.stderr
+    assert "epp" in listed.stdout.split()
+    assert not {"pip", "pip3", "envoy"} & set(listed.stdout.split()), listed.stdout
+
+
+@dataclass
+class ImageStack:
+    sims: SimBackends
+    epp: EppServer
+    container: str
+    url: str
+
+
+def start_image_stack(image: Image, workdir: Path, cleanup: Cleanup) -> ImageStack:
+    """Two sims, epp in a container from `image` (TLS, as by default), Envoy from `epp envoy-config`."""
+    sims = SimBackends([E2E_SIM, E2E_SIM])
+    cleanup.push("sims", sims.stop)
+    sims.start()
+
+    container = f"epp-e2e-{uuid.uuid4().hex[:10]}"
+    cleanup.push(
+        "container",
+        lambda: image.podman("rm", "--force", "--ignore", "--time", "0", container).check_returncode(),
+    )
+    # `env` execs podman: the process Cleanup signals is podman itself, which (attached, with its
+    # default --sig-proxy) passes SIGTERM on to epp, PID 1 in the container.
+    podman_run = ["env", f"CONTAINERS_CONF={image.env['CONTAINERS_CONF']}", "podman", "run", "--rm"]
+    podman_run += ["--name", container, "--network=host", image.name]
+    epp = EppServer(
+        workdir / "epp.log",
+        endpoints=sims.addresses,
+        secure=True,  # epp's default: Envoy's config must speak TLS to it, as `epp envoy-config`'s does
+        extra_args=["--refresh-metrics-interval", "50ms"],
+        command=podman_run,
+    )
+    cleanup.add_log("epp (container) log", epp.process.log_path)
+    cleanup.push("epp", epp.stop)
+    epp.start(timeout=90)  # a loaded machine's first start of a container can be slow
+
+    listen, admin = free_ports(2)
+    argv = [sys.executable, "-m", "epp", "envoy-config", "--epp", epp.grpc_address, "--listen-address", HOST]
+    argv += [
+        "--listen-port",
+        str(listen),
+        "--admin-port",
+        str(admin),
+        "--access-log",
+        str(workdir / "access.log"),
+    ]
+    generated = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    envoy = EnvoyServer(workdir, yaml.safe_load(generated.stdout), admin_port=admin)
+    cleanup.add_log("envoy log", envoy.log_path)
+    cleanup.add_log("envoy access log", workdir / "access.log")
+    cleanup.push("envoy", envoy.stop)
+    envoy.start()
+    return ImageStack(sims, epp, container, f"http://{HOST}:{listen}")
+
+
+def process_uids(image: Image, container: str) -> list[str]:
+    """Real, effective, saved and filesystem uid of the container's main process, as the host sees it."""
+    pid = image.podman("inspect", "--format", "{{.State.Pid}}", container)
+    assert pid.returncode == 0, pid.stderr
+    status = Path(f"/proc/{pid.stdout.strip()}/status").read_text()
+    return next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+
+
+async def test_image_routes_requests_and_stops_on_sigterm(
+    image: Image, tmp_path: Path, cleanup: Cleanup, session: aiohttp.ClientSession
+) -> None:
+    stack = start_image_stack(image, tmp_path, cleanup)
+    sims, epp = stack.sims, stack.epp
+    assert process_uids(image, stack.container) == [str(NONROOT_UID)] * 4
+
+    bodies: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/completions", {"model": MODEL, "prompt": f"Request {i}: once upon a time", "max_tokens": 3})
+        for i in range(4)
+    ]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    bodies.append(("/v1/chat/completions", chat))
+    bodies.append(
+        ("/v1/completions", {"model": MODEL, "prompt": "Stream it", "max_tokens": 3, "stream": True})
+    )
+    for path, body in bodies:
+        reply = await request(session, "POST", stack.url + path, body=body)
+        assert reply.status == 200, f"{path}: {reply.status} {reply.text[:300]}"
+        # Served by a sim, the one epp named in the destination header.
+        assert reply.served_by in sims.addresses, reply.headers
+        assert reply.received_destination == reply.served_by, reply.headers
+        if body.get("stream"):
+            assert sse_events(reply.text)[-1] == "[DONE]"
+
+    # epp counts a request when its ext-proc stream closes, which may trail the response a little.
+    def picks() -> dict[str, float]:
+        return parse_prometheus(epp.metrics_text(), "epp_endpoint_picks_total")
+
+    await eventually(lambda: sum(picks().values()) >= len(bodies), within=10, what="picks in /metrics")
+    assert all(any(address in labels for address in sims.addresses) for labels in picks()), picks()
+    text = epp.metrics_text()
+    assert sum(parse_prometheus(text, "inference_objective_request_total").values()) >= len(bodies)
+
+    # SIGTERM, as a kubelet sends it: epp drains (nothing in flight) and exits 0 well within the
+    # grace; podman run reports the container's own status.
+    proc = epp.process.proc
+    assert proc is not None
+    started = time.monotonic()
+    proc.terminate()
+    code = await asyncio.to_thread(proc.wait, 30)
+    elapsed = time.monotonic() - started
+    assert code == 0, f"exit {code} after SIGTERM:\n{epp.process.log_text(4000)}"
+    assert elapsed < 15, f"SIGTERM took {elapsed:.1f}s"
+    gone = image.podman("container", "exists", stack.container)
+    assert gone.returncode == 1, "the --rm container should be gone"
