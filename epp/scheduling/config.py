@@ -63,7 +63,13 @@ import yaml
 from epp.scheduling import config_compat, framework, interfaces, registry
 from epp.scheduling.config_compat import GIE_ONLY as _GIE_ONLY
 from epp.scheduling.config_compat import WHY as _WHY
-from epp.scheduling.plugins import precise_llmd, precise_prefix_cache_scorer, single_profile_handler
+from epp.scheduling.plugins import (
+    no_hit_lru_scorer,
+    precise_llmd,
+    precise_prefix_cache_scorer,
+    prefix_cache_scorer,
+    single_profile_handler,
+)
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 API_VERSIONS = (API_VERSION, "llm-d.ai/v1alpha1")  # GIE's, llm-d's: one schema
@@ -463,6 +469,14 @@ class _Builder:
                 raise self.where.error(path, f"{label} has a weight but is not a scorer")
             if weight is not None and not math.isfinite(weight):
                 raise self.where.error(path, f"{label} has weight {weight}; a weight must be finite")
+            if isinstance(plugin, _PREFIX_SCORERS):
+                late = next((s for s, _ in scorers if isinstance(s, no_hit_lru_scorer.NoHitLRUScorer)), None)
+                if late is not None:
+                    raise self.where.error(
+                        path,
+                        f"{label} must come before {late.name!r} (type {late.type!r}) in profile "
+                        f"{name!r}: that scorer reads this one's match",
+                    )
             if isinstance(plugin, interfaces.Filter):
                 filters.append(plugin)
             if isinstance(plugin, interfaces.Scorer):
@@ -482,6 +496,12 @@ class _Builder:
             assert isinstance(picker, interfaces.Picker)
             self._default_picker = picker
         return self._default_picker
+
+
+_PREFIX_SCORERS = (
+    prefix_cache_scorer.PrefixCacheScorer,
+    precise_prefix_cache_scorer.PrecisePrefixCacheScorer,
+)
 
 
 def _is_scheduling(plugin: interfaces.Plugin) -> bool:

@@ -111,6 +111,29 @@ def test_no_hit_lru_reads_the_approximate_prefix_scorer_in_a_profile() -> None:
     assert route("first prompt " * 20) == ("a", {"a": 0.5, "b": 0.5})  # warm on a: neutral
 
 
+def test_no_hit_lru_reads_any_prefix_scorer_unless_one_is_named() -> None:
+    a, b = E("a"), E("b")
+    warm = {"other": PrefixMatch(64, 4, 16, {"a": (2, 0)}, set()), "approx/matched": 0}  # type: ignore[dict-item]
+    assert builders.plugin("no-hit-lru-scorer").score(warm, builders.request(), [a, b]) == [0.5, 0.5]
+    named = builders.plugin("no-hit-lru-scorer", {"prefixPluginName": "approx"})
+    assert named.score(warm, builders.request(), [a, b]) == [1.0, 0.0]  # approx matched nothing
+
+
+def test_a_prefix_scorer_after_no_hit_lru_is_refused() -> None:
+    from epp.scheduling import config
+
+    with pytest.raises(config.ConfigError) as info:
+        config.load_config(
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+            "plugins: [{type: no-hit-lru-scorer}, {type: prefix-cache-scorer}]\n"
+            "schedulingProfiles:\n- name: default\n  plugins:\n"
+            "  - {pluginRef: no-hit-lru-scorer}\n  - {pluginRef: prefix-cache-scorer}\n",
+            builders.handle(),
+        )
+    assert "schedulingProfiles[0].plugins[1] (line 8): plugin 'prefix-cache-scorer'" in str(info.value)
+    assert "must come before 'no-hit-lru-scorer'" in str(info.value)
+
+
 def test_no_hit_lru_forgets_beyond_its_size() -> None:
     scorer = builders.plugin("no-hit-lru-scorer", {"lruSize": 1})
     a, b, c = E("a"), E("b"), E("c")

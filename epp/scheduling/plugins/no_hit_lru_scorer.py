@@ -14,18 +14,18 @@ What it does, per request:
   LRU holds at most `lruSize` endpoints; the oldest falls out (and counts as never used again).
 
 Differences from llm-d: ranks are taken among the candidates, not over every endpoint the LRU has
-seen (llm-d's scores can fall to 0 for candidates ranked behind endpoints that left the pool);
-and the prefix plugin is named by `prefixPluginName` alone (`prefixPluginType` is accepted and
-checked against that plugin by the configuration loader).
+seen (llm-d's scores can fall to 0 for candidates ranked behind endpoints that left the pool).
 
-Inputs consumed: what the prefix plugin named `prefixPluginName` left in the cycle, which must run
-earlier in the profile: `precise-prefix-cache-scorer`'s `PrefixMatch` (a hit is any matched
-endpoint), or `prefix-cache-scorer`'s count of matched endpoints. Without either the request is
-cold, as in llm-d when no prefix plugin runs.
+Inputs consumed: what the prefix scorers earlier in the profile left in the cycle (the
+configuration loader refuses a profile listing one after this scorer):
+`precise-prefix-cache-scorer`'s `PrefixMatch` (a hit is any matched endpoint), or
+`prefix-cache-scorer`'s count of matched endpoints. llm-d reads the match any prefix plugin
+attached to the endpoints, whatever the names; so does epp unless `prefixPluginName` is given.
+Without any, the request is cold, as in llm-d when no prefix plugin runs.
 
 Parameters (llm-d's):
-- `prefixPluginName` ("prefix-cache-scorer"): the prefix plugin whose match decides cold or warm.
-- `prefixPluginType` (""): that plugin's type, if given (llm-d uses it to find the plugin's state).
+- `prefixPluginName` (""): only this prefix plugin's match decides cold or warm ("": any).
+- `prefixPluginType` (""): accepted; llm-d keeps it beside the name and does not use it to score.
 - `lruSize` (1024): endpoints remembered; > 0 (llm-d replaces <= 0 by the default).
 """
 
@@ -46,23 +46,29 @@ DEFAULT_LRU_SIZE = 1024  # llm-d's defaultLRUSize
 
 
 def is_warm(cycle: interfaces.CycleState, prefix_plugin: str) -> bool:
-    """Whether the prefix plugin named `prefix_plugin` found any candidate holding a block."""
-    found = cycle.get(prefix_plugin)
-    if isinstance(found, PrefixMatch):
-        return bool(found.matches)
-    return bool(cycle.get(prefix_cache_scorer.matched_key(prefix_plugin), 0))
+    """Whether the prefix plugin named `prefix_plugin` (any prefix plugin, if "") found a
+    candidate holding a block of the request."""
+    if prefix_plugin:
+        found = cycle.get(prefix_plugin)
+        if isinstance(found, PrefixMatch):
+            return bool(found.matches)
+        return bool(cycle.get(prefix_cache_scorer.matched_key(prefix_plugin), 0))
+    return any(
+        bool(value.matches) if isinstance(value, PrefixMatch) else key.endswith("/matched") and bool(value)
+        for key, value in cycle.items()
+    )
 
 
 @registry.register("no-hit-lru-scorer")
 class NoHitLRUScorer(registry.PluginBase):
     class Params(msgspec.Struct, forbid_unknown_fields=True):
-        prefixPluginName: str = "prefix-cache-scorer"
+        prefixPluginName: str = ""
         prefixPluginType: str = ""
         lruSize: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_LRU_SIZE
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         self.name = name
-        self.prefix_plugin = params.prefixPluginName or "prefix-cache-scorer"
+        self.prefix_plugin = params.prefixPluginName
         self.prefix_type = params.prefixPluginType
         self._size = params.lruSize
         self._lru: OrderedDict[str, None] = OrderedDict()  # endpoint name, least recent first
