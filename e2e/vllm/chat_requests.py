@@ -512,6 +512,21 @@ def edge_case(rng: random.Random, style: str, template: str | None) -> Case:
     return Case(base.path, body, f"edge: {kind}")
 
 
+def completion_edge(rng: random.Random) -> Case:
+    """Completions prompts at the edges of what vLLM takes: empty texts and lists, a batch mixing
+    an empty text, token ids near the vocabulary's end, a lone BOS, `echo`."""
+    prompt = rng.choice(
+        [
+            "", [""], ["", "x"], [], [[]], [[1, 2], []], [1], [8191, 8192, 8255], [8256], " ",
+            "\u3000ideographic space", "\x00nul",
+        ]
+    )  # fmt: skip
+    body: dict[str, Any] = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+    if rng.random() < 0.3:
+        body["echo"] = True
+    return Case("/v1/completions", body, f"edge completion: {json.dumps(prompt)[:20]}")
+
+
 def overlong_completion(rng: random.Random) -> Case:
     prompt = sentence_soup(rng, rng.randint(1800, 3000))
     return Case(
@@ -553,8 +568,10 @@ def varied(seed: int, n: int) -> list[Case]:
             out.append(completion_case(rng))
         elif roll < 0.2:
             out.append(refused_case(rng, style, template))
-        elif roll < 0.22:
+        elif roll < 0.215:
             out.append(edge_case(rng, style, template))
+        elif roll < 0.22:
+            out.append(completion_edge(rng))
         elif roll < 0.25:
             out.append(overlong_completion(rng))
         elif roll < 0.28:

@@ -132,6 +132,7 @@ class _ChatBody(_LengthFields):
 class _CompletionsBody(_LengthFields):
     prompt: msgspec.Raw = msgspec.Raw()  # empty when absent
     add_special_tokens: Any = None  # vLLM's extension; lax like pydantic: see _special_tokens
+    prompt_embeds: msgspec.Raw = msgspec.Raw()  # vLLM's extension: only its presence is read
 
 
 class _ResponsesBody(_Body):
@@ -239,7 +240,13 @@ def parse_request(
         _fill_polymorphic(req, parsed.input, "input")
         req.add_special_tokens = _special_tokens(parsed.add_special_tokens)
     else:
-        _fill_polymorphic(req, parsed.prompt, "prompt")
+        # vLLM feeds prompt_embeds before any prompt: epp cannot know that sequence, so such a
+        # request routes without token ids.
+        if not _embeds_given(parsed.prompt_embeds):
+            if len(parsed.prompt) == 2 and bytes(parsed.prompt) == b'""':
+                # vLLM's validate_prompt_and_prompt_embeds refuses an empty-string prompt too
+                raise BadRequest("prompt must not be empty (nor prompt_embeds missing)")
+            _fill_polymorphic(req, parsed.prompt, "prompt")
         req.add_special_tokens = _special_tokens(parsed.add_special_tokens)
         _fill_lengths(req, parsed)
 
@@ -405,6 +412,13 @@ def _fill_responses(req: InferenceRequest, parsed: _ResponsesBody) -> None:
                 texts.append(_STR_DECODER.decode(out))
             except UnicodeDecodeError:
                 raise BadRequest("request body is not valid UTF-8") from None
+
+
+def _embeds_given(raw: msgspec.Raw) -> bool:
+    """prompt_embeds present and not null or an empty list (vLLM's test for "provided"). Only a
+    short value is looked at: the embeddings may be megabytes of base64."""
+    n = len(raw)
+    return _present(raw) and (n > 16 or bytes(raw).translate(None, b" \t\r\n") != b"[]")
 
 
 def _present(raw: msgspec.Raw) -> bool:

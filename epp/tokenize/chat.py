@@ -297,12 +297,7 @@ def _render(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> tuple[str, boo
     if not compiled.supports_developer and any(m["role"] == "developer" for m in messages):
         messages = _merge_system(messages)
 
-    # vLLM's check_generation_prompt tests the raw values' truth, before they are read as
-    # booleans: "false" is a true string there. The defaults are checked again below.
-    if body.get("continue_final_message") and body.get("add_generation_prompt"):
-        raise ChatTemplateError("add_generation_prompt and continue_final_message cannot both be true")
-    add_generation_prompt = _flag(body, "add_generation_prompt", True)
-    continue_final_message = _flag(body, "continue_final_message", False)
+    add_generation_prompt, continue_final_message = _generation_flags(body)
     if add_generation_prompt and continue_final_message:
         raise ChatTemplateError("add_generation_prompt and continue_final_message cannot both be true")
     kwargs = _template_kwargs(body, _tools(body.get("tools")), add_generation_prompt, continue_final_message)
@@ -369,11 +364,15 @@ def prepare_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> ChatPromp
     """
     forwarded = _forwarded_ids(body)
     if forwarded is not None:
-        if not isinstance(body.get("messages"), list):
+        # Nothing is rendered, but vLLM's request model still validates the whole body.
+        messages = body.get("messages")
+        if not isinstance(messages, list):
             raise ChatTemplateError("messages must be a list")
         _check_request(body)
-        if body.get("continue_final_message") and body.get("add_generation_prompt"):
-            raise ChatTemplateError("add_generation_prompt and continue_final_message cannot both be true")
+        _generation_flags(body)
+        _tools(body.get("tools"))
+        for i, message in enumerate(messages):
+            _message(message, "string", i)
         return ChatPrompt(token_ids=forwarded)
     text, tokenized = _render(tok, body)
     return ChatPrompt(text=text, add_special_tokens=not tokenized and add_special_tokens(body))
@@ -471,6 +470,14 @@ def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
     if value is None:  # null included: vLLM's field is a plain bool
         raise ChatTemplateError(f"{name} must be a boolean")
     return value
+
+
+def _generation_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """add_generation_prompt and continue_final_message. vLLM's check_generation_prompt tests the
+    raw values' truth, before they are read as booleans: "false" is a true string there."""
+    if body.get("continue_final_message") and body.get("add_generation_prompt"):
+        raise ChatTemplateError("add_generation_prompt and continue_final_message cannot both be true")
+    return _flag(body, "add_generation_prompt", True), _flag(body, "continue_final_message", False)
 
 
 def _check_request(body: Mapping[str, Any]) -> None:

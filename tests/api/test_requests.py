@@ -55,7 +55,10 @@ def test_api_for_path(path: str, api: Api) -> None:
         ("/v1/completions", {"prompt": "abcdefgh"}, ["abcdefgh"], [], 2),
         ("/v1/completions", {"prompt": "abcdefghi"}, ["abcdefghi"], [], 3),  # rounded up
         ("/v1/completions", {"prompt": "a"}, ["a"], [], 1),  # at least 1
-        ("/v1/completions", {"prompt": ""}, [""], [], 0),
+        ("/v1/completions", {"prompt": [""]}, [""], [], 0),
+        # prompt_embeds (vLLM's extension): fed before any prompt, so epp has no ids to give
+        ("/v1/completions", {"prompt_embeds": "AAAA", "prompt": "x"}, [], [], 0),
+        ("/v1/completions", {"prompt_embeds": ["AAAA"]}, [], [], 0),
         ("/v1/completions", {"prompt": ["ab", "cdef", "g"]}, ["ab", "cdef", "g"], [], 2),
         ("/v1/completions", {"prompt": [1, 2, 3]}, [], [[1, 2, 3]], 3),
         ("/v1/completions", {"prompt": [[1, 2], [3], []]}, [], [[1, 2], [3], []], 3),
@@ -213,6 +216,10 @@ def test_headers_and_subset_are_passed_through() -> None:
         ("/v1/embeddings", _body(input=None), "input not found"),
         # empty collections
         ("/v1/completions", _body(prompt=[]), "prompt must not be empty"),
+        # vLLM's validate_prompt_and_prompt_embeds: an empty-string prompt needs prompt_embeds
+        ("/v1/completions", _body(prompt=""), "prompt must not be empty"),
+        ("/v1/completions", _body(prompt="", prompt_embeds=[]), "prompt must not be empty"),
+        ("/v1/completions", _body(prompt_embeds=None), "prompt not found"),
         ("/v1/responses", _body(input=[]), "input must not be empty"),
         ("/v1/embeddings", _body(input=[]), "input must not be empty"),
         # wrong types

@@ -351,9 +351,18 @@ def test_forwarded_prompt_token_ids_are_taken_as_they_are(tiny: tokenizer.Tokeni
     for bad in ([], [1, -1], [1, True], "1 2", [1.0]):
         with pytest.raises(chat.ChatTemplateError, match="prompt_token_ids"):
             chat.encode_chat(tiny, {**body, "kv_transfer_params": {"prompt_token_ids": bad}})
-    # the request model's checks still apply
+    # the request model's checks still apply, the template's do not
     with pytest.raises(chat.ChatTemplateError, match="needs tools"):
         chat.encode_chat(tiny, {**body, "tool_choice": "auto"})
+    with pytest.raises(chat.ChatTemplateError, match="parameters"):
+        chat.encode_chat(
+            tiny, {**body, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}
+        )
+    with pytest.raises(chat.ChatTemplateError, match="name"):
+        chat.encode_chat(tiny, {**body, "messages": [{"role": "user", "content": "x", "name": 1}]})
+    with pytest.raises(chat.ChatTemplateError, match="boolean"):
+        chat.encode_chat(tiny, {**body, "add_generation_prompt": None})
+    assert chat.encode_chat(tiny, {**body, "chat_template_kwargs": {"messages": []}}) == [5, 6, 7]
     assert chat.prepare_chat(tiny, body) == chat.ChatPrompt(token_ids=[5, 6, 7])
     # no messages: refused when rendering, fine with forwarded ids
     assert chat.encode_chat(tiny, {**body, "messages": []}) == [5, 6, 7]
