@@ -21,6 +21,9 @@ import re
 
 from epp.units import parse_duration
 
+KV_EVENTS_PORT_DEFAULT = 5557
+KV_EVENTS_BIND_DEFAULT = "tcp://*:5557"  # vLLM's own default endpoint, seen from the other side
+
 
 def duration(text: str) -> float:
     """Go-style durations: '50ms', '2s', '1.5s', '1m30s'; a bare number is seconds."""
@@ -182,7 +185,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-events-port",
         type=port_number,
-        default=5557,
+        default=KV_EVENTS_PORT_DEFAULT,
         help="connect mode: the publisher port of endpoints whose entry names no kvEvents, "
         "plus the endpoint's data-parallel rank, as vLLM offsets it (default 5557)",
     )
@@ -195,7 +198,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kv-events-bind",
-        default="tcp://*:5557",
+        default=KV_EVENTS_BIND_DEFAULT,
         help="bind mode: where to listen for publishers (vLLM's endpoint tcp://<epp>:5557, "
         "topic kv@<ip>:<port>@<model>) (default tcp://*:5557)",
     )

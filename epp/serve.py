@@ -112,6 +112,7 @@ async def run(args: argparse.Namespace) -> None:
 
 
 async def _run_traced(args: argparse.Namespace) -> None:
+    _kv_events_from_config(args)
     datastore = Datastore()
     index = BlockIndex(max_entries=args.kv_index_max_entries) if args.kv_events != "off" else None
     handle = Handle(datastore=datastore, kv_index=index)
@@ -135,6 +136,41 @@ async def _run_traced(args: argparse.Namespace) -> None:
     finally:
         metrics.REGISTRY.unregister(collector)
         tokenizers.close()
+
+
+def _kv_events_from_config(args: argparse.Namespace) -> None:
+    """An llm-d config's `kvEventsConfig` (precise-prefix-cache-scorer) turns KV events on as the
+    `--kv-events` flags would; a flag that says otherwise is a startup error (ValueError)."""
+    text = args.config_text
+    if args.config_file:
+        try:
+            with open(args.config_file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            return  # load_config_file reports it, with the file name
+    wanted = sched_config.requested_kv_events(text)
+    if wanted is None:
+        return
+    if args.kv_events == "off":
+        args.kv_events = wanted.mode
+    elif args.kv_events != wanted.mode:
+        raise ValueError(
+            f"--kv-events {args.kv_events}, but the config's kvEventsConfig asks for {wanted.mode} mode"
+        )
+    # The flag's default gives way to the config; an explicit other value is a contradiction.
+    if wanted.mode == "bind" and wanted.bind and wanted.bind != args.kv_events_bind:
+        if args.kv_events_bind != flags.KV_EVENTS_BIND_DEFAULT:
+            raise ValueError(
+                f"--kv-events-bind {args.kv_events_bind}, but the config's kvEventsConfig binds {wanted.bind}"
+            )
+        args.kv_events_bind = wanted.bind
+    if wanted.mode == "connect" and wanted.port != args.kv_events_port:
+        if args.kv_events_port != flags.KV_EVENTS_PORT_DEFAULT:
+            raise ValueError(
+                f"--kv-events-port {args.kv_events_port}, but the config's kvEventsConfig says {wanted.port}"
+            )
+        args.kv_events_port = wanted.port
+    log.info("kv events: %s mode, from the config's kvEventsConfig", args.kv_events)
 
 
 async def _run(
@@ -194,6 +230,16 @@ async def _run(
             ),
         )
         endpoints_file.load()
+    # llm-d's tokenizer plugin without a path names a model whose tokenizer llm-d downloads or asks
+    # a sidecar for; epp tokenizes in-process from files, so one of its sources must name them.
+    unnamed = [m for m in config.tokenizer_models if tokenizers.for_model(m) is None]
+    if unnamed:
+        raise ValueError(
+            "the config's tokenizer plugin names "
+            + ", ".join(repr(m) for m in unnamed)
+            + " without a path: give --tokenizer MODEL=PATH (a directory with tokenizer.json), "
+            "a `path` in the plugin's parameters, or a tokenizer in the endpoints file"
+        )
     if not args.tokenizer and not tokenizers.models:
         tokenizers.use_shipped_default()  # nothing named anywhere: epp-tiny for every model
     pool_operator = kubernetes_source(args, datastore, objective_store)
