@@ -372,7 +372,9 @@ def prepare_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> ChatPromp
         _generation_flags(body)
         _tools(body.get("tools"))
         for i, message in enumerate(messages):
-            _message(message, "string", i)
+            # Parts are checked lazily (OpenAI's shape validates them as they are read), and
+            # nothing reads them here.
+            _message(message, "string", i, read_parts=False)
         return ChatPrompt(token_ids=forwarded)
     text, tokenized = _render(tok, body)
     return ChatPrompt(text=text, add_special_tokens=not tokenized and add_special_tokens(body))
@@ -591,7 +593,7 @@ _KNOWN_PART_KEYS = frozenset(
 _BILLING_HEADER = "x-anthropic-billing-header"
 
 
-def _message(raw: Any, fmt: ContentFormat, index: int) -> dict[str, Any]:
+def _message(raw: Any, fmt: ContentFormat, index: int, *, read_parts: bool = True) -> dict[str, Any]:
     """One message as vLLM's request model validates it and chat_utils rebuilds it."""
     where = f"messages[{index}]"
     if not isinstance(raw, Mapping):
@@ -615,7 +617,7 @@ def _message(raw: Any, fmt: ContentFormat, index: int) -> dict[str, Any]:
     elif isinstance(content, str):
         parts = [{"type": "text", "text": content}]
     elif isinstance(content, list):
-        if role in _OPENAI_ROLES and not _parts_pass(content, raw):
+        if read_parts and role in _OPENAI_ROLES and not _parts_pass(content, raw):
             raise ChatTemplateError(f"{where}.content: parts not valid for a {role} message")
         parts = content
     else:
@@ -624,7 +626,7 @@ def _message(raw: Any, fmt: ContentFormat, index: int) -> dict[str, Any]:
         parts = _strip_billing_header(parts)
     reasoning = raw.get("reasoning")
 
-    out: dict[str, Any] = {"role": role, "content": _content(parts, fmt, index)}
+    out: dict[str, Any] = {"role": role, "content": _content(parts, fmt, index) if read_parts else None}
     if role == "assistant":
         calls = raw.get("tool_calls")
         if calls is not None:
@@ -652,8 +654,40 @@ def _message(raw: Any, fmt: ContentFormat, index: int) -> dict[str, Any]:
     if isinstance(task, str):
         out["task"] = task
     if role == "developer":
-        out["tools"] = raw.get("tools")
+        out["tools"] = _developer_tools(raw.get("tools"))
     return out
+
+
+def _developer_tools(tools: Any) -> Any:
+    """A developer message's tools as vLLM's request model leaves them: when every tool is a
+    function tool its message shape accepts (type "function", a function with a string name, a
+    string description, object parameters, a boolean strict - as given), the keys are put in
+    that shape's order (function, type; name, description, parameters, strict), other keys after;
+    anything else fails that shape, and OpenAI's developer message keeps the list untouched."""
+    if not isinstance(tools, list) or not all(_function_tool(t) for t in tools):
+        return tools
+    out = []
+    for tool in tools:
+        fn = tool["function"]
+        function = {k: fn[k] for k in ("name", "description", "parameters", "strict") if k in fn}
+        function.update((k, v) for k, v in fn.items() if k not in function)
+        ordered = {"function": function, "type": tool["type"]}
+        ordered.update((k, v) for k, v in tool.items() if k not in ordered)
+        out.append(ordered)
+    return out
+
+
+def _function_tool(tool: Any) -> bool:
+    if not isinstance(tool, Mapping) or tool.get("type") != "function":
+        return False
+    fn = tool.get("function")
+    return (
+        isinstance(fn, Mapping)
+        and isinstance(fn.get("name"), str)
+        and isinstance(fn.get("description", ""), str)
+        and isinstance(fn.get("parameters", {}), Mapping)
+        and (fn.get("strict") is None or isinstance(fn.get("strict"), bool))
+    )
 
 
 # Roles whose parts vLLM's request model validates against OpenAI's part types (below).

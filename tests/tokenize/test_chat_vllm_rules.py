@@ -190,6 +190,29 @@ def test_tool_calls_vllm_refuses(tiny: tokenizer.Tokenizer, call: Any) -> None:
         _render(tiny, DUMP, U, {"role": "assistant", "content": None, "tool_calls": [call]})
 
 
+def test_developer_tools_as_vllm_validates_them(tiny: tokenizer.Tokenizer) -> None:
+    # The template names the 'developer' role, so developer messages keep their tools.
+    source = "{# 'developer' #}{{ messages | tojson }}"
+    fn = {"parameters": {"type": "object"}, "strict": True, "description": "d", "name": "f", "z": 1}
+    tools = [{"x": 2, "type": "function", "function": fn}]
+    text = _render(
+        tiny, source, {"role": "developer", "content": "x", "tools": tools}, add_generation_prompt=False
+    )
+    assert text == (
+        '[{"role": "developer", "content": "x", "tools": [{"function": {"name": "f", "description": "d", '
+        '"parameters": {"type": "object"}, "strict": true, "z": 1}, "type": "function", "x": 2}]}]'
+    )
+    # a tool the shape does not take leaves the list as it came
+    odd = [{"function": {"name": "f", "z": 1}}, {"type": "function", "function": {"name": "g"}}]
+    text = _render(
+        tiny, source, {"role": "developer", "content": "x", "tools": odd}, add_generation_prompt=False
+    )
+    assert (
+        '"tools": [{"function": {"name": "f", "z": 1}}, {"type": "function", "function": {"name": "g"}}]'
+        in text
+    )
+
+
 def test_tools_as_vllm_dumps_them(tiny: tokenizer.Tokenizer) -> None:
     tools = [
         {
@@ -363,6 +386,9 @@ def test_forwarded_prompt_token_ids_are_taken_as_they_are(tiny: tokenizer.Tokeni
     with pytest.raises(chat.ChatTemplateError, match="boolean"):
         chat.encode_chat(tiny, {**body, "add_generation_prompt": None})
     assert chat.encode_chat(tiny, {**body, "chat_template_kwargs": {"messages": []}}) == [5, 6, 7]
+    # parts are validated only when read, and nothing reads them
+    odd_parts = {"role": "user", "content": ["a", {"text": "no type"}, {"type": "input_text", "text": "x"}]}
+    assert chat.encode_chat(tiny, {**body, "messages": [odd_parts]}) == [5, 6, 7]
     assert chat.prepare_chat(tiny, body) == chat.ChatPrompt(token_ids=[5, 6, 7])
     # no messages: refused when rendering, fine with forwarded ids
     assert chat.encode_chat(tiny, {**body, "messages": []}) == [5, 6, 7]
