@@ -452,7 +452,10 @@ def _fill_polymorphic(req: InferenceRequest, raw: msgspec.Raw, field: str) -> No
         if elem == 0x22:
             req.prompt_texts.extend(_STRS_DECODER.decode(raw))
         elif elem == 0x5B:
-            req.prompt_token_ids.extend(_ID_LISTS_DECODER.decode(raw))
+            lists = _ID_LISTS_DECODER.decode(raw)
+            if field == "prompt" and not all(lists):  # vLLM completions: "The decoder prompt cannot be empty"
+                raise BadRequest(f"{field}: a token-id list must not be empty")
+            req.prompt_token_ids.extend(lists)
         else:
             # Digits, '-', or anything else (msgspec then reports the offending element).
             req.prompt_token_ids.append(_IDS_DECODER.decode(raw))

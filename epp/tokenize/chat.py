@@ -660,16 +660,19 @@ def _message(raw: Any, fmt: ContentFormat, index: int, *, read_parts: bool = Tru
 
 def _developer_tools(tools: Any) -> Any:
     """A developer message's tools as vLLM's request model leaves them: when every tool is a
-    function tool its message shape accepts (type "function", a function with a string name, a
-    string description, object parameters, a boolean strict - as given), the keys are put in
-    that shape's order (function, type; name, description, parameters, strict), other keys after;
-    anything else fails that shape, and OpenAI's developer message keeps the list untouched."""
+    function tool its message shape accepts (type "function"; a function with a string name, a
+    string description, object parameters, a boolean or null strict, read as pydantic reads
+    booleans), the keys are put in that shape's order (function, type; name, description,
+    parameters, strict), other keys after; anything else fails that shape, and OpenAI's developer
+    message keeps the list as it came."""
     if not isinstance(tools, list) or not all(_function_tool(t) for t in tools):
         return tools
     out = []
     for tool in tools:
         fn = tool["function"]
         function = {k: fn[k] for k in ("name", "description", "parameters", "strict") if k in fn}
+        if function.get("strict") is not None:
+            function["strict"] = _lax_bool(function["strict"])
         function.update((k, v) for k, v in fn.items() if k not in function)
         ordered = {"function": function, "type": tool["type"]}
         ordered.update((k, v) for k, v in tool.items() if k not in ordered)
@@ -686,7 +689,7 @@ def _function_tool(tool: Any) -> bool:
         and isinstance(fn.get("name"), str)
         and isinstance(fn.get("description", ""), str)
         and isinstance(fn.get("parameters", {}), Mapping)
-        and (fn.get("strict") is None or isinstance(fn.get("strict"), bool))
+        and (fn.get("strict") is None or _lax_bool(fn["strict"]) is not None)
     )
 
 

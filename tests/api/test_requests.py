@@ -61,7 +61,7 @@ def test_api_for_path(path: str, api: Api) -> None:
         ("/v1/completions", {"prompt_embeds": ["AAAA"]}, [], [], 0),
         ("/v1/completions", {"prompt": ["ab", "cdef", "g"]}, ["ab", "cdef", "g"], [], 2),
         ("/v1/completions", {"prompt": [1, 2, 3]}, [], [[1, 2, 3]], 3),
-        ("/v1/completions", {"prompt": [[1, 2], [3], []]}, [], [[1, 2], [3], []], 3),
+        ("/v1/completions", {"prompt": [[1, 2], [3]]}, [], [[1, 2], [3]], 3),
         ("/other/path", {"prompt": "abcd"}, ["abcd"], [], 1),
         # chat: string content, content parts, tool-call message with null content
         (
@@ -216,6 +216,8 @@ def test_headers_and_subset_are_passed_through() -> None:
         ("/v1/embeddings", _body(input=None), "input not found"),
         # empty collections
         ("/v1/completions", _body(prompt=[]), "prompt must not be empty"),
+        # vLLM's completions: "The decoder prompt cannot be empty", for any prompt of a batch
+        ("/v1/completions", _body(prompt=[[1, 2], []]), "token-id list must not be empty"),
         # vLLM's validate_prompt_and_prompt_embeds: an empty-string prompt needs prompt_embeds
         ("/v1/completions", _body(prompt=""), "prompt must not be empty"),
         ("/v1/completions", _body(prompt="", prompt_embeds=[]), "prompt must not be empty"),

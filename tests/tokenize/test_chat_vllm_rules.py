@@ -202,6 +202,12 @@ def test_developer_tools_as_vllm_validates_them(tiny: tokenizer.Tokenizer) -> No
         '[{"role": "developer", "content": "x", "tools": [{"function": {"name": "f", "description": "d", '
         '"parameters": {"type": "object"}, "strict": true, "z": 1}, "type": "function", "x": 2}]}]'
     )
+    # strict is read as pydantic reads booleans
+    lax = [{"type": "function", "function": {"name": "f", "strict": "yes"}}]
+    text = _render(
+        tiny, source, {"role": "developer", "content": "x", "tools": lax}, add_generation_prompt=False
+    )
+    assert '"tools": [{"function": {"name": "f", "strict": true}, "type": "function"}]' in text
     # a tool the shape does not take leaves the list as it came
     odd = [{"function": {"name": "f", "z": 1}}, {"type": "function", "function": {"name": "g"}}]
     text = _render(
