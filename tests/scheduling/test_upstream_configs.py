@@ -245,7 +245,8 @@ def document(facts: dict[str, Any]) -> dict[str, Any]:
             {"name": prof["name"], "plugins": _sorted(prof["plugins"])} | _sorted(prof.get("other", {}))
             for prof in facts["schedulingProfiles"]
         ]
-    return doc | _sorted(facts["sections"])
+    sections: dict[str, Any] = _sorted(facts["sections"])
+    return doc | sections
 
 
 def render(facts: dict[str, Any]) -> tuple[str, dict[str, int]]:
