@@ -3,7 +3,8 @@
 client ──► Envoy (`epp envoy-config`, its TLS default) ──► simulated pods (this process)
                │ ext_proc over TLS
                ▼
-          `epp serve` inside the image (podman, --network=host, epp's defaults but the ports)
+          `epp serve` inside the image (podman, --network=host, epp's defaults but the ports,
+                                         read-only and without capabilities, as the chart runs it)
 
 Checked: the image's metadata (non-root numeric user, the three ports, `epp serve` as entrypoint),
 requests routed through it, its /metrics, the uid its process really runs as, and a clean exit
@@ -43,10 +44,32 @@ MODEL = E2E_SIM.served_model
 NONROOT_UID = 65532
 
 
+# Digests of epp's package files, by path under the package (generated protobuf modules left out:
+# protoc's output may differ in a byte where the code does not).
+DIGEST_SCRIPT = """
+import hashlib, json, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+print(json.dumps({
+    str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(root.rglob("*"))
+    if p.is_file() and "__pycache__" not in p.parts and "_pb2" not in p.name
+}))
+"""
+
+
+def tree_digests() -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-c", DIGEST_SCRIPT, str(REPO / "epp")], capture_output=True, text=True, check=True
+    )
+    digests: dict[str, str] = json.loads(out.stdout)
+    return digests
+
+
 @dataclass(frozen=True)
 class Image:
     name: str
     env: dict[str, str]  # the environment podman needs here (CONTAINERS_CONF)
+    tree_before_build: dict[str, str]  # tree_digests() when scripts/image started
 
     def podman(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -63,6 +86,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     if not env.get("CONTAINERS_CONF"):
         # scripts/image writes the containers.conf this machine needs into its cache directory.
         env["EPP_IMAGE_CACHE"] = str(tmp_path_factory.mktemp("image-cache"))
+    before = tree_digests()
     result = subprocess.run(
         ["bash", str(REPO / "scripts" / "image")],
         env=env,
@@ -75,7 +99,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
         pytest.fail(f"scripts/image failed (exit {result.returncode}):\n{result.stderr[-6000:]}")
     if not env.get("CONTAINERS_CONF"):
         env["CONTAINERS_CONF"] = str(Path(env["EPP_IMAGE_CACHE"]) / "containers.conf")
-    return Image(result.stdout.strip().splitlines()[-1], env)
+    return Image(result.stdout.strip().splitlines()[-1], env, before)
 
 
 def test_image_metadata(image: Image) -> None:
@@ -115,7 +139,16 @@ def start_image_stack(image: Image, workdir: Path, cleanup: Cleanup) -> ImageSta
     # `env` execs podman: the process Cleanup signals is podman itself, which (attached, with its
     # default --sig-proxy) passes SIGTERM on to epp, PID 1 in the container.
     podman_run = ["env", f"CONTAINERS_CONF={image.env['CONTAINERS_CONF']}", "podman", "run", "--rm"]
-    podman_run += ["--name", container, "--network=host", image.name]
+    podman_run += ["--name", container, "--network=host"]
+    # The chart's securityContext: read-only root (and no writable /tmp: the chart mounts one, GIE's
+    # does not), no capabilities, no privilege escalation.
+    podman_run += [
+        "--read-only",
+        "--read-only-tmpfs=false",
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+    ]
+    podman_run.append(image.name)
     epp = EppServer(
         workdir / "epp.log",
         endpoints=sims.addresses,
@@ -152,6 +185,29 @@ def process_uids(image: Image, container: str) -> list[str]:
     assert pid.returncode == 0, pid.stderr
     status = Path(f"/proc/{pid.stdout.strip()}/status").read_text()
     return next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+
+
+def test_image_holds_the_code_of_this_tree(image: Image) -> None:
+    """The installed package is this work tree's: a stale layer cache would fail here (podman 4.3
+    once reused an install layer after the code had changed; see the Containerfile)."""
+    site = "/opt/epp/lib/python3.11/site-packages/epp"
+    run = image.podman(
+        "run", "--rm", "--entrypoint", "/opt/epp/bin/python", image.name, "-c", DIGEST_SCRIPT, site
+    )
+    assert run.returncode == 0, run.stderr
+    installed: dict[str, str] = json.loads(run.stdout)
+
+    def code(digests: dict[str, str]) -> dict[str, str]:
+        # Every module, and the data files that were packaged (the tree also has files that are not).
+        return {k: v for k, v in digests.items() if k.endswith(".py") or k in installed}
+
+    # Another process may edit the tree while the image builds: either state of it will do.
+    trees = [image.tree_before_build, tree_digests()]
+    if all(code(tree) != installed for tree in trees):
+        tree = trees[-1]
+        differ = sorted(k for k in set(code(tree)) | set(installed) if code(tree).get(k) != installed.get(k))
+        raise AssertionError(f"the image's epp differs from the work tree in: {differ[:20]}")
+    assert any(k.startswith("tokenize/data/") for k in installed), sorted(installed)[:20]
 
 
 async def test_image_routes_requests_and_stops_on_sigterm(
