@@ -1,19 +1,21 @@
 """The container image, built by scripts/image from the Containerfile and run as a cluster runs it.
 
-client ──► Envoy (`epp envoy-config`, its TLS default) ──► simulated pods (this process)
-               │ ext_proc over TLS
-               ▼
-          `epp serve` inside the image (podman, --network=host, epp's defaults but the ports,
-                                         read-only and without capabilities, as the chart runs it)
+    client ──► Envoy (`epp envoy-config`: TLS to epp, its default) ──► simulated pods (this process)
+                   │ ext_proc over TLS
+                   ▼
+              epp in a container of the image (podman, --network=host), given flags only, as
+              GIE's chart gives them; read-only and without capabilities, as epp's chart runs it
 
-Checked: the image's metadata (non-root numeric user, the three ports, `epp serve` as entrypoint),
-requests routed through it, its /metrics, the uid its process really runs as, and a clean exit
-on SIGTERM (the signal a kubelet sends; epp is PID 1 in the container, with no init to help).
+Checked: the image's metadata (non-root numeric user, the three ports, `epp serve` as entrypoint);
+that it holds this tree's code (no stale layer); requests routed through it, its /metrics, the
+uid its process really runs as, and a clean exit on SIGTERM (the signal a kubelet sends; epp is
+PID 1 in the container, with no init to help).
 
-scripts/image is run once per module: a few seconds when nothing changed (podman's layer cache),
-~1-2 min after a change to pyproject.toml, ~3 min on a new machine (it installs podman with
-apt-get and makes the Debian base image first). Without podman the tests skip outside CI; in CI
-(CI=true) scripts/image installs podman, and a failure to build is a test failure.
+scripts/image runs once per module: a few seconds when nothing changed (podman's layer cache),
+~20-30 s after a change to epp's code, ~1-2 min after one to pyproject.toml, ~3 min on a new
+machine (it installs podman with apt-get and makes the Debian base image first). Without podman
+the tests skip outside CI; in CI (CI=true) scripts/image installs podman, and a failure to build
+is a test failure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +38,14 @@ import pytest
 import yaml
 
 from e2e.harness import E2E_SIM, Cleanup, SimBackends, eventually, parse_prometheus, request, sse_events
-from epp.gateway.processes import HOST, EnvoyServer, EppServer, free_ports
+from epp.gateway.processes import (
+    HOST,
+    EnvoyServer,
+    EppPorts,
+    ManagedProcess,
+    free_ports,
+    wait_grpc_health,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -108,8 +118,9 @@ def test_image_metadata(image: Image) -> None:
     config = json.loads(inspected.stdout)[0]["Config"]
     assert config["User"] == f"{NONROOT_UID}:{NONROOT_UID}"  # numeric: runAsNonRoot can verify it
     assert set(config["ExposedPorts"]) == {"9002/tcp", "9003/tcp", "9090/tcp"}
-    assert config["Entrypoint"] == ["/opt/epp/bin/epp"]
-    assert config["Cmd"] == ["serve"]
+    # `epp serve`, so that GIE's chart, which gives only flags (`args:`), runs the picker.
+    assert config["Entrypoint"] == ["/opt/epp/bin/epp", "serve"]
+    assert not config.get("Cmd"), config.get("Cmd")  # nothing appended (the base's CMD is python3)
     # No pip, no build tools, no Envoy in the runtime image.
     listed = image.podman("run", "--rm", "--entrypoint", "ls", image.name, "/opt/epp/bin")
     assert listed.returncode == 0, listed.stderr
@@ -120,13 +131,19 @@ def test_image_metadata(image: Image) -> None:
 @dataclass
 class ImageStack:
     sims: SimBackends
-    epp: EppServer
+    epp: ManagedProcess  # `podman run`
+    ports: EppPorts
     container: str
     url: str
 
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://{HOST}:{self.ports.metrics}/metrics", timeout=5) as resp:
+            text: str = resp.read().decode()
+        return text
+
 
 def start_image_stack(image: Image, workdir: Path, cleanup: Cleanup) -> ImageStack:
-    """Two sims, epp in a container from `image` (TLS, as by default), Envoy from `epp envoy-config`."""
+    """Two sims, epp in a container from `image`, Envoy from `epp envoy-config` (both TLS by default)."""
     sims = SimBackends([E2E_SIM, E2E_SIM])
     cleanup.push("sims", sims.stop)
     sims.start()
@@ -148,20 +165,30 @@ def start_image_stack(image: Image, workdir: Path, cleanup: Cleanup) -> ImageSta
         "--cap-drop=ALL",
         "--security-opt=no-new-privileges",
     ]
-    podman_run.append(image.name)
-    epp = EppServer(
-        workdir / "epp.log",
-        endpoints=sims.addresses,
-        secure=True,  # epp's default: Envoy's config must speak TLS to it, as `epp envoy-config`'s does
-        extra_args=["--refresh-metrics-interval", "50ms"],
-        command=podman_run,
-    )
-    cleanup.add_log("epp (container) log", epp.process.log_path)
+    # Flags only, as GIE's chart passes them (the entrypoint is `epp serve`), and epp's defaults
+    # but the ports and address: TLS on the ext-proc port among them.
+    ports = EppPorts.free()
+    podman_run += [image.name, "--endpoints", ",".join(sims.addresses), "--bind-address", HOST]
+    podman_run += ["--grpc-port", str(ports.grpc), "--grpc-health-port", str(ports.health)]
+    podman_run += ["--metrics-port", str(ports.metrics), "--refresh-metrics-interval", "50ms"]
+    epp = ManagedProcess("epp (container)", podman_run, workdir / "epp.log")
+    cleanup.add_log("epp (container) log", epp.log_path)
     cleanup.push("epp", epp.stop)
-    epp.start(timeout=90)  # a loaded machine's first start of a container can be slow
+    epp.start()
+    # A loaded machine's first start of a container can be slow.
+    wait_grpc_health(ports.health, proc=epp, timeout=90, what="epp (container)")
 
     listen, admin = free_ports(2)
-    argv = [sys.executable, "-m", "epp", "envoy-config", "--epp", epp.grpc_address, "--listen-address", HOST]
+    argv = [
+        sys.executable,
+        "-m",
+        "epp",
+        "envoy-config",
+        "--epp",
+        f"{HOST}:{ports.grpc}",
+        "--listen-address",
+        HOST,
+    ]
     argv += [
         "--listen-port",
         str(listen),
@@ -176,7 +203,7 @@ def start_image_stack(image: Image, workdir: Path, cleanup: Cleanup) -> ImageSta
     cleanup.add_log("envoy access log", workdir / "access.log")
     cleanup.push("envoy", envoy.stop)
     envoy.start()
-    return ImageStack(sims, epp, container, f"http://{HOST}:{listen}")
+    return ImageStack(sims, epp, ports, container, f"http://{HOST}:{listen}")
 
 
 def process_uids(image: Image, container: str) -> list[str]:
@@ -237,22 +264,22 @@ async def test_image_routes_requests_and_stops_on_sigterm(
 
     # epp counts a request when its ext-proc stream closes, which may trail the response a little.
     def picks() -> dict[str, float]:
-        return parse_prometheus(epp.metrics_text(), "epp_endpoint_picks_total")
+        return parse_prometheus(stack.metrics_text(), "epp_endpoint_picks_total")
 
     await eventually(lambda: sum(picks().values()) >= len(bodies), within=10, what="picks in /metrics")
     assert all(any(address in labels for address in sims.addresses) for labels in picks()), picks()
-    text = epp.metrics_text()
+    text = stack.metrics_text()
     assert sum(parse_prometheus(text, "inference_objective_request_total").values()) >= len(bodies)
 
     # SIGTERM, as a kubelet sends it: epp drains (nothing in flight) and exits 0 well within the
     # grace; podman run reports the container's own status.
-    proc = epp.process.proc
+    proc = epp.proc
     assert proc is not None
     started = time.monotonic()
     proc.terminate()
     code = await asyncio.to_thread(proc.wait, 30)
     elapsed = time.monotonic() - started
-    assert code == 0, f"exit {code} after SIGTERM:\n{epp.process.log_text(4000)}"
+    assert code == 0, f"exit {code} after SIGTERM:\n{epp.log_text(4000)}"
     assert elapsed < 15, f"SIGTERM took {elapsed:.1f}s"
     gone = image.podman("container", "exists", stack.container)
     assert gone.returncode == 1, "the --rm container should be gone"
