@@ -126,7 +126,7 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "grpc-health": 9003,
         "metrics": 9090,
     }
-    assert c["image"].startswith("replace-me/epp:")
+    assert c["image"] == "localhost/epp:0.1.0"  # what the Containerfile builds (scripts/image)
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
     assert env == {"NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
 
