@@ -190,9 +190,9 @@ def test_custom_scheduling_config_is_mounted_verbatim() -> None:
     config.load_config(text, builders.handle(BlockIndex()))
 
 
-def test_notes_warn_about_the_placeholder_image() -> None:
-    assert "placeholder" in chart.notes()
-    assert "placeholder" not in chart.notes({"image": {"repository": "ghcr.io/me/epp", "tag": "1"}})
+def test_notes_say_a_local_image_must_reach_the_nodes() -> None:
+    assert "ErrImagePull" in chart.notes()
+    assert "ErrImagePull" not in chart.notes({"image": {"repository": "ghcr.io/me/epp", "tag": "1"}})
 
 
 # --- RBAC ------------------------------------------------------------------------------------
