@@ -102,7 +102,9 @@ async def test_completions_honour_add_special_tokens(tokenizers: Tokenizers, fla
 
 async def test_a_chat_vllm_would_refuse_is_answered_400(tokenizers: Tokenizers) -> None:
     d = director(tokenizers)
-    bad = {"model": "m", "messages": [{"role": "user", "content": [{"type": "nonsense", "x": 1}]}]}
+    # (a text part first: alone, vLLM's request model already refuses the unknown part)
+    parts = [{"type": "text", "text": "hi"}, {"type": "nonsense", "x": 1}]
+    bad = {"model": "m", "messages": [{"role": "user", "content": parts}]}
     with pytest.raises(errors.BadRequest, match="unsupported part type 'nonsense'"):
         await d.route(path="/v1/chat/completions", headers={}, body=msgspec.json.encode(bad), subset=None)
     assert all(ep.inflight_requests == 0 for ep in d.datastore.endpoints())
