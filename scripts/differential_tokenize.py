@@ -53,7 +53,6 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=20261125)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--keep-going", action="store_true", help="no early stop on disagreements")
     args = parser.parse_args()
 
     venv = Path(os.environ.get("VLLM_VENV") or REPO / ".venv-vllm").resolve()
