@@ -7,7 +7,7 @@ missing) serving the e2e model under every chat-template style, and one `epp ser
 with the styles' tokenizers; sends every case of `chat_requests.varied(seed, cases)` plus the
 context-limit `boundary_cases` to both (e2e/vllm/differential.py) and prints: cases, styles,
 seed, outcome counts (also per kind of case), and every disagreement in full. Exits 1 if any
-request disagrees. Everything it starts is stopped at the end.
+request disagrees. Everything it starts is stopped at the end; the logs stay in its workdir.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import collections
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,8 @@ def main() -> int:
     finally:
         epp.stop()
         server.stop()
+        for sub in ("cache", "inductor", "tmp"):  # vLLM's caches (~150 MB); the logs stay
+            shutil.rmtree(work / sub, ignore_errors=True)
 
     by_kind: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for r in results:
