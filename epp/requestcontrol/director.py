@@ -39,7 +39,7 @@ from epp.observability import metrics
 from epp.requestcontrol import admission
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
-from epp.tokenize.chat import ChatTemplateError, UnsupportedChat, add_special_tokens
+from epp.tokenize.chat import ChatTemplateError, UnsupportedChat, add_special_tokens, forwards_ids
 
 log = logging.getLogger("epp.director")
 
@@ -278,6 +278,12 @@ class Director:
         if ids is None:
             return
         keep = request.truncate_prompt_tokens
+        if (
+            keep is not None
+            and request.api is Api.CHAT
+            and forwards_ids(msgspec.json.decode(request.body_bytes))
+        ):
+            keep = None  # vLLM takes forwarded ids as they are (found by the differential run)
         if keep is not None and (keep >= 0 or limit is not None) and keep < len(ids):
             specials = (0, 0)
             if request.truncation_side is None and _adds_special_tokens(request):

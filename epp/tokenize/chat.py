@@ -392,6 +392,15 @@ def encode_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> list[int]:
     return tok.encode(prompt.text, add_special_tokens=prompt.add_special_tokens)
 
 
+def forwards_ids(body: Mapping[str, Any]) -> bool:
+    """Whether vLLM takes the body's forwarded `kv_transfer_params.prompt_token_ids` as the prompt
+    (see `prepare_chat`); such ids are not truncated (`truncate_prompt_tokens`) either."""
+    try:
+        return _forwarded_ids(body) is not None
+    except ChatTemplateError:
+        return False
+
+
 def _forwarded_ids(body: Mapping[str, Any]) -> list[int] | None:
     params = body.get("kv_transfer_params")
     if not isinstance(params, Mapping) or params.get("prompt_token_ids") is None:

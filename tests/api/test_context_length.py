@@ -258,3 +258,17 @@ def test_truncate_edge_cases() -> None:
     assert context_length.truncate([1, 10, 11, 12, 13], r, 256, specials=(1, 0)) == [1, 12, 13]
     assert context_length.truncate([1, 10, 11, 12, 2], r, 256, specials=(1, 1)) == [1, 12, 2]
     assert context_length.truncate([1, 10, 11], r, 256, specials=(1, 0)) == [1, 10, 11]  # fits
+
+
+async def test_forwarded_chat_ids_are_not_truncated(tokenizers: Tokenizers) -> None:
+    """vLLM takes `kv_transfer_params.prompt_token_ids` as they are: `truncate_prompt_tokens` does
+    not cut them (found by the differential run, scripts/differential_tokenize.py)."""
+    d = director(tokenizers, ContextLimits(overrides={"*": LIMIT}))
+    forwarded = ids(20)
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "kv_transfer_params": {"prompt_token_ids": forwarded},
+        "truncate_prompt_tokens": 1,
+    }
+    assert await answer(d, body, "/v1/chat/completions") == (200, forwarded)
