@@ -27,6 +27,7 @@ async def explain(
             weights = {scorer.name: weight for scorer, weight in profile.scorers}
     facts = profile_result.facts
     per_endpoint = facts.get("endpoints", {})
+    per_plugin: dict[str, dict[str, Any]] = facts.get("plugins", {})
     rows = []
     for name, scores in profile_result.scores.items():
         ep = director.datastore.get(name)
@@ -42,6 +43,11 @@ async def explain(
                 "matched_blocks": found.get("matched_blocks", 0),
                 "tier": found.get("tier", ""),
                 "cached_tokens": found.get("cached_tokens", 0),
+                "terms": {
+                    plugin: own["endpoints"][name]
+                    for plugin, own in per_plugin.items()
+                    if name in own.get("endpoints", {})
+                },
             }
         )
     rows.sort(key=lambda row: row["total"], reverse=True)
@@ -59,6 +65,7 @@ async def explain(
         "request_blocks": about.get("request_blocks", 0),
         "request_tokens": about.get("request_tokens", 0),
         "block_size": about.get("block_size", 0),
+        "request_terms": {plugin: own["request"] for plugin, own in per_plugin.items() if own.get("request")},
     }
 
 

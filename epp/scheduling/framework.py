@@ -12,7 +12,10 @@ decision (house rule 4):
   plugin on every cycle was a tenth of the whole decision; a regular sample keeps the
   distribution), and every `Scheduler.schedule` into
   `inference_extension_scheduler_e2e_duration_seconds`;
-- with `explain=True` each endpoint's clamped per-scorer scores are kept in `ProfileResult.scores`.
+- with `explain=True` each endpoint's clamped per-scorer scores are kept in `ProfileResult.scores`,
+  the scored candidates are left in the cycle state under `CANDIDATES` (so an explainer that scores
+  from endpoint state, like the load scorers, can say which inputs it read), and the explainers'
+  findings are kept in `ProfileResult.facts`, merged and per plugin.
 
 Cost, since this runs on every request (budget: well under 100 µs for 8 endpoints on 2 cores):
 Prometheus label children are bound once per plugin in `Profile.__init__` (a `labels()` lookup
@@ -42,6 +45,10 @@ _Observe = Callable[[float], None]
 
 PLUGIN_TIMING_EVERY = 8
 """Per-plugin durations are observed on one scheduling cycle in this many."""
+
+CANDIDATES = "epp.framework/candidates"
+"""Cycle-state key of the endpoints the scorers scored (explain only). The slash keeps it apart
+from plugin names, which key the rest of the cycle state."""
 
 
 def _observer(extension_point: str, plugin: interfaces.Plugin) -> _Observe:
@@ -109,6 +116,7 @@ class Profile:
         breakdown: dict[str, dict[str, float]] = {}
         if explain:
             breakdown = {ep.name: {} for ep in endpoints}
+            cycle[CANDIDATES] = endpoints
         for scorer, weight, observe in self._timed_scorers:
             start = clock()
             scores = scorer.score(cycle, request, endpoints)
@@ -134,16 +142,25 @@ class Profile:
         return result
 
     def facts(self, cycle: interfaces.CycleState) -> dict[str, Any]:
-        """The explainers' findings for the request scored in `cycle`, merged."""
+        """The explainers' findings for the request scored in `cycle`: merged over the plugins
+        ("request", "endpoints": later plugins win a shared field), and each plugin's own under
+        "plugins" as {plugin name: {"request": {...}, "endpoints": {name: {...}}}}, so that fields
+        two scorers both report (a matched-block count, say) stay apart."""
         request: dict[str, Any] = {}
         per_endpoint: dict[str, dict[str, Any]] = {}
+        per_plugin: dict[str, dict[str, Any]] = {}
         for plugin in (*self.filters, *(s for s, _ in self.scorers), self.picker):
             if isinstance(plugin, interfaces.Explainer):
                 found = plugin.explain(cycle)
-                request.update(found.get("request", {}))
-                for name, fields in found.get("endpoints", {}).items():
+                if not found:
+                    continue
+                own_request = dict(found.get("request", {}))
+                own_endpoints = {name: dict(fields) for name, fields in found.get("endpoints", {}).items()}
+                per_plugin[plugin.name] = {"request": own_request, "endpoints": own_endpoints}
+                request.update(own_request)
+                for name, fields in own_endpoints.items():
                     per_endpoint.setdefault(name, {}).update(fields)
-        return {"request": request, "endpoints": per_endpoint}
+        return {"request": request, "endpoints": per_endpoint, "plugins": per_plugin}
 
 
 class Scheduler:
@@ -194,6 +211,24 @@ class Scheduler:
     def facts(self, result: interfaces.SchedulingResult) -> dict[str, Any]:
         """The primary profile's explainer findings for a decision made without `explain`."""
         return self._profile.facts(result.cycle)
+
+
+def explain_inputs(
+    cycle: interfaces.CycleState,
+    read: Callable[[Endpoint], dict[str, Any]],
+    request: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An `Explainer` answer for a scorer that scores from endpoint state: `read` of each scored
+    candidate (explain leaves them in the cycle under `CANDIDATES`; the explain call follows the
+    scoring with no await between, so it reads the values the scorer read), plus `request`.
+    {} when the cycle holds no candidates (a decision scored without explain)."""
+    endpoints = cycle.get(CANDIDATES)
+    if not endpoints:
+        return {}
+    found: dict[str, Any] = {"endpoints": {ep.name: read(ep) for ep in endpoints}}
+    if request:
+        found["request"] = request
+    return found
 
 
 def lower_is_better(values: Sequence[float]) -> list[float]:

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from google.protobuf import json_format
 
+from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.kvcache.index import BlockIndex
+from epp.requestcontrol.director import Director
+from epp.rpc import explain as rpc_explain
 from epp.rpc import http as rpc_http
 from epp.rpc import service
 from epp.rpc.v1 import endpoint_picker_pb2 as pb
 from epp.rpc.v1 import endpoint_picker_pb2_grpc as pb_grpc
+from epp.scheduling import config as sched_config
+from epp.scheduling.interfaces import Handle
 from tests.extproc import helpers as h
 from tests.extproc.test_server import free_port
+from tests.scheduling.test_predicted_ttft_scorer import feed
 
 CHAT = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hello " * 40}]})
 
@@ -69,3 +79,138 @@ async def test_http_twin_answers_the_same_fields_as_json() -> None:
         assert "model" in (await resp.json())["error"]["message"]
         resp = await client.get("/debug/endpoints")
         assert len((await resp.json())["endpoints"]) == 3
+
+
+# --- each scorer's own terms -----------------------------------------------------------------
+
+PROMPT = list(range(320))  # 20 blocks of 16
+TTFT_TERMS = {
+    "predicted_ttft_s",
+    "objective_s",
+    "overhead_s",
+    "queue_s",
+    "queue_tokens",
+    "uncached_tokens",
+    "prefill_tokens_per_second",
+    "prefill_s",
+    "decodes",
+    "decode_slowdown",
+    "kv_wait_s",
+    "kv_price_s",
+    "miss_penalty_s",
+}
+
+
+def precise_director() -> tuple[Director, Datastore, BlockIndex]:
+    """A Director on epp's default with KV events (precise prefix scorer + predicted-ttft-scorer)."""
+    ds = Datastore()
+    ds.sync("test", [EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000) for i in range(3)])
+    index = BlockIndex()
+    cfg = sched_config.load_config(None, Handle(datastore=ds, kv_index=index))
+    director = Director(
+        datastore=ds,
+        scheduler=cfg.scheduler,
+        pre_request=cfg.pre_request,
+        response_complete=cfg.response_complete,
+    )
+    return director, ds, index
+
+
+def completion(tokens: list[int]) -> bytes:
+    return msgspec.json.encode({"model": "m", "prompt": tokens, "max_tokens": 1})
+
+
+def check_ttft_terms(row: dict[str, Any]) -> dict[str, Any]:
+    """The predicted-ttft-scorer terms of one explained endpoint, checked to add up."""
+    t: dict[str, Any] = row["terms"]["predicted-ttft-scorer"]
+    assert set(t) == TTFT_TERMS
+    assert t["predicted_ttft_s"] == pytest.approx(
+        t["overhead_s"] + t["queue_s"] + t["prefill_s"] + t["kv_wait_s"]
+    )
+    assert t["objective_s"] == pytest.approx(
+        t["overhead_s"] + t["queue_s"] + t["prefill_s"] + t["kv_price_s"] + t["miss_penalty_s"]
+    )
+    assert t["prefill_s"] == pytest.approx(
+        t["uncached_tokens"] / t["prefill_tokens_per_second"] * t["decode_slowdown"]
+    )
+    return t
+
+
+async def test_director_explain_shows_the_predicted_ttft_terms_of_the_shipped_default() -> None:
+    director, ds, index = precise_director()
+    feed(index, "pod-1", PROMPT)
+    busy = ds.get("pod-2")
+    assert busy is not None
+    m = busy.metrics
+    m.waiting, m.running, m.kv_usage, m.num_gpu_blocks = 3, 4, 0.95, 100
+    payload = await rpc_explain.explain(director, path="/v1/completions", headers={}, body=completion(PROMPT))
+    assert payload["pick"] == "10.0.0.2:8000"  # pod-1 holds the prompt
+    rows = {row["name"]: row for row in payload["endpoints"]}
+    held, cold, busy_row = (check_ttft_terms(rows[n]) for n in ("pod-1", "pod-0", "pod-2"))
+    assert held["uncached_tokens"] == 16 and cold["uncached_tokens"] == 320  # vLLM recomputes a block
+    assert held["predicted_ttft_s"] < cold["predicted_ttft_s"] < busy_row["predicted_ttft_s"]
+    assert busy_row["decodes"] == 4 and busy_row["kv_price_s"] > 0.0 and busy_row["kv_wait_s"] > 0.0
+    # The miss penalty: the factor applied (missPenalty 1, scaled by (1 holder / (share 1 x 3
+    # endpoints))^2 for a prefix all the traffic so far carries) x (1 + waiting) x the prefill.
+    penalty = payload["request_terms"]["predicted-ttft-scorer"]["miss_penalty"]
+    assert penalty == pytest.approx(1 / 9)
+    assert busy_row["miss_penalty_s"] == pytest.approx(penalty * 4 * busy_row["prefill_s"])
+    assert cold["miss_penalty_s"] == pytest.approx(penalty * cold["prefill_s"])
+    assert rows["pod-1"]["terms"]["precise-prefix-cache-scorer"] == {
+        "matched_blocks": 20,
+        "tier": "gpu",
+        "cached_tokens": 304,
+    }
+    assert rows["pod-1"]["matched_blocks"] == 20 and rows["pod-0"]["matched_blocks"] == 0
+    assert "precise-prefix-cache-scorer" not in rows["pod-0"]["terms"]  # it holds nothing
+    assert payload["request_terms"]["precise-prefix-cache-scorer"] == {
+        "request_blocks": 20,
+        "request_tokens": 320,
+        "block_size": 16,
+    }
+    # The gRPC answer is the same payload parsed into ExplainResponse: the terms survive it.
+    message = json_format.ParseDict(payload, pb.ExplainResponse())
+    best = message.endpoints[0]
+    assert best.name == "pod-1"
+    assert json_format.MessageToDict(best.terms["predicted-ttft-scorer"]) == pytest.approx(
+        rows["pod-1"]["terms"]["predicted-ttft-scorer"]
+    )
+    assert all(ep.inflight_requests == 0 for ep in ds.endpoints())  # explain booked nothing
+
+
+async def test_debug_score_over_http_shows_each_scorers_terms() -> None:
+    director, ds, index = precise_director()
+    feed(index, "pod-0", PROMPT)
+    app = web.Application()
+    rpc_http.add_routes(app, director)
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/debug/score", data=completion(PROMPT))
+        assert resp.status == 200
+        payload = await resp.json()
+    assert set(payload) == {f.name for f in pb.ExplainResponse.DESCRIPTOR.fields}
+    assert payload["weights"] == {"precise-prefix-cache-scorer": 0.0, "predicted-ttft-scorer": 1.0}
+    for row in payload["endpoints"]:
+        assert set(row) == {f.name for f in pb.EndpointExplanation.DESCRIPTOR.fields}
+        check_ttft_terms(row)
+    assert payload["endpoints"][0]["name"] == "pod-0"
+    assert payload["endpoints"][0]["terms"]["precise-prefix-cache-scorer"]["matched_blocks"] == 20
+
+    # The approximate default (no KV events): the load scorers show the inputs they read.
+    director, ds = h.make_director()
+    pod2 = ds.get("pod-2")
+    assert pod2 is not None
+    pod2.metrics.waiting, pod2.metrics.kv_usage = 4, 0.5
+    app = web.Application()
+    rpc_http.add_routes(app, director)
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/debug/score", data=CHAT)
+        payload = await resp.json()
+    rows = {row["name"]: row for row in payload["endpoints"]}
+    assert rows["pod-2"]["terms"] == {
+        "queue-scorer": {"waiting": 4},
+        "kv-cache-utilization-scorer": {"kv_usage": 0.5},
+        "prefix-cache-scorer": {"matched_blocks": 0},
+        "inflight-load-scorer": {"inflight_requests": 0},
+    }
+    assert rows["pod-2"]["scores"]["queue-scorer"] == 0.0 and rows["pod-0"]["scores"]["queue-scorer"] == 1.0
+    assert payload["request_terms"]["prefix-cache-scorer"]["request_blocks"] > 0

@@ -118,6 +118,34 @@ def test_explain_keeps_clamped_per_scorer_scores() -> None:
     assert result.scores == {"pod-0": {"a": 1.0, "b": 0.0}, "pod-1": {"a": 0.25, "b": 0.5}}
 
 
+class CountingExplainer(FixedScorer):
+    """A scorer explaining the candidates it was scored over, as the load scorers do."""
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, object]:
+        return framework.explain_inputs(cycle, lambda ep: {"blocks": len(ep.name)}, {"who": self.name})
+
+
+def test_explain_keeps_each_explainers_findings_apart_and_merged() -> None:
+    calls: list[str] = []
+    scorers: list[tuple[interfaces.Scorer, float]] = [
+        (CountingExplainer("first", [1.0, 1.0]), 1.0),
+        (CountingExplainer("second", [1.0, 1.0]), 1.0),
+    ]
+    profile = framework.Profile("p", [DropFilter("f", {"pod-2"}, calls)], scorers, RecordingPicker())
+    cycle: interfaces.CycleState = {}
+    result = profile.run(cycle, builders.request(), builders.pool(3), explain=True)
+    assert [ep.name for ep in cycle[framework.CANDIDATES]] == ["pod-0", "pod-1"]  # the survivors
+    own = {"request": {"who": "first"}, "endpoints": {"pod-0": {"blocks": 5}, "pod-1": {"blocks": 5}}}
+    assert result.facts["plugins"]["first"] == own
+    assert result.facts["plugins"]["second"]["request"] == {"who": "second"}
+    assert result.facts["request"] == {"who": "second"}  # merged: the later plugin wins a shared field
+    # Without explain the candidates are not kept, and such explainers have nothing to say.
+    cycle = {}
+    profile.run(cycle, builders.request(), builders.pool(3))
+    assert framework.CANDIDATES not in cycle
+    assert profile.facts(cycle) == {"request": {}, "endpoints": {}, "plugins": {}}
+
+
 def test_filters_run_in_order_and_scorers_see_only_survivors() -> None:
     calls: list[str] = []
     picker = RecordingPicker()

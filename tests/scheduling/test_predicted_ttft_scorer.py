@@ -445,21 +445,74 @@ def test_learned_rate_changes_the_decision(clock: Clock) -> None:
 # --- explain, metrics, lifecycle, parameters -----------------------------------------------------
 
 
-def test_explain_gives_each_endpoints_prediction(clock: Clock) -> None:
+def test_explain_gives_each_term_of_each_endpoints_prediction(clock: Clock) -> None:
     s = Stack(popularityWindowSeconds=0)  # the full miss penalty, whatever the prefix's share
+    eps = builders.pool(2)
+    s.route(request(toks(5000, start=1)), [eps[1]])  # 0.5 s of prefill booked on pod-1
+    busy = eps[1].metrics
+    busy.waiting, busy.running, busy.kv_usage, busy.num_gpu_blocks = 2, 5, 0.9, 1000
     prompt = toks(320)
     feed(s.index, "pod-0", prompt)
-    _, cycle = s.score(request(prompt), builders.pool(2))
+    _, cycle = s.score(request(prompt), eps)
     facts = s.ttft.explain(cycle)
-    assert facts["request"] == {}
+    assert facts["request"] == {
+        "miss_penalty": 1.0,
+        "overhead_seconds": 0.01,
+        "decode_interference": 0.02,
+        "decode_seconds": 5.0,
+        "kv_wait_scale": 1.0,
+    }
+    # pod-0: idle, holds the prompt's 20 blocks; vLLM computes the last block again (16 tokens).
     assert facts["endpoints"]["pod-0"] == {
         "predicted_ttft_s": pytest.approx(0.01 + 16e-4),
         "objective_s": pytest.approx(0.01 + 2 * 16e-4),  # plus missPenalty (1) x its own prefill
+        "overhead_s": pytest.approx(0.01),
         "queue_s": 0.0,
+        "queue_tokens": 0.0,
         "uncached_tokens": 16,
+        "prefill_tokens_per_second": pytest.approx(RATE),
+        "prefill_s": pytest.approx(16e-4),
+        "decodes": 0,
+        "decode_slowdown": 1.0,
+        "kv_wait_s": 0.0,
+        "kv_price_s": 0.0,
+        "miss_penalty_s": pytest.approx(16e-4),
     }
-    assert facts["endpoints"]["pod-1"]["uncached_tokens"] == 320
+    # pod-1: a miss, behind 0.5 s booked (at the 1.1x slowdown of 5 running decodes), with 2
+    # waiting (the penalty x 3) and its KV cache past the soft limit: 0.9 + 320 / (16 x 1000) =
+    # 0.92, 0.6 of the room above 0.8, x decodeSeconds 5.
+    slow = 1.0 + 0.02 * 5
+    prefill = 320 * 1e-4 * slow
+    got = facts["endpoints"]["pod-1"]
+    assert got == {
+        "predicted_ttft_s": pytest.approx(0.01 * slow + 0.5 + prefill + 3.0),
+        "objective_s": pytest.approx(0.01 * slow + 0.5 + prefill + 3.0 + 3 * prefill),
+        "overhead_s": pytest.approx(0.01 * slow),
+        "queue_s": pytest.approx(0.5),
+        "queue_tokens": pytest.approx(5000 / slow),  # the queue in tokens at the slowed rate
+        "uncached_tokens": 320,
+        "prefill_tokens_per_second": pytest.approx(RATE),
+        "prefill_s": pytest.approx(prefill),
+        "decodes": 5,
+        "decode_slowdown": pytest.approx(slow),
+        "kv_wait_s": pytest.approx(3.0),
+        "kv_price_s": pytest.approx(3.0),
+        "miss_penalty_s": pytest.approx(3 * prefill),
+    }
     assert s.ttft.explain({}) == {}
+
+
+def test_explain_shows_the_learned_rate_and_the_home(clock: Clock) -> None:
+    s = Stack(popularityWindowSeconds=0)
+    for _ in range(100):  # pod-0 turns out 4x slower than the prior
+        s.ttft.learn("pod-0", 0.01 + 1000 / 2500, 1000)
+    _, cycle = s.score(request(toks(320, start=7)), builders.pool(2))  # held nowhere: a home decides
+    facts = s.ttft.explain(cycle)
+    rate = s.ttft.prefill_tokens_per_second("pod-0")
+    assert rate < RATE / 2
+    assert facts["endpoints"]["pod-0"]["prefill_tokens_per_second"] == pytest.approx(rate)
+    assert facts["endpoints"]["pod-0"]["prefill_s"] == pytest.approx(320 / rate)
+    assert facts["request"]["ttft_home"] == "pod-1"  # the only endpoint near the minimum
 
 
 def test_the_config_file_builds_the_policy_and_explains_through_the_scheduler(clock: Clock) -> None:

@@ -36,7 +36,7 @@ Parameters:
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -119,6 +119,17 @@ class DynamoCostScorer(registry.PluginBase):
                 decode += len(active) - _leading_run(keys_of[ep.name], active)
             out.append(self._weight * prefill + decode)
         return out
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        """Each candidate's Dynamo cost in blocks (`overlapScoreWeight` x prefill + decode)."""
+        costs = cycle.get(self.name)
+        endpoints = cycle.get(framework.CANDIDATES)
+        if not isinstance(costs, list) or not endpoints or len(costs) != len(endpoints):
+            return {}
+        return {
+            "request": {"overlap_score_weight": self._weight},
+            "endpoints": {ep.name: {"cost_blocks": c} for ep, c in zip(endpoints, costs, strict=True)},
+        }
 
     # --- bookkeeping of active blocks -----------------------------------------------------------
 

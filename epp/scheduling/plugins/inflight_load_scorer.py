@@ -15,7 +15,7 @@ Parameters:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -39,3 +39,9 @@ class InflightLoadScorer(registry.PluginBase):
         if self._tokens:
             return framework.lower_is_better([ep.inflight_tokens for ep in endpoints])
         return framework.lower_is_better([ep.inflight_requests for ep in endpoints])
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        """The input scored: each candidate's in-flight requests or prompt tokens booked by epp."""
+        if self._tokens:
+            return framework.explain_inputs(cycle, lambda ep: {"inflight_tokens": ep.inflight_tokens})
+        return framework.explain_inputs(cycle, lambda ep: {"inflight_requests": ep.inflight_requests})

@@ -9,9 +9,11 @@ Parameters: none.
 
 from __future__ import annotations
 
+from typing import Any
+
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 
 
 @registry.register("kv-cache-utilization-scorer")
@@ -21,3 +23,7 @@ class KvCacheUtilizationScorer(registry.PluginBase):
     ) -> list[float]:
         # A scrape reporting usage above 1 gives a negative score; the framework clamps it to 0.
         return [1.0 - ep.metrics.kv_usage for ep in endpoints]
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        """The input scored: each candidate's scraped KV-cache usage (0-1)."""
+        return framework.explain_inputs(cycle, lambda ep: {"kv_usage": ep.metrics.kv_usage})

@@ -16,13 +16,13 @@ Parameters (llm-d's):
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 
 DEFAULT_THRESHOLD = 128  # llm-d's QueueThresholdDefault
 
@@ -41,3 +41,9 @@ class LoadAwareScorer(registry.PluginBase):
     ) -> list[float]:
         t = self.threshold
         return [0.5 * (1.0 - min(ep.metrics.waiting, t) / t) for ep in endpoints]
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        """The input scored: each candidate's scraped queue depth, against the threshold."""
+        return framework.explain_inputs(
+            cycle, lambda ep: {"waiting": ep.metrics.waiting}, {"threshold": self.threshold}
+        )

@@ -20,9 +20,11 @@ Parameters: none.
 
 from __future__ import annotations
 
+from typing import Any
+
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 
 
 @registry.register("lora-affinity-scorer")
@@ -47,3 +49,14 @@ class LoraAffinityScorer(registry.PluginBase):
             else:
                 scores.append(0.0)
         return scores if lora_capable else [1.0] * len(endpoints)
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        """The inputs scored: each candidate's scraped LoRA adapters (vllm:lora_requests_info)."""
+        return framework.explain_inputs(
+            cycle,
+            lambda ep: {
+                "running_loras": sorted(ep.metrics.running_loras),
+                "waiting_loras": sorted(ep.metrics.waiting_loras),
+                "max_lora": ep.metrics.max_lora,
+            },
+        )

@@ -69,8 +69,9 @@ every other endpoint its score times (1 - 1e-9).
 Effects, in `pre_request` (the decision is final): the primary's fluid queue grows by the request's
 predicted prefill, the prefix's traffic count by one, and the prediction is kept (bounded) until
 `response_complete`, which learns from it and observes `actual - predicted` into
-`epp_predicted_ttft_error_seconds{plugin}`. Explain facts per endpoint: `predicted_ttft_s`,
-`objective_s`, `queue_s`, `uncached_tokens`; per request `ttft_home` when the home rule decided.
+`epp_predicted_ttft_error_seconds{plugin}`. Explain facts: every term of each endpoint's
+prediction and objective (`explain`), per request the shared parameters and `ttft_home` when the
+home rule decided.
 
 Parameters (each checked at startup; a misspelt or out-of-range one is a `ConfigError`):
 - `prefixScorer` ("precise-prefix-cache-scorer"): the plugin name whose match to read.
@@ -193,6 +194,9 @@ class TTFTDecision:
     # endpoint -> (predicted ttft, objective, queue, uncached tokens)
     predictions: dict[str, tuple[float, float, float, float]]
     home: str = ""
+    # For explain: each endpoint's whole prediction, and the miss penalty factor it was priced at.
+    terms: dict[str, _Prediction] = dataclasses.field(default_factory=dict)
+    penalty: float = 0.0
 
 
 @registry.register("predicted-ttft-scorer")
@@ -282,7 +286,9 @@ class PredictedTTFTScorer(registry.PluginBase):
             preds[ep.name] = p
             objectives.append(p.objective)
         self._last = (request, preds, digest)
-        decision = TTFTDecision({n: (p.ttft, p.objective, p.queue_s, p.uncached) for n, p in preds.items()})
+        decision = TTFTDecision(
+            {n: (p.ttft, p.objective, p.queue_s, p.uncached) for n, p in preds.items()}, "", preds, penalty
+        )
         cycle[self.name] = decision
         best = min(objectives)
         scores = [best / t for t in objectives]
@@ -479,19 +485,49 @@ class PredictedTTFTScorer(registry.PluginBase):
     # --- explain --------------------------------------------------------------------------------
 
     def explain(self, cycle: interfaces.CycleState) -> Mapping[str, Any]:
+        """Each endpoint's prediction term by term, in seconds unless named otherwise:
+        `predicted_ttft_s` = `overhead_s` + `queue_s` + `prefill_s` + `kv_wait_s`, and the
+        objective the choice minimises, `objective_s` = `overhead_s` + `queue_s` + `prefill_s` +
+        `kv_price_s` + `miss_penalty_s`. `prefill_s` is `uncached_tokens` at the endpoint's learned
+        `prefill_tokens_per_second`, slowed by `decode_slowdown` (1 + decode interference x
+        `decodes` running); `queue_tokens` is the queue ahead in prompt tokens. Request-level: the
+        `miss_penalty` factor applied (after the popularity scaling), the shared learned
+        parameters, and `ttft_home` when the rendezvous home rule decided."""
         decision = cycle.get(self.name)
         if not isinstance(decision, TTFTDecision):
             return {}
-        per_endpoint = {
-            name: {
-                "predicted_ttft_s": ttft,
-                "objective_s": objective,
-                "queue_s": queue,
-                "uncached_tokens": round(uncached),
+        per_endpoint: dict[str, dict[str, Any]] = {}
+        for name, p in decision.terms.items():
+            rate = self._rates.get(name)
+            cost = rate.cost if rate is not None else self._prior_cost
+            overhead = self._overhead * p.slowdown
+            prefill = p.uncached * cost * p.slowdown
+            per_endpoint[name] = {
+                "predicted_ttft_s": p.ttft,
+                "objective_s": p.objective,
+                "overhead_s": overhead,
+                "queue_s": p.queue_s,
+                "queue_tokens": p.queue_tokens,
+                "uncached_tokens": round(p.uncached),
+                "prefill_tokens_per_second": 1.0 / cost,
+                "prefill_s": prefill,
+                "decodes": p.decodes,
+                "decode_slowdown": p.slowdown,
+                "kv_wait_s": p.kv_wait,
+                "kv_price_s": p.kv_price,
+                # What is left of the objective: the penalty's share, exactly as `_predict` adds it.
+                "miss_penalty_s": max(p.objective - overhead - p.queue_s - prefill - p.kv_price, 0.0),
             }
-            for name, (ttft, objective, queue, uncached) in decision.predictions.items()
+        request: dict[str, Any] = {
+            "miss_penalty": decision.penalty,
+            "overhead_seconds": self._overhead,
+            "decode_interference": self._k_decode,
+            "decode_seconds": self._decode_s,
+            "kv_wait_scale": self._kv_scale,
         }
-        return {"request": {"ttft_home": decision.home} if decision.home else {}, "endpoints": per_endpoint}
+        if decision.home:
+            request["ttft_home"] = decision.home
+        return {"request": request, "endpoints": per_endpoint}
 
 
 class _Popularity:

@@ -50,13 +50,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 
 CHARS_PER_TOKEN = 4  # GIE's averageCharactersPerToken
 
@@ -206,6 +206,20 @@ class PrefixCacheScorer(registry.PluginBase):
         for ep in alive:
             counts[ep] = k
         return counts
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        """What it matched: the request's blocks and each candidate's leading run of them in this
+        epp's own record of its decisions. Matched again here (explain only): the record changes in
+        `pre_request`, which runs after the explain call."""
+        hashes = cycle.get(self.name)
+        if not isinstance(hashes, list):
+            return {}
+        matched = self._match(hashes) if hashes and self._owners else {}
+        return framework.explain_inputs(
+            cycle,
+            lambda ep: {"matched_blocks": matched.get(ep, 0)},
+            {"request_blocks": len(hashes), "block_size_tokens": self._block_tokens},
+        )
 
     # --- effect ---------------------------------------------------------------------------------
 

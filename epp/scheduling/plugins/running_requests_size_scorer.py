@@ -11,6 +11,8 @@ Parameters: none.
 
 from __future__ import annotations
 
+from typing import Any
+
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import framework, interfaces, registry
@@ -22,3 +24,7 @@ class RunningRequestsSizeScorer(registry.PluginBase):
         self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> list[float]:
         return framework.lower_is_better([ep.metrics.running for ep in endpoints])
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        """The input scored: each candidate's scraped running requests."""
+        return framework.explain_inputs(cycle, lambda ep: {"running": ep.metrics.running})

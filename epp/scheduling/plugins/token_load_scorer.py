@@ -12,13 +12,13 @@ Parameters:
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 
 
 @registry.register("token-load-scorer")
@@ -35,3 +35,11 @@ class TokenLoadScorer(registry.PluginBase):
     ) -> list[float]:
         inverse = self._inverse
         return [max(0.0, 1.0 - ep.inflight_tokens * inverse) for ep in endpoints]
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        """The input scored: each candidate's in-flight prompt tokens, against the threshold."""
+        return framework.explain_inputs(
+            cycle,
+            lambda ep: {"inflight_tokens": ep.inflight_tokens},
+            {"queue_threshold_tokens": round(1.0 / self._inverse)},
+        )
