@@ -79,22 +79,18 @@ async def post(
     """Post one event in the involved object's namespace; True if the server created it."""
     body = event_body(involved, reason=reason, message=message, type_=type_)
     url = connection.server + events_path(involved["namespace"])
-    kwargs: dict[str, Any] = {}
-    if connection.ssl_context is not None:
-        kwargs["ssl"] = connection.ssl_context
-    headers = dict(connection.headers(), **{"Content-Type": "application/json"})
     try:
+        options = await connection.request_options(content_type="application/json")
         async with session.post(
             url,
             data=json.dumps(body),
-            headers=headers,
             timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
-            **kwargs,
+            **options,
         ) as resp:
             if resp.status in (200, 201):
                 return True
             text = (await resp.read())[:300].decode("utf-8", "replace")
-    except (aiohttp.ClientError, TimeoutError) as e:
+    except (aiohttp.ClientError, TimeoutError, connections.ConfigError) as e:
         log.warning("cannot post the %s event about %s: %s", reason, involved.get("name"), e)
         return False
     hint = " (RBAC: epp needs `create` on `events`)" if resp.status == 403 else ""

@@ -270,7 +270,7 @@ class LeaderElector:
                 log.info("leader election: released lease %s", self.name)
             else:
                 log.warning("leader election: releasing lease %s: HTTP %d", self.name, status)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("leader election: releasing lease %s: %s", self.name, exc)
 
     async def _request(
@@ -279,13 +279,14 @@ class LeaderElector:
         if self._session is None:
             raise RuntimeError("LeaderElector not started")
         kwargs: dict[str, Any] = {"timeout": aiohttp.ClientTimeout(total=TIMEOUT_S)}
-        if self.connection.ssl_context is not None:
-            kwargs["ssl"] = self.connection.ssl_context
-        headers = self.connection.headers()
         if body is not None:
-            headers["Content-Type"] = "application/json"
             kwargs["data"] = json.dumps(body)
-        async with self._session.request(method, url or self.url, headers=headers, **kwargs) as resp:
+        kwargs.update(
+            await self.connection.request_options(content_type="application/json" if body else None)
+        )
+        async with self._session.request(method, url or self.url, **kwargs) as resp:
+            if resp.status == 401:
+                self.connection.unauthorized()
             if resp.status not in (200, 201):
                 await resp.read()
                 return resp.status, None

@@ -127,15 +127,17 @@ class ApiServerAuth:
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         if self._session is None:
             raise RuntimeError("ApiServerAuth not started")
-        kwargs: dict[str, Any] = {"timeout": aiohttp.ClientTimeout(total=TIMEOUT_S)}
-        if self.connection.ssl_context is not None:
-            kwargs["ssl"] = self.connection.ssl_context
-        headers = dict(self.connection.headers(), **{"Content-Type": "application/json"})
         self.reviews += 1
         try:
+            options = await self.connection.request_options(content_type="application/json")
             async with self._session.post(
-                self.connection.server + path, data=json.dumps(body), headers=headers, **kwargs
+                self.connection.server + path,
+                data=json.dumps(body),
+                timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
+                **options,
             ) as resp:
+                if resp.status == 401:
+                    self.connection.unauthorized()  # epp's own credentials: loaded afresh next time
                 if resp.status not in (200, 201):
                     text = (await resp.read())[:200].decode("utf-8", "replace")
                     hint = (

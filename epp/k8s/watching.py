@@ -169,12 +169,11 @@ class Reflector:
     async def _get(
         self, params: dict[str, str], client_timeout: aiohttp.ClientTimeout
     ) -> aiohttp.ClientResponse:
-        kwargs: dict[str, Any] = {}
-        if self._conn.ssl_context is not None:
-            kwargs["ssl"] = self._conn.ssl_context
-        return await self._session.get(
-            self._url, params=params, headers=self._conn.headers(), timeout=client_timeout, **kwargs
-        )
+        options = await self._conn.request_options()  # refreshes expired credentials first
+        resp = await self._session.get(self._url, params=params, timeout=client_timeout, **options)
+        if resp.status == 401:
+            self._conn.unauthorized()  # credentials are loaded afresh for the retry
+        return resp
 
     async def _list(self) -> None:
         s = self._settings

@@ -26,7 +26,8 @@ It speaks the parts of the real protocol that epp's reflector uses, with the rea
 - `POST /apis/authentication.k8s.io/v1/tokenreviews` and
   `POST /apis/authorization.k8s.io/v1/subjectaccessreviews`: a token in `users` authenticates as
   that user; a (user, path, verb) in `grants` is allowed (non-resource URLs only).
-- A bearer token, when configured: 401 without it.
+- A bearer token, when configured: 401 without it (`token` may be changed, as a credential that
+  expired or was rotated; `authorizations` keeps what each list/watch request presented).
 
 Test controls: `create`/`update`/`delete`, `compact()` (history before now is gone -> 410),
 `drop_watches()` (abort every watch connection), `bookmark()`, `fail_next(n, status)` (the next n
@@ -152,6 +153,7 @@ class FakeApiServer:
         self.objects: dict[tuple[str, str, str], Object] = {}
         self.history: list[_Event] = []
         self.requests: list[tuple[str, dict[str, str]]] = []
+        self.authorizations: list[str | None] = []  # the Authorization header of each list/watch
         self.events: list[Object] = []  # core/v1 Events posted, in order
         self.leases: dict[tuple[str, str], Object] = {}  # (namespace, name) -> Lease
         self.users: dict[str, Object] = {}  # bearer token -> TokenReview status.user
@@ -369,6 +371,7 @@ class FakeApiServer:
     async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         q = dict(request.query)
         self.requests.append((request.path, q))
+        self.authorizations.append(request.headers.get("Authorization"))
         if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
             return self._error(401, "Unauthorized", "Unauthorized")
         if self._failures:

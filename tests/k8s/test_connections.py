@@ -11,17 +11,22 @@ from epp.k8s import connections
 from tests.k8s import fake_apiserver as fake
 
 
-def test_kubeconfig_with_token(tmp_path: Path) -> None:
+async def _authorization(conn: connections.Connection) -> str | None:
+    headers: dict[str, str] = (await conn.request_options())["headers"]
+    return headers.get("Authorization")
+
+
+async def test_kubeconfig_with_token(tmp_path: Path) -> None:
     path = tmp_path / "config"
     path.write_text(fake.kubeconfig("http://127.0.0.1:1234/", token="abc"))
     conn = connections.from_kubeconfig(path)
     assert conn.server == "http://127.0.0.1:1234"
     assert conn.ssl_context is None
     assert conn.namespace == "default"
-    assert conn.headers()["Authorization"] == "Bearer abc"
+    assert await _authorization(conn) == "Bearer abc"
 
 
-def test_kubeconfig_https_insecure_and_token_file(tmp_path: Path) -> None:
+async def test_kubeconfig_https_insecure_and_token_file(tmp_path: Path) -> None:
     (tmp_path / "tok").write_text("one\n")
     path = tmp_path / "config"
     path.write_text(
@@ -32,19 +37,21 @@ def test_kubeconfig_https_insecure_and_token_file(tmp_path: Path) -> None:
     conn = connections.from_kubeconfig(path)
     assert isinstance(conn.ssl_context, ssl.SSLContext)
     assert conn.ssl_context.verify_mode == ssl.CERT_NONE
-    assert conn.headers()["Authorization"] == "Bearer one"
+    assert await _authorization(conn) == "Bearer one"
     (tmp_path / "tok").write_text("two")  # rotated: read again on the next request
-    assert conn.headers()["Authorization"] == "Bearer two"
+    assert await _authorization(conn) == "Bearer two"
 
 
 @pytest.mark.parametrize(
     ("user", "error"),
     [
-        ("  user: {exec: {command: aws}}\n", "not supported"),
+        ("  user: {exec: {command: aws}}\n", "missing key 'apiVersion'"),
+        ("  user: {auth-provider: {name: gcp}}\n", "gke-gcloud-auth-plugin"),
+        ("  user: {auth-provider: {name: azure}}\n", "kubelogin"),
         ("  user: {}\n", None),
     ],
 )
-def test_kubeconfig_user_kinds(tmp_path: Path, user: str, error: str | None) -> None:
+async def test_kubeconfig_user_kinds(tmp_path: Path, user: str, error: str | None) -> None:
     path = tmp_path / "config"
     path.write_text(
         "current-context: c\nclusters:\n- name: k\n  cluster: {server: 'http://k'}\n"
@@ -54,7 +61,7 @@ def test_kubeconfig_user_kinds(tmp_path: Path, user: str, error: str | None) -> 
         with pytest.raises(connections.ConfigError, match=error):
             connections.from_kubeconfig(path)
     else:
-        assert "Authorization" not in connections.from_kubeconfig(path).headers()
+        assert await _authorization(connections.from_kubeconfig(path)) is None
 
 
 def test_kubeconfig_errors(tmp_path: Path) -> None:
@@ -66,7 +73,7 @@ def test_kubeconfig_errors(tmp_path: Path) -> None:
         connections.from_kubeconfig(path)
 
 
-def test_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(connections.ConfigError, match="not in a cluster"):
         connections.in_cluster(tmp_path)
@@ -78,7 +85,7 @@ def test_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     conn = connections.in_cluster(tmp_path)
     assert conn.server == "https://10.96.0.1:443"
     assert conn.namespace == "inference"
-    assert conn.headers()["Authorization"] == "Bearer sa-token"
+    assert await _authorization(conn) == "Bearer sa-token"
 
 
 def test_load_prefers_explicit_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
