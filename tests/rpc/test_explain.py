@@ -20,9 +20,11 @@ from epp.rpc import service
 from epp.rpc.v1 import endpoint_picker_pb2 as pb
 from epp.rpc.v1 import endpoint_picker_pb2_grpc as pb_grpc
 from epp.scheduling import config as sched_config
+from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.interfaces import Handle
 from tests.extproc import helpers as h
 from tests.extproc.test_server import free_port
+from tests.scheduling import builders
 from tests.scheduling.test_predicted_ttft_scorer import feed
 
 CHAT = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hello " * 40}]})
@@ -162,7 +164,11 @@ async def test_director_explain_shows_the_predicted_ttft_terms_of_the_shipped_de
         "cached_tokens": 304,
     }
     assert rows["pod-1"]["matched_blocks"] == 20 and rows["pod-0"]["matched_blocks"] == 0
-    assert "precise-prefix-cache-scorer" not in rows["pod-0"]["terms"]  # it holds nothing
+    assert rows["pod-0"]["terms"]["precise-prefix-cache-scorer"] == {
+        "matched_blocks": 0,
+        "tier": "",
+        "cached_tokens": 0,
+    }
     assert payload["request_terms"]["precise-prefix-cache-scorer"] == {
         "request_blocks": 20,
         "request_tokens": 320,
@@ -214,3 +220,25 @@ async def test_debug_score_over_http_shows_each_scorers_terms() -> None:
     }
     assert rows["pod-2"]["scores"]["queue-scorer"] == 0.0 and rows["pod-0"]["scores"]["queue-scorer"] == 1.0
     assert payload["request_terms"]["prefix-cache-scorer"]["request_blocks"] > 0
+
+
+def test_every_scorer_explains_what_each_candidate_was_scored_on() -> None:
+    """A scorer added without an explain hook (or one that forgets a candidate) fails here."""
+    handle = Handle(datastore=Datastore(), kv_index=BlockIndex())
+    picker = registry.default.build("max-score-picker", "max-score-picker", {}, handle)
+    scorers = []
+    for type_name in registry.default.types():
+        plugin = registry.default.build(type_name, type_name, {}, handle)
+        if not isinstance(plugin, interfaces.Scorer):
+            continue
+        scorers.append(type_name)
+        assert isinstance(plugin, interfaces.Explainer), type_name
+        req = builders.request(target_model="m")
+        req.token_ids = list(range(64))
+        req.prompt_tokens_estimate = 64
+        profile = framework.Profile("default", [], [(plugin, 1.0)], picker)
+        result = profile.run({}, req, builders.pool(3), explain=True)
+        own = result.facts["plugins"][type_name]
+        assert set(own["endpoints"]) == {"pod-0", "pod-1", "pod-2"}, type_name
+        assert all(own["endpoints"].values()), type_name
+    assert len(scorers) >= 12 and "predicted-ttft-scorer" in scorers

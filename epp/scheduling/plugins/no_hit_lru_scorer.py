@@ -38,7 +38,7 @@ import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.plugins import prefix_cache_scorer
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
 
@@ -108,5 +108,12 @@ class NoHitLRUScorer(registry.PluginBase):
             self._lru.popitem(last=False)
 
     def explain(self, cycle: interfaces.CycleState) -> dict[str, object]:
+        """Whether no prefix scorer found a hit (`cold`), and per candidate the input ranked: its
+        place in the record of cold picks (`lru_position`, 0 the least recent; -1 never sent one).
+        The record changes in `pre_request`, after the explain call."""
         cold = cycle.get(self.name)
-        return {"request": {"cold": cold}} if isinstance(cold, bool) else {}
+        if not isinstance(cold, bool):
+            return {}
+        order = {name: i for i, name in enumerate(self._lru)}
+        found = framework.explain_inputs(cycle, lambda ep: {"lru_position": order.get(ep.name, -1)})
+        return {**found, "request": {"cold": cold}}

@@ -64,7 +64,7 @@ from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.kvcache.index import BlockIndex, MatchResult
 from epp.kvcache.keys import BlockKey, block_keys, seed_for
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.plugins import precise_llmd
 
 DEFAULT_BLOCK_SIZE: Final = 16  # vLLM's default --block-size on GPUs
@@ -280,6 +280,8 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
                     found.request_tokens, m.blocks, found.block_sizes.get(name, found.block_size)
                 ),
             }
+        for ep in cycle.get(framework.CANDIDATES) or ():  # explain: every candidate, holding or not
+            per_endpoint.setdefault(ep.name, {"matched_blocks": 0, "tier": "", "cached_tokens": 0})
         return {
             "request": {
                 "request_blocks": found.request_blocks,

@@ -106,7 +106,7 @@ from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.observability import metrics
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.plugins.precise_prefix_cache_scorer import DEFAULT_BLOCK_SIZE, PrefixMatch, cached_tokens
 
 MAX_PENDING: Final = 65536
@@ -496,12 +496,20 @@ class PredictedTTFTScorer(registry.PluginBase):
         decision = cycle.get(self.name)
         if not isinstance(decision, TTFTDecision):
             return {}
+        # The scraped queue depth each endpoint was priced with (explain leaves the candidates in
+        # the cycle); without it the penalty is what is left of the objective.
+        waiting = {ep.name: ep.metrics.waiting for ep in cycle.get(framework.CANDIDATES) or ()}
         per_endpoint: dict[str, dict[str, Any]] = {}
         for name, p in decision.terms.items():
             rate = self._rates.get(name)
             cost = rate.cost if rate is not None else self._prior_cost
             overhead = self._overhead * p.slowdown
             prefill = p.uncached * cost * p.slowdown
+            w = waiting.get(name)
+            if w is not None:
+                miss = decision.penalty * (1.0 + self._waiting_weight * w) * prefill
+            else:
+                miss = max(p.objective - overhead - p.queue_s - prefill - p.kv_price, 0.0)
             per_endpoint[name] = {
                 "predicted_ttft_s": p.ttft,
                 "objective_s": p.objective,
@@ -515,8 +523,7 @@ class PredictedTTFTScorer(registry.PluginBase):
                 "decode_slowdown": p.slowdown,
                 "kv_wait_s": p.kv_wait,
                 "kv_price_s": p.kv_price,
-                # What is left of the objective: the penalty's share, exactly as `_predict` adds it.
-                "miss_penalty_s": max(p.objective - overhead - p.queue_s - prefill - p.kv_price, 0.0),
+                "miss_penalty_s": miss,
             }
         request: dict[str, Any] = {
             "miss_penalty": decision.penalty,
