@@ -76,7 +76,7 @@ class InferenceRequest:
     # none is named or known. Negative = sheddable under saturation. Set by requestcontrol.
     priority: int = 0
     # vLLM's length parameters of a chat or completions body, for its context-length rules
-    # (`epp.requestcontrol.context_length`); None when absent or not an integer (vLLM answers those).
+    # (`epp.api.context_length`); None when absent or not an integer (vLLM answers those).
     max_output_tokens: int | None = None
     max_output_param: str = "max_tokens"  # the field `max_output_tokens` came from, for messages
     truncate_prompt_tokens: int | None = None
