@@ -50,6 +50,10 @@ async def test_grpc_explain_shows_every_candidate_and_books_nothing() -> None:
             assert best.scores["queue-scorer"] == 1.0 and res.weights["queue-scorer"] == 2.0
             assert best.total == pytest.approx(sum(s * res.weights[n] for n, s in best.scores.items()))
             assert res.pick == "10.0.0.2:8000" == best.endpoint
+            # Each scorer's own terms arrive over gRPC too (Struct numbers are doubles).
+            assert dict(best.terms["queue-scorer"]) == {"waiting": 0.0}
+            assert dict(res.endpoints[-1].terms["queue-scorer"]) == {"waiting": 5.0}
+            assert res.request_terms["prefix-cache-scorer"]["request_blocks"] > 0
             assert res.prompt_tokens_estimate > 0
             assert all(ep.inflight_requests == 0 for ep in ds.endpoints())
 
@@ -225,7 +229,7 @@ async def test_debug_score_over_http_shows_each_scorers_terms() -> None:
 def test_every_scorer_explains_what_each_candidate_was_scored_on() -> None:
     """A scorer added without an explain hook (or one that forgets a candidate) fails here."""
     handle = Handle(datastore=Datastore(), kv_index=BlockIndex())
-    picker = registry.default.build("max-score-picker", "max-score-picker", {}, handle)
+    picker: Any = registry.default.build("max-score-picker", "max-score-picker", {}, handle)
     scorers = []
     for type_name in registry.default.types():
         plugin = registry.default.build(type_name, type_name, {}, handle)
@@ -242,3 +246,24 @@ def test_every_scorer_explains_what_each_candidate_was_scored_on() -> None:
         assert set(own["endpoints"]) == {"pod-0", "pod-1", "pod-2"}, type_name
         assert all(own["endpoints"].values()), type_name
     assert len(scorers) >= 12 and "predicted-ttft-scorer" in scorers
+
+
+def test_the_approximate_prefix_scorer_explains_the_blocks_its_record_matches() -> None:
+    handle = Handle(datastore=Datastore(), kv_index=None)
+    eps = builders.pool(2)
+    handle.datastore.sync("test", [ep.spec for ep in eps])
+    eps = [handle.datastore.get(ep.name) for ep in eps]  # type: ignore[misc]
+    scorer: Any = registry.default.build("prefix-cache-scorer", "prefix-cache-scorer", {}, handle)
+    picker: Any = registry.default.build("max-score-picker", "max-score-picker", {}, handle)
+    profile = framework.Profile("default", [], [(scorer, 1.0)], picker)
+    req = builders.request(target_model="m")
+    req.token_ids = list(range(96))  # 6 blocks of 16
+    first = profile.run({}, req, eps, explain=True)
+    scorer.pre_request(req, interfaces.SchedulingResult("default", {"default": first}))  # records it
+    routed = first.targets[0].name
+    again = profile.run({}, req, eps, explain=True)
+    own = again.facts["plugins"]["prefix-cache-scorer"]
+    assert own["request"] == {"request_blocks": 6, "block_size_tokens": 16}
+    assert {n: f["matched_blocks"] for n, f in own["endpoints"].items()} == {
+        ep.name: 6 if ep.name == routed else 0 for ep in eps
+    }
