@@ -41,6 +41,7 @@ import copy
 import dataclasses
 import json
 import re
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -166,7 +167,8 @@ class FakeApiServer:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self) -> str:
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> str:
+        """Serve on a free 127.0.0.1 port; https with `ssl_context` (which may demand client certs)."""
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._handle_pods)
         app.router.add_get(
@@ -187,10 +189,10 @@ class FakeApiServer:
             app, handle_signals=False, shutdown_timeout=0.1, handler_cancellation=True
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ssl_context)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
         return self.url
 
     async def stop(self) -> None:

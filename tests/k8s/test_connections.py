@@ -102,3 +102,77 @@ def _self_signed_pem() -> str:
 
     _, cert_pem = tls.self_signed()
     return cert_pem.decode()
+
+
+async def test_kubeconfig_ca_data_client_certificate_and_tls_server_name(tmp_path: Path) -> None:
+    """An https API server that demands a client certificate, with everything inline in the
+    kubeconfig (`*-data`, as `kind` and cloud CLIs write them), and `tls-server-name` naming the
+    certificate's DNS name while the server URL is an IP."""
+    import base64
+
+    import aiohttp
+
+    from epp.extproc import tls
+
+    server_key, server_cert = tls.self_signed()
+    client_key, client_cert = tls.self_signed()
+    (tmp_path / "server.key").write_bytes(server_key)
+    (tmp_path / "server.crt").write_bytes(server_cert)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    server_ctx.load_verify_locations(cadata=client_cert.decode())
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
+    api = fake.FakeApiServer()
+    url = await api.start(ssl_context=server_ctx)
+    b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
+
+    def kubeconfig(user: str) -> Path:
+        path = tmp_path / "config"
+        path.write_text(
+            "current-context: c\nclusters:\n- name: k\n  cluster:\n"
+            f"    server: {url}\n    certificate-authority-data: {b64(server_cert)}\n"
+            "    tls-server-name: localhost\n"
+            f"contexts:\n- name: c\n  context: {{cluster: k, user: u}}\nusers:\n- name: u\n  user:\n{user}"
+        )
+        return path
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            with_cert = connections.from_kubeconfig(
+                kubeconfig(
+                    f"    client-certificate-data: {b64(client_cert)}\n"
+                    f"    client-key-data: {b64(client_key)}\n"
+                )
+            )
+            options = await with_cert.request_options()
+            assert options["server_hostname"] == "localhost"
+            async with session.get(url + "/api/v1/namespaces/default/pods", **options) as resp:
+                assert resp.status == 200
+            without = connections.from_kubeconfig(kubeconfig("    {}\n"))
+            with pytest.raises(aiohttp.ClientError):  # the server refuses the handshake
+                async with session.get(
+                    url + "/api/v1/namespaces/default/pods", **(await without.request_options())
+                ) as resp:
+                    await resp.read()
+    finally:
+        await api.stop()
+
+
+async def test_kubeconfig_oidc_id_token(tmp_path: Path) -> None:
+    """An `oidc` auth-provider whose id-token is still valid is sent as is (no IdP contacted)."""
+    import base64
+    import json
+    import time
+
+    def part(doc: dict[str, object]) -> str:
+        return base64.b64encode(json.dumps(doc).encode()).decode().rstrip("=")
+
+    id_token = f"{part({'alg': 'none'})}.{part({'exp': int(time.time()) + 3600})}.sig"
+    path = tmp_path / "config"
+    path.write_text(
+        "current-context: c\nclusters:\n- name: k\n  cluster: {server: 'http://k'}\n"
+        "contexts:\n- name: c\n  context: {cluster: k, user: u}\nusers:\n- name: u\n  user:\n"
+        "    auth-provider:\n      name: oidc\n"
+        f"      config: {{client-id: epp, idp-issuer-url: 'https://idp', id-token: '{id_token}'}}\n"
+    )
+    assert await _authorization(connections.from_kubeconfig(path)) == f"Bearer {id_token}"
