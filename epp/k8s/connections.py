@@ -214,7 +214,6 @@ class _KubeconfigUser(Credentials):
         self._loaded = False
         self._stale = False
         self._lock = asyncio.Lock()
-        self.exec_runs = 0  # how often the exec plugin ran (tests and logs)
 
     async def authorization(self) -> str | None:
         async with self._lock:  # one refresh at a time: concurrent requests wait for its result
@@ -235,16 +234,14 @@ class _KubeconfigUser(Credentials):
                     loader.__dict__.pop("exec_plugin_expiry", None)
                 configuration = Configuration()
                 await loader.load_and_set(configuration)
-                self.exec_runs += self._exec
                 self._loaded, self._stale = True, False
                 self._take(configuration.api_key.get("BearerToken"))
             elif self._exec and "exec_plugin_expiry" in loader.__dict__:
                 # A plugin credential with an expiry: the library runs the plugin again only once
                 # it has expired (less its margin). Without an expiry it is kept until a 401.
-                before = loader.exec_plugin_expiry
+                before = (loader.exec_plugin_expiry, getattr(loader, "token", None))
                 await loader.load_from_exec_plugin()
-                if loader.exec_plugin_expiry is not before:
-                    self.exec_runs += 1
+                if (loader.exec_plugin_expiry, getattr(loader, "token", None)) != before:
                     self._take(loader.token)
         except (ConfigException, OSError, ValueError) as e:
             raise ConfigError(f"kubeconfig credentials: {e}") from None
