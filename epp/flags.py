@@ -348,7 +348,6 @@ GIE_NO_EFFECT: dict[str, str] = {
     "health-checking": "epp always serves gRPC health on the ext-proc port and on --grpc-health-port",
     "enable-pprof": "Go's pprof; epp is Python (the event-loop lag metric and py-spy cover profiling)",
     "refresh-prometheus-metrics-interval": "epp computes its pool gauges when /metrics is scraped",
-    "model-server-metrics-https-insecure-skip-verify": "epp scrapes model servers over http only",
 }
 
 # GIE's deprecated metric-name flags (v1.0-v1.4; v1.5 refuses them): epp reads vLLM's metrics,
@@ -453,21 +452,26 @@ def add_gie_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model-server-metrics-scheme",
         choices=["http", "https"],
-        default=None,
-        help="epp scrapes http only: https is a startup error",
+        default="http",
+        help="scheme of the model servers' metrics (and model-card) requests (default http)",
     )
     g.add_argument(
         "--model-server-metrics-path",
-        default=None,
-        help="epp scrapes /metrics: another path is a startup error",
+        default="/metrics",
+        help="path of the model servers' metrics (default /metrics)",
     )
     g.add_argument(
         "--model-server-metrics-port",
         type=int,
-        default=None,
-        help="port to scrape instead of the target port: not supported yet, a startup error unless 0",
+        default=0,
+        help="port to scrape metrics on, for endpoints whose entry names no metricsPort "
+        "(default 0: the endpoint's target port)",
     )
-    _optional_bool(g, "model-server-metrics-https-insecure-skip-verify", "no effect (https is not scraped)")
+    _optional_bool(
+        g,
+        "model-server-metrics-https-insecure-skip-verify",
+        "with https, accept any model-server certificate (GIE's default: true)",
+    )
     for name, default in GIE_METRIC_FLAGS.items():
         g.add_argument(f"--{name}", default=None, help=f"only vLLM's {default} is accepted")
 
@@ -485,17 +489,8 @@ def gie_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         )
     if args.enable_cert_reload and not args.cert_path:
         errors.append("--enable-cert-reload needs --cert-path (a self-signed certificate never changes)")
-    if args.model_server_metrics_scheme == "https":
-        errors.append("--model-server-metrics-scheme=https: epp scrapes model servers over http only")
-    if args.model_server_metrics_path is not None and args.model_server_metrics_path.strip('"') != "/metrics":
-        errors.append(
-            f"--model-server-metrics-path={args.model_server_metrics_path}: epp scrapes /metrics only"
-        )
-    if args.model_server_metrics_port:
-        errors.append(
-            "--model-server-metrics-port: epp scrapes each endpoint's own port (or the endpoints "
-            "file's metricsPort); a pool-wide metrics port is not supported yet"
-        )
+    if not 0 <= args.model_server_metrics_port <= 65535:
+        errors.append(f"--model-server-metrics-port={args.model_server_metrics_port}: not a port")
     for name, default in GIE_METRIC_FLAGS.items():
         value = getattr(args, name.replace("-", "_"))
         if value is not None and value.strip('"') != default:

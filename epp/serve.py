@@ -258,6 +258,11 @@ async def _run(
         staleness=args.metrics_staleness_threshold,
         failure_threshold=args.scrape_failure_threshold,
         pool_name=pool_label,
+        path=args.model_server_metrics_path.strip('"') or "/metrics",
+        scheme=args.model_server_metrics_scheme,
+        port=args.model_server_metrics_port or None,
+        # GIE's default is to skip verification (model servers' certificates are often self-signed).
+        insecure_skip_verify=args.model_server_metrics_https_insecure_skip_verify is not False,
     )
 
     health = extproc_server.Health()

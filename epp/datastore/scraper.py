@@ -109,10 +109,24 @@ class MetricsScraper:
         path: str = "/metrics",
         models_interval: float = 30.0,
         models_path: str = "/v1/models",
+        scheme: str = "http",
+        port: int | None = None,
+        insecure_skip_verify: bool = False,
     ) -> None:
-        """`timeout` (per request) defaults to max(20 x interval, 0.5 s): 1 s at the default 50 ms."""
+        """`timeout` (per request) defaults to max(20 x interval, 0.5 s): 1 s at the default 50 ms.
+
+        GIE's `--model-server-metrics-*` flags: `scheme` http or https (the model-card reads use it
+        too: a server with TLS serves both on its own port), `port` the metrics port of every
+        endpoint whose entry names none (None: its serving port), `insecure_skip_verify` accepts
+        any server certificate over https (GIE's default is to verify)."""
         if interval <= 0 or failure_threshold < 1 or staleness <= 0:
             raise ValueError("interval and staleness must be > 0 and failure_threshold >= 1")
+        if scheme not in ("http", "https"):
+            raise ValueError(f"scheme must be http or https, got {scheme!r}")
+        self._scheme = scheme
+        self._metrics_port = port or None
+        # aiohttp: False skips verification; True uses its default (verifying) context.
+        self._ssl = not (scheme == "https" and insecure_skip_verify)
         self._datastore = datastore
         self._pool_name = pool_name
         self.interval = interval
@@ -294,12 +308,13 @@ class MetricsScraper:
 
     async def _fetch(self, ep: Endpoint) -> bytes:
         spec = ep.spec
-        return await self._get(spec.address, spec.metrics_port or spec.port, self._path, MAX_BODY_BYTES)
+        port = spec.metrics_port or self._metrics_port or spec.port
+        return await self._get(spec.address, port, self._path, MAX_BODY_BYTES)
 
     async def _get(self, address: str, port: int, path: str, limit: int) -> bytes:
         host = f"[{address}]" if ":" in address else address
         assert self._session is not None  # loops run only between start() and stop()
-        async with self._session.get(f"http://{host}:{port}{path}") as resp:
+        async with self._session.get(f"{self._scheme}://{host}:{port}{path}", ssl=self._ssl) as resp:
             if resp.status != 200:
                 raise _ScrapeError(f"HTTP {resp.status}")
             if resp.content_length is not None and resp.content_length > limit:

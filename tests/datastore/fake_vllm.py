@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import socket
+import ssl
 from collections.abc import Callable
 
 from aiohttp import web
@@ -73,13 +74,14 @@ class FakeVLLM:
             return web.Response(status=404, text="not found")
         return web.Response(body=self.models, content_type="application/json")
 
-    async def start(self, port: int = 0) -> FakeVLLM:
+    async def start(self, port: int = 0, *, ssl_context: ssl.SSLContext | None = None) -> FakeVLLM:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/prometheus/metrics", self._metrics)  # GIE's trtllm-serve path
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]
         return self

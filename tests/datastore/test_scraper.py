@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from epp.datastore import scraper as scraper_mod
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
 from epp.datastore.scraper import MetricsScraper
+from epp.extproc import tls
 from epp.observability import metrics
 
 from .fake_vllm import FakeVLLM, free_port, until
@@ -359,3 +362,44 @@ async def test_cards_are_read_from_the_serving_port_not_the_metrics_port(
     async with make(ds):
         await until(lambda: ds.max_model_len("tiny") is not None, "the card read")
         assert ds.max_model_len("tiny") == 1024
+
+
+def _tls_context(tmp_path: Path) -> ssl.SSLContext:
+    """A server context with a fresh self-signed certificate (what many model servers use)."""
+    key, cert = tls.self_signed()
+    (tmp_path / "tls.key").write_bytes(key)
+    (tmp_path / "tls.crt").write_bytes(cert)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    return context
+
+
+async def test_gies_metrics_flags_scheme_path_port(tmp_path: Path) -> None:
+    """--model-server-metrics-scheme https (GIE's default: certificates not verified),
+    --model-server-metrics-path and --model-server-metrics-port, as GIE's EPP reads them."""
+    secure = await FakeVLLM().start(ssl_context=_tls_context(tmp_path))
+    other = await FakeVLLM().start()
+    try:
+        secure.waiting, secure.models = 4, model_list(tiny=4096)
+        ds = Datastore()
+        ds.sync("t", [spec(secure.port)])
+        (ep,) = ds.endpoints()
+        async with make(ds, scheme="https", insecure_skip_verify=True, path="/prometheus/metrics"):  # type: ignore[arg-type]
+            await until(lambda: ep.metrics.waiting == 4 and ds.max_model_len("tiny") == 4096, "https scrapes")
+        # Verifying against the system's CAs refuses the self-signed server: failed scrapes.
+        ds2 = Datastore()
+        ds2.sync("t", [spec(secure.port, name="strict")])
+        (strict,) = ds2.endpoints()
+        async with make(ds2, scheme="https", insecure_skip_verify=False):  # type: ignore[arg-type]
+            await until(lambda: strict.scrape_failures >= 3, "verification failures")
+        assert strict.metrics.updated_at == 0
+        # A pool-wide metrics port: endpoints without their own metricsPort are scraped there.
+        other.waiting = 9
+        ds3 = Datastore()
+        ds3.sync("t", [spec(free_port(), name="pooled")])
+        (pooled,) = ds3.endpoints()
+        async with make(ds3, port=other.port):  # type: ignore[arg-type]
+            await until(lambda: pooled.metrics.waiting == 9, "the pool-wide metrics port")
+    finally:
+        await secure.stop()
+        await other.stop()
