@@ -438,8 +438,10 @@ async def _tokenize(request: web.Request) -> web.Response:
 @web.middleware
 async def _count(request: web.Request, handler: Any) -> web.StreamResponse:
     state = request.app[SIM_STATE]
-    # Scrapes and probes are not routed traffic: keep them out of the routing counters.
-    if not request.path.startswith("/sim/") and request.path not in ("/metrics", "/health"):
+    # Scrapes and probes are not routed traffic: keep them out of the routing counters. So is a
+    # model-card read that no gateway routed (a router's discovery: epp reads /v1/models every 30 s).
+    discovery = request.path == "/v1/models" and DESTINATION_HEADER not in request.headers
+    if not request.path.startswith("/sim/") and request.path not in ("/metrics", "/health") and not discovery:
         state.stats.requests += 1
         state.stats.by_path[request.path] += 1
         state.stats.destinations[request.headers.get(DESTINATION_HEADER, "")] += 1

@@ -380,7 +380,11 @@ async def test_reset_and_stats_destinations(start: Start, http: aiohttp.ClientSe
         headers = {DESTINATION_HEADER: dest} if dest else {}
         async with http.get(url + "/v1/models", headers=headers) as r:
             await r.read()
+    body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+    async with http.post(url + "/v1/completions", json=body) as r:  # unrouted traffic: counted
+        await r.read()
     async with http.get(url + "/sim/stats") as r:
+        # The header-less model-card read is a router's discovery (epp's scraper), not traffic.
         assert (await r.json())["destinations"] == {"a:1": 2, "": 1}
     async with http.post(url + "/sim/reset") as r:
         assert r.status == 200
