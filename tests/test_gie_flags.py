@@ -211,7 +211,11 @@ def test_zap_encoder_and_verbosity_change_the_real_logs() -> None:
     console = run_serve(*refused, "--zap-encoder=console", "--v=1")  # warnings and errors only
     assert console.returncode == 2
     (line,) = console.stderr.splitlines()
-    assert not line.startswith("{") and " ERROR " in line and "--model-server-metrics-port=70000: not a port" in line
+    assert (
+        not line.startswith("{")
+        and " ERROR " in line
+        and "--model-server-metrics-port=70000: not a port" in line
+    )
 
 
 def test_leader_election_needs_a_kubernetes_pool() -> None:

@@ -96,9 +96,6 @@ from epp.tokenize.chat_request import (
     TEMPLATE_PARAMETERS,
     TEXT_PART_KEYS,
     TOKENIZE_OPTIONS,
-    ChatTemplateError,
-    ContentFormat,
-    UnsupportedChat,
     check_request,
     cut_at_tag,
     generation_flags,
@@ -109,6 +106,17 @@ from epp.tokenize.chat_request import (
     reshape_tools,
     tag_final,
     template_kwargs,
+)
+
+# Re-exported (the `as` form, for mypy --strict): callers catch chat.ChatTemplateError.
+from epp.tokenize.chat_request import (
+    ChatTemplateError as ChatTemplateError,
+)
+from epp.tokenize.chat_request import (
+    ContentFormat as ContentFormat,
+)
+from epp.tokenize.chat_request import (
+    UnsupportedChat as UnsupportedChat,
 )
 
 TEMPLATE_CACHE_SIZE = 64  # distinct template sources compiled and kept (one or two per model)
