@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -323,21 +323,20 @@ class PoolSnapshot(NamedTuple):
     pods: list[PodLoad]
 
 
-class PoolCollector(Collector):
-    """GIE's `inference_pool_average_{kv_cache_utilization,queue_size,running_requests}{name}` and
-    `inference_pool_per_pod_queue_size{name,model_server_pod}`, from registered sources.
+S = TypeVar("S")  # a source's snapshot type
 
-    The averages are over routable endpoints and absent while there is none (a stale average of
-    gone pods would keep an alert firing); the per-pod queue covers every endpoint, as GIE's does.
-    """
+
+class _SourcesCollector(Collector, Generic[S]):
+    """Families built at scrape time from the snapshots of registered sources (one per pool, per
+    ingester...); subclasses write `_families`, which must yield every family for an empty list."""
 
     def __init__(self) -> None:
-        self._sources: list[Callable[[], PoolSnapshot]] = []
+        self._sources: list[Callable[[], S]] = []
 
-    def add(self, source: Callable[[], PoolSnapshot]) -> None:
+    def add(self, source: Callable[[], S]) -> None:
         self._sources.append(source)
 
-    def discard(self, source: Callable[[], PoolSnapshot]) -> None:
+    def discard(self, source: Callable[[], S]) -> None:
         with contextlib.suppress(ValueError):
             self._sources.remove(source)
 
@@ -346,6 +345,19 @@ class PoolCollector(Collector):
 
     def collect(self) -> list[Metric]:
         return list(self._families([source() for source in self._sources]))
+
+    @staticmethod
+    def _families(snaps: list[S]) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class PoolCollector(_SourcesCollector[PoolSnapshot]):
+    """GIE's `inference_pool_average_{kv_cache_utilization,queue_size,running_requests}{name}` and
+    `inference_pool_per_pod_queue_size{name,model_server_pod}`, from registered sources.
+
+    The averages are over routable endpoints and absent while there is none (a stale average of
+    gone pods would keep an alert firing); the per-pod queue covers every endpoint, as GIE's does.
+    """
 
     @staticmethod
     def _families(snaps: list[PoolSnapshot]) -> Iterator[Metric]:
@@ -416,24 +428,8 @@ class KVSnapshot(NamedTuple):
     evictions: int
 
 
-class KVCollector(Collector):
+class KVCollector(_SourcesCollector[KVSnapshot]):
     """The `epp_kv_events_*` and `epp_kv_index_*` series, read from registered sources."""
-
-    def __init__(self) -> None:
-        self._sources: list[Callable[[], KVSnapshot]] = []
-
-    def add(self, source: Callable[[], KVSnapshot]) -> None:
-        self._sources.append(source)
-
-    def discard(self, source: Callable[[], KVSnapshot]) -> None:
-        with contextlib.suppress(ValueError):
-            self._sources.remove(source)
-
-    def describe(self) -> list[Metric]:
-        return list(self._families([]))
-
-    def collect(self) -> list[Metric]:
-        return list(self._families([source() for source in self._sources]))
 
     @staticmethod
     def _families(snaps: list[KVSnapshot]) -> Iterator[Metric]:
