@@ -42,6 +42,11 @@ def boolean(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
 
 
+def go_bool(g: argparse._ArgumentGroup, name: str, *, default: bool | None, help: str) -> None:
+    """A boolean flag in Go's forms, as GIE's binary takes them: `--name`, `--name=true|false`."""
+    g.add_argument(f"--{name}", type=boolean, nargs="?", const=True, default=default, help=help)
+
+
 def byte_size(text: str) -> int:
     match = re.match(r"^(\d+)\s*([kKmMgG]i?[bB]?)?$", text.strip())
     if not match:
@@ -104,11 +109,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port (default 9003)")
     g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (default 9090)")
     g.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    g.add_argument(
-        "--secure-serving",
-        type=boolean,
-        nargs="?",
-        const=True,
+    go_bool(
+        g,
+        "secure-serving",
         default=True,
         help="serve ext-proc over TLS (default true, as GIE); --secure-serving=false for plaintext",
     )
@@ -126,13 +129,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=16 << 20,
         help="larger request bodies are answered 413 (default 16Mi)",
     )
-    g.add_argument(
-        "--disable-endpoint-subset-filter",
-        type=boolean,
-        nargs="?",
-        const=True,
-        default=False,
-        help="ignore the proxy's envoy.lb.subset_hint",
+    go_bool(
+        g, "disable-endpoint-subset-filter", default=False, help="ignore the proxy's envoy.lb.subset_hint"
     )
 
     g = p.add_argument_group("endpoints (standalone pool)")
@@ -363,7 +361,7 @@ GIE_METRIC_FLAGS: dict[str, str] = {
 
 def _optional_bool(g: argparse._ArgumentGroup, name: str, text: str) -> None:
     # default None: "not given", so startup can tell GIE's defaults from what the user asked for.
-    g.add_argument(f"--{name}", type=boolean, nargs="?", const=True, default=None, help=text)
+    go_bool(g, name, default=None, help=text)
 
 
 def add_gie_arguments(p: argparse.ArgumentParser) -> None:

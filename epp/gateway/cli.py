@@ -33,29 +33,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="epp's ext-proc address; repeatable (Envoy spreads streams over them); a DNS name "
         "such as a Kubernetes Service is resolved by Envoy (default 127.0.0.1:9002)",
     )
-    g.add_argument(
-        "--secure-serving",
-        type=flags.boolean,
-        nargs="?",
-        const=True,
+    flags.go_bool(
+        g,
+        "secure-serving",
         default=True,
         help="TLS to epp, as `epp serve --secure-serving` (default true, as epp's); "
         "--secure-serving=false when epp serves plaintext",
     )
     g.add_argument("--epp-sni", default="", help="TLS server name sent to epp (default: none)")
-    g.add_argument(
-        "--epp-health-check",
-        type=flags.boolean,
-        nargs="?",
-        const=True,
+    flags.go_bool(
+        g,
+        "epp-health-check",
         default=True,
         help="gRPC health-check epp's ext-proc port, so a draining epp gets no new streams (default true)",
     )
-    g.add_argument(
-        "--failure-mode-allow",
-        type=flags.boolean,
-        nargs="?",
-        const=True,
+    flags.go_bool(
+        g,
+        "failure-mode-allow",
         default=False,
         help="route without epp when it cannot be reached (GIE's FailOpen); default false (FailClose)",
     )
@@ -65,11 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=str(envoy.BodyMode.FULL_DUPLEX_STREAMED),
         help="request body mode (default FULL_DUPLEX_STREAMED, GIE's)",
     )
-    g.add_argument(
-        "--process-responses",
-        type=flags.boolean,
-        nargs="?",
-        const=True,
+    flags.go_bool(
+        g,
+        "process-responses",
         default=True,
         help="send responses through epp too (token usage, TTFT, in-flight accounting; default true)",
     )
