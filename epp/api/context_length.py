@@ -32,7 +32,7 @@ override, else what the pods' `/v1/models` report, else the tokenizer config's `
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from epp.api import errors
 from epp.api.requests import Api, InferenceRequest
@@ -125,6 +125,14 @@ def special_counts(plain: Sequence[int], full: Sequence[int]) -> tuple[int, int]
         if list(full[lead : lead + n]) == list(plain):
             return (lead, len(full) - lead - n)
     return (0, 0)
+
+
+async def text_specials(encode: Callable[[str, bool], Awaitable[list[int] | None]]) -> tuple[int, int]:
+    """`special_counts` of a tokenizer, given `encode(text, add_special_tokens)`: one short text
+    encoded without and with them. Only truncation needs it, so it is found when needed."""
+    plain = await encode("a", False)
+    full = await encode("a", True)
+    return special_counts(plain or [], full or [])
 
 
 def check_prompt(n_tokens: int, request: InferenceRequest, max_model_len: int, *, from_text: bool) -> None:

@@ -287,20 +287,15 @@ class Director:
         if keep is not None and (keep >= 0 or limit is not None) and keep < len(ids):
             specials = (0, 0)
             if request.truncation_side is None and _adds_special_tokens(request):
-                specials = await self._special_tokens(request, tokenizer)
+                model, base = request.target_model, self.datastore.base_model
+                specials = await context_length.text_specials(
+                    lambda text, add: tokenizer.encode(model, text, base_model=base, add_special_tokens=add)
+                )
             ids = context_length.truncate(ids, request, limit or 0, specials=specials)
             request.token_ids = ids
             request.prompt_tokens_estimate = len(ids)
         if limit is not None:
             context_length.check_prompt(len(ids), request, limit, from_text=True)
-
-    async def _special_tokens(self, request: InferenceRequest, tokenizer: PromptTokenizer) -> tuple[int, int]:
-        """How many special tokens the tokenizer puts before and after a text (a BOS: (1, 0)).
-        Only truncation needs it, so it is found when needed: a one-word text with and without."""
-        model, base = request.target_model, self.datastore.base_model
-        plain = await tokenizer.encode(model, "a", base_model=base, add_special_tokens=False)
-        full = await tokenizer.encode(model, "a", base_model=base, add_special_tokens=True)
-        return context_length.special_counts(plain or [], full or [])
 
     async def _tokenize(self, request: InferenceRequest, tokenizer: PromptTokenizer) -> None:
         """Fill `request.token_ids` (and the exact prompt size) unless the ids came with it."""

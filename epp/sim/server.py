@@ -83,12 +83,12 @@ async def _within_context(state: SimState, parsed: InferenceRequest, ids: list[i
         parsed.truncate_prompt_tokens is not None
         and parsed.truncation_side is None
         and parsed.add_special_tokens
+        and parsed.api is Api.COMPLETIONS  # a chat prompt comes from its template, without specials
     ):
         encode = state.tokenizers.encode
-        plain = await encode(parsed.model, "a", add_special_tokens=False)
-        full = await encode(parsed.model, "a", add_special_tokens=True)
-        if parsed.api is Api.COMPLETIONS:  # a chat prompt comes from its template, without specials
-            specials = context_length.special_counts(plain or [], full or [])
+        specials = await context_length.text_specials(
+            lambda text, add: encode(parsed.model, text, add_special_tokens=add)
+        )
     ids = context_length.truncate(ids, parsed, limit, specials=specials)
     context_length.check_prompt(len(ids), parsed, limit, from_text=True)
     return ids
