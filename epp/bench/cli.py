@@ -89,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-delay", type=float, default=0.0, help="seconds from a step's end to its KV events in the index"
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="fast mode: epp replicas, each with its own scheduler state, sharing KV events and "
+        "scrapes; requests spread over them in turn as Envoy spreads ext-proc streams (default 1)",
+    )
     parser.add_argument("--progress", action="store_true", help="draw the progress bar even off a terminal")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
@@ -139,15 +146,14 @@ def run(args: argparse.Namespace) -> int:
                     print(f"epp bench: {name} / {policy.name}: {exc}", file=sys.stderr)
                     return 1
             else:
-                result = fast.FastRun(
-                    workload, policy, profile=profile, pods=pods, seed=args.seed, kv_delay_s=args.kv_delay,
-                    progress=progress.update,
-                ).run()  # fmt: skip
+                result = _run_fast(args, workload, policy, profile, pods, progress)
                 progress.finish(f"({result.steps:,} engine steps, {len(result.records):,} requests)")
             runs[policy.name] = report.summarize(result, workload.stages)
             if args.mode == "live":
                 # Wall seconds the stack fell behind the workload's clock (> 0.5: TTFTs overstated).
                 runs[policy.name]["live_behind_s"] = round(behind_s, 3)
+            if args.replicas > 1:
+                runs[policy.name]["replicas"] = args.replicas
             ttfts[policy.name] = report.ttft_values(result)
             # Written after every policy: a long run keeps what it finished.
             results[name] = report.workload_entry(workload, profile.name, pods, runs)
@@ -161,6 +167,25 @@ def run(args: argparse.Namespace) -> int:
     elif not args.no_plots:
         print("plots: none (install matplotlib: pip install 'epp[bench]')")
     return 0
+
+
+def _run_fast(
+    args: argparse.Namespace,
+    workload: Workload,
+    policy: Policy,
+    profile: Profile,
+    pods: int,
+    progress: Progress,
+) -> fast.RunResult:
+    kwargs: dict[str, Any] = {
+        "profile": profile, "pods": pods, "seed": args.seed, "kv_delay_s": args.kv_delay,
+        "progress": progress.update,
+    }  # fmt: skip
+    if args.replicas > 1:
+        from epp.bench import replicas
+
+        return replicas.ReplicatedRun(workload, policy, replicas=args.replicas, **kwargs).run()
+    return fast.FastRun(workload, policy, **kwargs).run()
 
 
 def _run_live(
@@ -234,6 +259,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise BenchConfigError(f"--duration must be > 0, got {args.duration}")
     if args.pods is not None and args.pods < 1:
         raise BenchConfigError(f"--pods must be >= 1, got {args.pods}")
+    if not 1 <= args.replicas <= 64:
+        raise BenchConfigError(f"--replicas must be in [1, 64], got {args.replicas}")
+    if args.replicas > 1 and args.mode != "fast":
+        raise BenchConfigError("--replicas is for --mode fast (live replicas: e2e/test_replicas.py)")
     if args.kv_delay < 0:
         raise BenchConfigError(f"--kv-delay must be >= 0, got {args.kv_delay}")
     plan: _Plan = []

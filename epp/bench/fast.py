@@ -83,6 +83,13 @@ class RequestRecord:
     cached_tokens: int = 0
     output_tokens: int = 0
     preemptions: int = 0
+    # The shared prefix's tokens in full blocks (capped as vLLM caps a hit: the last prompt token
+    # is always computed), and at arrival the most of them any pod held cached and the chosen pod
+    # held: what tells a miss no router could avoid from one it routed away from.
+    prefix_need: int = 0
+    held_best: int = 0
+    held_chosen: int = 0
+    isolated_prefill_s: float = 0.0  # the TTFT its uncached prompt takes on an idle pod
 
 
 @dataclasses.dataclass(slots=True)
@@ -276,8 +283,15 @@ class FastRun:
         self._next_id += 1
         rid = f"r{self._next_id}"
         body = self._body(prompt)
+        # The prompt's shared prefix is hashed once per group, not once per request.
+        prefix = self._prefix_digests.prefix(prompt.group, prompt.token_ids, prompt.shared_tokens)
+        bs = self.profile.block_size
+        need = min(len(prefix), (record.prompt_tokens - 1) // bs)
+        record.prefix_need = need * bs
+        held = [e.cached_digest_blocks(prefix[:need]) * bs for e in self.engines] if need else []
+        record.held_best = max(held, default=0)
         try:
-            ctx = await self.director.route(
+            ctx = await self.director_for_next().route(
                 path="/v1/completions", headers={"x-request-id": rid}, body=body, subset=None
             )
         except errors.RequestError as exc:
@@ -287,10 +301,9 @@ class FastRun:
             return
         pod = self._pod_of[ctx.booked.name]
         record.pod = pod
+        record.held_chosen = held[pod] if held else 0
         engine = self.engines[pod]
         try:
-            # The prompt's shared prefix is hashed once per group, not once per request.
-            prefix = self._prefix_digests.prefix(prompt.group, prompt.token_ids, prompt.shared_tokens)
             engine.add_request(
                 core.EngineRequest(
                     rid,
@@ -312,6 +325,11 @@ class FastRun:
         self._inflight[rid] = _InFlight(ctx, record, user)
         if not self._stepping[pod]:
             self._start_step(pod)
+
+    def director_for_next(self) -> Director:
+        """The Director that routes the next request: the one. `epp.bench.replicas` spreads
+        requests over several, as Envoy spreads ext-proc streams over epp replicas."""
+        return self.director
 
     def _body(self, prompt: Prompt) -> bytes:
         """The request body for `prompt`, encoded once per prompt object: workloads that resend
@@ -358,6 +376,9 @@ class FastRun:
             record.cached_tokens = req.num_cached_tokens
             record.output_tokens = req.num_output_tokens
             record.preemptions = req.num_preemptions
+            record.isolated_prefill_s = isolated_prefill_s(
+                self.profile, record.prompt_tokens, req.num_cached_tokens
+            )
             flight.ctx.tracker.usage = Usage(
                 record.prompt_tokens, req.num_output_tokens, req.num_cached_tokens
             )
@@ -398,3 +419,18 @@ class FastRun:
             running.append(m.running)
             usage.append(m.kv_usage)
         self.result.samples.append(Sample(now - START, waiting, running, usage))
+
+
+def isolated_prefill_s(profile: Profile, prompt_tokens: int, cached_tokens: int) -> float:
+    """The time to first token of a prompt alone on an idle pod of `profile` with `cached_tokens`
+    of it cached: its uncached tokens in budget-sized chunks, one step each (the first token comes
+    with the step computing the last prompt token). TTFT minus this is what queueing and sharing
+    steps with other requests cost the request."""
+    done = min(max(cached_tokens, 0), max(prompt_tokens - 1, 0))
+    total = 0.0
+    budget = profile.max_num_batched_tokens
+    while done < prompt_tokens:
+        n = min(budget, prompt_tokens - done)
+        total += profile.step_time(n, n * done + n * (n + 1) // 2, 0, 0)
+        done += n
+    return total
