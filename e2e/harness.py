@@ -134,7 +134,8 @@ class EppProcess(EppServer):
             endpoints=endpoints,
             endpoints_file=endpoints_file,
             secure=secure,
-            extra_args=["--refresh-metrics-interval", "50ms", *extra_args],
+            # The tests read epp's decisions from /debug/* (off by default).
+            extra_args=["--refresh-metrics-interval", "50ms", "--enable-debug-api", *extra_args],
             command=epp_command(),
             name=name,
         )
@@ -188,12 +189,23 @@ class StackOptions:
     # socket the sims connect to (topic kv@<ip:port>@<model>). Either way epp runs the precise
     # default config. None: no KV events.
     kv_events: str | None = None
+    # `epp serve` processes behind the one Envoy (its ext-proc cluster round-robins streams over
+    # them); each has its own scheduler state and, with KV events, its own subscriptions.
+    epp_replicas: int = 1
 
 
 class Stack:
-    def __init__(self, sims: SimBackends, epp: EppProcess, envoy: EnvoyGateway, endpoints: list[str]) -> None:
+    def __init__(
+        self,
+        sims: SimBackends,
+        epp: EppProcess,
+        envoy: EnvoyGateway,
+        endpoints: list[str],
+        epps: Sequence[EppProcess] = (),
+    ) -> None:
         self.sims = sims
-        self.epp = epp
+        self.epp = epp  # the first replica
+        self.epps = list(epps) or [epp]
         self.envoy = envoy
         self.endpoints = endpoints
 
@@ -205,6 +217,8 @@ class Stack:
 def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = None) -> Stack:
     """Start sims, epp and Envoy; register everything with `cleanup` as soon as it exists."""
     opts = options or StackOptions()
+    if opts.epp_replicas < 1 or (opts.epp_replicas > 1 and opts.kv_events == "bind"):
+        raise ValueError("epp_replicas: >= 1, and 1 in bind mode (the sims connect to one address)")
     workdir.mkdir(parents=True, exist_ok=True)
     configs = list(opts.sim_configs) if opts.sim_configs is not None else [E2E_SIM] * opts.n_backends
     bind_port = 0
@@ -243,22 +257,28 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         # epp's YAML format; `endpoints: []` is a valid empty pool (a 0-byte file is rejected).
         listed = [] if opts.endpoints_source == "empty-file" else endpoints
         endpoints_file.write_text(yaml.safe_dump({"endpoints": listed}))
-    epp = EppProcess(
-        workdir,
-        endpoints=endpoints if endpoints_file is None else None,
-        endpoints_file=endpoints_file,
-        secure=opts.epp_tls,
-        extra_args=epp_args,
-    )
-    cleanup.add_log("epp log", epp.process.log_path)
-    cleanup.push("epp", epp.stop)
-    epp.start(wait=opts.epp_wait)
+    epps: list[EppProcess] = []
+    for i in range(opts.epp_replicas):
+        name = "epp" if i == 0 else f"epp-{i + 1}"
+        epp = EppProcess(
+            workdir,
+            endpoints=endpoints if endpoints_file is None else None,
+            endpoints_file=endpoints_file,
+            secure=opts.epp_tls,
+            extra_args=epp_args,
+            name=name,
+        )
+        cleanup.add_log(f"{name} log", epp.process.log_path)
+        cleanup.push(name, epp.stop)
+        epp.start(wait=opts.epp_wait)
+        epps.append(epp)
+    epp = epps[0]
 
     listen, admin = free_ports(2)
     params = GatewayParams(
         listen_port=listen,
         admin_port=admin,
-        epp_addresses=(epp.grpc_address,),
+        epp_addresses=tuple(e.grpc_address for e in epps),
         pods_mode=opts.pods_mode,
         pod_endpoints=tuple(endpoints) if opts.pods_mode is not PodsMode.ORIGINAL_DST else (),
         body_mode=opts.body_mode,
@@ -276,13 +296,13 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
     if opts.kv_events:
         # A PUB socket drops what it sends before a subscriber is there: wait for epp's.
         deadline = time.monotonic() + 15.0
-        while min(sims.kv_subscriptions()) < 1:
+        while min(sims.kv_subscriptions()) < len(epps):
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"epp never subscribed to every sim publisher: {sims.kv_subscriptions()}"
                 )
             time.sleep(0.05)
-    return Stack(sims, epp, envoy, endpoints)
+    return Stack(sims, epp, envoy, endpoints, epps)
 
 
 # --- client helpers -------------------------------------------------------------------------------

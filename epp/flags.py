@@ -111,6 +111,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     go_bool(
         g,
+        "enable-debug-api",
+        default=False,
+        help="serve /debug/score, /debug/tokenize and /debug/endpoints on the metrics port "
+        "(default false: they answer 404; docs/security.md)",
+    )
+    go_bool(
+        g,
         "secure-serving",
         default=True,
         help="serve ext-proc over TLS (default true, as GIE); --secure-serving=false for plaintext",

@@ -279,7 +279,7 @@ async def _run(
     )
     rpc_service.add_to_server(grpc_server, director)
     app = obs_http.build_app()
-    rpc_http.add_routes(app, director)
+    rpc_http.add_routes(app, director, enabled=bool(args.enable_debug_api))
     metrics_auth: k8s_metricsauth.ApiServerAuth | None = None
     if args.metrics_endpoint_auth:  # GIE's: TokenReview + SubjectAccessReview per (cached) caller
         metrics_auth = k8s_metricsauth.ApiServerAuth(k8s_connections.load(args.kubeconfig))

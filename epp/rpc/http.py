@@ -7,6 +7,10 @@
   `{"model": ..., "token_ids": [...] | null, "count": n, "scored": bool}`: the token ids epp
   computes for it (null: none, e.g. no tokenizer for the model), and whether the configured
   plugins score them (when none consumes them, routing skips tokenizing).
+
+The routes exist only with `epp serve --enable-debug-api`: they take request bodies from
+whoever reaches the metrics port (0.0.0.0 by default) and run the tokenizer and the scheduler
+for them. Off (the default), every /debug path answers 404 saying how to turn them on.
 """
 
 from __future__ import annotations
@@ -32,7 +36,19 @@ def _error(exc: errors.RequestError) -> web.Response:
     return web.Response(status=exc.status, body=body, content_type="application/json")
 
 
-def add_routes(app: web.Application, director: Director) -> None:
+DISABLED = "debug API disabled: start epp serve with --enable-debug-api to use /debug/*\n"
+
+
+async def _disabled(_: web.Request) -> web.Response:
+    return web.Response(status=404, text=DISABLED)
+
+
+def add_routes(app: web.Application, director: Director, *, enabled: bool = True) -> None:
+    """The /debug routes on `app`; with `enabled` false, a 404 that names the flag on /debug/*."""
+    if not enabled:
+        app.router.add_route("*", "/debug/{rest:.*}", _disabled)
+        return
+
     async def score(request: web.Request) -> web.Response:
         path, headers, body = await _openai_request(request)
         try:
