@@ -68,8 +68,8 @@ async def test_two_replicas_share_the_streams_and_route_on_the_same_blocks(
             if mine["tier"] == "gpu":
                 break
             await asyncio.sleep(0.1)
-        assert mine["tier"] == "gpu", (epp.name, json.dumps(found)[:2000])
-        assert found["pick"] == home, (epp.name, json.dumps(found)[:2000])
+        assert mine["tier"] == "gpu", (epp.process.name, json.dumps(found)[:2000])
+        assert found["pick"] == home, (epp.process.name, json.dumps(found)[:2000])
 
     # Requests sharing the prefix, spread over both replicas by Envoy, all go to its holder.
     for i in range(FOLLOW_UPS):
@@ -81,4 +81,4 @@ async def test_two_replicas_share_the_streams_and_route_on_the_same_blocks(
     assert sum(counts) == FOLLOW_UPS + 1, counts
     assert min(counts) >= FOLLOW_UPS // 2 - 1, counts  # round robin: both served streams
     for epp in stack.epps:  # every booking released by the replica that made it
-        assert sum(epp.inflight().values()) == 0, (epp.name, epp.inflight())
+        assert sum(epp.inflight().values()) == 0, (epp.process.name, epp.inflight())
