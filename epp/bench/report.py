@@ -8,7 +8,19 @@ Definitions (all from the requests served, status 200):
 - `prefix_hit_rate`: over requests that carry a shared prefix, the share of the shared tokens
   found cached (min(cached, shared) / shared): the hit rate on what routing can make hit, the
   figure routers publish (Ranvier's "cache hit rate"); unshared requests do not dilute it.
-- TTFT: first token - arrival; end-to-end latency: finish - arrival (seconds).
+- `request_hit_rate`: over requests that carry a shared prefix, the share whose cached tokens
+  covered the prefix's full blocks (Ranvier's request-level measure; `prefix_hit_rate` weighs by
+  tokens). Each miss is one of: `miss_cold` (no pod held the prefix when the request arrived),
+  `miss_routed_away` (a pod held it, the request went elsewhere), `miss_lost` (its pod held it at
+  arrival but not by admission: evicted meanwhile, or preempted); the three are shares of the same
+  requests, so hit + the three = 1.
+- TTFT: first token - arrival; end-to-end latency (E2E): finish - arrival; TPOT (time per output
+  token): (finish - first token) / (output tokens - 1), for requests of 2 tokens or more (seconds).
+- `queueing_p90_s` / `_p99_s`: TTFT minus the request's own isolated prefill (its uncached prompt
+  alone on an idle pod, `fast.isolated_prefill_s`): the wait and sharing of steps that routing
+  decides. Unavoidable cold prefills do not count in it, unlike TTFT p99.
+- `slo_met`: the share of requests meeting both latency targets, TTFT <= `slo_ttft_s` and TPOT <=
+  `slo_tpot_s` (`Slo`: per profile, `--slo-ttft` / `--slo-tpot`).
 - `req_per_s`, `output_tok_per_s`: over the makespan, from the start to the last finish.
 - `mean_queue`: vLLM's waiting requests per pod, averaged over the scrape ticks (every 50 ms).
 - `load_spread`: requests served by the busiest pod / the mean per pod (1.0 = even).
@@ -19,6 +31,7 @@ Definitions (all from the requests served, status 200):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -42,11 +55,78 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _rates(records: Sequence[RequestRecord]) -> dict[str, float]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Slo:
+    """A latency target a request meets when its TTFT and its TPOT are both within."""
+
+    ttft_s: float = 1.0
+    tpot_s: float = 0.08
+
+
+SLOS: Mapping[str, Slo] = {
+    # TTFT 1 s (interactive); TPOT 4x a lone 4k-context sequence's decode step on an idle pod
+    # (profiles' step_time: codellama 20 ms, qwen3 17 ms, llama-70b 20 ms): a pod's batch may
+    # slow a sequence four-fold before the target is missed.
+    "codellama-13b-a100": Slo(1.0, 0.08),
+    "qwen3-32b-tp2-h100": Slo(1.0, 0.066),
+    "llama-3.1-70b-h100": Slo(1.0, 0.08),
+}
+
+
+def slo_for(profile: str) -> Slo:
+    """The default latency target of a profile (a generic one for the others)."""
+    return SLOS.get(profile, Slo())
+
+
+def tpot(r: RequestRecord) -> float | None:
+    """Seconds per output token after the first; None for fewer than 2 tokens or unfinished."""
+    if r.first_token is None or r.finish is None or r.output_tokens < 2:
+        return None
+    return (r.finish - r.first_token) / (r.output_tokens - 1)
+
+
+def _hits(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Request-level hit rate and the three kinds of miss (see the module)."""
+    hit = cold = away = lost = 0
+    for r in records:
+        need = r.prefix_need
+        if need <= 0:
+            continue
+        if r.cached_tokens >= need:
+            hit += 1
+        elif r.held_best < need:
+            cold += 1
+        elif r.held_chosen < need:
+            away += 1
+        else:
+            lost += 1
+    n = hit + cold + away + lost
+    share = (lambda k: k / n) if n else (lambda k: math.nan)
+    return {
+        "request_hit_rate": share(hit),
+        "miss_cold": share(cold),
+        "miss_routed_away": share(away),
+        "miss_lost": share(lost),
+    }
+
+
+def _rates(records: Sequence[RequestRecord], slo: Slo | None = None) -> dict[str, float]:
     prompt = sum(r.prompt_tokens for r in records)
     shared = sum(r.shared_tokens for r in records)
     ttft = sorted(r.first_token - r.arrival for r in records if r.first_token is not None)
     e2e = sorted(r.finish - r.arrival for r in records if r.finish is not None)
+    tpots = sorted(t for r in records if (t := tpot(r)) is not None)
+    queueing = sorted(
+        r.first_token - r.arrival - r.isolated_prefill_s for r in records if r.first_token is not None
+    )
+    slo = slo or Slo()
+    met = sum(
+        1
+        for r in records
+        if r.first_token is not None
+        and r.first_token - r.arrival <= slo.ttft_s
+        and ((t := tpot(r)) is None or t <= slo.tpot_s)
+    )
     return {
         "hit_rate": sum(r.cached_tokens for r in records) / prompt if prompt else math.nan,
         "prefix_hit_rate": (
@@ -58,6 +138,14 @@ def _rates(records: Sequence[RequestRecord]) -> dict[str, float]:
         "ttft_p99_s": percentile(ttft, 99),
         "e2e_p50_s": percentile(e2e, 50),
         "e2e_p99_s": percentile(e2e, 99),
+        "tpot_p50_s": percentile(tpots, 50),
+        "tpot_p99_s": percentile(tpots, 99),
+        "queueing_p90_s": percentile(queueing, 90),
+        "queueing_p99_s": percentile(queueing, 99),
+        "slo_met": met / len(records) if records else math.nan,
+        "slo_ttft_s": slo.ttft_s,
+        "slo_tpot_s": slo.tpot_s,
+        **_hits(records),
     }
 
 
@@ -79,8 +167,9 @@ def _tokens_in(r: RequestRecord, start: float, end: float) -> float:
     return r.output_tokens * overlap / (b - a) if overlap > 0 else 0.0
 
 
-def summarize(result: RunResult, stages: Sequence[Stage]) -> dict[str, Any]:
-    """The policy's entry in results.json."""
+def summarize(result: RunResult, stages: Sequence[Stage], slo: Slo | None = None) -> dict[str, Any]:
+    """The policy's entry in results.json; `slo` defaults to the profile's (`slo_for`)."""
+    slo = slo or slo_for(result.profile)
     served = [r for r in result.records if r.status == 200]
     span = max((r.finish for r in served if r.finish is not None), default=0.0)
     per_pod = [0] * result.pods
@@ -92,7 +181,7 @@ def summarize(result: RunResult, stages: Sequence[Stage]) -> dict[str, Any]:
         "served": len(served),
         "failed": sum(1 for r in result.records if r.status not in (0, 200)),
         "unfinished": sum(1 for r in result.records if r.status == 0),
-        **_rates(served),
+        **_rates(served, slo),
         "req_per_s": len(served) / span if span else math.nan,
         "output_tok_per_s": sum(r.output_tokens for r in served) / span if span else math.nan,
         "mean_queue": _mean_queue(result.samples),
@@ -105,12 +194,12 @@ def summarize(result: RunResult, stages: Sequence[Stage]) -> dict[str, Any]:
         "stopped_early": result.stopped_early,
     }
     if len(stages) > 1:
-        out["points"] = [_point(stage, i, served, result.samples) for i, stage in enumerate(stages)]
+        out["points"] = [_point(stage, i, served, result.samples, slo) for i, stage in enumerate(stages)]
     return out
 
 
 def _point(
-    stage: Stage, i: int, served: Sequence[RequestRecord], samples: Sequence[Sample]
+    stage: Stage, i: int, served: Sequence[RequestRecord], samples: Sequence[Sample], slo: Slo
 ) -> dict[str, Any]:
     mine = [r for r in served if r.stage == i]
     d = stage.duration
@@ -121,7 +210,7 @@ def _point(
         "qps": stage.qps,
         "sharing": stage.sharing,
         "requests": len(mine),
-        **_rates(mine),
+        **_rates(mine, slo),
         "req_per_s": finished / d if d else math.nan,
         "output_tok_per_s": tokens / d if d else math.nan,
         "mean_queue": _mean_queue(samples, stage.start, stage.end),
@@ -168,15 +257,18 @@ def _nan_to_none(value: Any) -> Any:
 _COLUMNS = (
     ("policy", None, ""),
     ("hit", "hit_rate", "pct"),
-    ("prefix hit", "prefix_hit_rate", "pct"),
+    ("req hit", "request_hit_rate", "pct"),
+    ("cold / away", None, "misses"),
     ("TTFT p50", "ttft_p50_s", "s"),
-    ("TTFT p90", "ttft_p90_s", "s"),
     ("TTFT p99", "ttft_p99_s", "s"),
+    ("queue p90", "queueing_p90_s", "s"),
+    ("queue p99", "queueing_p99_s", "s"),
+    ("TPOT p50", "tpot_p50_s", "ms"),
+    ("TPOT p99", "tpot_p99_s", "ms"),
     ("E2E p50", "e2e_p50_s", "s"),
     ("E2E p99", "e2e_p99_s", "s"),
-    ("req/s", "req_per_s", "f2"),
+    ("SLO met", "slo_met", "pct"),
     ("out tok/s", "output_tok_per_s", "f0"),
-    ("queue", "mean_queue", "f1"),
     ("spread", "load_spread", "f2"),
 )
 
@@ -186,6 +278,8 @@ def _fmt(value: Any, kind: str) -> str:
         return "-"
     if kind == "pct":
         return f"{value:.1%}"
+    if kind == "ms":
+        return f"{value * 1000:.1f}"
     if kind == "s":
         return f"{value:.3f}" if value < 10 else f"{value:.1f}"
     if kind == "f0":
@@ -195,17 +289,24 @@ def _fmt(value: Any, kind: str) -> str:
     return f"{value:.2f}"
 
 
+def _cell(s: Mapping[str, Any], key: str | None, kind: str) -> str:
+    if kind == "misses":  # the two kinds of miss a reader weighs: unavoidable / routing's
+        return f"{_fmt(s.get('miss_cold'), 'pct')} / {_fmt(s.get('miss_routed_away'), 'pct')}"
+    return _fmt(s.get(key) if key else None, kind)
+
+
 def table(name: str, entry: Mapping[str, Any]) -> str:
     """The workload's comparison as a Markdown table (times in seconds), plus per-stage p90 TTFT."""
     lines = [
         f"### {name}: {entry['description']}",
-        f"{entry['pods']} pods x {entry['profile']}, {entry['duration_s']:.0f} s of arrivals",
+        f"{entry['pods']} pods x {entry['profile']}, {entry['duration_s']:.0f} s of arrivals; "
+        "TPOT in ms, other times in s; " + _slo_note(entry),
         "",
         "| " + " | ".join(c[0] for c in _COLUMNS) + " |",
         "|" + "---|" * len(_COLUMNS),
     ]
     for policy, s in entry["policies"].items():
-        cells = [policy] + [_fmt(s.get(key), kind) for _, key, kind in _COLUMNS[1:] if key]
+        cells = [policy] + [_cell(s, key, kind) for _, key, kind in _COLUMNS[1:]]
         lines.append("| " + " | ".join(cells) + " |")
     stages = entry["stages"]
     if len(stages) > 1:
@@ -220,6 +321,14 @@ def table(name: str, entry: Mapping[str, Any]) -> str:
                 cells.append(f"{_fmt(point['ttft_p90_s'], 's')} / {_fmt(point['hit_rate'], 'pct')}")
             lines.append(f"| {st['label']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _slo_note(entry: Mapping[str, Any]) -> str:
+    first: Mapping[str, Any] = next(iter(entry["policies"].values()), {})
+    ttft, tpot_s = first.get("slo_ttft_s"), first.get("slo_tpot_s")
+    if ttft is None or tpot_s is None:
+        return "SLO: -"
+    return f"SLO: TTFT <= {ttft:g} s and TPOT <= {tpot_s * 1000:g} ms"
 
 
 # --- plots ---------------------------------------------------------------------------------------

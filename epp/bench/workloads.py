@@ -6,7 +6,8 @@
   x 5 users, a 6,000-token context + a 1,200-token question, 200 output tokens (what the published
   run generated; its config asked 1,000, see `LlmD`); QPS ladder 3..60 after a 15-QPS warm-up.
 - `hotspot` (open loop): 80% of requests on one 4k-token prefix, the rest over 31 others.
-- `unique` (open loop): no sharing at all, every prompt is new.
+- `unique` (open loop): no sharing at all, every prompt is new; `unique-saturating`: the same at
+  a rate past the fleet's capacity.
 - `chat` (closed loop, 48 users): conversations growing turn by turn on one of 8 app system prompts.
 
 `trace:<path.jsonl>` replays a user's own traffic (`epp.bench.trace`).
@@ -172,6 +173,16 @@ class Unique(_PoissonMix):
         return Prompt(ids, rng.randint(*self.output_tokens), "", 0, stage)
 
 
+class UniqueSaturating(Unique):
+    """`unique` past the fleet's capacity, so routing shows in throughput: at 6 QPS the fleet
+    finishes what arrives whatever the policy (output tok/s equals the offered load)."""
+
+    name = "unique-saturating"
+    description = "unique at 9 QPS, past the fleet's capacity: throughput differs by policy"
+    qps = 9.0
+    seconds = 300.0
+
+
 class Chat(ClosedLoop):
     name = "chat"
     description = "48 users in multi-turn conversations (2-12 turns) on 8 app system prompts"
@@ -221,5 +232,7 @@ class Chat(ClosedLoop):
         return t, Prompt(prompt, max_tokens, group, shared, self.stage_at(t), reply)
 
 
-WORKLOADS: dict[str, type[Workload]] = {w.name: w for w in (SeedStress, LlmD, Hotspot, Unique, Chat)}
+WORKLOADS: dict[str, type[Workload]] = {
+    w.name: w for w in (SeedStress, LlmD, Hotspot, Unique, UniqueSaturating, Chat)
+}
 """The synthetic workloads by name (`trace:<path>` is built by `epp.bench.trace`)."""

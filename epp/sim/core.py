@@ -283,6 +283,11 @@ class Engine:
         )
         return len(self._pool.lookup(digests))
 
+    def cached_digest_blocks(self, digests: Sequence[blocks.Digest]) -> int:
+        """How many leading blocks of already-hashed `digests` are cached now (nothing is
+        touched): a benchmark's view of which pods hold a shared prefix, without hashing again."""
+        return len(self._pool.lookup(digests))
+
     # --- requests ---------------------------------------------------------------------------------
 
     def add_request(self, req: EngineRequest, now: float) -> None:

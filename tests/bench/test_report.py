@@ -76,3 +76,114 @@ def test_plots_are_written(tmp_path: Path, entry: dict[str, object]) -> None:
     written = report.plot(str(tmp_path), "small", entry, ttfts)
     assert [Path(p).name for p in written] == ["small-ttft-cdf.png", "small-sweep.png"]
     assert all(Path(p).stat().st_size > 1000 for p in written)
+
+
+def _record(**kw: object) -> fast.RequestRecord:
+    base: dict[str, object] = dict(
+        arrival=0.0, stage=0, group="g", prompt_tokens=1000, shared_tokens=512, max_tokens=10, status=200
+    )
+    base.update(kw)
+    return fast.RequestRecord(**base)  # type: ignore[arg-type]
+
+
+def _summary(records: list[fast.RequestRecord], slo: report.Slo | None = None) -> dict[str, object]:
+    result = fast.RunResult("w", "p", 1, 2, "tiny-bench", records, [])
+    return report.summarize(result, [], slo)
+
+
+def test_request_hit_rate_splits_misses_by_what_the_pods_held() -> None:
+    common = dict(first_token=1.0, finish=2.0, output_tokens=10, pod=0, prefix_need=512)
+    records = [
+        _record(cached_tokens=512, held_best=512, held_chosen=512, **common),  # hit
+        _record(cached_tokens=600, held_best=512, held_chosen=512, **common),  # hit
+        _record(cached_tokens=0, held_best=0, held_chosen=0, **common),  # cold: nobody held it
+        _record(cached_tokens=32, held_best=512, held_chosen=32, **common),  # routed away
+        _record(cached_tokens=0, held_best=512, held_chosen=512, **common),  # lost after arrival
+        _record(cached_tokens=0, shared_tokens=0, prefix_need=0, first_token=1.0, finish=2.0),  # unshared
+    ]
+    s = _summary(records)
+    assert s["request_hit_rate"] == 2 / 5
+    assert (s["miss_cold"], s["miss_routed_away"], s["miss_lost"]) == (1 / 5, 1 / 5, 1 / 5)
+
+
+def test_tpot_queueing_and_slo_share() -> None:
+    records = [
+        # TTFT 0.5 s of which 0.3 s its own prefill; 11 tokens over 1 s after the first: 0.1 s each
+        _record(first_token=0.5, finish=1.5, output_tokens=11, isolated_prefill_s=0.3),
+        # TTFT 2 s, TPOT 0.01 s
+        _record(first_token=2.0, finish=2.1, output_tokens=11, isolated_prefill_s=0.5),
+        # one token: no TPOT; TTFT 0.2 s
+        _record(first_token=0.2, finish=0.2, output_tokens=1, isolated_prefill_s=0.2),
+    ]
+    s = _summary(records, report.Slo(ttft_s=1.0, tpot_s=0.05))
+    assert math.isclose(s["tpot_p50_s"], 0.055) and math.isclose(s["tpot_p99_s"], 0.0991)  # type: ignore[arg-type]
+    assert math.isclose(s["e2e_p99_s"], 1.5 + 0.6 * 0.98)  # type: ignore[arg-type]
+    # TTFT - own prefill: 0.2, 1.5 and 0.0 s
+    assert math.isclose(s["queueing_p99_s"], 0.2 + 1.3 * 0.98)  # type: ignore[arg-type]
+    # Only the one-token request meets both (the first is too slow per token, the second to start).
+    assert s["slo_met"] == 1 / 3
+    assert (s["slo_ttft_s"], s["slo_tpot_s"]) == (1.0, 0.05)
+
+
+def test_isolated_prefill_is_the_engines_ttft_alone() -> None:
+    from epp.sim import core
+
+    profile = helpers.PROFILE.replace(max_num_batched_tokens=256)  # a 1,000-token prompt: 4 chunks
+    engine = core.Engine(profile, name="p")
+    ids = list(range(1000))
+
+    def ttft(rid: str, prompt: list[int], now: float) -> tuple[float, float]:
+        engine.add_request(core.EngineRequest(rid, prompt, 1), now)
+        start, first = now, None
+        while engine.has_unfinished():
+            res = engine.step(now)
+            now += res.duration
+            if first is None and (res.first_tokens or res.finished):
+                first = now
+        assert first is not None
+        return first - start, now
+
+    cold, now = ttft("cold", ids, 0.0)
+    assert math.isclose(fast.isolated_prefill_s(profile, 1000, 0), cold, rel_tol=1e-9)
+    warm, _ = ttft("warm", [*ids[:640], *range(5000, 5360)], now)
+    assert math.isclose(fast.isolated_prefill_s(profile, 1000, 640), warm, rel_tol=1e-9)
+    assert warm < cold
+
+
+def test_tables_show_tpot_e2e_queueing_slo_and_misses(entry: dict[str, object]) -> None:
+    text = report.table("small", entry)
+    for column in (
+        "req hit",
+        "cold / away",
+        "queue p99",
+        "TPOT p50",
+        "TPOT p99",
+        "E2E p50",
+        "E2E p99",
+        "SLO met",
+    ):
+        assert column in text
+    assert "SLO: TTFT <= 1 s" in text
+    for s in entry["policies"].values():  # type: ignore[attr-defined]
+        assert 0 <= s["request_hit_rate"] <= 1 and s["tpot_p50_s"] > 0 and s["queueing_p99_s"] >= 0
+
+
+def test_seeds_median_and_worst(tmp_path: Path, entry: dict[str, object]) -> None:
+    from epp.bench import seeds
+
+    paths = []
+    for seed, scale in ((1, 1.0), (2, 2.0), (3, 4.0)):
+        doc = json.loads(json.dumps(entry))
+        for s in doc["policies"].values():
+            s["e2e_p99_s"] *= scale
+            s["output_tok_per_s"] /= scale
+        path = tmp_path / f"{seed}.json"
+        report.write_results(str(path), seed=seed, mode="fast", workloads={"small": doc})
+        paths.append(str(path))
+    docs = seeds.load(paths)
+    e2e = seeds.values(docs, "small", "epp", "e2e_p99_s")
+    assert seeds.median_worst(e2e, False) == (e2e[1], e2e[2])
+    out = seeds.values(docs, "small", "epp", "output_tok_per_s")
+    assert seeds.median_worst(out, True) == (out[1], out[2])
+    assert "seeds 1, 2, 3" in seeds.table(docs, "small")
+    assert len(seeds.targets(docs, "small")) == 3

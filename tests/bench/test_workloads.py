@@ -91,6 +91,24 @@ def test_unique_prompts_share_no_block() -> None:
     assert len(firsts) > 300 and all(0 <= i < VOCAB for i in next(iter(firsts)))
 
 
+def test_unique_saturating_runs_past_the_fleets_capacity() -> None:
+    """At unique's 6 QPS the fleet keeps up (nothing waits); the saturating variant's queues grow,
+    so output tokens/s falls short of what arrives."""
+    from epp.bench import fast, report
+    from epp.bench.policies import POLICIES
+
+    out = {}
+    for cls in (workloads.Unique, workloads.UniqueSaturating):
+        profile = get_profile(cls.default_profile)
+        wl = cls(seed=1, scale=0.2, fleet=fleet_of(cls))
+        r = fast.FastRun(wl, POLICIES["round-robin"], profile=profile, pods=cls.default_pods, seed=1).run()
+        s = report.summarize(r, wl.stages)
+        offered = cls.qps * sum(cls.output_tokens) / 2
+        out[cls.name] = (s["mean_queue"], s["output_tok_per_s"] / offered)
+    assert out["unique"][0] < 0.02 and out["unique"][1] > 0.85
+    assert out["unique-saturating"][0] > 0.1 and out["unique-saturating"][1] < 0.75
+
+
 def test_chat_turns_extend_the_conversation_with_the_reply() -> None:
     wl = workloads.Chat(seed=5, scale=0.2, fleet=fleet_of(workloads.Chat))
     previous: dict[int, Prompt] = {}

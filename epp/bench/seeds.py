@@ -1,0 +1,136 @@
+"""Median and worst over seeds: `python -m epp.bench.seeds DIR/seed-*/results.json`.
+
+`epp bench --seed N --out DIR/seed-N` writes one results.json per seed; this reads several and
+prints, per workload, a table whose cells are `median (worst)` over the seeds for each policy, and
+for each of epp's targets (issue 18) the seeds on which it holds. Worst means the largest for
+latencies and miss shares, the smallest for hit rates, SLO share and throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# (column, key, kind, higher is better)
+COLUMNS: tuple[tuple[str, str, str, bool], ...] = (
+    ("req hit", "request_hit_rate", "pct", True),
+    ("TTFT p99", "ttft_p99_s", "s", False),
+    ("queue p90", "queueing_p90_s", "s", False),
+    ("queue p99", "queueing_p99_s", "s", False),
+    ("TPOT p50", "tpot_p50_s", "ms", False),
+    ("TPOT p99", "tpot_p99_s", "ms", False),
+    ("E2E p50", "e2e_p50_s", "s", False),
+    ("E2E p99", "e2e_p99_s", "s", False),
+    ("SLO met", "slo_met", "pct", True),
+    ("out tok/s", "output_tok_per_s", "f0", True),
+)
+
+
+def load(paths: Sequence[str]) -> list[Mapping[str, Any]]:
+    docs = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            docs.append(json.load(f))
+    return docs
+
+
+def values(docs: Sequence[Mapping[str, Any]], workload: str, policy: str, key: str) -> list[float]:
+    """`key` of `policy` on `workload` in each document that has it (nulls left out)."""
+    out = []
+    for doc in docs:
+        entry = doc["workloads"].get(workload, {}).get("policies", {}).get(policy)
+        if entry is not None and entry.get(key) is not None:
+            out.append(float(entry[key]))
+    return out
+
+
+def median_worst(xs: Sequence[float], higher_is_better: bool) -> tuple[float, float]:
+    if not xs:
+        return math.nan, math.nan
+    return statistics.median(xs), (min(xs) if higher_is_better else max(xs))
+
+
+def _fmt(value: float, kind: str) -> str:
+    if math.isnan(value):
+        return "-"
+    if kind == "pct":
+        return f"{value:.1%}"
+    if kind == "ms":
+        return f"{value * 1000:.1f}"
+    if kind == "f0":
+        return f"{value:,.0f}"
+    return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
+def table(docs: Sequence[Mapping[str, Any]], workload: str) -> str:
+    runs = [d["workloads"].get(workload, {}).get("policies", {}) for d in docs]
+    policies = list(dict.fromkeys(p for r in runs for p in r))
+    seeds = sorted({d["seed"] for d in docs if workload in d["workloads"]})
+    lines = [
+        f"**{workload}**: median (worst) over seeds {', '.join(map(str, seeds))}; TPOT in ms, times in s",
+        "",
+        "| policy | " + " | ".join(c[0] for c in COLUMNS) + " |",
+        "|" + "---|" * (len(COLUMNS) + 1),
+    ]
+    for policy in policies:
+        cells = []
+        for _, key, kind, better_high in COLUMNS:
+            med, worst = median_worst(values(docs, workload, policy, key), better_high)
+            cells.append(f"{_fmt(med, kind)} ({_fmt(worst, kind)})")
+        name = f"**{policy}**" if policy == "epp" else policy
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def targets(docs: Sequence[Mapping[str, Any]], workload: str, policy: str = "epp") -> list[str]:
+    """Per seed, `policy` against the best of every other policy on issue 18's targets: E2E p50
+    and p99 within 5%, TTFT p99 within 2%, output tok/s within 2%; and the ratio to the best peer
+    on the queueing tail (p99) and SLO share (the 10% "strictly better" target)."""
+    lines = []
+    for doc in sorted(docs, key=lambda d: d["seed"]):
+        runs = doc["workloads"].get(workload, {}).get("policies", {})
+        mine = runs.get(policy)
+        others = {p: s for p, s in runs.items() if p != policy}
+        if mine is None or not others:
+            continue
+        parts = []
+        for key, tol, high in (
+            ("e2e_p50_s", 0.05, False),
+            ("e2e_p99_s", 0.05, False),
+            ("ttft_p99_s", 0.02, False),
+            ("output_tok_per_s", 0.02, True),
+            ("queueing_p99_s", -0.10, False),
+            ("slo_met", -0.10, True),
+        ):
+            xs = [(s[key], p) for p, s in others.items() if s.get(key) is not None]
+            if mine.get(key) is None or not xs:
+                continue
+            best, who = max(xs) if high else min(xs)
+            ratio = (mine[key] / best) if best else math.inf
+            ok = ratio >= 1 - tol if high else ratio <= 1 + tol
+            parts.append(f"{key} {ratio:.3f}x {who} {'ok' if ok else 'MISS'}")
+        lines.append(f"seed {doc['seed']}: " + "; ".join(parts))
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    paths = list(sys.argv[1:] if argv is None else argv)
+    if not paths:
+        print("usage: python -m epp.bench.seeds RESULTS.json ...", file=sys.stderr)
+        return 2
+    docs = load(paths)
+    workloads = list(dict.fromkeys(w for d in docs for w in d["workloads"]))
+    for w in workloads:
+        print(table(docs, w), end="\n\n")
+        for line in targets(docs, w):
+            print("  " + line)
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
