@@ -98,6 +98,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--progress", action="store_true", help="draw the progress bar even off a terminal")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--slo-ttft",
+        type=float,
+        default=None,
+        help="latency target: TTFT seconds (default: the profile's, see epp/bench/report.py SLOS)",
+    )
+    parser.add_argument(
+        "--slo-tpot",
+        type=float,
+        default=None,
+        help="latency target: seconds per output token (default: the profile's)",
+    )
 
 
 def listing() -> str:
@@ -148,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 result = _run_fast(args, workload, policy, profile, pods, progress)
                 progress.finish(f"({result.steps:,} engine steps, {len(result.records):,} requests)")
-            runs[policy.name] = report.summarize(result, workload.stages)
+            runs[policy.name] = report.summarize(result, workload.stages, _slo(args, profile))
             if args.mode == "live":
                 # Wall seconds the stack fell behind the workload's clock (> 0.5: TTFTs overstated).
                 runs[policy.name]["live_behind_s"] = round(behind_s, 3)
@@ -263,6 +275,12 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise BenchConfigError(f"--replicas must be in [1, 64], got {args.replicas}")
     if args.replicas > 1 and args.mode != "fast":
         raise BenchConfigError("--replicas is for --mode fast (live replicas: e2e/test_replicas.py)")
+    for flag in ("slo_ttft", "slo_tpot"):
+        value = getattr(args, flag)
+        if value is not None and not 0 < value < float("inf"):
+            raise BenchConfigError(
+                f"--{flag.replace('_', '-')} must be a positive number of seconds, got {value}"
+            )
     if args.kv_delay < 0:
         raise BenchConfigError(f"--kv-delay must be >= 0, got {args.kv_delay}")
     plan: _Plan = []
@@ -299,6 +317,14 @@ def _builder(
     if args.duration is not None:
         scale = args.duration / probe.duration * scale
     return lambda: build(scale)
+
+
+def _slo(args: argparse.Namespace, profile: Profile) -> report.Slo:
+    default = report.slo_for(profile.name)
+    return report.Slo(
+        args.slo_ttft if args.slo_ttft is not None else default.ttft_s,
+        args.slo_tpot if args.slo_tpot is not None else default.tpot_s,
+    )
 
 
 def plan_policies(args: argparse.Namespace) -> list[Policy]:

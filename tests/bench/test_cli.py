@@ -49,6 +49,8 @@ def test_list_names_workloads_and_policies(capsys: pytest.CaptureFixture[str]) -
         (["--workload", "unique", "--scale", "0"], "--scale must be > 0"),
         (["--workload", "unique", "--pods", "0"], "--pods must be >= 1"),
         (["--workload", "trace:/nonexistent.jsonl"], "--workload: /nonexistent.jsonl: cannot read"),
+        (["--workload", "unique", "--slo-tpot", "0"], "--slo-tpot must be a positive number of seconds"),
+        (["--workload", "unique", "--slo-ttft", "inf"], "--slo-ttft must be a positive number of seconds"),
     ],
 )
 def test_config_errors_name_the_option(
@@ -76,6 +78,7 @@ def test_a_trace_through_two_policies(tmp_path: Path, capsys: pytest.CaptureFixt
     assert entry["policies"]["epp"]["served"] == 60
     # Every prompt shares the 256-token system prompt: epp keeps it on one pod.
     assert entry["policies"]["epp"]["prefix_hit_rate"] > 0.9
+    assert entry["policies"]["epp"]["slo_ttft_s"] == 1.0  # the generic target (tiny has none)
     text = capsys.readouterr().out
     assert "| epp |" in text and "results:" in text
 
@@ -83,3 +86,10 @@ def test_a_trace_through_two_policies(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_duration_sets_the_scale() -> None:
     plan = cli._plan(parse("--workload", "unique", "--duration", "30"))
     assert plan[0][1]().duration == pytest.approx(30.0)
+
+
+def test_slo_flags_set_the_target(tmp_path: Path) -> None:
+    argv = ["--workload", "unique", "--policies", "round-robin", "--scale", "0.01", "--no-plots"]
+    assert cli.run(parse(*argv, "--out", str(tmp_path), "--slo-ttft", "0.25", "--slo-tpot", "0.5")) == 0
+    s = json.loads((tmp_path / "results.json").read_text())["workloads"]["unique"]["policies"]["round-robin"]
+    assert (s["slo_ttft_s"], s["slo_tpot_s"]) == (0.25, 0.5)
