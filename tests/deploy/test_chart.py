@@ -44,7 +44,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "monitoring": {"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
     },
     "kv-events-off": {"epp": {"kvEvents": {"mode": "off"}}},
-    "kv-events-bind": {"epp": {"kvEvents": {"mode": "bind"}, "certSecret": "epp-tls"}},
+    "kv-events-bind": {"replicas": 1, "epp": {"kvEvents": {"mode": "bind"}, "certSecret": "epp-tls"}},
+    "single-replica": {"replicas": 1},
 }
 
 
@@ -162,7 +163,16 @@ def test_default_service_exposes_grpc_and_metrics() -> None:
 
 def test_defaults_create_no_optional_objects() -> None:
     kinds = sorted(d["kind"] for d in chart.render())
-    assert kinds == ["ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "PodDisruptionBudget",  # the default is two active-active replicas
+        "Role",
+        "RoleBinding",
+        "Service",
+        "Service",
+        "ServiceAccount",
+    ]
 
 
 def test_default_config_is_epps_precise_default() -> None:
@@ -249,7 +259,13 @@ def test_rbac_follows_the_pool_namespace() -> None:
 
 def test_rbac_and_service_account_can_be_turned_off() -> None:
     docs = chart.render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "mine"}})
-    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment", "Service"]
+    assert sorted(d["kind"] for d in docs) == [
+        "ConfigMap",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+        "Service",
+    ]
     pod = chart.one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "mine"
 
@@ -299,7 +315,7 @@ def test_inference_pool_points_at_the_epp_service() -> None:
     assert pool["spec"]["targetPorts"] == [{"number": 8000}, {"number": 8001}]
     assert pool["spec"]["endpointPickerRef"] == {
         "kind": "Service",
-        "name": chart.one(docs, "Service")["metadata"]["name"],
+        "name": chart.one(docs, "Service", chart.RELEASE)["metadata"]["name"],
         "port": {"number": 9002},
         "failureMode": "FailClose",
     }
@@ -334,6 +350,64 @@ def test_bind_mode_refuses_several_replicas() -> None:
 def test_connect_mode_allows_several_replicas() -> None:
     docs = chart.render(VALUE_SETS["monitoring-ha"])
     assert chart.one(docs, "Deployment", chart.RELEASE)["spec"]["replicas"] == 3
+
+
+# --- active-active replicas ------------------------------------------------------------------
+
+
+def test_defaults_run_two_active_active_replicas() -> None:
+    docs = chart.render()
+    deployment = chart.one(docs, "Deployment", chart.RELEASE)
+    assert deployment["spec"]["replicas"] == 2
+    c = container(docs)
+    assert "--ha-enable-leader-election" not in c["args"]  # every replica routes
+    assert "--kv-events=connect" in c["args"]  # each replica holds the whole KV index
+    labels = deployment["spec"]["selector"]["matchLabels"]
+    pdb = chart.one(docs, "PodDisruptionBudget", chart.RELEASE)
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
+    (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": labels},
+    }
+    headless = chart.one(docs, "Service", f"{chart.RELEASE}-replicas")
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["selector"] == labels
+    assert [p["port"] for p in headless["spec"]["ports"]] == [9002]
+
+
+def test_one_replica_has_no_budget_spread_or_headless_service() -> None:
+    docs = chart.render(VALUE_SETS["single-replica"])
+    assert chart.one(docs, "Deployment", chart.RELEASE)["spec"]["replicas"] == 1
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert "affinity" not in chart.one(docs, "Deployment", chart.RELEASE)["spec"]["template"]["spec"]
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Service"] == [chart.RELEASE]
+
+
+def test_high_availability_parts_can_be_turned_off_and_affinity_wins() -> None:
+    off = chart.render({"highAvailability": {"podDisruptionBudget": False, "spreadOverNodes": False}})
+    assert not [d for d in off if d["kind"] == "PodDisruptionBudget"]
+    assert "affinity" not in chart.one(off, "Deployment", chart.RELEASE)["spec"]["template"]["spec"]
+    mine = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["cpu"]}]}
+    ]}}}  # fmt: skip
+    docs = chart.render({"affinity": mine})
+    assert chart.one(docs, "Deployment", chart.RELEASE)["spec"]["template"]["spec"]["affinity"] == mine
+
+
+def test_the_charts_envoy_resolves_every_replica() -> None:
+    def address(values: dict[str, Any]) -> str:
+        clusters = {c["name"]: c for c in _envoy_bootstrap(values)["static_resources"]["clusters"]}
+        ext = clusters[envoy.EXT_PROC_CLUSTER]
+        assert ext["type"] == "STRICT_DNS"
+        (lb,) = ext["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        return str(lb["endpoint"]["address"]["socket_address"]["address"])
+
+    many = address(VALUE_SETS["envoy"])
+    assert many == f"{chart.RELEASE}-replicas.{chart.NAMESPACE}.svc.cluster.local"
+    one = address({**VALUE_SETS["envoy"], "replicas": 1})
+    assert one == f"{chart.RELEASE}.{chart.NAMESPACE}.svc.cluster.local"
 
 
 def test_replay_port_zero_drops_the_flag() -> None:
@@ -376,7 +450,7 @@ def _reference(tls: bool, process_responses: bool = True) -> dict[str, Any]:
             listen_port=8081,
             admin_port=19000,
             listen_address="0.0.0.0",
-            epp_addresses=(f"{chart.RELEASE}.{chart.NAMESPACE}.svc.cluster.local:9002",),
+            epp_addresses=(f"{chart.RELEASE}-replicas.{chart.NAMESPACE}.svc.cluster.local:9002",),
             epp_tls=tls,
             epp_health_check=True,
             process_responses=process_responses,

@@ -70,6 +70,16 @@ app.kubernetes.io/component: envoy
 {{- printf "%s.%s.svc.cluster.local" (include "epp.fullname" .) .Release.Namespace }}
 {{- end }}
 
+{{/* The ext-proc address the chart's Envoy resolves: with several replicas the headless Service,
+whose DNS lists every ready replica (STRICT_DNS then spreads streams over them all). */}}
+{{- define "epp.extProcHost" -}}
+{{- if gt (int .Values.replicas) 1 }}
+{{- printf "%s-replicas.%s.svc.cluster.local" (include "epp.fullname" .) .Release.Namespace }}
+{{- else }}
+{{- include "epp.serviceHost" . }}
+{{- end }}
+{{- end }}
+
 {{/* Which tokenizer volume is set: pvc, hostPath, configMap or "". */}}
 {{- define "epp.tokenizerSource" -}}
 {{- $t := .Values.tokenizer }}
