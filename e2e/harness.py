@@ -41,7 +41,7 @@ import aiohttp
 import yaml
 
 from epp.gateway import processes
-from epp.gateway.envoy import BodyMode, GatewayParams, PodsMode, find_envoy
+from epp.gateway.envoy import BodyMode, GatewayParams, PodsMode, find_envoy, override_params
 from epp.gateway.processes import HOST, EnvoyServer, EppServer, WaitFor, free_ports, tail
 
 # Re-exported for tests that poke at processes or health directly.
@@ -184,6 +184,9 @@ class StackOptions:
     epp_wait: WaitFor = "serving"
     num_retries: int = 2
     process_responses: bool = True
+    # epp's mode-override gateway (request body BUFFERED, response body STREAMED,
+    # allow_mode_override): off-sample responses skip epp. body_mode is then ignored.
+    mode_override: bool = False
     # "connect": the sims bind vLLM KV-event publishers (and replay); epp reads an endpoints file
     # naming each publisher and the served model, with --kv-events connect. "bind": epp binds one
     # socket the sims connect to (topic kv@<ip:port>@<model>). Either way epp runs the precise
@@ -288,6 +291,8 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         route_timeout=60.0,
         access_log_path=str(workdir / "access.log"),
     )
+    if opts.mode_override:
+        params = override_params(params)
     envoy = EnvoyGateway(workdir, params)
     cleanup.add_log("envoy log", envoy.log_path)
     cleanup.add_log("envoy access log", workdir / "access.log")

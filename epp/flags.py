@@ -93,6 +93,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def ratio(text: str) -> float:
+    """A share between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1: {text!r}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -138,6 +149,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     go_bool(
         g, "disable-endpoint-subset-filter", default=False, help="ignore the proxy's envoy.lb.subset_hint"
+    )
+    g.add_argument(
+        "--response-sample-ratio",
+        type=ratio,
+        default=DEFAULT_RESPONSE_SAMPLE_RATIO,
+        help="where the gateway allows a mode override (`epp envoy-config`'s default): the share "
+        "of requests whose response body still streams through epp for token usage, TTFT and "
+        "cached-token metrics; the others skip it (default 0.05; 1 reads every response). "
+        "Requests whose model name is rewritten back always pass",
     )
 
     g = p.add_argument_group("endpoints (standalone pool)")
@@ -289,6 +309,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-format", default="json", choices=["json", "text"])
     add_gie_arguments(p)
 
+
+# Off-sample responses skip epp where Envoy allows it: 1 in 20 keeps usage and TTFT learning fed
+# while a 200-token stream costs epp a few messages rather than 200 (BENCHMARKS.md 1e).
+DEFAULT_RESPONSE_SAMPLE_RATIO = 0.05
 
 # GIE's terminationGracePeriodSeconds (its chart's and epp's): how long in-flight streams may run
 # after SIGTERM.

@@ -194,6 +194,7 @@ async def _run(
         settings=DirectorSettings(
             max_body_bytes=args.max_body_bytes,
             disable_subset_filter=args.disable_endpoint_subset_filter,
+            response_sample_ratio=args.response_sample_ratio,
         ),
         tokenizer=tokenizers,
         admission_controller=admission.LegacyAdmissionController(config.saturation_detector),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest as ProcessingRequest
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse as ProcessingResponse
@@ -26,6 +27,9 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 MAX_BODY_CHUNK = 62000
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_SEND = processing_mode_pb2.ProcessingMode.SEND
+_SKIP = processing_mode_pb2.ProcessingMode.SKIP
+_BODY_NONE = processing_mode_pb2.ProcessingMode.NONE
 
 
 def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
@@ -139,6 +143,26 @@ def response_headers(remove: Iterable[str] = ()) -> ProcessingResponse:
             response=pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=remove))
         )
     )
+
+
+def response_headers_skip_body(request_body_mode: int, remove: Iterable[str] = ()) -> ProcessingResponse:
+    """The response-headers answer that stops the response body (and trailers) from coming to
+    epp for the rest of this request: a `mode_override`. Envoy 1.40 honours it only with
+    `allow_mode_override` and when neither body mode is FULL_DUPLEX_STREAMED; otherwise the body
+    keeps coming and is handled as usual."""
+    response = ProcessingResponse(
+        response_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=list(remove)))
+        )
+    )
+    mode = response.mode_override
+    mode.request_header_mode = _SEND
+    mode.request_body_mode = request_body_mode
+    mode.request_trailer_mode = _SKIP
+    mode.response_header_mode = _SEND
+    mode.response_body_mode = _BODY_NONE
+    mode.response_trailer_mode = _SKIP
+    return response
 
 
 def immediate(status: int, body: bytes, *, content_type: str = "application/json") -> ProcessingResponse:

@@ -8,7 +8,9 @@ FULL_DUPLEX_STREAMED (GIE's mode)              BUFFERED
   request_body* (eos)  -> route, then:           request_body (eos) -> route: header mutation +
                           headers response +                           metadata on the body answer
                           body in <=62000 B chunks
-  response_headers     -> headers response (content-length dropped if the model name is rewritten)
+  response_headers     -> headers response (content-length dropped if the model name is rewritten);
+                          off-sample (`RequestContext.sampled`), where Envoy allows it: a
+                          mode_override that stops the response body (see `_can_skip_body`)
   response_body*       -> each chunk echoed at once (duplex) or continued/replaced (other modes)
 
 A header-only request (request_headers with end_of_stream) is routed at once. Errors become an
@@ -177,10 +179,21 @@ class Stream:
         ctx.on_response_headers(headers, m.metadata_string(msg, m.LB_NAMESPACE, m.SERVED_KEY))
         if msg.response_headers.end_of_stream:
             self.response_complete = True
+        if not ctx.sampled and not self.response_complete and self._can_skip_body():
+            # Off-sample: the body need not pass through epp. The booking is still released
+            # when Envoy ends this stream, which it does at the end of the HTTP stream.
+            ctx.response_skipped = True
+            return [m.response_headers_skip_body(self._request_mode)]
         # A rewritten model name changes the body length: let Envoy re-frame the response.
         if ctx.rewrites_response and "content-length" in headers:
             return [m.response_headers(remove=("content-length",))]
         return [m.CONTINUE_RESPONSE_HEADERS]
+
+    def _can_skip_body(self) -> bool:
+        """Whether a mode override can stop the response body here: Envoy 1.40 ignores the
+        override whenever either body mode is FULL_DUPLEX_STREAMED (GIE's standard config, and
+        what is assumed when Envoy sends no protocol_config), so it is not even sent then."""
+        return self._request_mode != _FULL_DUPLEX and self._response_mode not in (_FULL_DUPLEX, _NONE)
 
     def _on_response_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         chunk = msg.response_body.body
@@ -201,6 +214,8 @@ class Stream:
         after the decision when responses are not sent to epp (or not yet started)."""
         if self.ctx is None:
             return bool(self.headers) and not self.closed
+        if self.ctx.response_skipped:
+            return False  # its end looks the same as a reset: not counted either way
         return self.response_started and not self.response_complete
 
     def close(self) -> None:

@@ -4,7 +4,9 @@ The config is `epp.gateway.envoy.gateway_config` for the flags given, the one ep
 tests, demo and benchmarks run. Its defaults pair with `epp serve`'s: TLS to the ext-proc port
 (`--secure-serving`, true as in `epp serve` and GIE, without certificate verification, since
 epp's default certificate is self-signed), gRPC health checks on the ext-proc port (so an epp
-that drains or loses its pool stops getting new streams), GIE's full-duplex streamed bodies, and
+that drains or loses its pool stops getting new streams), epp's mode override (request body
+BUFFERED, response body STREAMED, `allow_mode_override`: epp stops the response body of requests
+outside its sample; `--mode-override=false` gives GIE's full-duplex streamed bodies), and
 the ORIGINAL_DST upstream on `x-gateway-destination-endpoint`. Pass the same `--secure-serving`
 value to both.
 
@@ -56,8 +58,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--body-mode",
         choices=[str(m) for m in envoy.REQUEST_BODY_MODES],
-        default=str(envoy.BodyMode.FULL_DUPLEX_STREAMED),
-        help="request body mode (default FULL_DUPLEX_STREAMED, GIE's)",
+        default=None,
+        help="request body mode (default BUFFERED with --mode-override, else FULL_DUPLEX_STREAMED, GIE's)",
+    )
+    flags.go_bool(
+        g,
+        "mode-override",
+        default=True,
+        help="let epp stop the response body of requests outside its sample "
+        "(`epp serve --response-sample-ratio`): request body BUFFERED, response body STREAMED, "
+        "allow_mode_override; --mode-override=false for GIE's full-duplex config (default true)",
     )
     flags.go_bool(
         g,
@@ -110,7 +120,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def params_from(args: argparse.Namespace) -> envoy.GatewayParams:
     """The GatewayParams the flags describe; ValueError on a bad combination."""
-    return envoy.GatewayParams(
+    override = args.mode_override and args.process_responses
+    if override and args.body_mode not in (None, str(envoy.BodyMode.BUFFERED)):
+        raise ValueError(f"--body-mode {args.body_mode} needs --mode-override=false")
+    default_mode = envoy.BodyMode.BUFFERED if override else envoy.BodyMode.FULL_DUPLEX_STREAMED
+    params = envoy.GatewayParams(
         listen_port=args.listen_port,
         admin_port=args.admin_port,
         listen_address=args.listen_address,
@@ -118,7 +132,7 @@ def params_from(args: argparse.Namespace) -> envoy.GatewayParams:
         epp_addresses=tuple(args.epp or ["127.0.0.1:9002"]),
         pods_mode=envoy.PodsMode(args.pods_mode),
         pod_endpoints=tuple(args.pod),
-        body_mode=envoy.BodyMode(args.body_mode),
+        body_mode=envoy.BodyMode(args.body_mode or default_mode),
         process_responses=args.process_responses,
         epp_tls=args.secure_serving,
         epp_sni=args.epp_sni,
@@ -128,6 +142,7 @@ def params_from(args: argparse.Namespace) -> envoy.GatewayParams:
         num_retries=args.num_retries,
         access_log_path=args.access_log,
     )
+    return envoy.override_params(params) if override else params
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,6 +24,13 @@ Envoy facts this module relies on (found by running the 1.40 binary):
   configured, epp's list ``a,b`` becomes ``a,b,a,b``. Retries therefore cycle through the list
   (the ``previous_hosts`` retry predicate skips hosts already tried) before falling back to the
   fallback policy.
+* ``allow_mode_override``: Envoy honours a ``mode_override`` only on the answer to request or
+  response *headers*, and ignores it whenever the request or response body mode is
+  ``FULL_DUPLEX_STREAMED`` (GIE's config). With request body ``BUFFERED`` and response body
+  ``STREAMED`` an override to response body ``NONE`` stops the body; Envoy then ends the ext_proc
+  stream when the HTTP stream ends (within ~1 ms), alike for a finished response and a client
+  reset. A ``BUFFERED`` request body over the listener's buffer limit (1 MiB by default) is
+  answered 413 by Envoy itself.
 * Envoy sets ``PR_SET_PDEATHSIG``: the process that starts it must stay alive; and two Envoys on
   one machine need distinct ``--base-id`` values, which `start_envoy` requires.
 """
@@ -98,6 +105,14 @@ class GatewayParams:
     # Response headers/body/trailers to epp (usage accounting, in-flight bookkeeping).
     process_responses: bool = True
     response_body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
+    # Let epp stop the response body per request (ext_proc allow_mode_override): off-sample
+    # requests then cost epp a few messages instead of one per streamed chunk. Envoy 1.40 ignores
+    # the override while either body mode is FULL_DUPLEX_STREAMED, so this needs request body
+    # BUFFERED and response body STREAMED (`override_params` sets them).
+    mode_override: bool = False
+    # BUFFERED request bodies larger than the listener's buffer limit (Envoy's default 1 MiB)
+    # are answered 413 by Envoy: raised to epp's --max-body-bytes default when buffering.
+    max_request_body_bytes: int = 16 << 20
     epp_tls: bool = False
     epp_sni: str = ""  # "" = no SNI
     epp_health_check: bool = False
@@ -131,6 +146,31 @@ class GatewayParams:
             split_host_port(addr)
         if self.num_retries < 0:
             raise ValueError("num_retries must be >= 0")
+        if (
+            self.mode_override
+            and self.pods_mode is not PodsMode.ROUND_ROBIN
+            and (
+                self.body_mode is not BodyMode.BUFFERED
+                or self.response_body_mode is not BodyMode.STREAMED
+                or not self.process_responses
+            )
+        ):
+            raise ValueError(
+                "mode override needs request body BUFFERED and response body STREAMED "
+                "(Envoy ignores it with FULL_DUPLEX_STREAMED)"
+            )
+
+
+def override_params(params: GatewayParams) -> GatewayParams:
+    """`params` with epp's mode-override setup: request body BUFFERED, response body STREAMED,
+    `allow_mode_override` on."""
+    return dataclasses.replace(
+        params,
+        mode_override=True,
+        body_mode=BodyMode.BUFFERED,
+        response_body_mode=BodyMode.STREAMED,
+        process_responses=True,
+    )
 
 
 def split_host_port(addr: str) -> tuple[str, int]:
@@ -301,23 +341,23 @@ def _ext_proc_filter(params: GatewayParams) -> dict[str, Any]:
     metadata_options: dict[str, Any] = {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}}
     if params.forward_lb_metadata:
         metadata_options["forwarding_namespaces"] = {"untyped": [LB_NAMESPACE]}
-    return {
-        "name": "envoy.filters.http.ext_proc",
-        "typed_config": {
-            "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {
-                "envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER},
-                # Envoy 1.40 does not cut the ext_proc stream at this deadline (a 3 s streamed
-                # response outlived a 1 s value in a test); it is kept at the route timeout so
-                # that an Envoy which did apply it could not cut long responses either.
-                "timeout": _duration(params.route_timeout),
-            },
-            "failure_mode_allow": params.failure_mode_allow,
-            "message_timeout": _duration(params.message_timeout),
-            "processing_mode": mode,
-            "metadata_options": metadata_options,
+    typed_config: dict[str, Any] = {
+        "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {
+            "envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER},
+            # Envoy 1.40 does not cut the ext_proc stream at this deadline (a 3 s streamed
+            # response outlived a 1 s value in a test); it is kept at the route timeout so
+            # that an Envoy which did apply it could not cut long responses either.
+            "timeout": _duration(params.route_timeout),
         },
+        "failure_mode_allow": params.failure_mode_allow,
+        "message_timeout": _duration(params.message_timeout),
+        "processing_mode": mode,
+        "metadata_options": metadata_options,
     }
+    if params.mode_override:
+        typed_config["allow_mode_override"] = True
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": typed_config}
 
 
 def _route(params: GatewayParams) -> dict[str, Any]:
@@ -378,6 +418,12 @@ def _admin(address: str, port: int) -> dict[str, Any]:
     return {"address": _socket_address(address, port)}
 
 
+def _buffer_limit(params: GatewayParams) -> dict[str, Any]:
+    if params.body_mode is BodyMode.BUFFERED and params.pods_mode is not PodsMode.ROUND_ROBIN:
+        return {"per_connection_buffer_limit_bytes": params.max_request_body_bytes}
+    return {}
+
+
 def gateway_config(params: GatewayParams) -> dict[str, Any]:
     """The Envoy bootstrap (as a dict) for the front gateway described by `params`."""
     http_filters: list[dict[str, Any]] = []
@@ -411,6 +457,7 @@ def gateway_config(params: GatewayParams) -> dict[str, Any]:
                 {
                     "name": "gateway",
                     "address": _socket_address(params.listen_address, params.listen_port),
+                    **_buffer_limit(params),
                     "filter_chains": [
                         {
                             "filters": [

@@ -15,6 +15,11 @@ chat request vLLM would refuse (the template raises, a malformed part) is answer
 Chat requests are rendered with the model's chat template after vLLM's own preprocessing
 (`epp.tokenize.chat`); other prompts are tokenized as they are (`plain_prompt`).
 
+Response sampling: where the gateway lets epp stop the response body's streaming (Envoy's
+`allow_mode_override`, epp's own gateway config), only `response_sample_ratio` of the requests
+(and every request whose model name is rewritten back) keep passing their body through epp. The
+decision is made here at routing time (`RequestContext.sampled`); the ext-proc layer acts on it.
+
 `finish()` is idempotent and the ext-proc layer calls it from a `finally`, so every way a stream
 can end (completion, model-server error, client reset, Envoy cancelling the stream, epp answering
 with an error after booking) releases exactly once. That is what keeps in-flight counts honest.
@@ -69,6 +74,13 @@ class DirectorSettings:
     """Request bodies larger than this are answered 413 without being parsed."""
     disable_subset_filter: bool = False
     """Ignore Envoy's subset hint (GIE's --disable-endpoint-subset-filter)."""
+    response_sample_ratio: float = 1.0
+    """Share of requests whose response body epp still reads where the gateway lets it skip the
+    rest (Envoy `allow_mode_override`); the others report no usage, TTFT or cached tokens."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.response_sample_ratio <= 1.0:
+            raise ValueError("response_sample_ratio must be between 0 and 1")
 
 
 class RequestContext:
@@ -83,7 +95,9 @@ class RequestContext:
         "picked_at",
         "request",
         "response_bytes",
+        "response_skipped",
         "result",
+        "sampled",
         "served",
         "tracker",
     )
@@ -101,6 +115,11 @@ class RequestContext:
         self.tracker = ResponseTracker(incoming_model=request.model, target_model=request.target_model)
         self.labels = director.model_labels(request)  # (model_name, target_model_name) for metrics
         self.response_bytes = 0
+        # Whether the response body must pass through epp: the sampled share (usage, TTFT) and
+        # every request whose model name is rewritten back in it. The ext-proc layer may skip
+        # the body of the others (`response_skipped`) where the gateway allows it.
+        self.sampled = True
+        self.response_skipped = False
 
     @property
     def body(self) -> bytes:
@@ -117,6 +136,7 @@ class RequestContext:
             self.served = self._director.datastore.by_hostport(served_hostport)
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        self.response_skipped = False  # the gateway ignored the skip: account as usual
         self.response_bytes += len(chunk)
         return self.tracker.on_chunk(chunk, end_of_stream)
 
@@ -157,6 +177,9 @@ class Director:
         self.context_limits = context_limits
         # Bound Prometheus children: `labels()` costs ~1.5 µs a call and a request needs a dozen.
         self._children: dict[tuple[str, ...], Any] = {}
+        # Deterministic sampling: every request adds the ratio, a whole unit buys one sample.
+        ratio = settings.response_sample_ratio
+        self._sample_credit = 1.0 - ratio if ratio > 0.0 else 0.0  # the first request is sampled
         # Model names come from clients: capped, so junk names cannot multiply the series.
         self._model_label = metrics.LabelCap()
         self._target_label = metrics.LabelCap()
@@ -208,12 +231,23 @@ class Director:
         for hook in self._pre_request:
             hook.pre_request(request, result)
         ctx = RequestContext(self, request, result)
+        ctx.sampled = ctx.rewrites_response or self._sample()
         primary = ctx.booked
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(request, result)
         primary.book(request.prompt_tokens_estimate)
         self._count_routed(ctx, body_size)
         return ctx
+
+    def _sample(self) -> bool:
+        """Whether this request's response is read through (a share of `response_sample_ratio`,
+        spread evenly rather than at random so a low ratio still samples steadily)."""
+        credit = self._sample_credit + self.settings.response_sample_ratio
+        if credit >= 1.0:
+            self._sample_credit = credit - 1.0
+            return True
+        self._sample_credit = credit
+        return False
 
     def _count_attempt(self, request: InferenceRequest, primary: Endpoint | None) -> None:
         """GIE's scheduler_attempts_total: the primary endpoint's pod and port, or a failure."""
@@ -376,9 +410,9 @@ class Director:
                 path=path, headers=headers, body=body, request_id=request_id, subset_ips=subset_ips
             )
         request.priority = admission.priority(self.objectives, headers.get(admission.OBJECTIVE_HEADER))
-        candidates = self.datastore.candidates()
+        # Every endpoint excluded for stale metrics: routed on what is known (degraded), not 503.
+        candidates = self.datastore.pick_candidates(subset_ips)
         if subset_ips is not None:
-            candidates = [ep for ep in candidates if ep.spec.address in subset_ips]
             if not candidates:
                 raise errors.ServiceUnavailable("no ready endpoint matches the proxy's subset hint")
         elif not candidates:
@@ -396,6 +430,10 @@ class Director:
         tracker = ctx.tracker
         now = clock.now()
         usage = tracker.usage
+        if ctx.response_skipped:
+            # Envoy ends the ext-proc stream alike for a finished response and a client reset
+            # once the body no longer passes through epp: a success status counts as complete.
+            complete = True
         outcome = RequestOutcome(
             endpoint=ctx.served or ep,
             status=tracker.status,
@@ -426,7 +464,7 @@ class Director:
             child(metrics.request_errors_total, *labels, metrics.MODEL_SERVER_ERROR).inc()
         if outcome.ttft_s is not None:
             child(metrics.request_ttft, *labels).observe(outcome.ttft_s)
-        if complete:
+        if complete and not ctx.response_skipped:
             child(metrics.request_duration, *labels).observe(outcome.duration_s)
             child(metrics.response_sizes, *labels).observe(ctx.response_bytes)
         if tracker.usage is None:

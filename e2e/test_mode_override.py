@@ -1,0 +1,177 @@
+"""epp's mode-override gateway through a real Envoy 1.40: off-sample responses stream to the client
+without passing through epp, and their booking is still released once, when the response ends.
+
+`epp serve --response-sample-ratio 0` makes every request off-sample; the config is the one
+`epp envoy-config` prints by default (request body BUFFERED, response body STREAMED,
+`allow_mode_override`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+
+from e2e.harness import (
+    E2E_SIM,
+    Stack,
+    StackOptions,
+    eventually,
+    parse_prometheus,
+    request,
+    sse_events,
+    wait_routable,
+)
+
+StackFactory = Callable[..., Stack]
+MODEL = "sim-model"
+# 20 ms of simulated decode per token at time_scale 1: 40 tokens stream for ~0.8 s.
+SLOW_SIM = E2E_SIM.__class__(time_scale=1.0)
+STREAM = {
+    "model": MODEL,
+    "prompt": "tell me a story " * 20,
+    "max_tokens": 40,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+
+
+def stack_for(stacks: StackFactory, ratio: str, n_backends: int = 1) -> Stack:
+    return stacks(
+        StackOptions(
+            n_backends=n_backends,
+            sim_configs=[SLOW_SIM] * n_backends,
+            mode_override=True,
+            epp_args=["--response-sample-ratio", ratio],
+        )
+    )
+
+
+def metric_sum(stack: Stack, name: str, match: str = "") -> float:
+    values = parse_prometheus(stack.epp.metrics_text(), name)
+    return sum(v for k, v in values.items() if match in k)
+
+
+def inflight(stack: Stack) -> float:
+    return sum(stack.epp.inflight().values())
+
+
+def running(stack: Stack) -> float:
+    return metric_sum(stack, "inference_objective_running_requests")
+
+
+def ext_proc_msgs(stack: Stack) -> int:
+    return int(stack.envoy.stats().get("http.gateway.ext_proc.stream_msgs_sent", "0"))
+
+
+async def open_stream(session: aiohttp.ClientSession, stack: Stack) -> aiohttp.ClientResponse:
+    resp = await session.post(stack.url + "/v1/completions", json=STREAM)
+    assert resp.status == 200
+    assert (await resp.content.readline()).startswith(b"data: ")  # the first token arrived
+    return resp
+
+
+async def test_off_sample_streams_skip_epp_and_release_once_at_the_end(
+    stacks: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    stack = stack_for(stacks, "0")
+    await wait_routable(session, stack.url)
+    await eventually(lambda: inflight(stack) == 0, within=5.0, what="idle")
+    msgs_before = ext_proc_msgs(stack)
+    ttft_before = metric_sum(stack, "inference_objective_request_ttft_seconds_count")
+
+    streams = [await open_stream(session, stack) for _ in range(3)]
+    # Booked through the stream, not released when the response headers went by.
+    assert inflight(stack) == 3 and running(stack) == 3
+    bodies = []
+    ends = []
+    for resp in streams:
+        bodies.append((await resp.read()).decode())
+        ends.append(time.monotonic())
+        resp.release()
+    for text in bodies:
+        events = sse_events("data: x\n\n" + text)  # the first line was read already
+        assert events[-1] == "[DONE]" and any('"usage"' in e for e in events)
+    # Released exactly once each: the running gauge (never clamped) lands on 0, not below.
+    await eventually(lambda: inflight(stack) == 0, within=5.0, interval=0.005, what="in-flight back to 0")
+    lag = time.monotonic() - ends[-1]
+    assert running(stack) == 0
+    await asyncio.sleep(0.3)
+    assert inflight(stack) == 0 and running(stack) == 0
+    # Per request epp got request headers, the buffered body and the response headers: no chunk.
+    assert ext_proc_msgs(stack) - msgs_before == 3 * 3, stack.envoy.stats()
+    assert metric_sum(stack, "inference_objective_request_ttft_seconds_count") == ttft_before
+    text = stack.epp.metrics_text()
+    assert not any(parse_prometheus(text, "epp_extproc_stream_errors_total").values())
+    print(f"release lag after the client's last byte: <= {lag * 1000:.1f} ms (poll every 5 ms)")
+
+
+async def test_sampled_streams_still_report_usage_and_ttft(
+    stacks: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    stack = stack_for(stacks, "1")
+    await wait_routable(session, stack.url)
+    msgs_before = ext_proc_msgs(stack)
+    ttft_before = metric_sum(stack, "inference_objective_request_ttft_seconds_count")
+    resp = await open_stream(session, stack)
+    await resp.read()
+    resp.release()
+    await eventually(lambda: inflight(stack) == 0, within=5.0, what="in-flight back to 0")
+    assert ext_proc_msgs(stack) - msgs_before > 3  # the body passed through epp
+    await eventually(
+        lambda: metric_sum(stack, "inference_objective_output_tokens_sum") == 40,
+        within=5.0,
+        what="usage in epp's metrics",
+    )
+    assert metric_sum(stack, "inference_objective_request_ttft_seconds_count") == ttft_before + 1
+
+
+async def test_client_reset_mid_stream_releases_once(
+    stacks: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    stack = stack_for(stacks, "0")
+    await wait_routable(session, stack.url)
+    resp = await open_stream(session, stack)
+    assert inflight(stack) == 1
+    resp.close()  # drops the connection mid-stream
+    await eventually(lambda: inflight(stack) == 0, within=5.0, interval=0.01, what="in-flight back to 0")
+    await asyncio.sleep(0.3)
+    assert running(stack) == 0
+    # The gateway still serves, and books again.
+    reply = await request(session, "POST", stack.url + "/v1/completions", body={**STREAM, "max_tokens": 3})
+    assert reply.status == 200
+    await eventually(lambda: inflight(stack) == 0, within=5.0, what="in-flight back to 0")
+    assert running(stack) == 0
+
+
+async def test_sigterm_drains_an_off_sample_stream_to_its_end(
+    stacks: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    stack = stack_for(stacks, "0")
+    await wait_routable(session, stack.url)
+    resp = await open_stream(session, stack)
+    proc = stack.epp.process.proc
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGTERM)
+    text = (await resp.read()).decode()
+    resp.release()
+    assert sse_events("data: x\n\n" + text)[-1] == "[DONE]"  # the stream was not cut
+    # epp exits once its last stream has ended, well before the drain timeout.
+    deadline = time.monotonic() + 10.0
+    while proc.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert proc.returncode == 0, stack.epp.process.log_path.read_text()[-3000:]
+
+
+@pytest.mark.parametrize("n", [1])
+def test_generated_config_is_the_override_one(stacks: StackFactory, n: int) -> None:
+    stack = stack_for(stacks, "0", n_backends=n)
+    cfg = stack.envoy.params
+    assert cfg.mode_override and str(cfg.body_mode) == "BUFFERED" and str(cfg.response_body_mode) == "STREAMED"
+    assert json.dumps(cfg.max_request_body_bytes)
