@@ -19,6 +19,7 @@ import argparse
 import math
 import re
 
+from epp.kvcache.access import AccessPolicy
 from epp.units import parse_duration
 
 KV_EVENTS_PORT_DEFAULT = 5557
@@ -53,6 +54,13 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 16Mi, 1048576)")
     unit = (match.group(2) or "").lower()[:1]
     return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+
+
+def kv_access(text: str) -> AccessPolicy:
+    try:
+        return AccessPolicy.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def positive_int(text: str) -> int:
@@ -226,6 +234,21 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=KV_EVENTS_BIND_DEFAULT,
         help="bind mode: where to listen for publishers (vLLM's endpoint tcp://<epp>:5557, "
         "topic kv@<ip>:<port>@<model>) (default tcp://*:5557)",
+    )
+    g.add_argument(
+        "--kv-events-allow",
+        type=kv_access,
+        default=kv_access("pool"),
+        metavar="pool|any|[pool,]CIDR,...",
+        help="bind mode: who may publish. pool: only the pool's pods, each for its own topic; "
+        "CIDRs admit those networks for any pod (a NAT or mesh range); any: no check "
+        "(default pool; docs/security.md)",
+    )
+    g.add_argument(
+        "--kv-events-max-message-bytes",
+        type=byte_size,
+        default=16 << 20,
+        help="larger KV-event frames close the sender's connection (default 16Mi)",
     )
     g.add_argument(
         "--kv-index-max-entries",

@@ -211,6 +211,8 @@ async def _run(
             handle.kv_index,
             bind=args.kv_events_bind if args.kv_events == "bind" else None,
             default_block_size=args.kv_block_size,
+            access=args.kv_events_allow,
+            max_message_bytes=args.kv_events_max_message_bytes,
         )
         feeds = ingester
 

@@ -7,7 +7,8 @@ applied across a hole in the sequence numbers (reference notes, kv-events.md 1.1
 - First message: applied; with replay configured and seq > 0 (joining mid-stream), a replay from
   0 first catches up on what the publisher still buffers.
 - seq == last + 1: applied.
-- Gap (seq > last + 1): with replay, live messages are held (at most `hold_limit`) while a DEALER
+- Gap (seq > last + 1): with replay, live messages are held (at most `hold_limit` per pod, and
+  their payloads at most `hold_bytes` over all pods, `HoldBudget`) while a DEALER
   asks the pod's ROUTER for everything from last + 1 (`[b"", seq8]`); replayed batches are
   applied in order as they arrive, yielding to the loop every `_YIELD_EVERY`, then the held ones.
   If the replay starts after last + 1, has a hole, or stops short of the held messages (the
@@ -24,7 +25,8 @@ applied across a hole in the sequence numbers (reference notes, kv-events.md 1.1
   abandoned with the messages held for it, and the new sequence starts from this message (a
   restart seen during a join replay from 0 must not pass for replayed duplicates).
 - seq <= last but above the previous live seq: a batch a replay already applied that was still
-  queued in the SUB: skipped as a duplicate, not taken for a restart.
+  queued in the SUB: skipped as a duplicate, not taken for a restart, and counted (errors reason
+  `out_of_order`), as are replayed batches older than the one the replay expects.
 - After the SUB lost its connection (socket monitor, connect mode only): purged when it connects
   again (unless a replay is under way), and the first live message is treated as a first one
   (join), whatever its seq: a publisher restarted meanwhile may
@@ -101,6 +103,9 @@ class FeedStatus:
     invalid_events: int  # events dropped from otherwise decodable batches
     held: int  # live messages waiting for a replay to finish
     last_event_age_s: float  # since the last applied batch; inf if none
+    # Batches at or below the applied sequence (a replay's overlap): dropped.
+    out_of_order: int = 0
+    held_bytes: int = 0  # payload bytes of `held`
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,10 +117,22 @@ class Settings:
     replay_cooldown: float = 30.0
     hold_limit: int = 10_000
     log_interval: float = 10.0
+    max_message_bytes: int = 16 << 20  # ZMQ_MAXMSGSIZE of every socket (replay DEALERs too)
 
 
-# A held message: (seq, batch, model). A plain tuple: built per held message only.
-Held = tuple[int, events.EventBatch, str]
+class HoldBudget:
+    """Payload bytes held over all pods while their replays run: one flood of large batches
+    must not grow memory without bound (`hold_limit` alone counts messages)."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+# A held message: (seq, batch, model, payload bytes). A plain tuple: built per held message only.
+Held = tuple[int, events.EventBatch, str, int]
 
 
 class Limiter:
@@ -144,13 +161,20 @@ class Feed:
     `ctx` (for replay DEALERs) and owns `sock`, `monitor` and `task`."""
 
     def __init__(
-        self, spec: FeedSpec, index: BlockIndex, settings: Settings, replay_slots: asyncio.Semaphore
+        self,
+        spec: FeedSpec,
+        index: BlockIndex,
+        settings: Settings,
+        replay_slots: asyncio.Semaphore,
+        budget: HoldBudget | None = None,
     ) -> None:
         self.spec = spec
         self.pod = spec.pod
         self._index = index
         self._settings = settings
         self._replay_slots = replay_slots
+        self._budget = budget if budget is not None else HoldBudget(1 << 62)
+        self._held_bytes = 0  # this pod's share of the budget
         self.ctx: zmq.asyncio.Context | None = None
         self.sock: zmq.asyncio.Socket | None = None
         self.monitor: zmq.asyncio.Socket | None = None
@@ -185,7 +209,7 @@ class Feed:
         if task is not None:
             task.cancel()
         self._busy = self._renewed = False
-        self._held.clear()
+        self._clear_held()
         return task
 
     def disconnected(self) -> None:
@@ -204,28 +228,26 @@ class Feed:
 
     # --- live messages --------------------------------------------------------------------------
 
-    def live(self, seq: int, batch: events.EventBatch, model: str) -> None:
-        """A decoded live message from the pod."""
+    def live(self, seq: int, batch: events.EventBatch, model: str, size: int = 0) -> None:
+        """A decoded live message from the pod (`size`: its payload's bytes, for the hold budget)."""
         previous, self._last_live = self._last_live, seq
         if seq <= previous or self._fresh:
             self._fresh = False
-            if previous >= 0 and self._new_sequence(previous, seq, batch, model):
+            if previous >= 0 and self._new_sequence(previous, seq, batch, model, size):
                 return
         elif self._busy:
-            if len(self._held) < self._settings.hold_limit:
-                self._held.append((seq, batch, model))
-            else:
+            if len(self._held) >= self._settings.hold_limit or not self._hold((seq, batch, model, size)):
                 self._overflow = True  # the replay gives up; what is lost now shows as a gap
             return
         start = self._advance(seq, batch, model, may_join=True)
         if start is not None:
             self._busy = True
-            self._held.append((seq, batch, model))
+            self._hold((seq, batch, model, size), force=True)
             self.replay_task = tasks.create_guarded_task(
                 self._replay(start), name=f"kv-replay {self.pod}", logger=log, eternal=False
             )
 
-    def _new_sequence(self, previous: int, seq: int, batch: events.EventBatch, model: str) -> bool:
+    def _new_sequence(self, previous: int, seq: int, batch: events.EventBatch, model: str, size: int) -> bool:
         """A restart (seq went back) or the first message after a reconnection: purge. True if the
         message was held, as the first of the new sequence, for the replay under way to abandon."""
         if seq <= previous:
@@ -237,11 +259,34 @@ class Feed:
         if not self._busy:
             return False
         # The replay and the held messages belong to the old sequence.
-        self._held.clear()
-        self._held.append((seq, batch, model))
+        self._clear_held()
+        self._hold((seq, batch, model, size), force=True)
         self._overflow = False
         self._renewed = True
         return True
+
+    def _hold(self, held: Held, *, force: bool = False) -> bool:
+        """Hold a live message if the budget allows (`force`: the one that starts a replay)."""
+        size = held[3]
+        if not force and self._budget.used + size > self._budget.limit:
+            return False
+        self._held.append(held)
+        self._held_bytes += size
+        self._budget.used += size
+        return True
+
+    def _unhold(self, size: int) -> None:
+        self._held_bytes -= size
+        self._budget.used -= size
+
+    def _clear_held(self) -> None:
+        self._held.clear()
+        self._budget.used -= self._held_bytes
+        self._held_bytes = 0
+
+    def _skip(self) -> None:
+        """A batch at or below what was applied (a replay's overlap): dropped, and counted."""
+        self._errors["out_of_order"] = self._errors.get("out_of_order", 0) + 1
 
     def reject(self, reason: str, detail: str) -> None:
         """Count and (rate-limited) log a message that cannot be used."""
@@ -260,6 +305,7 @@ class Feed:
                 return None
             if seq <= last:
                 if self._dup_floor is not None and seq >= self._dup_floor:
+                    self._skip()
                     return None
                 self._resets += 1
                 log.info("kv events: pod=%s seq went back %d -> %d (restart): purged", self.pod, last, seq)
@@ -333,7 +379,7 @@ class Feed:
         except Exception:
             log.exception("kv events: pod=%s replay crashed: purged", self.pod)
             self._purge()
-            self._held.clear()
+            self._clear_held()
         last = self.last_seq
         # A restart's small sequence numbers stay below this floor (they would come after the
         # last live message read), so it does not hide a restart.
@@ -347,11 +393,12 @@ class Feed:
         n = 0
         while self._held:
             join, self._renewed = self._renewed, False
-            seq, batch, model = held = self._held.popleft()
+            seq, batch, model, size = held = self._held.popleft()
             start = self._advance(seq, batch, model, may_join=join)
             if start is not None:
                 self._held.appendleft(held)
                 return start
+            self._unhold(size)
             n += 1
             if n % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # live messages keep going to `_held` meanwhile
@@ -363,6 +410,7 @@ class Feed:
         assert self.ctx is not None and self.spec.replay is not None
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, self._settings.max_message_bytes)
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(dealer.underlying)  # plain, future-free receives
         outcome: Outcome = "ok"
         expected = start
@@ -405,6 +453,7 @@ class Feed:
                         continue
                     seq = int.from_bytes(seq_frame, "big")
                     if seq < expected:
+                        self._skip()
                         continue
                     try:
                         batch = events.decode_batch(payload)
@@ -449,6 +498,8 @@ class Feed:
             invalid_events=self._errors.get("invalid_event", 0),
             held=len(self._held),
             last_event_age_s=now - self._last_event,
+            out_of_order=self._errors.get("out_of_order", 0),
+            held_bytes=self._held_bytes,
         )
 
     def counts(self, now: float) -> metrics.KVPodCounts:

@@ -17,6 +17,15 @@ Two ways in, usable together:
   topic `kv@<ip>:<port>@<model>` (older guides: `kv@<ip>@<model>`, matched when that IP is one
   pod's) and the batch's `data_parallel_rank` (each DP rank has its own publisher, sequence and
   `FeedSpec.rank`). Messages of unknown topics are counted (`unrouted`) and dropped.
+  Only the pool's pods get in (`epp.kvcache.access`): a ZAP handler on the context refuses the
+  handshake of a peer whose IP is no pod's (errors reason `peer_denied`; the peer retries every
+  2 s, so a pod that publishes before it joins the pool gets in once it has), and a message whose
+  topic names a pod at another IP than its sender's is dropped (`peer_mismatch`), so one pod
+  cannot write another's entries. `--kv-events-allow` admits networks too, or anyone (`any`).
+
+Every socket refuses messages over `max_message_bytes` (ZMQ_MAXMSGSIZE: libzmq drops the
+connection, so nothing that large is ever buffered), and held messages are bounded in count per
+pod and in payload bytes over all pods (`epp.kvcache.feed.HoldBudget`).
 
 After a disconnection (socket monitor) the pod is purged when it reconnects and its next message is
 handled as a first one (see `epp.kvcache.feed`): the publisher may have restarted meanwhile. Bind
@@ -49,7 +58,8 @@ from zmq.utils import monitor as zmq_monitor
 
 from epp import tasks
 from epp.kvcache import events
-from epp.kvcache.feed import Feed, FeedSpec, FeedStatus, Limiter, Settings, parse_topic
+from epp.kvcache.access import AccessPolicy, PeerCheck
+from epp.kvcache.feed import Feed, FeedSpec, FeedStatus, HoldBudget, Limiter, Settings, parse_topic
 from epp.kvcache.index import BlockIndex
 from epp.observability import metrics
 
@@ -63,6 +73,16 @@ _RCVHWM: Final = 10_000
 _MONITOR_EVENTS: Final = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 _TOPIC_CACHE: Final = 1024
 _RCVMORE: Final = int(zmq.RCVMORE)
+# ZMQ's fixed address for the context's authentication handler (ZAP, RFC 27).
+_ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
+_ZAP_DOMAIN: Final = b"epp-kv-events"  # NULL-mechanism sockets consult ZAP only with a domain
+# A refused peer's handshake is left to time out after this long (ZAP status 300, "temporary"),
+# so it reconnects and asks again: a pod that publishes before it is Ready, and so before it is
+# one of the pool's endpoints, gets in this long after it joins. A final refusal (400) would
+# make libzmq's connecting side give up for good.
+_HANDSHAKE_MS: Final = 2_000
+MAX_MESSAGE_BYTES: Final = 16 << 20  # a vLLM batch is ~1-3 KB; a 1M-token prefill's ~6 MB
+HOLD_BYTES: Final = 256 << 20
 
 
 class KVEventIngester:
@@ -77,6 +97,9 @@ class KVEventIngester:
         replay_cooldown: seconds after a failed replay during which gaps purge without replaying.
         hold_limit: live messages held per pod while its replay runs; past it the replay fails.
         log_interval: seconds between a pod's warnings about rejected messages.
+        access: who may publish to the bound socket (default: the pool's pods, each for itself).
+        max_message_bytes: larger frames close the sender's connection (ZMQ_MAXMSGSIZE).
+        hold_bytes: payload bytes held over all pods while replays run; past it a replay fails.
     """
 
     def __init__(
@@ -90,16 +113,28 @@ class KVEventIngester:
         replay_cooldown: float = 30.0,
         hold_limit: int = 10_000,
         log_interval: float = 10.0,
+        access: AccessPolicy | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        hold_bytes: int = HOLD_BYTES,
     ) -> None:
         self._index = index
         self._bind = bind
         self._settings = Settings(
-            default_block_size, replay_timeout, replay_cooldown, hold_limit, log_interval
+            default_block_size,
+            replay_timeout,
+            replay_cooldown,
+            hold_limit,
+            log_interval,
+            max_message_bytes,
         )
         self._replay_slots = asyncio.Semaphore(max_replays)
+        self._budget = HoldBudget(hold_bytes)
+        self._peers = PeerCheck(access if access is not None else AccessPolicy())
+        self._zap_sock: zmq.asyncio.Socket | None = None
+        self._zap_task: asyncio.Task[None] | None = None
         self._feeds: dict[str, Feed] = {}
         self._routes: dict[tuple[str, int], Feed] = {}  # bind mode: (ip:port or ip, rank) -> feed
-        self._topics: dict[bytes, tuple[str, str]] = {}  # topic -> (address, model)
+        self._topics: dict[bytes, tuple[str, str, str]] = {}  # topic -> (address, model, host)
         self._ctx: zmq.asyncio.Context | None = None
         self._bind_sock: zmq.asyncio.Socket | None = None
         self._bind_task: asyncio.Task[None] | None = None
@@ -115,11 +150,23 @@ class KVEventIngester:
             raise RuntimeError("ingester already started")
         self._ctx = zmq.asyncio.Context()
         if self._bind is not None:
+            checked = not self._peers.policy.any
+            if checked:  # the handler first: a handshake before it is bound would go unchecked
+                self._zap_sock = self._ctx.socket(zmq.REP)
+                self._zap_sock.setsockopt(zmq.LINGER, 0)
+                self._zap_sock.bind(_ZAP_ENDPOINT)
+                self._zap_task = tasks.create_guarded_task(
+                    self._serve_zap(self._zap_sock), name="kv-events zap", logger=log
+                )
             sock = self._sub_socket()
+            if checked:
+                sock.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN)
+                sock.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)
             try:
                 sock.bind(self._bind)
             except zmq.ZMQError:
                 sock.close(linger=0)
+                await self._close_zap()
                 self._ctx.term()
                 self._ctx = None
                 raise
@@ -127,7 +174,7 @@ class KVEventIngester:
             self._bind_task = tasks.create_guarded_task(
                 self._read_bound(sock), name="kv-events bind", logger=log
             )
-            log.info("kv events: listening on %s", self.bind_endpoint)
+            log.info("kv events: listening on %s (publishers: %s)", self.bind_endpoint, self._peers.policy)
         for feed in self._feeds.values():
             self._connect(feed)
         metrics.kv_collector.add(self._snapshot)
@@ -150,6 +197,7 @@ class KVEventIngester:
             self._bind_sock.close(linger=0)
             self._bind_sock = None
         self._bind_task = None
+        await self._close_zap()
         self._ctx.term()
         self._ctx = None
 
@@ -176,7 +224,8 @@ class KVEventIngester:
                 self._drop(feed)
         for pod, spec in wanted.items():
             if pod not in self._feeds:
-                feed = self._feeds[pod] = Feed(spec, self._index, self._settings, self._replay_slots)
+                feed = Feed(spec, self._index, self._settings, self._replay_slots, self._budget)
+                self._feeds[pod] = feed
                 self._connect(feed)
         self._route()
 
@@ -193,14 +242,14 @@ class KVEventIngester:
         log.info("kv events: pod=%s removed, entries purged", feed.pod)
 
     def _route(self) -> None:
+        self._peers.set_pods(_host(feed.spec.hostport) for feed in self._feeds.values())
         routes: dict[tuple[str, int], Feed] = {}
         by_ip: dict[tuple[str, int], list[Feed]] = {}
         for feed in self._feeds.values():
             address, rank = feed.spec.hostport, feed.spec.rank
             if address:
                 routes[(address, rank)] = feed
-                ip = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]:" in address else address
-                by_ip.setdefault((ip.strip("[]"), rank), []).append(feed)
+                by_ip.setdefault((_host(address), rank), []).append(feed)
         for key, feeds in by_ip.items():
             if len(feeds) == 1:  # `kv@<ip>@<model>` names a pod only if the IP is unique
                 routes.setdefault(key, feeds[0])
@@ -213,6 +262,7 @@ class KVEventIngester:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, _RCVHWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._settings.max_message_bytes)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5_000)  # back off to 5 s while a pod is down
         # Heartbeats notice a peer gone without closing TCP (a lost node): `connected` turns
         # false and ZMQ reconnects.
@@ -284,15 +334,16 @@ class KVEventIngester:
 
     async def _read_bound(self, asock: zmq.asyncio.Socket) -> None:
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(asock.underlying)
+        checked = not self._peers.policy.any
         while True:
             await asock.poll()
             n = 0
             while n < _BUDGET:
                 try:
-                    frames = _recv(sock)
+                    frames, peer = _recv_from(sock) if checked else (_recv(sock), None)
                 except zmq.Again:
                     break
-                self._on_bound_frames(frames)
+                self._on_bound_frames(frames, peer)
                 n += 1
             if n == _BUDGET:
                 await asyncio.sleep(0)
@@ -313,11 +364,15 @@ class KVEventIngester:
         except events.EventDecodeError as exc:
             feed.reject("decode", str(exc))
             return
-        feed.live(int.from_bytes(seq, "big"), batch, feed.spec.model or self._topic(topic)[1])
+        feed.live(int.from_bytes(seq, "big"), batch, feed.spec.model or self._topic(topic)[1], len(payload))
 
-    def _on_bound_frames(self, frames: list[bytes]) -> None:
-        """A live message on the bound socket: the pod comes from its topic and DP rank."""
-        address, topic_model = self._topic(frames[0])
+    def _on_bound_frames(self, frames: list[bytes], peer: str | None = None) -> None:
+        """A live message on the bound socket: the pod comes from its topic and DP rank. `peer`:
+        the sender's IP, checked against the topic's pod unless the policy admits anyone."""
+        address, topic_model, host = self._topic(frames[0])
+        if not self._peers.may_publish(peer, host):
+            self._reject(address, "peer_mismatch", f"topic {frames[0][:200]!r} from {peer}", unknown=True)
+            return
         if len(frames) != 3:
             self._reject(address, "frames", f"{len(frames)} frames, expected 3")
             return
@@ -337,7 +392,7 @@ class KVEventIngester:
         if not feed.connected:
             feed.connected = True
             log.info("kv events: pod=%s publishing to %s", feed.pod, self.bind_endpoint)
-        feed.live(int.from_bytes(seq, "big"), batch, feed.spec.model or topic_model)
+        feed.live(int.from_bytes(seq, "big"), batch, feed.spec.model or topic_model, len(frames[2]))
 
     def _reject(self, address: str, reason: str, detail: str, *, unknown: bool = False) -> None:
         """A bad bound-socket message: counted for the topic's pod (rank 0; the rank is in the
@@ -349,14 +404,42 @@ class KVEventIngester:
         self._unrouted[reason] = self._unrouted.get(reason, 0) + 1
         self._unrouted_limiter.warn("", reason, detail)
 
-    def _topic(self, topic: bytes) -> tuple[str, str]:
+    def _topic(self, topic: bytes) -> tuple[str, str, str]:
         parsed = self._topics.get(topic)
         if parsed is None:
-            parsed = parse_topic(topic)
+            address, model = parse_topic(topic)
+            parsed = (address, model, _host(address))
             if len(self._topics) >= _TOPIC_CACHE:  # garbage topics must not grow it
                 self._topics.clear()
             self._topics[topic] = parsed
         return parsed
+
+    # --- access ---------------------------------------------------------------------------------
+
+    async def _serve_zap(self, sock: zmq.asyncio.Socket) -> None:
+        """Answer libzmq's authentication requests (ZAP, RFC 27) for the bound socket."""
+        while True:
+            frames = await sock.recv_multipart()
+            await sock.send_multipart(self._zap_reply(frames))
+
+    def _zap_reply(self, frames: list[bytes]) -> list[bytes]:
+        # Request: version, request id, domain, peer address, identity, mechanism, credentials.
+        if len(frames) < 6:
+            return [b"1.0", frames[1] if len(frames) > 1 else b"", b"500", b"malformed request", b"", b""]
+        request_id, domain, address = frames[1], frames[2], frames[3].decode("ascii", "replace")
+        if domain != _ZAP_DOMAIN or self._peers.admits(address):
+            return [b"1.0", request_id, b"200", b"OK", b"", b""]
+        self._unrouted["peer_denied"] = self._unrouted.get("peer_denied", 0) + 1
+        self._unrouted_limiter.warn("", "peer_denied", f"connection from {address}: not a pod of the pool")
+        return [b"1.0", request_id, b"300", b"not a pod of the pool (yet)", b"", b""]
+
+    async def _close_zap(self) -> None:
+        if self._zap_task is not None:
+            await tasks.cancel_and_wait([self._zap_task])
+            self._zap_task = None
+        if self._zap_sock is not None:
+            self._zap_sock.close(linger=0)
+            self._zap_sock = None
 
     # --- status ---------------------------------------------------------------------------------
 
@@ -375,6 +458,26 @@ class KVEventIngester:
         st = self._index.stats()
         pods = {pod: feed.counts(now) for pod, feed in self._feeds.items()}
         return metrics.KVSnapshot(pods, dict(self._unrouted), st.entries, st.keys, st.evictions)
+
+
+def _host(address: str) -> str:
+    """The host of "ip:port", "[v6]:port", "ip" or "v6", without brackets."""
+    if address.count(":") == 1 or "]:" in address:
+        address = address.rsplit(":", 1)[0]
+    return address.strip("[]")
+
+
+def _recv_from(sock: zmq.Socket[bytes]) -> tuple[list[bytes], str | None]:
+    """As `_recv`, with the sender's IP (libzmq's Peer-Address property of the first frame)."""
+    first = sock.recv(zmq.NOBLOCK, copy=False)
+    frames = [first.bytes]
+    while sock.getsockopt(_RCVMORE):
+        frames.append(sock.recv(zmq.NOBLOCK))
+    try:
+        peer = first.get("Peer-Address")
+    except zmq.ZMQError:
+        return frames, None
+    return frames, peer if isinstance(peer, str) else None
 
 
 def _recv(sock: zmq.Socket[bytes]) -> list[bytes]:

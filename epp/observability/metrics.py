@@ -445,7 +445,9 @@ class KVCollector(_SourcesCollector[KVSnapshot]):
         errors = CounterMetricFamily(
             "epp_kv_events_errors_total",
             "KV-event messages rejected, by reason: frames, seq, decode, replay_frames, apply, "
-            "unknown_topic; invalid_event counts events dropped from decodable batches. pod is "
+            "unknown_topic, out_of_order (at or below the applied sequence), peer_denied (bind "
+            "mode: connections refused), peer_mismatch (bind mode: a topic naming another "
+            "sender's pod); invalid_event counts events dropped from decodable batches. pod is "
             "empty when no pod could be named.",
             labels=["pod", "reason"],
         )

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
+from epp.kvcache.access import AccessPolicy
 from epp.kvcache.events import BlockRemoved, BlockStored
 from epp.kvcache.index import BlockIndex
 from epp.kvcache.ingest import FeedSpec, FeedStatus, KVEventIngester
@@ -464,7 +465,8 @@ async def test_bind_mode_routes_by_topic_and_data_parallel_rank(rig: Rig) -> Non
     p1 = spec(hostport="10.0.0.1:8000", rank=1, model="")
     p2 = spec(hostport="10.0.0.2:8000", model="configured")
     p3 = spec(hostport="10.0.0.3:8000", model="")  # reached by the old `kv@<ip>@<model>` topic
-    ing = await rig.ingester(p0, p1, p2, p3, bind=LOCAL)
+    # Every publisher here sends from 127.0.0.1 for pods at 10.0.0.x: admitted as a network.
+    ing = await rig.ingester(p0, p1, p2, p3, bind=LOCAL, access=AccessPolicy.parse("127.0.0.0/8"))
     assert ing.bind_endpoint is not None and not ing.bind_endpoint.endswith(":0")
     pubs = [
         rig.publisher(endpoint=ing.bind_endpoint, topic="kv@10.0.0.1:8000@m1", data_parallel_rank=0),
