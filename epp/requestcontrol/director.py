@@ -410,9 +410,9 @@ class Director:
                 path=path, headers=headers, body=body, request_id=request_id, subset_ips=subset_ips
             )
         request.priority = admission.priority(self.objectives, headers.get(admission.OBJECTIVE_HEADER))
-        # Every endpoint excluded for stale metrics: routed on what is known (degraded), not 503.
-        candidates = self.datastore.pick_candidates(subset_ips)
+        candidates = self.datastore.candidates()
         if subset_ips is not None:
+            candidates = [ep for ep in candidates if ep.spec.address in subset_ips]
             if not candidates:
                 raise errors.ServiceUnavailable("no ready endpoint matches the proxy's subset hint")
         elif not candidates:
