@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         from epp import serve
 
-        return serve.main(args)
+        return serve.main(args, argv=arguments)
     if args.command == "envoy-config":
         from epp.gateway import cli as gateway_cli
 

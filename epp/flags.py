@@ -81,6 +81,19 @@ def model_length(text: str) -> tuple[str, int]:
     return (model if sep else "*", positive_int(number))
 
 
+def workers_count(text: str) -> int:
+    """`--workers`: N >= 1, or `auto`/0 (0 stands for auto)."""
+    if text.strip().lower() == "auto":
+        return 0
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number of workers: {text!r} (N or auto)") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be auto, 0 (auto) or at least 1: {text!r}")
+    return value
+
+
 def port_number(text: str) -> int:
     try:
         value = int(text)
@@ -315,6 +328,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="exclude an endpoint after this many consecutive failed scrapes (default 3)",
+    )
+
+    g = p.add_argument_group("processes")
+    g.add_argument(
+        "--workers",
+        type=workers_count,
+        default=0,
+        metavar="N|auto",
+        help="worker processes sharing the ext-proc port, each with its own copy of the KV index "
+        "(default auto: the cores the pod may use, from its cgroup CPU limit and CPU affinity, "
+        "at most 8; 1 runs one process as before)",
     )
 
     g = p.add_argument_group("shutdown")

@@ -7,6 +7,10 @@ Stop order on SIGTERM/SIGINT: health goes NOT_SERVING (both ports), the ext-proc
 new streams and lets in-flight ones (a long streamed response is one stream) finish for up to
 --drain-timeout (default 130 s, GIE's terminationGracePeriodSeconds), then background tasks stop.
 A second signal ends the drain at once.
+
+With `--workers N` (N > 1; the default `auto` is the cores the pod may use) this process becomes
+the supervisor of N such processes sharing the ext-proc port (epp.workers); each worker runs the
+code below with the few differences epp.workers.worker lists.
 """
 
 from __future__ import annotations
@@ -47,13 +51,15 @@ from epp.scheduling.interfaces import Handle
 from epp.tokenize import registry as tokenize_registry
 from epp.tokenize.registry import Tokenizers, parse_tokenizer_arg
 from epp.tokenize.tokenizer import TokenizerError
+from epp.workers import cpus, supervisor
+from epp.workers import worker as workers_worker
 
 log = logging.getLogger("epp")
 
 _warned_bind_ranks: list[bool] = []  # warn once per process
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     level, fmt = flags.log_settings(args)
     stack_level = {"panic": "critical"}.get(args.zap_stacktrace_level, args.zap_stacktrace_level)
     logs.setup(level=level, fmt=fmt, time_encoding=args.zap_time_encoding, stacktrace_level=stack_level)
@@ -64,8 +70,16 @@ def main(args: argparse.Namespace) -> int:
         for error in errors:
             log.error("cannot start: %s", error)
         return 2
+    role = workers_worker.from_environment()
     try:
-        asyncio.run(run(args))
+        if role is None:
+            _kv_events_from_config(args)
+            count = _worker_count(args)
+            if count > 1:
+                if argv is None:
+                    raise ValueError("--workers above 1 needs `epp serve` started from its command line")
+                return asyncio.run(supervisor.supervise(args, argv, count))
+        asyncio.run(run(args, role))
     except sched_config.ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
@@ -74,6 +88,30 @@ def main(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 2
     return 0
+
+
+def _worker_count(args: argparse.Namespace) -> int:
+    """`--workers`, or auto's count. Bind mode runs one process (epp.workers.supervisor says why)."""
+    if args.workers:
+        if args.workers > 1 and args.kv_events == "bind":
+            raise ValueError(
+                f"--workers {args.workers} with --kv-events bind: only one process can bind the "
+                "KV-event port; use --kv-events connect (each worker subscribes to every pod) or --workers 1"
+            )
+        return int(args.workers)
+    if args.kv_events == "bind":
+        log.info("workers: 1 (auto; --kv-events bind needs a single process to bind the port)")
+        return 1
+    budget = cpus.cpu_budget()
+    count = cpus.default_workers(budget)
+    log.info(
+        "workers: %d (auto: %d core(s) usable, %d in the affinity mask, CPU limit %s)",
+        count,
+        budget.cores,
+        budget.affinity,
+        f"{budget.quota:g} from {budget.source}" if budget.quota is not None else "none",
+    )
+    return count
 
 
 def feed_spec(ep: Endpoint, args: argparse.Namespace) -> FeedSpec:
@@ -102,17 +140,19 @@ def feed_spec(ep: Endpoint, args: argparse.Namespace) -> FeedSpec:
     )
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace, role: workers_worker.WorkerRole | None = None) -> None:
     if args.tracing:
         tracing.setup()
     try:
-        await _run_traced(args)
+        await _run_traced(args, role)
     finally:
         tracing.shutdown()  # flushes the spans still buffered
 
 
-async def _run_traced(args: argparse.Namespace) -> None:
+async def _run_traced(args: argparse.Namespace, role: workers_worker.WorkerRole | None) -> None:
     _kv_events_from_config(args)
+    if role is not None:
+        role.adjust(args)
     datastore = Datastore()
     index = BlockIndex(max_entries=args.kv_index_max_entries) if args.kv_events != "off" else None
     handle = Handle(datastore=datastore, kv_index=index)
@@ -132,7 +172,7 @@ async def _run_traced(args: argparse.Namespace) -> None:
     )
     metrics.REGISTRY.register(collector)
     try:
-        await _run(args, datastore, handle, tokenizers)
+        await _run(args, datastore, handle, tokenizers, role)
     finally:
         metrics.REGISTRY.unregister(collector)
         tokenizers.close()
@@ -174,7 +214,11 @@ def _kv_events_from_config(args: argparse.Namespace) -> None:
 
 
 async def _run(
-    args: argparse.Namespace, datastore: Datastore, handle: Handle, tokenizers: Tokenizers
+    args: argparse.Namespace,
+    datastore: Datastore,
+    handle: Handle,
+    tokenizers: Tokenizers,
+    role: workers_worker.WorkerRole | None = None,
 ) -> None:
     if args.config_file:
         config = sched_config.load_config_file(args.config_file, handle)
@@ -250,7 +294,9 @@ async def _run(
         raise ValueError(
             "no endpoint source: give --pool-name, --endpoint-selector, --endpoints or --endpoints-file"
         )
-    elector = leader_elector(args, pool_operator)
+    elector: workers_worker.Lease | None = role.lease if role is not None else None
+    if role is None:
+        elector = leader_elector(args, pool_operator)
     pool_gauge.set(len(datastore.candidates()))
     if ingester is not None:
         ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
@@ -275,20 +321,32 @@ async def _run(
         else None
     )
     grpc_server = extproc_server.build_server(
-        director, health, bind=args.bind_address, port=args.grpc_port, credentials=credentials
+        director,
+        health,
+        bind=args.bind_address,
+        port=args.grpc_port,
+        credentials=credentials,
+        reuse_port=role is not None,
     )
-    health_server = extproc_server.build_health_server(
-        health, bind=args.bind_address, port=args.grpc_health_port
+    # A worker's health port is its supervisor's.
+    health_server = (
+        extproc_server.build_health_server(health, bind=args.bind_address, port=args.grpc_health_port)
+        if role is None
+        else None
     )
     rpc_service.add_to_server(grpc_server, director)
     app = obs_http.build_app()
     rpc_http.add_routes(app, director, enabled=bool(args.enable_debug_api))
     metrics_auth: k8s_metricsauth.ApiServerAuth | None = None
-    if args.metrics_endpoint_auth:  # GIE's: TokenReview + SubjectAccessReview per (cached) caller
+    # GIE's: TokenReview + SubjectAccessReview per (cached) caller; a worker's port is private.
+    if args.metrics_endpoint_auth and role is None:
         metrics_auth = k8s_metricsauth.ApiServerAuth(k8s_connections.load(args.kubeconfig))
         await metrics_auth.start()
         app.middlewares.append(metrics_auth.middleware)
-    http_runner = await obs_http.start(app, host=args.bind_address, port=args.metrics_port)
+    if role is None:
+        http_runner = await obs_http.start(app, host=args.bind_address, port=args.metrics_port)
+    else:
+        http_runner = await role.start_http(app)
 
     if ingester is not None:
         await ingester.start()
@@ -304,13 +362,20 @@ async def _run(
     loop_lag = LoopLagMonitor()
     await loop_lag.start()
     await grpc_server.start()
-    await health_server.start()
+    if health_server is not None:
+        await health_server.start()
+    stop = asyncio.Event()
+    if role is not None:
+        await role.connect(on_lost=stop.set)
+        await role.report(started=True)
     # Readiness: the pool is listed (or the static endpoints are loaded) and, with leader
     # election, this replica holds the Lease (GIE: followers are NOT_SERVING, liveness stays up).
     pool_ready = datastore.synced if pool_operator is None else pool_operator.ready
 
     async def update_health() -> None:
         await health.set(pool_ready and (elector is None or elector.leading))
+        if role is not None:
+            await role.report(ready=bool(health.serving))
 
     await update_health()
     ready_tasks: list[asyncio.Task[None]] = []
@@ -353,7 +418,6 @@ async def _run(
         },
     )
 
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -368,7 +432,8 @@ async def _run(
             # streams finish (as GIE, which releases on cancel).
             await elector.stop(release=True)
         await drain(grpc_server, args.drain_timeout)
-        await health_server.stop(0)
+        if health_server is not None:
+            await health_server.stop(0)
         if pool_operator is not None:
             await pool_operator.stop()
         if endpoints_file is not None:
@@ -380,6 +445,8 @@ async def _run(
         if metrics_auth is not None:
             await metrics_auth.close()
         await loop_lag.stop()
+        if role is not None:
+            await role.close()
 
 
 def _open_streams() -> int:

@@ -135,6 +135,7 @@ def build_server(
     bind: str,
     port: int,
     credentials: grpc.ServerCredentials | None,
+    reuse_port: bool = False,
 ) -> grpc.aio.Server:
     server = grpc.aio.server(
         options=[
@@ -142,7 +143,9 @@ def build_server(
             ("grpc.max_concurrent_streams", 100000),
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
-            ("grpc.so_reuseport", 0),
+            # Off, so a second epp on the port is a startup error; on for `--workers N`, whose
+            # workers share the port (epp.workers).
+            ("grpc.so_reuseport", int(reuse_port)),
             # gRPC core's default, written down: a stream the event loop has not picked up within
             # 30 s is cancelled (Envoy answers 500). Only an overloaded epp gets there;
             # epp_event_loop_lag_seconds shows it coming.

@@ -117,6 +117,10 @@ class GatewayParams:
     epp_sni: str = ""  # "" = no SNI
     epp_health_check: bool = False
     epp_health_check_interval: float = 1.0
+    # ext-proc streams per HTTP/2 connection to epp: past it Envoy opens another connection. An
+    # `epp serve --workers N` pod spreads load per connection (SO_REUSEPORT), so a busy gateway
+    # must open several; 0 = Envoy's default (no limit: one connection per worker thread).
+    epp_streams_per_connection: int = 16
     # 200 ms (Envoy's default) is too tight for a Python server under GC; FULL_DUPLEX ignores it.
     message_timeout: float = 5.0
     failure_mode_allow: bool = False
@@ -229,12 +233,18 @@ def _lb_metadata_key(key: str) -> dict[str, Any]:
     return {"key": LB_NAMESPACE, "path": [{"key": key}]}
 
 
+def _epp_http2(params: GatewayParams) -> dict[str, Any]:
+    if params.epp_streams_per_connection <= 0:
+        return {}
+    return {"max_concurrent_streams": params.epp_streams_per_connection}
+
+
 def _ext_proc_cluster(params: GatewayParams) -> dict[str, Any]:
     cluster = _static_cluster(EXT_PROC_CLUSTER, params.epp_addresses, params)
     cluster["typed_extension_protocol_options"] = {
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}},
+            "explicit_http_config": {"http2_protocol_options": _epp_http2(params)},
         }
     }
     if params.epp_tls:

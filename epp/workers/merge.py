@@ -1,0 +1,133 @@
+"""One /metrics for a pod of workers: the workers' registries folded into one exposition.
+
+Each worker serves its registry in OpenMetrics (so `_created` samples stay with their family);
+the supervisor parses them and writes the classic text format a single process writes, with the
+same names, types, labels and buckets, and no `worker` label: a GIE dashboard sees one EPP.
+
+How a family folds depends on what one worker's value means:
+- Counters and histograms are summed: every request, error and decision is counted by exactly
+  one worker. The exceptions are the KV-event counters (`epp_kv_*`): every worker consumes every
+  event, so the pod's count is the largest worker's, not N times it.
+- Gauges a worker owns (its streams, its bookings, its memory) are summed; gauges every worker
+  computes from the same input (the pool's averages and ready pods, the KV index size, an
+  endpoint's exclusion) take the largest value; process_start_time_seconds the oldest.
+- A worker that exits leaves its last counters behind (`Retired`), so the pod's counters never go
+  down when a worker is restarted (Prometheus would read a drop as a reset and count it again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+SUMMED_GAUGES = frozenset(
+    {
+        "process_virtual_memory_bytes",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "inference_objective_running_requests",
+        "epp_endpoint_inflight_requests",
+        "epp_endpoint_inflight_prompt_tokens",
+        "epp_extproc_active_streams",
+    }
+)
+MIN_GAUGES = frozenset({"process_start_time_seconds"})
+MAX_COUNTER_PREFIXES = ("epp_kv_",)
+
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """`registry` in OpenMetrics, the format `parse` reads."""
+    text: bytes = openmetrics_latest(registry)  # type: ignore[no-untyped-call]  # untyped module
+    return text
+
+
+def parse(text: str) -> list[Metric]:
+    """A worker's OpenMetrics exposition; raises ValueError if it is not one."""
+    return list(text_string_to_metric_families(text))  # type: ignore[no-untyped-call]  # untyped module
+
+
+def _rule(family: Metric, sample: Sample) -> str:
+    if sample.name.endswith("_created"):
+        return "min"  # the oldest worker's creation time
+    if family.type in ("counter", "histogram", "summary", "gaugehistogram"):
+        return "max" if family.name.startswith(MAX_COUNTER_PREFIXES) else "sum"
+    if family.name in SUMMED_GAUGES:
+        return "sum"
+    if family.name in MIN_GAUGES:
+        return "min"
+    return "max"  # info, stateset, and gauges every worker computes alike
+
+
+def _key(sample: Sample) -> Key:
+    return sample.name, tuple(sorted(sample.labels.items()))
+
+
+def _fold(rule: str, a: float, b: float) -> float:
+    if rule == "sum":
+        return a + b
+    if rule == "min":
+        return min(a, b)
+    return max(a, b)
+
+
+class Retired:
+    """The counters of workers that exited, kept so the pod's totals stay monotonic."""
+
+    def __init__(self) -> None:
+        self.families: list[Metric] = []
+
+    def add(self, families: Sequence[Metric]) -> None:
+        """Fold in a dead worker's last families (their counters and histograms)."""
+        kept = []
+        for family in families:
+            if family.type not in ("counter", "histogram", "summary"):
+                continue
+            copy = Metric(family.name, family.documentation, family.type, family.unit)
+            copy.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            kept.append(copy)
+        self.families = merge([self.families, kept])
+
+
+def merge(sources: Iterable[Sequence[Metric]]) -> list[Metric]:
+    """The pod's families: `sources` (one list of families per process, and `Retired.families`)
+    folded together."""
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[Key, tuple[Sample, float]]] = {}
+    for source in sources:
+        for family in source:
+            merged = families.get(family.name)
+            if merged is None:
+                merged = Metric(family.name, family.documentation, family.type, family.unit)
+                families[family.name] = merged
+                values[family.name] = {}
+            elif merged.type != family.type:
+                continue  # a worker of another version: keep the first's type
+            seen = values[family.name]
+            for s in family.samples:
+                key = _key(s)
+                old = seen.get(key)
+                value = s.value if old is None else _fold(_rule(family, s), old[1], s.value)
+                seen[key] = (s, value)
+    for name, family in families.items():
+        family.samples = [
+            Sample(s.name, s.labels, value, None, s.exemplar) for s, value in values[name].values()
+        ]
+    return list(families.values())
+
+
+class Families(Collector):
+    """Already-merged families, as a collector `generate_latest` can write."""
+
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families

@@ -1,0 +1,429 @@
+"""The supervisor: the parent process of `epp serve --workers N` (N > 1).
+
+It does no routing. It
+- checks the ext-proc port is free, then starts N workers (`python -m epp serve`, the same flags)
+  that all listen on it with SO_REUSEPORT: the kernel hands each new connection from the gateway
+  to one of them (so the spread is per connection; a gateway opens one or more per worker thread),
+- serves the pod's gRPC health port: SERVING while not draining and at least one worker is ready
+  (a worker being restarted does not take the pod out of its Service),
+- serves the metrics port: /metrics folds every worker's registry into one (epp.workers.merge)
+  and adds per-worker series (epp_worker_*); every other path (the debug endpoints) is passed to
+  one worker, the lowest live one or the one the `X-Epp-Worker` request header names,
+- leaves the KV events to the workers: in connect mode each subscribes to every pod, so every
+  worker's index sees every event. Bind mode runs one process (`--workers auto` falls back to 1,
+  an explicit N > 1 is a startup error): one process only can bind the port, and the bound
+  socket's door (which pod may publish, checked per connection against the sender's address)
+  would not survive a forwarder between vLLM and the workers,
+- with --ha-enable-leader-election, campaigns for the Lease once for the pod and tells the workers,
+- restarts a worker that exits (logged, counted in epp_worker_restarts_total, backoff 1 s doubling
+  to 30 s); a worker that fails before it ever started serving stops the pod with its exit code
+  (a bad flag or config fails every worker the same way),
+- on SIGTERM: health NOT_SERVING, the Lease released, SIGTERM to every worker (each drains its own
+  streams for --drain-timeout), and exits when they have; a second signal is passed on too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from epp import tasks
+from epp.extproc import server as extproc_server
+from epp.k8s import leader as k8s_leader
+from epp.k8s import metricsauth as k8s_metricsauth
+from epp.workers import merge, worker
+
+log = logging.getLogger("epp.workers")
+
+WORKER_HEADER = "X-Epp-Worker"
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 30.0
+STABLE_S = 60.0
+"""A worker that ran this long before exiting restarts after BACKOFF_FIRST_S again."""
+SCRAPE_TIMEOUT_S = 5.0
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "host", "content-length"})
+
+
+@dataclass
+class Slot:
+    """Worker i across its restarts."""
+
+    index: int
+    proc: asyncio.subprocess.Process | None = None
+    writer: asyncio.StreamWriter | None = None
+    started: bool = False
+    ready: bool = False
+    restarts: int = 0
+    families: list[Metric] = field(default_factory=list)
+    """Its last scraped families (kept as the floor of the pod's counters when it exits)."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """The workers bind with SO_REUSEPORT, which would quietly share a port another epp holds."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+class Supervisor:
+    def __init__(self, args: argparse.Namespace, argv: list[str], workers: int) -> None:
+        self.args = args
+        self.command = [sys.executable, "-m", "epp", *argv]
+        self.slots = [Slot(i) for i in range(workers)]
+        self.directory = Path(tempfile.mkdtemp(prefix="epp-workers-"))
+        self.stopping = False
+        self.failed: int | None = None
+        self._stop = asyncio.Event()
+        self._signals = 0
+        self.retired = merge.Retired()
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        self._sessions: dict[int, aiohttp.ClientSession] = {}
+        self._health_changed = asyncio.Event()
+        self.lease: k8s_leader.LeaderElector | None = None
+        self._leading = False
+
+    # --- the workers ----------------------------------------------------------------------------
+
+    async def _spawn(self, slot: Slot) -> asyncio.StreamReader:
+        ours, theirs = socket.socketpair()
+        env = dict(
+            os.environ,
+            **{
+                worker.INDEX_ENV: str(slot.index),
+                worker.DIR_ENV: str(self.directory),
+                worker.CONTROL_ENV: str(theirs.fileno()),
+                worker.COUNT_ENV: str(len(self.slots)),
+                worker.SUPERVISOR_ENV: str(os.getpid()),
+            },
+        )
+        try:
+            # Its own session: a terminal's Ctrl-C reaches the supervisor only, which passes it on
+            # once (twice would end the workers' drain at once).
+            slot.proc = await asyncio.create_subprocess_exec(
+                *self.command, env=env, pass_fds=(theirs.fileno(),), start_new_session=True
+            )
+        finally:
+            theirs.close()
+        reader, slot.writer = await asyncio.open_unix_connection(sock=ours)
+        slot.started = slot.ready = False
+        if self.lease is not None:
+            await self._send(slot, leading=self._leading)
+        log.info("worker %d started", slot.index, extra={"worker": slot.index, "pid": slot.proc.pid})
+        return reader
+
+    async def _send(self, slot: Slot, **message: bool) -> None:
+        if slot.writer is None or slot.writer.is_closing():
+            return
+        slot.writer.write(json.dumps(message).encode() + b"\n")
+        with contextlib.suppress(ConnectionError):
+            await slot.writer.drain()
+
+    async def _follow(self, slot: Slot, reader: asyncio.StreamReader) -> None:
+        with contextlib.suppress(ConnectionError):
+            while line := await reader.readline():
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
+                if message.get("started"):
+                    slot.started = True
+                if "ready" in message:
+                    slot.ready = bool(message["ready"])
+                    self._health_changed.set()
+
+    async def _keep(self, slot: Slot) -> None:
+        """Run worker `slot.index` until the pod stops, restarting it when it exits."""
+        try:
+            await self._keep_running(slot)
+        except Exception:
+            self.failed = 1
+            self._begin_stop()  # a supervisor that cannot keep a worker must not half-serve
+            raise
+
+    async def _keep_running(self, slot: Slot) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = BACKOFF_FIRST_S
+        first = True
+        while not self.stopping:
+            began = loop.time()
+            reader = await self._spawn(slot)
+            assert slot.proc is not None
+            await self._follow(slot, reader)
+            code = await slot.proc.wait()
+            if slot.writer is not None:
+                slot.writer.close()
+            slot.ready = False
+            self._health_changed.set()
+            if slot.families:
+                self.retired.add(slot.families)
+                slot.families = []
+            if self.stopping:
+                log.info("worker %d exited (code %d)", slot.index, code, extra={"worker": slot.index})
+                return
+            if first and not slot.started:
+                log.error("worker %d exited (code %d) before it started serving; stopping", slot.index, code)
+                self.failed = code if code > 0 else 1
+                self._begin_stop()
+                return
+            first = False
+            if loop.time() - began >= STABLE_S:
+                backoff = BACKOFF_FIRST_S
+            slot.restarts += 1
+            log.error(
+                "worker %d exited (%s); restarting it in %.0fs",
+                slot.index,
+                f"signal {-code}" if code < 0 else f"code {code}",
+                backoff,
+                extra={"worker": slot.index, "restarts": slot.restarts},
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _begin_stop(self) -> None:
+        self._signals += 1
+        if not self.stopping:
+            self.stopping = True
+            self._stop.set()
+            self._health_changed.set()
+            return
+        log.warning("second signal: the workers cut their remaining streams")
+        self._signal_workers()
+
+    def _signal_workers(self) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.send_signal(signal.SIGTERM)
+
+    # --- metrics and debug endpoints ------------------------------------------------------------
+
+    def _session(self, index: int) -> aiohttp.ClientSession:
+        session = self._sessions.get(index)
+        if session is None or session.closed:
+            connector = aiohttp.UnixConnector(path=str(worker.http_socket(self.directory, index)))
+            session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+            )
+            self._sessions[index] = session
+        return session
+
+    async def _scrape(self, slot: Slot) -> None:
+        if not slot.started or slot.proc is None or slot.proc.returncode is not None:
+            return
+        try:
+            async with self._session(slot.index).get("http://worker" + worker.WORKER_METRICS_PATH) as r:
+                text = await r.text()
+            slot.families = merge.parse(text)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            # Its last families stand in: the pod's counters must not dip.
+            log.warning("worker %d: /metrics failed (%s); using its last values", slot.index, exc)
+
+    def _per_worker(self) -> list[Metric]:
+        up = GaugeMetricFamily("epp_worker_up", "1 while the worker process runs.", labels=["worker"])
+        ready = GaugeMetricFamily(
+            "epp_worker_ready", "1 while the worker reports ready (serves ext-proc).", labels=["worker"]
+        )
+        restarts = CounterMetricFamily(
+            "epp_worker_restarts",
+            "Times the supervisor restarted the worker after it exited.",
+            labels=["worker"],
+        )
+        routed = CounterMetricFamily(
+            "epp_worker_requests",
+            "Requests routed by the worker process (inference_objective_request_total of this "
+            "process; restarts from 0 with the worker).",
+            labels=["worker"],
+        )
+        cpu = CounterMetricFamily(
+            "epp_worker_cpu_seconds",
+            "CPU seconds of the worker process (restarts from 0 with the worker).",
+            labels=["worker"],
+        )
+        for slot in self.slots:
+            label = [str(slot.index)]
+            alive = slot.proc is not None and slot.proc.returncode is None
+            up.add_metric(label, 1.0 if alive else 0.0)
+            ready.add_metric(label, 1.0 if slot.ready else 0.0)
+            restarts.add_metric(label, float(slot.restarts))
+            if not alive:
+                continue
+            for family in slot.families:
+                if family.name == "inference_objective_request":
+                    routed.add_metric(
+                        label, sum(s.value for s in family.samples if s.name.endswith("_total"))
+                    )
+                elif family.name == "process_cpu_seconds":
+                    cpu.add_metric(label, sum(s.value for s in family.samples))
+        count = GaugeMetricFamily("epp_workers", "Worker processes the supervisor keeps running.")
+        count.add_metric([], float(len(self.slots)))
+        return [count, up, ready, restarts, routed, cpu]
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        await asyncio.gather(*(self._scrape(slot) for slot in self.slots))
+        own = merge.parse(merge.exposition(self.registry).decode())
+        live = [s.families for s in self.slots if s.proc is not None and s.proc.returncode is None]
+        families = merge.merge([*live, own, self.retired.families])
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(merge.Families([*families, *self._per_worker()]))
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _choose(self, request: web.Request) -> Slot | None:
+        wanted = request.headers.get(WORKER_HEADER)
+        live = [s for s in self.slots if s.started and s.proc is not None and s.proc.returncode is None]
+        if wanted is not None:
+            return next((s for s in live if str(s.index) == wanted.strip()), None)
+        return live[0] if live else None
+
+    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        slot = self._choose(request)
+        if slot is None:
+            return web.json_response({"error": "no such worker running"}, status=503)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        body = await request.read()
+        try:
+            async with self._session(slot.index).request(
+                request.method, "http://worker" + request.path_qs, headers=headers, data=body
+            ) as r:
+                payload = await r.read()
+                out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_BY_HOP}
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return web.json_response({"error": f"worker {slot.index}: {exc}"}, status=502)
+        out[WORKER_HEADER] = str(slot.index)
+        return web.Response(status=r.status, body=payload, headers=out)
+
+    def build_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_route("*", "/{tail:.*}", self._proxy)
+        return app
+
+    # --- the pod --------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        args = self.args
+        check_port_free(args.bind_address, args.grpc_port)
+        health = extproc_server.Health()
+        health_server = extproc_server.build_health_server(
+            health, bind=args.bind_address, port=args.grpc_health_port
+        )
+        app = self.build_app()
+        metrics_auth = await _metrics_auth(args, app)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, args.bind_address, args.metrics_port).start()
+        elector = _lease(args)
+        self.lease = elector
+        await health.set(False)  # grpc's servicer says SERVING until told otherwise
+        await health_server.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal)
+        # Plain tasks: each returns when the pod stops; an exception is logged below.
+        keepers = [asyncio.create_task(self._keep(slot), name=f"worker {slot.index}") for slot in self.slots]
+        followers: list[asyncio.Task[None]] = []
+        if elector is not None:
+            await elector.start()
+            followers.append(tasks.create_guarded_task(self._follow_lease(elector), name="lease", logger=log))
+        followers.append(
+            tasks.create_guarded_task(self._follow_health(health), name="pod health", logger=log)
+        )
+        log.info(
+            "epp supervisor serving",
+            extra={"workers": len(self.slots), "grpc_port": args.grpc_port, "pid": os.getpid()},
+        )
+        try:
+            await self._stop.wait()
+        finally:
+            await health.set(False)
+            if elector is not None:
+                await elector.stop(release=True)  # a follower pod takes over while we drain
+            self._signal_workers()
+            # Each worker drains for --drain-timeout; then they are killed.
+            await asyncio.wait(keepers, timeout=args.drain_timeout + 10)
+            for slot in self.slots:
+                if slot.proc is not None and slot.proc.returncode is None:
+                    log.error("worker %d did not stop; killing it", slot.index)
+                    with contextlib.suppress(ProcessLookupError):
+                        slot.proc.kill()
+            await asyncio.wait(keepers, timeout=10)
+            await tasks.cancel_and_wait([*followers, *keepers])
+            for keeper in keepers:
+                if not keeper.cancelled() and keeper.exception() is not None:
+                    log.error("%s failed", keeper.get_name(), exc_info=keeper.exception())
+                    self.failed = self.failed or 1
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await health_server.stop(0)
+            for session in self._sessions.values():
+                await session.close()
+            await runner.cleanup()
+            if metrics_auth is not None:
+                await metrics_auth.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+        log.info("epp supervisor stopped")
+        return self.failed or 0
+
+    def _on_signal(self) -> None:
+        self._begin_stop()
+
+    async def _follow_health(self, health: extproc_server.Health) -> None:
+        while True:
+            await self._health_changed.wait()
+            self._health_changed.clear()
+            await health.set(not self.stopping and any(s.ready for s in self.slots))
+
+    async def _follow_lease(self, elector: k8s_leader.LeaderElector) -> None:
+        while True:
+            self._leading = elector.leading
+            for slot in self.slots:
+                await self._send(slot, leading=self._leading)
+            await elector.wait_changed()
+
+
+def _lease(args: argparse.Namespace) -> k8s_leader.LeaderElector | None:
+    """The pod's one campaign for the Lease (serve.leader_elector), or None when off."""
+    if not args.ha_enable_leader_election:
+        return None
+    from epp import serve
+    from epp.datastore.endpoints import Datastore
+
+    return serve.leader_elector(args, serve.kubernetes_source(args, Datastore()))
+
+
+async def _metrics_auth(
+    args: argparse.Namespace, app: web.Application
+) -> k8s_metricsauth.ApiServerAuth | None:
+    if not args.metrics_endpoint_auth:
+        return None
+    from epp.k8s import connections as k8s_connections
+
+    auth = k8s_metricsauth.ApiServerAuth(k8s_connections.load(args.kubeconfig))
+    await auth.start()
+    app.middlewares.append(auth.middleware)
+    return auth
+
+
+async def supervise(args: argparse.Namespace, argv: list[str], workers: int) -> int:
+    return await Supervisor(args, argv, workers).run()

@@ -1,0 +1,185 @@
+"""What `epp serve` does differently as worker i of a supervisor (`epp serve --workers N`).
+
+The supervisor starts each worker as `python -m epp serve <the same flags>` with three variables:
+EPP_WORKER_INDEX, EPP_WORKER_DIR (a private 0700 directory) and EPP_WORKER_CONTROL_FD (its end of
+a socket pair). The worker then
+- serves ext-proc on the shared port with SO_REUSEPORT (the kernel spreads connections),
+- does not serve the health port (the supervisor answers for the pod) nor the metrics port: its
+  /metrics and debug endpoints are on a Unix socket in the directory, behind the supervisor's,
+- consumes the KV events itself (connect mode: it subscribes to every pod; bind mode allows one
+  process only, see epp.workers.supervisor),
+- follows the supervisor's Lease instead of campaigning itself,
+- reports on the control socket: "started" once its servers are up, then its readiness; and
+  shuts down (drains) when the socket closes, so a supervisor that is killed takes its workers
+  with it.
+Messages are JSON lines: worker -> supervisor {"started": true} / {"ready": bool};
+supervisor -> worker {"leading": bool}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from aiohttp import web
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST
+
+from epp import tasks
+from epp.observability import metrics
+from epp.workers import merge
+
+log = logging.getLogger("epp.workers")
+
+INDEX_ENV = "EPP_WORKER_INDEX"
+DIR_ENV = "EPP_WORKER_DIR"
+CONTROL_ENV = "EPP_WORKER_CONTROL_FD"
+COUNT_ENV = "EPP_WORKERS"
+SUPERVISOR_ENV = "EPP_SUPERVISOR_PID"
+WORKER_METRICS_PATH = "/worker/metrics"
+"""The worker's registry in OpenMetrics, for the supervisor only (on the worker's Unix socket)."""
+
+
+def http_socket(directory: Path, index: int) -> Path:
+    return directory / f"worker-{index}.http.sock"
+
+
+class Lease(Protocol):
+    """What `epp serve` needs of a Lease: k8s.leader.LeaderElector's, or the supervisor's."""
+
+    @property
+    def leading(self) -> bool: ...
+
+    async def wait_changed(self) -> object: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self, *, release: bool = ...) -> None: ...
+
+
+class LeaseFromSupervisor:
+    """The supervisor's Lease as this worker sees it: `LeaderElector`'s interface, no campaign."""
+
+    def __init__(self) -> None:
+        self.leading = False
+        self._changed = asyncio.Event()
+
+    def set(self, leading: bool) -> None:
+        if leading != self.leading:
+            self.leading = leading
+            self._changed.set()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+        self._changed.clear()
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self, *, release: bool = False) -> None:
+        return None  # the supervisor holds (and releases) the Lease
+
+
+class WorkerRole:
+    def __init__(self, index: int, directory: Path, control_fd: int, workers: int) -> None:
+        self.index = index
+        self.workers = workers
+        self.directory = directory
+        self._control_fd = control_fd
+        self.lease: LeaseFromSupervisor | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+
+    def adjust(self, args: argparse.Namespace) -> None:
+        """The flags as this worker applies them (after the config's kvEventsConfig is read)."""
+        if args.tokenizer_workers is None:  # the pod's cores are shared by the workers' pools
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+            args.tokenizer_workers = max(1, min(4, cores // max(1, self.workers)))
+        if args.ha_enable_leader_election:
+            self.lease = LeaseFromSupervisor()
+
+    async def start_http(self, app: web.Application) -> web.AppRunner:
+        async def worker_metrics(_: web.Request) -> web.Response:
+            return web.Response(
+                body=merge.exposition(metrics.REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            )
+
+        app.router.add_get(WORKER_METRICS_PATH, worker_metrics)
+        path = http_socket(self.directory, self.index)
+        path.unlink(missing_ok=True)  # a crashed predecessor's
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.UnixSite(runner, str(path)).start()
+        return runner
+
+    async def connect(self, on_lost: Callable[[], None]) -> None:
+        """Open the control socket; `on_lost` runs when the supervisor is gone."""
+        sock = socket.socket(fileno=self._control_fd)
+        reader, self._writer = await asyncio.open_unix_connection(sock=sock)
+
+        async def read() -> None:
+            try:
+                while line := await reader.readline():
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        continue
+                    if "leading" in message and self.lease is not None:
+                        self.lease.set(bool(message["leading"]))
+            except ConnectionError:
+                pass
+            log.warning("worker %d: the supervisor is gone; stopping", self.index)
+            on_lost()
+
+        self._reader_task = tasks.create_guarded_task(read(), name="worker control", logger=log)
+
+    async def report(self, **message: bool) -> None:
+        if self._writer is None or self._writer.is_closing():
+            return
+        self._writer.write(json.dumps(message).encode() + b"\n")
+        with contextlib.suppress(ConnectionError):
+            await self._writer.drain()
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            await tasks.cancel_and_wait([self._reader_task])
+        if self._writer is not None:
+            self._writer.close()
+
+
+def from_environment() -> WorkerRole | None:
+    """This process's role if a supervisor started it, else None (a single-process epp)."""
+    index = os.environ.get(INDEX_ENV)
+    if index is None:
+        return None
+    role = WorkerRole(
+        int(index),
+        Path(os.environ[DIR_ENV]),
+        int(os.environ[CONTROL_ENV]),
+        int(os.environ.get(COUNT_ENV, "1")),
+    )
+    _die_with(int(os.environ.get(SUPERVISOR_ENV, "0")))
+    return role
+
+
+def _die_with(supervisor: int) -> None:
+    """SIGKILL this worker when the supervisor dies, however it dies (PR_SET_PDEATHSIG, Linux): a
+    pod whose supervisor is gone must not keep serving from orphans. The closed control socket is
+    the slower fallback (it drains first)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if supervisor and os.getppid() != supervisor:  # it died before prctl took effect
+        os._exit(1)
