@@ -237,6 +237,9 @@ class EppServer:
             "--metrics-port", str(self.ports.metrics),
             f"--secure-serving={'true' if secure else 'false'}",
             "--bind-address", host,
+            # One process unless `extra_args` says otherwise (the last --workers wins): a test or
+            # benchmark reads one process's CPU and state; `--workers auto` is the binary's default.
+            "--workers", "1",
         ]  # fmt: skip
         if endpoints is not None:
             args += ["--endpoints", ",".join(endpoints)]
