@@ -1,8 +1,8 @@
 """One /metrics for a pod of workers: the workers' registries folded into one exposition.
 
-Each worker serves its registry in OpenMetrics (so `_created` samples stay with their family);
-the supervisor parses them and writes the classic text format a single process writes, with the
-same names, types, labels and buckets, and no `worker` label: a GIE dashboard sees one EPP.
+Each worker serves its registry on a private socket; the supervisor parses them and writes the
+text a single process writes, with the same names, types, labels and buckets, and no `worker`
+label: a GIE dashboard sees one EPP.
 
 How a family folds depends on what one worker's value means:
 - Counters and histograms are summed: every request, error and decision is counted by exactly
@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
@@ -44,14 +43,31 @@ Key = tuple[str, tuple[tuple[str, str], ...]]
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
-    """`registry` in OpenMetrics, the format `parse` reads."""
-    text: bytes = openmetrics_latest(registry)  # type: ignore[no-untyped-call]  # untyped module
-    return text
+    """`registry` in the text format `parse` reads (Prometheus' classic one: its OpenMetrics
+    parser refuses a histogram with negative buckets, which has no `_sum` there)."""
+    return generate_latest(registry)
 
 
 def parse(text: str) -> list[Metric]:
-    """A worker's OpenMetrics exposition; raises ValueError if it is not one."""
-    return list(text_string_to_metric_families(text))  # type: ignore[no-untyped-call]  # untyped module
+    """A worker's exposition; raises ValueError if it is not one.
+
+    The classic parser reads a counter's or histogram's `_created` samples as a gauge family of
+    their own: they are put back into their family, so the supervisor writes them as one process.
+    """
+    families = list(text_string_to_metric_families(text))
+    by_name = {f.name: f for f in families}
+    out = []
+    for family in families:
+        base = by_name.get(family.name.removesuffix("_created"))
+        if (
+            family.name.endswith("_created")
+            and base is not None
+            and base.type in ("counter", "histogram", "summary")
+        ):
+            base.samples.extend(family.samples)
+            continue
+        out.append(family)
+    return out
 
 
 def _rule(family: Metric, sample: Sample) -> str:

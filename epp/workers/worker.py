@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from aiohttp import web
-from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from epp import tasks
 from epp.observability import metrics
@@ -47,7 +47,7 @@ CONTROL_ENV = "EPP_WORKER_CONTROL_FD"
 COUNT_ENV = "EPP_WORKERS"
 SUPERVISOR_ENV = "EPP_SUPERVISOR_PID"
 WORKER_METRICS_PATH = "/worker/metrics"
-"""The worker's registry in OpenMetrics, for the supervisor only (on the worker's Unix socket)."""
+"""The worker's registry, for the supervisor only (on the worker's Unix socket)."""
 
 
 def http_socket(directory: Path, index: int) -> Path:

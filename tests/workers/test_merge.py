@@ -82,3 +82,21 @@ def test_a_dead_workers_counters_stay_in_the_totals() -> None:
     retired.add(again)
     got = _samples(_text(merge.merge([other, retired.families])))
     assert got[("inference_objective_request_total", (("model_name", "m"),))] == 13
+
+
+def test_a_histogram_with_negative_buckets_survives() -> None:
+    # OpenMetrics drops _sum for such a histogram and its own parser then refuses the whole text;
+    # one worker's odd family must not cost the pod every metric.
+    def worker(value: float) -> list[Metric]:
+        reg = CollectorRegistry()
+        h = Histogram(
+            "epp_predicted_ttft_error_seconds", "e", ["plugin"], buckets=(-1.0, 0.0, 1.0), registry=reg
+        )
+        h.labels("p").observe(value)
+        Counter("inference_objective_request_total", "r", registry=reg).inc()
+        return merge.parse(merge.exposition(reg).decode())
+
+    got = _samples(_text(merge.merge([worker(-0.5), worker(0.5)])))
+    assert got[("epp_predicted_ttft_error_seconds_count", (("plugin", "p"),))] == 2
+    assert got[("epp_predicted_ttft_error_seconds_bucket", (("le", "0.0"), ("plugin", "p")))] == 1
+    assert got[("inference_objective_request_total", ())] == 2

@@ -1,0 +1,201 @@
+"""`epp serve --workers 2` behind a real Envoy: both workers route, one /metrics adds them up,
+every worker consumes the KV events, a killed worker comes back, SIGTERM drains both.
+
+The stack is built here rather than by `start_stack`: the gateway must open many connections
+(Envoy's `max_concurrent_streams` of 1 towards epp) so the kernel's SO_REUSEPORT spread reaches
+both workers in a few requests, whatever the hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from e2e.harness import (
+    E2E_SIM,
+    Cleanup,
+    EnvoyGateway,
+    EppProcess,
+    SimBackends,
+    eventually,
+    parse_prometheus,
+    request,
+    wait_routable,
+)
+from epp.gateway.envoy import GatewayParams, PodsMode
+from epp.gateway.processes import HOST, free_ports
+from epp.sim.engine import SimConfig
+
+PROMPT = "Workers share the port. " * 60  # a few KV blocks per request
+
+
+@dataclasses.dataclass
+class WorkerStack:
+    sims: SimBackends
+    epp: EppProcess
+    envoy: EnvoyGateway
+
+    @property
+    def url(self) -> str:
+        return self.envoy.url
+
+    def metrics(self) -> str:
+        return self.epp.metrics_text()
+
+    def worker_pids(self) -> dict[int, int]:
+        """Worker index -> pid, from the supervisor's children's environment."""
+        out: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid != self.epp.process.pid:
+                    continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            except (OSError, ValueError, IndexError):
+                continue
+            if b"EPP_WORKER_INDEX" in env:
+                out[int(env[b"EPP_WORKER_INDEX"])] = int(entry)
+        return out
+
+
+def start(workdir: Path, cleanup: Cleanup, sim: SimConfig = E2E_SIM) -> WorkerStack:
+    workdir.mkdir(parents=True, exist_ok=True)
+    configs = [dataclasses.replace(sim, kv_events=f"tcp://{HOST}:0", kv_replay=f"tcp://{HOST}:0")] * 2
+    sims = SimBackends(configs)
+    cleanup.push("sims", sims.stop)
+    sims.start()
+    endpoints_file = workdir / "endpoints.yaml"
+    entries = [
+        {"address": a, "model": c.served_model, "kvEvents": e, "kvReplay": r}
+        for a, c, e, r in zip(
+            sims.addresses, configs, sims.kv_endpoints, sims.kv_replay_endpoints, strict=True
+        )
+    ]
+    endpoints_file.write_text(yaml.safe_dump({"endpoints": entries}))
+    epp = EppProcess(
+        workdir,
+        endpoints_file=endpoints_file,
+        extra_args=["--kv-events", "connect", "--workers", "2", "--drain-timeout", "30s"],
+    )
+    cleanup.add_log("epp log", epp.process.log_path)
+    cleanup.push("epp", epp.stop)
+    epp.start()
+    listen, admin = free_ports(2)
+    params = GatewayParams(
+        listen_port=listen,
+        admin_port=admin,
+        epp_addresses=(epp.grpc_address,),
+        pods_mode=PodsMode.ORIGINAL_DST,
+        route_timeout=60.0,
+        epp_streams_per_connection=1,
+        access_log_path=str(workdir / "access.log"),
+    )
+    envoy = EnvoyGateway(workdir, params)
+    cleanup.add_log("envoy log", envoy.log_path)
+    cleanup.push("envoy", envoy.stop)
+    envoy.start()
+    return WorkerStack(sims, epp, envoy)
+
+
+async def complete(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int = 20) -> int:
+    reply = await request(
+        session,
+        "POST",
+        f"{url}/v1/completions",
+        body={"model": "sim-model", "prompt": f"{PROMPT} #{i}", "max_tokens": max_tokens, "stream": True},
+    )
+    assert reply.status == 200, (reply.status, reply.text[:500])
+    assert "[DONE]" in reply.text
+    return reply.status
+
+
+async def test_two_workers_share_the_port_metrics_events_and_restarts(
+    tmp_path: Path, cleanup: Cleanup, session: aiohttp.ClientSession
+) -> None:
+    stack = start(tmp_path, cleanup)
+    # Both workers subscribe to every pod's KV-event publisher.
+    await eventually(lambda: min(stack.sims.kv_subscriptions()) >= 2, within=20, what="2 subscribers per pod")
+    await wait_routable(session, stack.url)
+    sent = 1  # wait_routable's
+    for round_ in range(2):
+        await asyncio.gather(*(complete(session, stack.url, 100 * round_ + i) for i in range(16)))
+        sent += 16
+
+    text = stack.metrics()
+    per_worker = parse_prometheus(text, "epp_worker_requests_total")
+    assert set(per_worker) == {'worker="0"', 'worker="1"'}
+    assert min(per_worker.values()) > 0, per_worker  # both workers routed streams
+    routed = sum(parse_prometheus(text, "inference_objective_request_total").values())
+    assert routed == sum(per_worker.values()) >= sent - 1, (routed, per_worker, sent)
+    assert parse_prometheus(text, "epp_workers") == {"": 2.0}
+    # GIE's series keep their type line: one family, no per-worker label.
+    assert "# TYPE inference_objective_request_total counter" in text
+    assert "worker=" not in "".join(line for line in text.splitlines() if line.startswith("inference_"))
+
+    # Every worker consumed the pods' KV events into its own index (read through the supervisor's
+    # debug passthrough, which sends to the worker the X-Epp-Worker header names).
+    for index in (0, 1):
+        async with session.get(
+            f"http://{HOST}:{stack.epp.metrics_port}/worker/metrics", headers={"X-Epp-Worker": str(index)}
+        ) as resp:
+            assert resp.status == 200
+            assert resp.headers["X-Epp-Worker"] == str(index)
+            own = await resp.text()
+        assert sum(parse_prometheus(own, "epp_kv_events_blocks_total").values()) > 0, (index, own[:2000])
+        assert parse_prometheus(own, "epp_kv_index_entries")[""] > 0
+
+    # A crashed worker is restarted (and counted); the pod keeps serving meanwhile.
+    pids = stack.worker_pids()
+    assert set(pids) == {0, 1}
+    os.kill(pids[1], signal.SIGKILL)
+    # Streams in flight on a crashed worker fail (Envoy answers 500); once the kernel has closed
+    # its connections, Envoy's new ones reach the live worker.
+    await asyncio.sleep(0.5)
+    await asyncio.gather(*(complete(session, stack.url, 300 + i) for i in range(8)))
+    await eventually(
+        lambda: parse_prometheus(stack.metrics(), "epp_worker_restarts_total").get('worker="1"') == 1.0,
+        within=20,
+        what="worker 1 restarted",
+    )
+    await eventually(
+        lambda: parse_prometheus(stack.metrics(), "epp_worker_ready").get('worker="1"') == 1.0,
+        within=30,
+        what="worker 1 ready again",
+    )
+    assert stack.worker_pids()[1] != pids[1]
+    assert stack.worker_pids()[0] == pids[0]
+    after = sum(parse_prometheus(stack.metrics(), "inference_objective_request_total").values())
+    assert after >= routed + 8, (after, routed)  # the dead worker's count did not vanish
+
+
+async def test_sigterm_drains_streams_on_every_worker(
+    tmp_path: Path, cleanup: Cleanup, session: aiohttp.ClientSession
+) -> None:
+    # 4 ms per token: a 400-token stream runs ~1.6 s, long enough to be cut by a drain that fails.
+    stack = start(tmp_path, cleanup, dataclasses.replace(E2E_SIM, time_scale=0.2))
+    await wait_routable(session, stack.url)
+    streams = [asyncio.create_task(complete(session, stack.url, i, max_tokens=400)) for i in range(8)]
+    await eventually(
+        lambda: min(parse_prometheus(stack.metrics(), "epp_worker_requests_total").values()) > 0,
+        within=10,
+        what="streams on both workers",
+    )
+    assert sum(parse_prometheus(stack.metrics(), "epp_extproc_active_streams").values()) > 0
+    os.kill(stack.epp.process.pid, signal.SIGTERM)
+    assert await asyncio.gather(*streams) == [200] * 8  # every stream ran to its end
+    proc = stack.epp.process.proc
+    assert proc is not None
+    await eventually(lambda: proc.poll() is not None, within=30, what="the supervisor exits")
+    assert proc.returncode == 0
+    assert "stream(s) cut" in stack.epp.process.log_text()
+    assert "0 stream(s) cut" in stack.epp.process.log_text()
