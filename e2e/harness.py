@@ -180,6 +180,8 @@ class StackOptions:
     extra_endpoints: Sequence[str] = ()
     prepend_extra_endpoints: bool = True
     epp_args: Sequence[str] = ()
+    # Control headers Envoy lets clients send (GatewayParams.client_control_headers).
+    client_control_headers: Sequence[str] = ()
     epp_tls: bool = False
     epp_wait: WaitFor = "serving"
     num_retries: int = 2
@@ -288,6 +290,7 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         process_responses=opts.process_responses,
         epp_tls=opts.epp_tls,
         num_retries=opts.num_retries,
+        client_control_headers=tuple(opts.client_control_headers),
         route_timeout=60.0,
         access_log_path=str(workdir / "access.log"),
     )

@@ -50,9 +50,21 @@ async def test_model_rewrite_reaches_the_server_and_is_rewritten_back(
     stacks: StackFactory, session: aiohttp.ClientSession
 ) -> None:
     strict = SimConfig(time_scale=0.01, strict_models=True)
-    stack = stacks(sim_configs=[dataclasses.replace(strict, name=f"s{i}") for i in range(2)])
-    await wait_routable(session, stack.url)
+    sims = [dataclasses.replace(strict, name=f"s{i}") for i in range(2)]
     body = {"model": "my-alias", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    # By default a client's rewrite header is removed by Envoy and ignored by epp.
+    closed = stacks(sim_configs=sims)
+    await wait_routable(session, closed.url)
+    headers = {"x-gateway-model-name-rewrite": MODEL}
+    reply = await request(session, "POST", closed.url + "/v1/chat/completions", body=body, headers=headers)
+    assert reply.status == 404
+    # Trusted: a proxy in front may set it (Envoy lets it through, epp honours it).
+    stack = stacks(
+        sim_configs=sims,
+        client_control_headers=["x-gateway-model-name-rewrite"],
+        epp_args=["--trust-model-name-rewrite-header"],
+    )
+    await wait_routable(session, stack.url)
     # Without the rewrite the strict server rejects the alias: proof the rewrite is what passes.
     reply = await request(session, "POST", stack.url + "/v1/chat/completions", body=body)
     assert reply.status == 404

@@ -171,6 +171,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     go_bool(
         g, "disable-endpoint-subset-filter", default=False, help="ignore the proxy's envoy.lb.subset_hint"
     )
+    go_bool(
+        g,
+        "trust-model-name-rewrite-header",
+        default=False,
+        help="honour x-gateway-model-name-rewrite as GIE does; only where the gateway removes it "
+        "from client requests (`epp envoy-config` does) (default false: ignored; docs/security.md)",
+    )
     g.add_argument(
         "--response-sample-ratio",
         type=ratio,

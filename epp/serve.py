@@ -239,6 +239,7 @@ async def _run(
             max_body_bytes=args.max_body_bytes,
             disable_subset_filter=args.disable_endpoint_subset_filter,
             response_sample_ratio=args.response_sample_ratio,
+            trust_model_rewrite_header=bool(args.trust_model_name_rewrite_header),
         ),
         tokenizer=tokenizers,
         admission_controller=admission.LegacyAdmissionController(config.saturation_detector),

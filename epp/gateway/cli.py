@@ -8,7 +8,9 @@ that drains or loses its pool stops getting new streams), epp's mode override (r
 BUFFERED, response body STREAMED, `allow_mode_override`: epp stops the response body of requests
 outside its sample; `--mode-override=false` gives GIE's full-duplex streamed bodies), and
 the ORIGINAL_DST upstream on `x-gateway-destination-endpoint`. Pass the same `--secure-serving`
-value to both.
+value to both. Client-sent control headers (`x-gateway-destination-endpoint`, the model-name
+rewrite, ...) are removed before Envoy routes (`--client-control-header` keeps one), and the
+upstream never connects to Envoy's own admin port (docs/security.md).
 
     epp envoy-config --epp epp.llm.svc.cluster.local:9002 > envoy.yaml
     envoy -c envoy.yaml
@@ -54,6 +56,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "failure-mode-allow",
         default=False,
         help="route without epp when it cannot be reached (GIE's FailOpen); default false (FailClose)",
+    )
+    g.add_argument(
+        "--client-control-header",
+        action="append",
+        default=[],
+        choices=envoy.CONTROL_HEADERS,
+        metavar="NAME",
+        help="a control header clients may send (a trusted proxy in front sets it), e.g. "
+        f"{envoy.MODEL_REWRITE_HEADER}; repeatable. Default: all of {', '.join(envoy.CONTROL_HEADERS)} "
+        "are removed from client requests",
     )
     g.add_argument(
         "--body-mode",
@@ -138,6 +150,7 @@ def params_from(args: argparse.Namespace) -> envoy.GatewayParams:
         epp_sni=args.epp_sni,
         epp_health_check=args.epp_health_check,
         failure_mode_allow=args.failure_mode_allow,
+        client_control_headers=tuple(args.client_control_header),
         route_timeout=args.route_timeout,
         num_retries=args.num_retries,
         access_log_path=args.access_log,

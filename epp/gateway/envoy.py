@@ -15,6 +15,14 @@ Three ways to reach the model servers ("pods"), picked by `PodsMode`:
 * ``ROUND_ROBIN``: a STATIC round-robin cluster with no ext_proc filter at all: the baseline for
   benchmarks and the demo's "without epp" arm.
 
+Closed doors (docs/security.md): the control headers epp reads or writes
+(``CONTROL_HEADERS``: destination, served, subset, model-name rewrite) are removed from client
+requests before routing and before any filter (the HCM's early header mutation), unless
+``client_control_headers`` lets one through for a trusted front proxy. With ORIGINAL_DST an RBAC
+filter after ext_proc refuses (403) a destination on Envoy's own admin port, or on its listener
+port at a loopback address: with ``failure_mode_allow`` and epp down nothing else would stand
+between a forwarded client header and the admin page.
+
 Envoy facts this module relies on (found by running the 1.40 binary):
 
 * ``FULL_DUPLEX_STREAMED`` in a direction requires that direction's trailer mode to be ``SEND``.
@@ -56,6 +64,11 @@ import yaml
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
+SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+# GIE's "system owned" request headers that steer routing or rewriting. The two other inputs,
+# x-gateway-inference-objective and -fairness-id, are the client's to choose, as in GIE.
+CONTROL_HEADERS = (DESTINATION_HEADER, SERVED_KEY, SUBSET_HEADER, MODEL_REWRITE_HEADER)
 LB_NAMESPACE = "envoy.lb"
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
@@ -124,6 +137,9 @@ class GatewayParams:
     # 200 ms (Envoy's default) is too tight for a Python server under GC; FULL_DUPLEX ignores it.
     message_timeout: float = 5.0
     failure_mode_allow: bool = False
+    # CONTROL_HEADERS a client may send (e.g. a trusted proxy in front sets the model rewrite);
+    # the others are removed from every request before Envoy routes it.
+    client_control_headers: tuple[str, ...] = ()
     # Send envoy.lb dynamic metadata (e.g. x-gateway-destination-endpoint-served) to epp.
     forward_lb_metadata: bool = True
     route_timeout: float = 300.0
@@ -150,6 +166,9 @@ class GatewayParams:
             split_host_port(addr)
         if self.num_retries < 0:
             raise ValueError("num_retries must be >= 0")
+        unknown = {h.lower() for h in self.client_control_headers} - set(CONTROL_HEADERS)
+        if unknown:
+            raise ValueError(f"not control headers: {sorted(unknown)} (known: {list(CONTROL_HEADERS)})")
         if (
             self.mode_override
             and self.pods_mode is not PodsMode.ROUND_ROBIN
@@ -434,11 +453,52 @@ def _buffer_limit(params: GatewayParams) -> dict[str, Any]:
     return {}
 
 
+def _strip_control_headers(params: GatewayParams) -> list[dict[str, Any]]:
+    """The HCM's early header mutation: runs before route selection and every HTTP filter."""
+    kept = {h.lower() for h in params.client_control_headers}
+    removed = [h for h in CONTROL_HEADERS if h not in kept]
+    if not removed:
+        return []
+    return [
+        {
+            "name": "envoy.http.early_header_mutation.header_mutation",
+            "typed_config": {
+                "@type": _T + "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+                "mutations": [{"remove": h} for h in removed],
+            },
+        }
+    ]
+
+
+def _destination_guard(params: GatewayParams) -> dict[str, Any]:
+    """RBAC after ext_proc (it sees epp's header): ORIGINAL_DST must not connect to Envoy's own
+    admin port (any host: where the admin listens depends on the pod) or loop into its listener.
+    Only the first entry of a list counts for ORIGINAL_DST."""
+    loopback = r"(127\.[0-9.]+|localhost|0\.0\.0\.0|\[::1?\]|\[::ffff:127\.[0-9.]+\])"
+    regexes = [rf"^[^,]*:{params.admin_port}(,.*)?$", rf"^{loopback}:{params.listen_port}(,.*)?$"]
+    permissions = [
+        {"header": {"name": DESTINATION_HEADER, "string_match": {"safe_regex": {"regex": r}}}}
+        for r in regexes
+    ]
+    return {
+        "name": "envoy.filters.http.rbac",
+        "typed_config": {
+            "@type": _T + "envoy.extensions.filters.http.rbac.v3.RBAC",
+            "rules": {
+                "action": "DENY",
+                "policies": {"envoy-itself": {"permissions": permissions, "principals": [{"any": True}]}},
+            },
+        },
+    }
+
+
 def gateway_config(params: GatewayParams) -> dict[str, Any]:
     """The Envoy bootstrap (as a dict) for the front gateway described by `params`."""
     http_filters: list[dict[str, Any]] = []
     if params.pods_mode is not PodsMode.ROUND_ROBIN:
         http_filters.append(_ext_proc_filter(params))
+    if params.pods_mode is PodsMode.ORIGINAL_DST:
+        http_filters.append(_destination_guard(params))
     http_filters.append(
         {
             "name": "envoy.filters.http.router",
@@ -454,6 +514,8 @@ def gateway_config(params: GatewayParams) -> dict[str, Any]:
         },
         "http_filters": http_filters,
     }
+    if early := _strip_control_headers(params):
+        hcm["early_header_mutation_extensions"] = early
     if params.access_log_path:
         hcm["access_log"] = _access_log(params.access_log_path)
     clusters = [_pods_cluster(params)]

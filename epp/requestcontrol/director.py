@@ -37,7 +37,14 @@ import msgspec
 
 from epp import clock
 from epp.api import context_length, errors
-from epp.api.requests import Api, InferenceRequest, header_only_request, parse_request, plain_prompt
+from epp.api.requests import (
+    MODEL_REWRITE_HEADER,
+    Api,
+    InferenceRequest,
+    header_only_request,
+    parse_request,
+    plain_prompt,
+)
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.observability import metrics
@@ -77,6 +84,9 @@ class DirectorSettings:
     response_sample_ratio: float = 1.0
     """Share of requests whose response body epp still reads where the gateway lets it skip the
     rest (Envoy `allow_mode_override`); the others report no usage, TTFT or cached tokens."""
+    trust_model_rewrite_header: bool = False
+    """Honour x-gateway-model-name-rewrite (GIE always does). Off: the header is ignored, since a
+    client can send it and the gateway in front may not strip it (docs/security.md)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.response_sample_ratio <= 1.0:
@@ -392,6 +402,8 @@ class Director:
         self, *, path: str, headers: Mapping[str, str], body: bytes | None, subset: list[str] | None
     ) -> tuple[InferenceRequest, list[Endpoint]]:
         """Parse the request and find its candidate endpoints."""
+        if MODEL_REWRITE_HEADER in headers and not self.settings.trust_model_rewrite_header:
+            headers = {k: v for k, v in headers.items() if k != MODEL_REWRITE_HEADER}
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
         subset_ips = None
         if subset is not None and not self.settings.disable_subset_filter:

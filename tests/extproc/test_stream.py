@@ -215,7 +215,7 @@ async def test_response_path_echoes_chunks_records_usage_and_releases() -> None:
 
 
 async def test_model_rewrite_header_rewrites_body_and_response_back() -> None:
-    director, _ = h.make_director()
+    director, _ = h.make_director(settings=DirectorSettings(trust_model_rewrite_header=True))
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers(**{"x-gateway-model-name-rewrite": "llama-v2"})))
     out = await s.handle(h.body_msg(CHAT))

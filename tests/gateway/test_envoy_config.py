@@ -308,9 +308,16 @@ def test_override_host_falls_back_down_the_list(tmp_path: Path) -> None:
 
         pods = (f"127.0.0.1:{dead}", f"127.0.0.1:{b1}", f"127.0.0.1:{b2}")
         config = gateway_config(
-            params(listen_port=listen, admin_port=admin, pods_mode=PodsMode.OVERRIDE_HOST, pod_endpoints=pods)
+            params(
+                listen_port=listen,
+                admin_port=admin,
+                pods_mode=PodsMode.OVERRIDE_HOST,
+                pod_endpoints=pods,
+                client_control_headers=(DESTINATION_HEADER,),
+            )
         )
-        # No epp here: drop the ext_proc filter and let the client name the endpoints.
+        # No epp here: drop the ext_proc filter and let the client name the endpoints (a header
+        # the config strips from clients unless told otherwise).
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
         hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"]
         front = write_config(tmp_path / "front.yaml", config)
