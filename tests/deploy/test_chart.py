@@ -429,6 +429,7 @@ def test_replay_port_zero_drops_the_flag() -> None:
         {"inferencePool": {"targetPorts": [8000] * 9}},
         {"inferencePool": {"failureMode": "FailSometimes"}},
         {"image": {"repository": "", "tag": "x"}},
+        {"envoy": {"clientControlHeaders": ["x-forwarded-for"]}},
     ],
 )
 def test_values_schema_rejects(values: dict[str, Any]) -> None:
@@ -463,9 +464,15 @@ def _ext_proc(bootstrap: dict[str, Any]) -> dict[str, Any]:
     (listener,) = bootstrap["static_resources"]["listeners"]
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     names = [f["name"] for f in hcm["http_filters"]]
-    assert names == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+    assert names == ["envoy.filters.http.ext_proc", "envoy.filters.http.rbac", "envoy.filters.http.router"]
     ext_proc: dict[str, Any] = hcm["http_filters"][0]["typed_config"]
     return ext_proc
+
+
+def _hcm(bootstrap: dict[str, Any]) -> dict[str, Any]:
+    (listener,) = bootstrap["static_resources"]["listeners"]
+    hcm: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    return hcm
 
 
 @pytest.mark.parametrize("name", ["envoy", "envoy-duplex", "envoy-plaintext"])
@@ -499,6 +506,18 @@ def test_envoy_config_mirrors_epps_generator(name: str) -> None:
     ext = {k: v for k, v in clusters[envoy.EXT_PROC_CLUSTER].items() if k != "health_checks"}
     assert ext == {k: v for k, v in ref_clusters[envoy.EXT_PROC_CLUSTER].items() if k != "health_checks"}
     assert ours["overload_manager"] == ref["overload_manager"]
+    # The closed doors: client control headers stripped, the admin port out of reach.
+    assert _hcm(ours)["early_header_mutation_extensions"] == _hcm(ref)["early_header_mutation_extensions"]
+    assert _hcm(ours)["http_filters"][1] == _hcm(ref)["http_filters"][1]
+
+
+def test_envoy_lets_configured_control_headers_through() -> None:
+    values = {"envoy": {"enabled": True, "clientControlHeaders": ["x-gateway-model-name-rewrite"]}}
+    (early,) = _hcm(_envoy_bootstrap(values))["early_header_mutation_extensions"]
+    removed = [m["remove"] for m in early["typed_config"]["mutations"]]
+    assert removed == [h for h in envoy.CONTROL_HEADERS if h != envoy.MODEL_REWRITE_HEADER]
+    every = {"envoy": {"enabled": True, "clientControlHeaders": list(envoy.CONTROL_HEADERS)}}
+    assert "early_header_mutation_extensions" not in _hcm(_envoy_bootstrap(every))
 
 
 @pytest.mark.parametrize("name", ["envoy", "envoy-duplex"])
