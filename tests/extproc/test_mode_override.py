@@ -41,15 +41,18 @@ class Outcomes:
 
 
 def director(ratio: float) -> tuple[Director, Outcomes]:
-    d, _ = h.make_director(settings=DirectorSettings(response_sample_ratio=ratio))
+    settings = DirectorSettings(response_sample_ratio=ratio, trust_model_rewrite_header=True)
+    d, _ = h.make_director(settings=settings)
     hook = Outcomes()
     d._response_complete.append(hook)  # type: ignore[arg-type]
     return d, hook
 
 
-async def routed(d: Director, *, mode: int = h.BUFFERED, response_mode: int = STREAMED, **extra: str) -> Stream:
+async def routed(
+    d: Director, *, mode: int = h.BUFFERED, response_mode: int = STREAMED, extra: dict[str, str] | None = None
+) -> Stream:
     s = Stream(d)
-    await s.handle(h.headers_msg(h.post_headers(**extra), mode=mode, response_mode=response_mode))
+    await s.handle(h.headers_msg(h.post_headers(**(extra or {})), mode=mode, response_mode=response_mode))
     await s.handle(h.body_msg(CHAT))
     assert s.ctx is not None
     return s
@@ -132,7 +135,7 @@ async def test_no_protocol_config_means_no_override() -> None:
 
 async def test_a_rewritten_model_name_always_passes_through() -> None:
     d, _ = director(0.0)
-    s = await routed(d, **{"x-gateway-model-name-rewrite": "llama-v2"})
+    s = await routed(d, extra={"x-gateway-model-name-rewrite": "llama-v2"})
     assert s.ctx is not None and s.ctx.sampled
     out = await s.handle(h.response_headers_msg(200, **{"content-length": "40"}))
     assert not out[0].HasField("mode_override")
