@@ -120,6 +120,7 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "--kv-events-port=5557",
         "--kv-replay-port=5558",
         "--drain-timeout=125s",
+        "--workers=2",
         "--response-sample-ratio=0.05",
         "--log-level=info",
         "--log-format=json",
@@ -132,6 +133,15 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
     assert c["image"] == "localhost/epp:0.1.0"  # what the Containerfile builds (scripts/image)
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
     assert env == {"NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+
+
+def test_workers_match_the_cpu_request_and_bind_mode_runs_one() -> None:
+    c = container(chart.render())
+    assert "--workers=2" in c["args"]
+    assert c["resources"]["requests"]["cpu"] == "2"  # a worker per requested core
+    bind = container(chart.render({"replicas": 1, "epp": {"kvEvents": {"mode": "bind"}, "workers": 4}}))
+    assert "--workers=1" in bind["args"]  # only one process can bind the KV-event port
+    assert "--workers=auto" in container(chart.render({"epp": {"workers": "auto"}}))["args"]
 
 
 def test_probes_use_grpc_health_as_gie() -> None:
