@@ -335,7 +335,8 @@ async def _run(
         if role is None
         else None
     )
-    rpc_service.add_to_server(grpc_server, director)
+    if args.enable_debug_api:  # the gRPC twin of /debug/*: UNIMPLEMENTED without the flag
+        rpc_service.add_to_server(grpc_server, director)
     app = obs_http.build_app()
     rpc_http.add_routes(app, director, enabled=bool(args.enable_debug_api))
     metrics_auth: k8s_metricsauth.ApiServerAuth | None = None
