@@ -184,7 +184,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_RESPONSE_SAMPLE_RATIO,
         help="where the gateway allows a mode override (`epp envoy-config`'s default): the share "
         "of requests whose response body still streams through epp for token usage, TTFT and "
-        "cached-token metrics; the others skip it (default 0.05; 1 reads every response). "
+        "cached-token metrics; the others skip it (default 0.01; 1 reads every response). "
         "Requests whose model name is rewritten back always pass",
     )
 
@@ -364,9 +364,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     add_gie_arguments(p)
 
 
-# Off-sample responses skip epp where Envoy allows it: 1 in 20 keeps usage and TTFT learning fed
-# while a 200-token stream costs epp a few messages rather than 200 (BENCHMARKS.md 1e).
-DEFAULT_RESPONSE_SAMPLE_RATIO = 0.05
+# Off-sample responses skip epp where Envoy allows it. A sampled stream costs epp ~40 ms of CPU
+# when few others stream beside it (per-message costs without batching), an off-sample one ~1.3
+# ms: 1 in 100 keeps a 200-token stream near 1.7 ms on average (BENCHMARKS.md 1e) and still feeds
+# usage metrics and TTFT learning a few samples a second at production rates.
+DEFAULT_RESPONSE_SAMPLE_RATIO = 0.01
 
 # GIE's terminationGracePeriodSeconds (its chart's and epp's): how long in-flight streams may run
 # after SIGTERM.

@@ -121,7 +121,7 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "--kv-replay-port=5558",
         "--drain-timeout=125s",
         "--workers=2",
-        "--response-sample-ratio=0.05",
+        "--response-sample-ratio=0.01",
         "--log-level=info",
         "--log-format=json",
     ]
