@@ -154,6 +154,17 @@ async def test_two_workers_share_the_port_metrics_events_and_restarts(
         assert sum(parse_prometheus(own, "epp_kv_events_blocks_total").values()) > 0, (index, own[:2000])
         assert parse_prometheus(own, "epp_kv_index_entries")[""] > 0
 
+    # The debug endpoints answer through the supervisor, from the worker the header names.
+    async with session.get(
+        f"http://{HOST}:{stack.epp.metrics_port}/debug/endpoints", headers={"X-Epp-Worker": "1"}
+    ) as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Epp-Worker"] == "1"
+        assert len((await resp.json())["endpoints"]) == 2
+    # Every worker's log lines say which worker wrote them.
+    log = stack.epp.process.log_text(max_chars=200_000)
+    assert '"worker":0' in log.replace(" ", "") and '"worker":1' in log.replace(" ", "")
+
     # A crashed worker is restarted (and counted); the pod keeps serving meanwhile.
     pids = stack.worker_pids()
     assert set(pids) == {0, 1}

@@ -169,7 +169,25 @@ def from_environment() -> WorkerRole | None:
         int(os.environ.get(COUNT_ENV, "1")),
     )
     _die_with(int(os.environ.get(SUPERVISOR_ENV, "0")))
+    _tag_logs(role.index)
     return role
+
+
+class _WorkerField(logging.Filter):
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "worker"):
+            record.worker = self.index
+        return True
+
+
+def _tag_logs(index: int) -> None:
+    """Every JSON log line of this worker carries `"worker": i` (the workers share one stderr)."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WorkerField(index))
 
 
 def _die_with(supervisor: int) -> None:
