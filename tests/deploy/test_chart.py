@@ -580,8 +580,16 @@ def test_service_monitor_scrapes_the_metrics_port() -> None:
     docs = chart.render(VALUE_SETS["monitoring-ha"])
     monitor = chart.one(docs, "ServiceMonitor")
     # honorLabels: epp's own endpoint/pod/namespace labels must not become exported_* (docs/metrics.md).
+    # authorization: metrics auth is on with the ServiceMonitor (tests/deploy/test_chart_metrics_auth.py).
+    token = {"type": "Bearer", "credentials": {"name": f"{chart.RELEASE}-metrics-reader", "key": "token"}}
     assert monitor["spec"]["endpoints"] == [
-        {"port": "http-metrics", "path": "/metrics", "interval": "10s", "honorLabels": True}
+        {
+            "port": "http-metrics",
+            "path": "/metrics",
+            "interval": "10s",
+            "honorLabels": True,
+            "authorization": token,
+        }
     ]
     svc = chart.one(docs, "Service", chart.RELEASE)
     assert monitor["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]

@@ -37,6 +37,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: envoy
 {{- end }}
 
+{{/* Non-empty when epp checks callers of its metrics port (GIE's chart: with Prometheus auth). */}}
+{{- define "epp.metricsAuth" -}}
+{{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.serviceMonitor.auth.enabled }}true{{ end }}
+{{- end }}
+
 {{- define "epp.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "epp.fullname" .) .Values.serviceAccount.name }}
