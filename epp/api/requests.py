@@ -25,11 +25,13 @@ import dataclasses
 import decimal
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
+from epp.api import limits as _limits
 from epp.api.errors import BadRequest
+from epp.api.limits import DEFAULT_LIMITS, RequestLimits
 
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 
@@ -150,10 +152,14 @@ _COMPLETIONS_DECODER = msgspec.json.Decoder(_CompletionsBody)
 _RESPONSES_DECODER = msgspec.json.Decoder(_ResponsesBody)
 _EMBEDDINGS_DECODER = msgspec.json.Decoder(_EmbeddingsBody)
 
+# A token id must fit the int64 every consumer packs it into (block hashes, digests). vLLM refuses
+# such ids too (out of its vocabulary); without the bound one crashed a scorer (a 500).
+_TokenId = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+
 _STR_DECODER = msgspec.json.Decoder(str)
 _STRS_DECODER = msgspec.json.Decoder(list[str])
-_IDS_DECODER = msgspec.json.Decoder(list[int])
-_ID_LISTS_DECODER = msgspec.json.Decoder(list[list[int]])
+_IDS_DECODER = msgspec.json.Decoder(list[_TokenId])
+_ID_LISTS_DECODER = msgspec.json.Decoder(list[list[_TokenId]])
 
 # For the model rewrite only: generic objects, numbers kept exact (see module docstring).
 _GENERIC_DECODER = msgspec.json.Decoder(float_hook=decimal.Decimal)
@@ -191,8 +197,12 @@ def parse_request(
     body: bytes,
     request_id: str,
     subset_ips: frozenset[str] | None = None,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> InferenceRequest:
     """Validate an OpenAI-style body and describe it for the scheduler. Raises `BadRequest`.
+
+    `limits` (epp's own, `epp.api.limits`) bound the messages, content parts and tools of a body
+    before anything renders it.
 
     `body_bytes` is `body` itself unless `x-gateway-model-name-rewrite` names another model, in which
     case it is the body re-encoded with its top-level "model" replaced (the caller must then fix
@@ -210,6 +220,8 @@ def parse_request(
     except UnicodeDecodeError:
         # msgspec lets the codec's error through for invalid UTF-8 inside strings.
         raise BadRequest("request body is not valid UTF-8") from None
+    except RecursionError:  # skipping a field nested ~1,000 deep
+        raise _limits.too_deep(limits) from None
 
     model = parsed.model
     if not model:
@@ -229,13 +241,13 @@ def parse_request(
         cache_salt=parsed.cache_salt or None,
     )
     if api is Api.CHAT:
-        _fill_chat(req, parsed)
+        _fill_chat(req, parsed, limits)
         _fill_lengths(req, parsed)
         completion = _integer(parsed.max_completion_tokens)
         if completion is not None:
             req.max_output_tokens, req.max_output_param = completion, "max_completion_tokens"
     elif api is Api.RESPONSES:
-        _fill_responses(req, parsed)
+        _fill_responses(req, parsed, limits)
     elif api is Api.EMBEDDINGS:
         _fill_polymorphic(req, parsed.input, "input")
         req.add_special_tokens = _special_tokens(parsed.add_special_tokens)
@@ -274,14 +286,21 @@ def _fill_lengths(req: InferenceRequest, parsed: _LengthFields) -> None:
     req.truncation_side = side if side in ("left", "right") else None
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
 def _integer(value: Any) -> int | None:
-    """An integer as pydantic's lax mode reads one (3 and 3.0; not True, not 3.5); else None."""
+    """An integer as pydantic's lax mode reads one (3 and 3.0; not True, not 3.5); else None.
+
+    Clamped to int64: a 400-digit max_tokens is refused by every limit it is compared with just
+    as its clamped value is, and consumers that compute with it in floats (latency predictions)
+    then cannot overflow."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
+    if isinstance(value, int):
+        return min(max(value, _INT64[0]), _INT64[1])
     return None
 
 
@@ -363,18 +382,25 @@ def _validation_error(msg: str) -> BadRequest:
     return BadRequest(_one_line(f"invalid request body: {msg}"))
 
 
-def _parts_text(parts: list[_Part] | list[_Part | str], out: list[str]) -> None:
+def _parts_text(parts: list[_Part] | list[_Part | str], out: list[str]) -> int:
+    """Append the parts' texts to `out`; returns the number of parts."""
     for part in parts:
         if isinstance(part, str):
             out.append(part)
         elif part.text is not None:
             out.append(part.text)
+    return len(parts)
 
 
-def _fill_chat(req: InferenceRequest, parsed: _ChatBody) -> None:
+def _fill_chat(req: InferenceRequest, parsed: _ChatBody, limits: RequestLimits) -> None:
     messages = parsed.messages
     if messages is None:
         raise BadRequest("messages not found in request body")
+    if len(messages) > limits.max_messages:
+        raise _limits.over("messages", len(messages), limits, "max_messages")
+    if parsed.tools is not None and len(parsed.tools) > limits.max_tools:
+        raise _limits.over("tools", len(parsed.tools), limits, "max_tools")
+    parts = 0
     # No messages: vLLM refuses them when it renders (epp's chat template step does too), but
     # not with prompt ids forwarded in kv_transfer_params.
     texts = req.prompt_texts
@@ -383,12 +409,14 @@ def _fill_chat(req: InferenceRequest, parsed: _ChatBody) -> None:
         if isinstance(content, str):
             texts.append(content)
         elif isinstance(content, list):
-            _parts_text(content, texts)
+            parts += _parts_text(content, texts)
         elif content is None and msg.role != "assistant":
             raise BadRequest(f"messages[{i}].content is null (only an assistant message may be)")
+    if parts > limits.max_content_parts:
+        raise _limits.over("content parts", parts, limits, "max_content_parts")
 
 
-def _fill_responses(req: InferenceRequest, parsed: _ResponsesBody) -> None:
+def _fill_responses(req: InferenceRequest, parsed: _ResponsesBody, limits: RequestLimits) -> None:
     inp = parsed.input
     if inp is None:
         raise BadRequest("input not found in request body")
@@ -400,18 +428,23 @@ def _fill_responses(req: InferenceRequest, parsed: _ResponsesBody) -> None:
         return
     if not inp:
         raise BadRequest("input must not be empty")
+    if len(inp) > limits.max_messages:
+        raise _limits.over("input items", len(inp), limits, "max_messages")
+    parts = 0
     for item in inp:
         content = item.content
         if isinstance(content, str):
             texts.append(content)
         elif content is not None:
-            _parts_text(content, texts)
+            parts += _parts_text(content, texts)
         out = item.output
         if len(out) > 1 and memoryview(out)[0] == 0x22:  # a JSON string
             try:
                 texts.append(_STR_DECODER.decode(out))
             except UnicodeDecodeError:
                 raise BadRequest("request body is not valid UTF-8") from None
+    if parts > limits.max_content_parts:
+        raise _limits.over("content parts", parts, limits, "max_content_parts")
 
 
 def _embeds_given(raw: msgspec.Raw) -> bool:

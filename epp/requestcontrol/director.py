@@ -37,6 +37,7 @@ import msgspec
 
 from epp import clock
 from epp.api import context_length, errors
+from epp.api.limits import DEFAULT_LIMITS, RequestLimits, decode_body
 from epp.api.requests import (
     MODEL_REWRITE_HEADER,
     Api,
@@ -79,6 +80,8 @@ class PromptTokenizer(Protocol):
 class DirectorSettings:
     max_body_bytes: int = 16 << 20
     """Request bodies larger than this are answered 413 without being parsed."""
+    limits: RequestLimits = DEFAULT_LIMITS
+    """epp's limits on a body's messages, parts, tools and nesting (`epp.api.limits`)."""
     disable_subset_filter: bool = False
     """Ignore Envoy's subset hint (GIE's --disable-endpoint-subset-filter)."""
     response_sample_ratio: float = 1.0
@@ -325,7 +328,7 @@ class Director:
         if (
             keep is not None
             and request.api is Api.CHAT
-            and forwards_ids(msgspec.json.decode(request.body_bytes))
+            and forwards_ids(self._decoded(request))
         ):
             keep = None  # vLLM takes forwarded ids as they are (found by the differential run)
         if keep is not None and (keep >= 0 or limit is not None) and keep < len(ids):
@@ -351,7 +354,7 @@ class Director:
         try:
             if request.api is Api.CHAT:
                 # The model server sees the template's rendering of the (re-written) body.
-                body = msgspec.json.decode(request.body_bytes)
+                body = self._decoded(request)
                 ids = await tokenizer.encode_chat(request.target_model, body, base_model=base_model)
             else:
                 text = plain_prompt(request)
@@ -368,6 +371,8 @@ class Director:
             return
         except ChatTemplateError as exc:  # vLLM answers these 400 too: answer before routing
             raise errors.BadRequest(str(exc)) from None
+        except errors.RequestError:  # the body over a limit (_decoded)
+            raise
         except Exception:  # a tokenizer bug costs the prefix hint, never the request
             log.exception("tokenizing the prompt for model %r failed", request.target_model)
             return
@@ -419,7 +424,12 @@ class Director:
                     f"request body of {len(body)} bytes exceeds the limit of {self.settings.max_body_bytes}"
                 )
             request = parse_request(
-                path=path, headers=headers, body=body, request_id=request_id, subset_ips=subset_ips
+                path=path,
+                headers=headers,
+                body=body,
+                request_id=request_id,
+                subset_ips=subset_ips,
+                limits=self.settings.limits,
             )
         request.priority = admission.priority(self.objectives, headers.get(admission.OBJECTIVE_HEADER))
         candidates = self.datastore.candidates()
@@ -433,6 +443,12 @@ class Director:
                 f"no ready endpoints in the pool: {why}" if why else "no ready endpoints in the pool"
             )
         return request, candidates
+
+    def _decoded(self, request: InferenceRequest) -> Mapping[str, Any]:
+        """The body as plain objects, decoded once per request and depth-checked (400s)."""
+        if request.body is None:
+            request.body = decode_body(request.body_bytes, self.settings.limits)
+        return request.body
 
     def finish(self, ctx: RequestContext, *, complete: bool) -> None:
         request = ctx.request
@@ -499,7 +515,7 @@ class Director:
 def _adds_special_tokens(request: InferenceRequest) -> bool:
     """Whether the tokenizer added special tokens to the request's text (chat: only when asked)."""
     if request.api is Api.CHAT:
-        return add_special_tokens(msgspec.json.decode(request.body_bytes))
+        return add_special_tokens(request.body if request.body is not None else {})
     return request.add_special_tokens
 
 

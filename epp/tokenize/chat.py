@@ -402,9 +402,13 @@ def _forwarded_ids(body: Mapping[str, Any]) -> list[int] | None:
         return None  # vLLM renders the messages then
     ids = params["prompt_token_ids"]
     # bool is an int: vLLM checks the exact type
-    if not isinstance(ids, list) or not ids or any(type(i) is not int or i < 0 for i in ids):
+    # (ids past int64 are out of any vocabulary, and would not fit the block hashes)
+    if not isinstance(ids, list) or not ids or any(type(i) is not int or not 0 <= i < _ID_END for i in ids):
         raise ChatTemplateError("kv_transfer_params.prompt_token_ids must be a non-empty list of ids")
     return list(ids)
+
+
+_ID_END = 1 << 63
 
 
 def _has_non_text(messages: Any) -> bool:

@@ -105,7 +105,7 @@ def generation_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
 def check_request(body: Mapping[str, Any]) -> None:
     """The checks of vLLM's request model that epp can see being failed (vLLM answers 400)."""
     effort = body.get("reasoning_effort")
-    if effort is not None and effort not in _REASONING_EFFORTS:
+    if effort is not None and (not isinstance(effort, str) or effort not in _REASONING_EFFORTS):
         raise ChatTemplateError(f"reasoning_effort must be one of {sorted(_REASONING_EFFORTS)}")
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, Mapping):
@@ -389,6 +389,10 @@ def _content(parts: Sequence[Any], fmt: ContentFormat, index: int) -> str | list
             kind, value = _part(part, index)
             if value is None and kind in _SKIP_NULL_TYPES:
                 continue
+            if value is not None and not isinstance(value, str):
+                # vLLM's part types declare these strings: its request model refuses the rest (found
+                # by tests/fuzz; the join below failed with a TypeError)
+                raise ChatTemplateError(f"messages[{index}].content: a {kind} part's text must be a string")
             extra = {k: v for k, v in part.items() if k not in _KNOWN_PART_KEYS}
         else:
             raise ChatTemplateError(f"messages[{index}].content: a part must be a string or an object")
@@ -442,7 +446,7 @@ def _tool_call(raw: Any, index: int) -> dict[str, Any]:
     if fn["arguments"]:  # vLLM: an empty string is {}
         try:
             arguments = json.loads(fn["arguments"])
-        except ValueError:
+        except (ValueError, RecursionError):  # nested ~1,000 deep: as unparsable, not a crash
             arguments = None
     function = {"arguments": arguments if isinstance(arguments, dict) else {}, "name": fn["name"]}
     function.update((k, v) for k, v in fn.items() if k not in function)
