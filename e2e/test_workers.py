@@ -12,6 +12,8 @@ import asyncio
 import dataclasses
 import os
 import signal
+import ssl
+import time
 from pathlib import Path
 
 import aiohttp
@@ -210,3 +212,32 @@ async def test_sigterm_drains_streams_on_every_worker(
     assert proc.returncode == 0
     assert "stream(s) cut" in stack.epp.process.log_text()
     assert "0 stream(s) cut" in stack.epp.process.log_text()
+
+
+def test_the_workers_present_one_certificate(tmp_path: Path, cleanup: Cleanup) -> None:
+    # TLS with epp's self-signed default: the supervisor makes the pod's one certificate, so a
+    # client sees the same one whichever worker the kernel hands its connection to.
+    epp = EppProcess(tmp_path, endpoints=["127.0.0.1:1"], secure=True, extra_args=["--workers", "2"])
+    cleanup.add_log("epp log", epp.process.log_path)
+    cleanup.push("epp", epp.stop)
+    epp.start(wait="serving")
+    deadline = time.monotonic() + 30
+    while parse_prometheus(epp.metrics_text(), "epp_worker_ready") != {'worker="0"': 1.0, 'worker="1"': 1.0}:
+        assert time.monotonic() < deadline, "both workers ready"
+        time.sleep(0.1)
+    certs = {ssl.get_server_certificate((HOST, epp.grpc_port), timeout=5) for _ in range(16)}
+    assert len(certs) == 1
+
+
+def test_a_config_every_worker_refuses_stops_the_pod(tmp_path: Path, cleanup: Cleanup) -> None:
+    epp = EppProcess(
+        tmp_path, endpoints=["127.0.0.1:1"], extra_args=["--workers", "2", "--config-text", "plugins: 7"]
+    )
+    cleanup.push("epp", epp.stop)
+    epp.process.start()
+    proc = epp.process.proc
+    assert proc is not None
+    assert proc.wait(timeout=60) == 2  # the workers' own exit code, not a restart loop
+    log = epp.process.log_text()
+    assert "before it started serving" in log
+    assert "restarting" not in log

@@ -45,6 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from epp import tasks
 from epp.extproc import server as extproc_server
+from epp.extproc import tls
 from epp.k8s import leader as k8s_leader
 from epp.k8s import metricsauth as k8s_metricsauth
 from epp.workers import merge, worker
@@ -101,6 +102,7 @@ class Supervisor:
         self._sessions: dict[int, aiohttp.ClientSession] = {}
         self._health_changed = asyncio.Event()
         self.lease: k8s_leader.LeaderElector | None = None
+        self._cert_path: Path | None = None
         self._leading = False
 
     # --- the workers ----------------------------------------------------------------------------
@@ -117,6 +119,8 @@ class Supervisor:
                 worker.SUPERVISOR_ENV: str(os.getpid()),
             },
         )
+        if self._cert_path is not None:
+            env[worker.CERT_ENV] = str(self._cert_path)
         try:
             # Its own session: a terminal's Ctrl-C reaches the supervisor only, which passes it on
             # once (twice would end the workers' drain at once).
@@ -169,6 +173,8 @@ class Supervisor:
             began = loop.time()
             reader = await self._spawn(slot)
             assert slot.proc is not None
+            if self.stopping:  # the pod began to stop while it was starting
+                slot.proc.send_signal(signal.SIGTERM)
             await self._follow(slot, reader)
             code = await slot.proc.wait()
             if slot.writer is not None:
@@ -324,6 +330,15 @@ class Supervisor:
     async def run(self) -> int:
         args = self.args
         check_port_free(args.bind_address, args.grpc_port)
+        cert_path: Path | None = None
+        if args.secure_serving and not args.cert_path:
+            # One self-signed certificate for the pod, not one per worker behind the same port.
+            cert_path = self.directory / "tls"
+            cert_path.mkdir(mode=0o700)
+            key, cert = tls.self_signed()
+            (cert_path / "tls.key").write_bytes(key)
+            (cert_path / "tls.crt").write_bytes(cert)
+        self._cert_path = cert_path
         health = extproc_server.Health()
         health_server = extproc_server.build_health_server(
             health, bind=args.bind_address, port=args.grpc_health_port

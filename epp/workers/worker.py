@@ -46,6 +46,7 @@ DIR_ENV = "EPP_WORKER_DIR"
 CONTROL_ENV = "EPP_WORKER_CONTROL_FD"
 COUNT_ENV = "EPP_WORKERS"
 SUPERVISOR_ENV = "EPP_SUPERVISOR_PID"
+CERT_ENV = "EPP_WORKER_CERT_PATH"
 WORKER_METRICS_PATH = "/worker/metrics"
 """The worker's registry, for the supervisor only (on the worker's Unix socket)."""
 
@@ -102,6 +103,9 @@ class WorkerRole:
 
     def adjust(self, args: argparse.Namespace) -> None:
         """The flags as this worker applies them (after the config's kvEventsConfig is read)."""
+        cert = os.environ.get(CERT_ENV)
+        if cert is not None:  # the supervisor's one self-signed certificate for the pod
+            args.cert_path = cert
         if args.tokenizer_workers is None:  # the pod's cores are shared by the workers' pools
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
             args.tokenizer_workers = max(1, min(4, cores // max(1, self.workers)))
