@@ -34,10 +34,12 @@ async def until(predicate: Callable[[], Awaitable[bool]], limit: float, what: st
         await asyncio.sleep(0.05)
 
 
-@pytest.fixture
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
 async def replicas(
-    api: fake_apiserver.FakeApiServer, tmp_path: Path
+    api: fake_apiserver.FakeApiServer, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[list[tuple[ManagedProcess, EppPorts]]]:
+    # With --workers 2 the supervisor campaigns for the pod and its workers' readiness (the
+    # ext-proc port's included) follows its Lease.
     api.create("inferencepools", fake_apiserver.pool())
     api.create("pods", fake_apiserver.pod("vllm-0", "127.0.0.1"))
     config = tmp_path / "kubeconfig"
@@ -53,7 +55,7 @@ async def replicas(
             "--metrics-port", str(ports.metrics),
             "--ha-enable-leader-election",
             "--ha-lease-duration", "3s", "--ha-renew-deadline", "2s", "--ha-retry-period", "100ms",
-            "--zap-encoder", "console",
+            "--zap-encoder", "console", "--workers", str(request.param),
         ]  # fmt: skip
         proc = ManagedProcess(name, argv, tmp_path / f"{name}.log", env={**os.environ, "POD_NAME": name})
         proc.start()
