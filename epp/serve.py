@@ -26,11 +26,13 @@ import zmq
 
 from epp import flags, tasks
 from epp.api.context_length import ContextLimits
+from epp.api.limits import RequestLimits
 from epp.datastore import standalone
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
+from epp.extproc.limits import StreamGuard, StreamLimits
 from epp.k8s import connections as k8s_connections
 from epp.k8s import leader as k8s_leader
 from epp.k8s import metricsauth as k8s_metricsauth
@@ -237,6 +239,12 @@ async def _run(
         response_complete=config.response_complete,
         settings=DirectorSettings(
             max_body_bytes=args.max_body_bytes,
+            limits=RequestLimits(
+                max_messages=args.max_request_messages,
+                max_content_parts=args.max_request_content_parts,
+                max_tools=args.max_request_tools,
+                max_json_depth=args.max_request_json_depth,
+            ),
             disable_subset_filter=args.disable_endpoint_subset_filter,
             response_sample_ratio=args.response_sample_ratio,
             trust_model_rewrite_header=bool(args.trust_model_name_rewrite_header),
@@ -328,6 +336,13 @@ async def _run(
         port=args.grpc_port,
         credentials=credentials,
         reuse_port=role is not None,
+        guard=StreamGuard(
+            StreamLimits(
+                max_buffered_body_bytes=args.max_buffered_body_bytes,
+                max_concurrent_streams=args.max_concurrent_streams,
+                request_body_timeout=args.request_body_timeout,
+            )
+        ),
     )
     # A worker's health port is its supervisor's.
     health_server = (

@@ -2,6 +2,7 @@
 
     RequestError(status, reason)
       ├── BadRequest           400  malformed JSON, missing model / prompt / messages
+      ├── RequestTimeout       408  body not complete within --request-body-timeout
       ├── PayloadTooLarge      413  body over --max-body-bytes
       ├── NoCapacity           429  every endpoint filtered out, or a sheddable request shed
       └── ServiceUnavailable   503  no ready endpoint (empty pool, subset hint matched nothing)
@@ -15,6 +16,7 @@ import msgspec
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
+    408: "timeout",
     413: "invalid_request_error",
     429: "rate_limit_exceeded",
     500: "internal_error",
@@ -38,6 +40,10 @@ class RequestError(Exception):
 
 class BadRequest(RequestError):
     status = 400
+
+
+class RequestTimeout(RequestError):
+    status = 408
 
 
 class PayloadTooLarge(RequestError):

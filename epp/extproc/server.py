@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.extproc import messages as m
+from epp.extproc.limits import StreamGuard
 from epp.extproc.messages import DESTINATION_HEADER
 from epp.extproc.stream import Stream
 from epp.observability import metrics, tracing
@@ -33,13 +34,14 @@ HEALTH_SERVICES = ("", EXTPROC_SERVICE, "inference-extension", "readiness")
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, director: Director) -> None:
+    def __init__(self, director: Director, guard: StreamGuard | None = None) -> None:
         self._director = director
+        self._guard = guard
 
     async def Process(
         self, request_iterator: AsyncIterator[m.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[m.ProcessingResponse]:
-        stream = Stream(self._director)
+        stream = Stream(self._director, self._guard)
         metrics.extproc_streams.inc()
         failed = False
         tracer = tracing.TRACER  # None unless --tracing
@@ -132,6 +134,7 @@ def build_server(
     director: Director,
     health_state: Health,
     *,
+    guard: StreamGuard | None = None,
     bind: str,
     port: int,
     credentials: grpc.ServerCredentials | None,
@@ -152,7 +155,7 @@ def build_server(
             ("grpc.server_max_unrequested_time_in_server", 30),
         ]
     )
-    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director), server)
+    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, guard), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     _add_port(server, f"{bind}:{port}", credentials)
     return server

@@ -20,13 +20,16 @@ Whatever ends the stream, `close()` releases the request's booking exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
 from epp.api import errors
 from epp.extproc import messages as m
+from epp.extproc.limits import StreamGuard
 from epp.observability import metrics
 from epp.requestcontrol.director import Director, RequestContext
 
@@ -41,11 +44,15 @@ class Stream:
     """State of one ext-proc stream. `handle()` returns the responses to send, in order."""
 
     __slots__ = (
+        "_admitted",
         "_body_parts",
         "_body_size",
         "_director",
+        "_guard",
         "_request_mode",
+        "_reserved",
         "_response_mode",
+        "_started",
         "closed",
         "ctx",
         "headers",
@@ -53,8 +60,12 @@ class Stream:
         "response_started",
     )
 
-    def __init__(self, director: Director) -> None:
+    def __init__(self, director: Director, guard: StreamGuard | None = None) -> None:
         self._director = director
+        self._guard = guard  # epp.extproc.limits: shared bounds on streams and buffered bytes
+        self._admitted = False
+        self._reserved = 0
+        self._started = 0.0
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _FULL_DUPLEX
         self._body_parts: list[bytes] = []
@@ -89,6 +100,16 @@ class Stream:
 
     async def _on_request_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         self.headers = m.header_map(msg.request_headers)
+        guard = self._guard
+        if guard is not None:
+            self._started = asyncio.get_running_loop().time()
+            if not guard.admit():
+                return self._fail(
+                    errors.ServiceUnavailable(
+                        "epp is at its limit of concurrent requests (--max-concurrent-streams)"
+                    )
+                )
+            self._admitted = True
         if msg.request_headers.end_of_stream:
             return await self._route(msg, body=None, reply="headers")
         if self._request_mode == _FULL_DUPLEX:
@@ -110,6 +131,15 @@ class Stream:
         if self._body_size > limit:
             return self._fail(errors.PayloadTooLarge(f"request body exceeds the limit of {limit} bytes"))
         if chunk:
+            guard = self._guard
+            if guard is not None:
+                if not guard.reserve(len(chunk)):
+                    return self._fail(
+                        errors.ServiceUnavailable(
+                            "epp is buffering its limit of request-body bytes (--max-buffered-body-bytes)"
+                        )
+                    )
+                self._reserved += len(chunk)
             self._body_parts.append(chunk)
         if not msg.request_body.end_of_stream:
             return []
@@ -218,8 +248,35 @@ class Stream:
             return False  # its end looks the same as a reset: not counted either way
         return self.response_started and not self.response_complete
 
+    @property
+    def awaiting_body(self) -> bool:
+        """Request headers seen, body still arriving, under a body deadline (`read_body`)."""
+        return self._admitted and self.ctx is None and not self.closed
+
+    async def read_body(self, read: Any) -> Any:
+        """`read()`, or None once the request-body deadline has passed (then `timed_out`)."""
+        assert self._guard is not None
+        return await self._guard.read_body(read, self._started)
+
+    def timed_out(self) -> list[m.ProcessingResponse]:
+        assert self._guard is not None
+        seconds = self._guard.limits.request_body_timeout
+        return self._fail(
+            errors.RequestTimeout(
+                f"the request body did not arrive within {seconds:g} s (--request-body-timeout)"
+            )
+        )
+
     def close(self) -> None:
         """The gRPC stream ended, however it ended: release the request's booking once."""
+        guard = self._guard
+        if guard is not None:
+            # the body stays referenced by the request until here (it is forwarded from it)
+            guard.release(self._reserved)
+            self._reserved = 0
+            if self._admitted:
+                guard.leave()
+                self._admitted = False
         if self.ctx is not None:
             self.ctx.finish(complete=self.response_complete)
 

@@ -1,0 +1,128 @@
+"""Bounds across ext-proc streams (epp.extproc.limits), over a real grpc.aio server: buffered
+body bytes, concurrent streams, and the request-body deadline that ends a slowloris body."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from epp.extproc import server as srv
+from epp.extproc.limits import StreamGuard, StreamLimits
+from tests.extproc import helpers as h
+
+CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _server(guard: StreamGuard) -> tuple[grpc.aio.Server, int]:
+    director, _ = h.make_director()
+    port = _free_port()
+    health = srv.Health()
+    server = srv.build_server(director, health, bind="127.0.0.1", port=port, credentials=None, guard=guard)
+    await server.start()
+    return server, port
+
+
+def _status(resp: object) -> int:
+    return int(resp.immediate_response.status.code)  # type: ignore[attr-defined]
+
+
+async def _settled(guard: StreamGuard) -> None:
+    for _ in range(200):
+        if guard.streams == 0 and guard.buffered == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"streams {guard.streams}, buffered {guard.buffered}")
+
+
+async def test_an_unfinished_body_is_answered_408_at_its_deadline_and_freed() -> None:
+    guard = StreamGuard(StreamLimits(request_body_timeout=0.3))
+    server, port = await _server(guard)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(h.headers_msg(h.post_headers()))
+            await call.write(h.body_msg(b'{"model":"m","messages":[', eos=False))  # and nothing more
+            resp = await asyncio.wait_for(call.read(), 5)
+            assert _status(resp) == 408
+            assert b"--request-body-timeout" in resp.immediate_response.body
+            await _settled(guard)
+            # a body that arrives in time is routed as before
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(h.headers_msg(h.post_headers()))
+            await call.write(h.body_msg(CHAT))
+            assert not (await call.read()).HasField("immediate_response")
+            call.cancel()
+            await _settled(guard)
+    finally:
+        await server.stop(None)
+
+
+async def test_buffered_bytes_across_streams_are_capped_and_given_back() -> None:
+    guard = StreamGuard(StreamLimits(max_buffered_body_bytes=100_000))
+    server, port = await _server(guard)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            first = stub.Process()
+            await first.write(h.headers_msg(h.post_headers()))
+            await first.write(h.body_msg(b"x" * 60_000, eos=False))
+            for _ in range(100):
+                if guard.buffered:
+                    break
+                await asyncio.sleep(0.01)
+            assert guard.buffered == 60_000
+            second = stub.Process()
+            await second.write(h.headers_msg(h.post_headers()))
+            await second.write(h.body_msg(b"y" * 60_000, eos=False))
+            resp = await asyncio.wait_for(second.read(), 5)
+            assert _status(resp) == 503
+            assert b"--max-buffered-body-bytes" in resp.immediate_response.body
+            first.cancel()  # the client went away: its bytes are given back
+            await _settled(guard)
+    finally:
+        await server.stop(None)
+
+
+async def test_streams_beyond_the_limit_are_503() -> None:
+    guard = StreamGuard(StreamLimits(max_concurrent_streams=2))
+    server, port = await _server(guard)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            held = []
+            for _ in range(2):
+                call = stub.Process()
+                await call.write(h.headers_msg(h.post_headers()))
+                held.append(call)
+            for _ in range(100):
+                if guard.streams == 2:
+                    break
+                await asyncio.sleep(0.01)
+            extra = stub.Process()
+            await extra.write(h.headers_msg(h.post_headers()))
+            resp = await asyncio.wait_for(extra.read(), 5)
+            assert _status(resp) == 503
+            assert b"--max-concurrent-streams" in resp.immediate_response.body
+            for call in held:
+                call.cancel()
+            await _settled(guard)
+    finally:
+        await server.stop(None)
+
+
+def test_limits_must_be_sane() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        StreamLimits(max_concurrent_streams=0)
+    with pytest.raises(ValueError, match=">= 0"):
+        StreamLimits(request_body_timeout=-1)
