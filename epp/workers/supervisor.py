@@ -184,6 +184,9 @@ class Supervisor:
             if slot.families:
                 self.retired.add(slot.families)
                 slot.families = []
+            session = self._sessions.pop(slot.index, None)
+            if session is not None:  # its pooled connection went with the worker
+                await session.close()
             if self.stopping:
                 log.info("worker %d exited (code %d)", slot.index, code, extra={"worker": slot.index})
                 return
