@@ -257,7 +257,7 @@ async def _run(
 
     pool_label = args.pool_name or "standalone"
     pool_gauge = metrics.ready_endpoints.labels(pool_label)
-    datastore.subscribe(lambda added, removed: pool_gauge.set(len(datastore.candidates())))
+    datastore.subscribe(lambda added, removed: pool_gauge.set(len(datastore.routable())))
     ingester: KVEventIngester | None = None
     if handle.kv_index is not None:
         ingester = KVEventIngester(
@@ -306,7 +306,7 @@ async def _run(
     elector: workers_worker.Lease | None = role.lease if role is not None else None
     if role is None:
         elector = leader_elector(args, pool_operator)
-    pool_gauge.set(len(datastore.candidates()))
+    pool_gauge.set(len(datastore.routable()))
     if ingester is not None:
         ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
 

@@ -220,7 +220,7 @@ class Pod:
         ]  # fmt: skip
         self.process = ManagedProcess(f"pod-{i}", argv, cfg.out / f"pod-{i}.log")
 
-    async def start(self, within: float = 30.0) -> None:
+    async def start(self, within: float = 120.0) -> None:
         self.process.start()
         deadline = time.monotonic() + within
         while not await asyncio.to_thread(_answers, f"http://{self.address}/health"):
@@ -295,7 +295,7 @@ class Soak:
             command = None
             if cfg.tracemalloc_every > 0:
                 command = [
-                    sys.executable, "-X", "tracemalloc=25", "-c", _TRACEMALLOC_MAIN,
+                    sys.executable, "-X", "tracemalloc=10", "-c", _TRACEMALLOC_MAIN,
                     str(cfg.tracemalloc_every), str(cfg.out),
                 ]  # fmt: skip
             self.epps = [
@@ -310,7 +310,7 @@ class Soak:
             ]
             for epp in self.epps:
                 stops.append(epp.stop)
-                await asyncio.to_thread(epp.start)
+                await asyncio.to_thread(epp.start, timeout=180.0)
             listen, admin = free_ports(2)
             params = GatewayParams(
                 listen_port=listen,
@@ -445,7 +445,7 @@ class Soak:
                 await asyncio.to_thread(epp.process.proc.wait, 30)
                 await asyncio.sleep(max(0.0, cfg.fault_duration - (self.now() - fault.start)))
                 fault.end = self.now()
-                await asyncio.to_thread(epp.start)
+                await asyncio.to_thread(epp.start, timeout=180.0)
                 fault.ready = self.now()
             else:
                 raise ValueError(f"unknown fault {kind!r}")

@@ -6,15 +6,28 @@ with `Datastore.sync(source, specs)`; the datastore keeps the `Endpoint` objects
 syncs so that scraped metrics and in-flight counters survive a reload that does not change them.
 
 Scheduling reads endpoints through `Datastore.candidates()`, which returns only endpoints that are
-routable: known to a source and not excluded by failing scrapes.
+routable: known to a source and not excluded by failing scrapes. Degrade, never black out: when
+every endpoint is excluded (every /metrics hung or failing at once, which says more about the
+metrics path than about the servers), `candidates()` returns them all, to be scored on what is
+still known (their last metrics, epp's in-flight counts, the KV index), rather than answering 503
+for the whole pool; `degraded` is True meanwhile. The request path counts each such pick
+(`epp_routing_degraded_total`, via `pick_candidates`), and the switch in and out is logged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from epp import clock
+from epp.observability import metrics
+
+log = logging.getLogger(__name__)
+
+DEGRADED_LOG_EVERY_S = 30.0
+"""Entering degraded routing is logged at most this often (a flapping metrics path would flood)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -110,6 +123,10 @@ class Datastore:
         self._unavailable: dict[str, str] = {}  # source -> why it offers no endpoints now
         # model -> the largest max_model_len any endpoint lists for it; None: to be recomputed.
         self._model_limits: dict[str, int] | None = None
+        # Not excluded; `_candidates` is this, or every endpoint while `degraded`.
+        self._routable: list[Endpoint] = []
+        self.degraded = False
+        self._degraded_logged_at = -DEGRADED_LOG_EVERY_S
 
     def set_unavailable(self, source: str, reason: str | None) -> None:
         """Record why `source` offers no endpoints now (a deleted pool), or clear it with None; the
@@ -188,15 +205,51 @@ class Datastore:
 
     def refresh_candidates(self) -> None:
         """Recompute the routable list; call after an endpoint's `excluded` flag changes."""
-        self._candidates = [ep for ep in self._all.values() if not ep.excluded]
+        routable = [ep for ep in self._all.values() if not ep.excluded]
+        degraded = bool(self._all) and not routable
+        self._routable = routable
+        self._candidates = routable if not degraded else list(self._all.values())
+        if degraded != self.degraded:
+            self.degraded = degraded
+            metrics.routing_degraded.set(1 if degraded else 0)
+            now = time.monotonic()
+            if not degraded:
+                log.info("endpoint metrics are back: routing on fresh metrics again")
+            elif now - self._degraded_logged_at >= DEGRADED_LOG_EVERY_S:
+                self._degraded_logged_at = now
+                log.warning(
+                    "every endpoint (%d) is excluded for failing or stale metrics: routing to all of "
+                    "them on their last metrics, in-flight load and the KV index rather than refusing",
+                    len(self._all),
+                )
 
     def endpoints(self) -> list[Endpoint]:
         """Every known endpoint, routable or not (scrapers use this)."""
         return list(self._all.values())
 
     def candidates(self) -> list[Endpoint]:
-        """Routable endpoints. The list is shared: callers must not mutate it."""
+        """Routable endpoints, or every endpoint while `degraded`. The list is shared: callers
+        must not mutate it."""
         return self._candidates
+
+    def routable(self) -> list[Endpoint]:
+        """Endpoints not excluded (empty while `degraded`): readiness and pool gauges count these."""
+        return self._routable
+
+    def pick_candidates(self, subset_ips: Collection[str] | None = None) -> list[Endpoint]:
+        """The endpoints a request may go to, counting a degraded pick: `candidates()`, within
+        `subset_ips` (the proxy's subset hint) when given. When the hint names only excluded
+        endpoints, those are returned (degraded) rather than none."""
+        candidates = self._candidates
+        degraded = self.degraded
+        if subset_ips is not None:
+            candidates = [ep for ep in candidates if ep.spec.address in subset_ips]
+            if not candidates and not degraded:
+                candidates = [ep for ep in self._all.values() if ep.spec.address in subset_ips]
+                degraded = bool(candidates)
+        if degraded:
+            metrics.routing_degraded_total.inc()
+        return candidates
 
     def get(self, name: str) -> Endpoint | None:
         return self._all.get(name)

@@ -27,6 +27,13 @@ epp enforces as vLLM does (`epp.api.context_length`). A server
 without that page, or cards without `max_model_len`, leaves the endpoint's limits as they were
 (empty: epp then falls back to the tokenizer config); a failed read is retried after 5 s.
 
+Staleness is measured from the start of the attempt that failed, not from when its failure was
+seen: epp's own event loop, when it stalls (a burst of work, a GC pause), delays both the answer
+and the timeout, and a 2.4 s stall must not make a healthy server look 2.4 s stale. For the same
+reason a scrape that timed out well after its timeout was due (the loop ran late, so the server
+may well have answered in time) is inconclusive: it is counted
+(`epp_metrics_scrapes_inconclusive_total`) but neither fails the endpoint nor excludes it.
+
 Staleness is exposed, not hidden: `Endpoint.metrics_age()` gives the seconds since the last
 good scrape (inf if never), and `MetricsScraper.is_stale(endpoint)` compares it with the
 configured bound, for scorers or debug endpoints that want to discount old numbers. An endpoint
@@ -34,8 +41,9 @@ never scraped successfully counts its age from the start of its loop, so the sta
 not exclude a new endpoint on its first failed scrape.
 
 Gauges kept: `epp_endpoint_excluded{endpoint}` (1 while excluded; the series is removed with the
-endpoint) and `inference_pool_ready_pods{name=<pool>}` = `len(datastore.candidates())` after every
-change this module sees or makes. While started, the scraper is also the source of GIE's pool
+endpoint) and `inference_pool_ready_pods{name=<pool>}` = `len(datastore.routable())` after every
+change this module sees or makes (every endpoint excluded: 0, though epp then routes degraded to
+all of them; see `epp.datastore.endpoints`). While started, the scraper is also the source of GIE's pool
 averages (`inference_pool_average_*`, `inference_pool_per_pod_queue_size`), computed from the
 endpoints' latest scrapes whenever /metrics is read (`metrics.PoolCollector`).
 
@@ -71,6 +79,9 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 # the model server and on epp 20 times a second to save bytes on a cluster network. Ask for none.
 _HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain"}
 
+
+# A timeout that fires this much later than it was due says the event loop was late, not the server.
+LATE_TIMEOUT_S = 0.5
 
 # /v1/models lists a card per model and adapter: a few KB even for a server with many adapters.
 MAX_MODELS_BODY_BYTES = 1024 * 1024
@@ -204,7 +215,7 @@ class MetricsScraper:
         """The pool's load as last scraped. Averages count routable endpoints with a good scrape
         (GIE averages the pods whose metrics are fresh); an excluded endpoint's last figures
         would describe a server epp no longer sends to."""
-        routable = {id(ep) for ep in self._datastore.candidates()}
+        routable = {id(ep) for ep in self._datastore.routable()}
         return metrics.PoolSnapshot(
             self._pool_name,
             [
@@ -262,7 +273,7 @@ class MetricsScraper:
                 series.remove(name)
 
     def _update_ready(self) -> None:
-        metrics.ready_endpoints.labels(name=self._pool_name).set(len(self._datastore.candidates()))
+        metrics.ready_endpoints.labels(name=self._pool_name).set(len(self._datastore.routable()))
 
     async def _scrape_loop(self, ep: Endpoint) -> None:
         loop = asyncio.get_running_loop()
@@ -287,13 +298,20 @@ class MetricsScraper:
     # -- one scrape ------------------------------------------------------------------------------
 
     async def _scrape(self, ep: Endpoint, started: float) -> None:
+        attempted = time.monotonic()
         try:
             result = promtext.parse(await self._fetch(ep))
         # Anything a scrape raises is a failed scrape, never a dead loop: the parser raises only
         # PromTextError by design, but a garbage page must not find an exception we did not list.
         # (CancelledError is a BaseException and passes through.)
         except Exception as e:
-            self._failed(ep, self._reason(e), started)
+            late = time.monotonic() - attempted - self.timeout
+            if isinstance(e, TimeoutError) and late > LATE_TIMEOUT_S:
+                # The loop ran late: the answer may have been waiting; nothing learnt of the server.
+                metrics.scrapes_inconclusive_total.inc()
+                log.debug("scrape of %s timed out %.1fs late (event loop lag): not counted", ep.name, late)
+                return
+            self._failed(ep, self._reason(e), started, attempted)
         else:
             self._succeeded(ep, result)
 
@@ -366,14 +384,15 @@ class MetricsScraper:
             self._datastore.refresh_candidates()
             self._update_ready()
 
-    def _failed(self, ep: Endpoint, reason: str, started: float) -> None:
+    def _failed(self, ep: Endpoint, reason: str, started: float, attempted: float) -> None:
         ep.scrape_failures += 1
         metrics.scrape_errors_total.labels(endpoint=ep.name).inc()
         log.debug("scrape of %s failed (%d in a row): %s", ep.name, ep.scrape_failures, reason)
         if ep.excluded:
             return
-        now = time.monotonic()
-        age = now - (ep.metrics.updated_at or started)
+        # Age when this attempt was made: how stale the server let its metrics get, whatever the
+        # event loop did while the attempt ran.
+        age = attempted - (ep.metrics.updated_at or started)
         if ep.scrape_failures >= self.failure_threshold or age > self.staleness:
             ep.excluded = True
             log.warning(

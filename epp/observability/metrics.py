@@ -239,6 +239,27 @@ endpoint_excluded = Gauge(
     ["endpoint"],
     registry=REGISTRY,
 )
+
+routing_degraded = Gauge(
+    "epp_routing_degraded_mode",
+    "1 while every endpoint is excluded for failing or stale metrics and epp routes to all of them "
+    "on what it still knows (last metrics, in-flight load, KV index) instead of refusing.",
+    registry=REGISTRY,
+)
+
+routing_degraded_total = Counter(
+    "epp_routing_degraded_total",
+    "Requests routed in degraded mode: every candidate endpoint was excluded for failing or stale "
+    "metrics, so epp picked among them on what it still knows instead of answering 503.",
+    registry=REGISTRY,
+)
+
+scrapes_inconclusive_total = Counter(
+    "epp_metrics_scrapes_inconclusive_total",
+    "Scrapes that timed out only because epp's own event loop ran late (the timeout fired long "
+    "after it was due): not counted against the endpoint.",
+    registry=REGISTRY,
+)
 extproc_streams = Gauge(
     "epp_extproc_active_streams",
     "ext-proc streams currently open from the proxy.",

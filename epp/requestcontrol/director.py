@@ -432,9 +432,9 @@ class Director:
                 limits=self.settings.limits,
             )
         request.priority = admission.priority(self.objectives, headers.get(admission.OBJECTIVE_HEADER))
-        candidates = self.datastore.candidates()
+        # Every endpoint excluded for stale metrics: routed on what is known (degraded), not 503.
+        candidates = self.datastore.pick_candidates(subset_ips)
         if subset_ips is not None:
-            candidates = [ep for ep in candidates if ep.spec.address in subset_ips]
             if not candidates:
                 raise errors.ServiceUnavailable("no ready endpoint matches the proxy's subset hint")
         elif not candidates:

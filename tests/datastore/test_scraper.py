@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -134,7 +135,8 @@ async def test_connection_refused_excludes_and_a_restarted_server_recovers() -> 
     (ep,) = ds.endpoints()
     async with make(ds):
         await until(lambda: ep.excluded, "exclusion")
-        assert ds.candidates() == [] and ep.metrics.updated_at == 0
+        assert ds.routable() == [] and ep.metrics.updated_at == 0
+        assert ready() == 0 and ds.degraded  # not ready, yet still routed to (degraded)
         srv = await FakeVLLM().start(port)
         try:
             srv.running = 2
@@ -187,7 +189,33 @@ async def test_hung_server_is_excluded_by_staleness_before_the_threshold(
         await until(lambda: ep.excluded, "exclusion")
         assert ep.scrape_failures < 1000
         assert ep.metrics_age() > 0.3
-    assert "no answer within 0.1s" in caplog.records[-1].getMessage()
+    excluded = [r for r in caplog.records if r.name == "epp.datastore.scraper"]
+    assert "no answer within 0.1s" in excluded[-1].getMessage()
+
+
+async def test_an_event_loop_stall_does_not_exclude_a_healthy_server(server: FakeVLLM) -> None:
+    """A stall of epp's own loop fires in-flight scrape timeouts late and ages every scrape; neither
+    says anything about the server (issue 19: a 2.4 s stall excluded a healthy pod)."""
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.delay = 0.03  # a scrape is in flight most of the time
+    async with make(ds, timeout=0.2, failure_threshold=1, staleness=0.3):
+        await until(lambda: ep.metrics.updated_at > 0)
+        errors = sample("epp_metrics_scrape_errors_total", ep.name) or 0.0
+        inconclusive = metrics.REGISTRY.get_sample_value("epp_metrics_scrapes_inconclusive_total") or 0.0
+        for _ in range(3):
+            await asyncio.sleep(0.02)
+            time.sleep(1.0)  # noqa: ASYNC251 -- the stall: blocks the loop as a long synchronous step would
+            await asyncio.sleep(0)
+        # (An exclusion would be undone by the next good scrape: count failures, not the flag.)
+        assert (sample("epp_metrics_scrape_errors_total", ep.name) or 0.0) == errors
+        assert not ep.excluded and ep.scrape_failures == 0
+        assert (
+            metrics.REGISTRY.get_sample_value("epp_metrics_scrapes_inconclusive_total") or 0
+        ) > inconclusive
+        before = ep.metrics.updated_at
+        await until(lambda: ep.metrics.updated_at > before, "scrapes go on")
 
 
 async def test_endpoints_added_and_removed_start_and_stop_loops(server: FakeVLLM, server2: FakeVLLM) -> None:
