@@ -126,6 +126,12 @@ class GatewayParams:
     # BUFFERED request bodies larger than the listener's buffer limit (Envoy's default 1 MiB)
     # are answered 413 by Envoy: raised to epp's --max-body-bytes default when buffering.
     max_request_body_bytes: int = 16 << 20
+    # A client's whole request (headers and body, until epp has routed it) must arrive within
+    # request_timeout, its headers within request_headers_timeout: slowloris requests are
+    # answered 408 by Envoy and never held by epp (epp's own --request-body-timeout, 60 s, is
+    # the backstop). 0 = no limit. The response is not bounded by these (see route_timeout).
+    request_timeout: float = 60.0
+    request_headers_timeout: float = 10.0
     epp_tls: bool = False
     epp_sni: str = ""  # "" = no SNI
     epp_health_check: bool = False
@@ -516,6 +522,10 @@ def gateway_config(params: GatewayParams) -> dict[str, Any]:
     }
     if early := _strip_control_headers(params):
         hcm["early_header_mutation_extensions"] = early
+    if params.request_timeout:
+        hcm["request_timeout"] = f"{params.request_timeout:g}s"
+    if params.request_headers_timeout:
+        hcm["request_headers_timeout"] = f"{params.request_headers_timeout:g}s"
     if params.access_log_path:
         hcm["access_log"] = _access_log(params.access_log_path)
     clusters = [_pods_cluster(params)]
