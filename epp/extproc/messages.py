@@ -2,7 +2,8 @@
 
 Only the shapes the EPP protocol uses are built here, so the stream state machine reads as
 protocol steps rather than protobuf plumbing. Messages are upb C objects: building one costs about
-a microsecond, so nothing here is cached except the constant "continue" responses.
+a microsecond, so nothing here is cached except the constant "continue" responses, and the
+answer to a streamed response chunk (sent once per token, so it is written straight to bytes).
 """
 
 from __future__ import annotations
@@ -103,6 +104,28 @@ def streamed_response_body(body: bytes, end_of_stream: bool) -> list[ProcessingR
     for chunk, last in _chunks(body):
         out.append(ProcessingResponse(response_body=_streamed(chunk, last and end_of_stream)))
     return out
+
+
+def streamed_response_body_wire(body: bytes, end_of_stream: bool) -> list[bytes]:
+    """`streamed_response_body`, serialized: the per-chunk answer of a streamed response.
+
+    Building the five nested upb messages and serializing them costs ~4 µs a chunk; setting two
+    fields of one kept message and serializing it, ~0.8 µs. The kept message is shared: this
+    must run on one thread (the event loop's), and the bytes are taken before it returns."""
+    if len(body) <= MAX_BODY_CHUNK:
+        return [_streamed_wire(body, end_of_stream)]
+    return [_streamed_wire(chunk, last and end_of_stream) for chunk, last in _chunks(body)]
+
+
+_STREAMED_TEMPLATE = ProcessingResponse()
+_STREAMED_FIELDS = _STREAMED_TEMPLATE.response_body.response.body_mutation.streamed_response
+
+
+def _streamed_wire(chunk: bytes, eos: bool) -> bytes:
+    fields = _STREAMED_FIELDS
+    fields.body = chunk
+    fields.end_of_stream = eos
+    return _STREAMED_TEMPLATE.SerializeToString()  # type: ignore[no-any-return]
 
 
 def _chunks(body: bytes) -> list[tuple[bytes, bool]]:

@@ -8,7 +8,6 @@ ext-proc port (for Envoy's active health checks) and on its own port (for Kubern
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import grpc
@@ -38,23 +37,36 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._director = director
         self._guard = guard
 
-    async def Process(
-        self, request_iterator: AsyncIterator[m.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[m.ProcessingResponse]:
+    async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        # read()/write() on the context rather than an async generator over request_iterator:
+        # grpc.aio wraps both around the same calls, and the per-token path below is the one
+        # that runs most often (one message each way per streamed chunk).
         stream = Stream(self._director, self._guard)
         metrics.extproc_streams.inc()
         failed = False
         tracer = tracing.TRACER  # None unless --tracing
         span: Span | None = None
+        read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
-            async for msg in request_iterator:
+            while True:
+                msg = await read() if not stream.awaiting_body else await stream.read_body(read)
+                if msg is None:  # the body's deadline passed (epp.extproc.limits)
+                    for response in stream.timed_out():
+                        await write(response)
+                    return
+                if msg is eof:
+                    return
+                if msg.HasField("response_body"):  # the per-token path: answers already serialized
+                    for wire in stream.response_body(msg):
+                        await write(wire)
+                    continue
                 responses = await stream.handle(msg)
                 if tracer is not None:
                     if span is None:  # after the first message: the request headers are known
                         span = tracing.start_request_span(tracer, stream.headers)
                     _continue_trace(span, responses)
                 for response in responses:
-                    yield response
+                    await write(response)
                 if stream.closed:
                     return
         except Exception:
@@ -72,6 +84,27 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 _end_span(span, stream, failed=failed)
             stream.close()
             metrics.extproc_streams.dec()
+
+
+def _serialize(response: m.ProcessingResponse | bytes) -> bytes:
+    """Responses are messages, or bytes already serialized (`Stream.response_body`)."""
+    if type(response) is bytes:
+        return response
+    return response.SerializeToString()  # type: ignore[union-attr,no-any-return]
+
+
+def add_ext_proc_servicer(server: grpc.aio.Server, servicer: ExternalProcessor) -> None:
+    """The generated `add_ExternalProcessorServicer_to_server`, with a serializer that passes
+    pre-serialized answers through."""
+    handlers = {
+        "Process": grpc.stream_stream_rpc_method_handler(
+            servicer.Process,
+            request_deserializer=m.ProcessingRequest.FromString,
+            response_serializer=_serialize,
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXTPROC_SERVICE, handlers),))
+    server.add_registered_method_handlers(EXTPROC_SERVICE, handlers)
 
 
 def _continue_trace(span: Span, responses: list[m.ProcessingResponse]) -> None:
@@ -155,7 +188,7 @@ def build_server(
             ("grpc.server_max_unrequested_time_in_server", 30),
         ]
     )
-    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(director, guard), server)
+    add_ext_proc_servicer(server, ExternalProcessor(director, guard))
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     _add_port(server, f"{bind}:{port}", credentials)
     return server
