@@ -55,7 +55,6 @@ should raise the interval.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -256,7 +255,7 @@ class MetricsScraper:
                 task.cancel()
                 self._retired.add(task)
                 task.add_done_callback(self._retired.discard)
-            self._forget_series(ep.name)
+            self._forget_series(ep)
         if self._session is not None:  # not started (or stopped): start() reconciles later
             for ep in added:
                 if ep not in self._loops:
@@ -266,11 +265,10 @@ class MetricsScraper:
         self._update_ready()
 
     @staticmethod
-    def _forget_series(name: str) -> None:
-        # A removed endpoint's series would otherwise be exported forever (an excluded one as 1).
-        for series in (metrics.endpoint_excluded, metrics.scrape_errors_total):
-            with contextlib.suppress(KeyError):  # prometheus_client < 0.21 raises when absent
-                series.remove(name)
+    def _forget_series(ep: Endpoint) -> None:
+        # A removed endpoint's series would otherwise be exported forever (an excluded one as 1),
+        # and with pods renamed at every rollout, grow without bound.
+        metrics.forget_endpoint(ep.name, ep.spec.pod)
 
     def _update_ready(self) -> None:
         metrics.ready_endpoints.labels(name=self._pool_name).set(len(self._datastore.routable()))

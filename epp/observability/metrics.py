@@ -260,6 +260,15 @@ scrapes_inconclusive_total = Counter(
     "after it was due): not counted against the endpoint.",
     registry=REGISTRY,
 )
+
+# Series labelled by endpoint name, dropped when the endpoint goes (`forget_endpoint`).
+_BY_ENDPOINT: tuple[Any, ...] = (
+    picks_total,
+    inflight_requests,
+    inflight_tokens,
+    scrape_errors_total,
+    endpoint_excluded,
+)
 extproc_streams = Gauge(
     "epp_extproc_active_streams",
     "ext-proc streams currently open from the proxy.",
@@ -301,11 +310,19 @@ def error_code(status: int) -> str:
 
 MAX_LABEL_VALUES = 256
 """Distinct client-chosen values (model names) kept per label; later ones are counted as "other"."""
+MAX_LABEL_PAIRS = 64
+"""Distinct (model_name, target_model_name) pairs kept: each pair is a dozen histograms, ~10 KB of
+/metrics page and ~4 ms of rendering per scrape, so 256 x 256 independent names would be gigabytes.
+Later pairs are counted as ("other", "other")."""
+MAX_LABEL_CHARS = 128
+"""A longer client-chosen value is counted as "other" (it would be stored in every series)."""
+OTHER = "other"
 
 
 class LabelCap:
     """Bounds a label whose values clients choose (model names): the first `limit` distinct values
-    are kept, every later one becomes "other", so junk names cannot multiply the series."""
+    are kept, every later one (and any longer than MAX_LABEL_CHARS) becomes "other", so junk names
+    cannot multiply the series."""
 
     __slots__ = ("_limit", "_seen")
 
@@ -318,10 +335,52 @@ class LabelCap:
             return value
         if not value:
             return "-"
-        if len(self._seen) >= self._limit:
-            return "other"
+        if len(self._seen) >= self._limit or len(value) > MAX_LABEL_CHARS:
+            return OTHER
         self._seen.add(value)
         return value
+
+
+class ModelLabels:
+    """(model_name, target_model_name) label values for a request's series: each name capped
+    (`LabelCap`) and the pairs capped too (`MAX_LABEL_PAIRS`), since the series are per pair."""
+
+    __slots__ = ("_limit", "_model", "_pairs", "_target")
+
+    def __init__(self, limit: int = MAX_LABEL_PAIRS) -> None:
+        self._model = LabelCap()
+        self._target = LabelCap()
+        self._pairs: set[tuple[str, str]] = set()
+        self._limit = limit
+
+    def __call__(self, model: str, target: str) -> tuple[str, str]:
+        pair = (self._model(model), self._target(target))
+        if pair in self._pairs:
+            return pair
+        if len(self._pairs) >= self._limit:
+            return (OTHER, OTHER)
+        self._pairs.add(pair)
+        return pair
+
+    def target(self, target: str) -> str:
+        """The target_model_name value alone (series labelled by target only)."""
+        return self._target(target)
+
+
+def forget_endpoint(name: str, pod: str = "") -> None:
+    """Drop every series labelled with a removed endpoint: `name` in the `endpoint` label, `pod`
+    (or `name` for a static endpoint) in GIE's `pod_name`. Pods come and go with every rollout,
+    and their series would otherwise be exported (and kept in memory) forever."""
+    for metric, label, value in (
+        *((m, "endpoint", name) for m in _BY_ENDPOINT),
+        (scheduler_attempts, "pod_name", pod or name),
+    ):
+        at = metric._labelnames.index(label)
+        with metric._lock:
+            doomed = [labels for labels in metric._metrics if labels[at] == value]
+        for labels in doomed:
+            with contextlib.suppress(KeyError):  # removed meanwhile
+                metric.remove(*labels)
 
 
 # --- Pool averages (epp.datastore.scraper) -------------------------------------------------------

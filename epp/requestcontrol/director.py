@@ -27,6 +27,7 @@ with an error after booking) releases exactly once. That is what keeps in-flight
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import uuid
@@ -194,12 +195,18 @@ class Director:
         ratio = settings.response_sample_ratio
         self._sample_credit = 1.0 - ratio if ratio > 0.0 else 0.0  # the first request is sampled
         # Model names come from clients: capped, so junk names cannot multiply the series.
-        self._model_label = metrics.LabelCap()
-        self._target_label = metrics.LabelCap()
+        self._model_labels = metrics.ModelLabels()
+        # A removed endpoint's series are dropped (metrics.forget_endpoint): so are their children.
+        datastore.subscribe(self._forget_children)
 
     def model_labels(self, request: InferenceRequest) -> tuple[str, str]:
         """The request's (model_name, target_model_name) metric label values, capped."""
-        return self._model_label(request.model), self._target_label(request.target_model)
+        return self._model_labels(request.model, request.target_model)
+
+    def _forget_children(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        if removed:
+            gone = {ep.name for ep in removed} | {ep.spec.pod for ep in removed if ep.spec.pod}
+            self._children = {k: c for k, c in self._children.items() if gone.isdisjoint(k[1:])}
 
     def _count_error(self, labels: tuple[str, str], status: int) -> None:
         self._child(metrics.request_errors_total, *labels, metrics.error_code(status)).inc()
@@ -264,7 +271,7 @@ class Director:
 
     def _count_attempt(self, request: InferenceRequest, primary: Endpoint | None) -> None:
         """GIE's scheduler_attempts_total: the primary endpoint's pod and port, or a failure."""
-        target = self._target_label(request.target_model)
+        target = self._model_labels.target(request.target_model)
         if primary is None:
             self._child(metrics.scheduler_attempts, "failure", target, "", "", "").inc()
         else:
@@ -354,7 +361,7 @@ class Director:
         try:
             if request.api is Api.CHAT:
                 # The model server sees the template's rendering of the (re-written) body.
-                body = self._decoded(request)
+                body = await self._decoded_off_loop(request)
                 ids = await tokenizer.encode_chat(request.target_model, body, base_model=base_model)
             else:
                 text = plain_prompt(request)
@@ -444,6 +451,13 @@ class Director:
             )
         return request, candidates
 
+    async def _decoded_off_loop(self, request: InferenceRequest) -> Mapping[str, Any]:
+        """`_decoded`, in a thread for a large body: the depth walk is Python the loop can
+        preempt there (msgspec's decode itself holds the GIL either way)."""
+        if request.body is None and len(request.body_bytes) > _DECODE_INLINE_BYTES:
+            request.body = await asyncio.to_thread(decode_body, request.body_bytes, self.settings.limits)
+        return self._decoded(request)
+
     def _decoded(self, request: InferenceRequest) -> Mapping[str, Any]:
         """The body as plain objects, decoded once per request and depth-checked (400s)."""
         if request.body is None:
@@ -510,6 +524,9 @@ class Director:
             # Per-token pace needs tokens arriving over time: a streamed body, two tokens or more.
             if tracker.streaming and first is not None and completion > 1:
                 child(metrics.request_tpot, *labels).observe((now - first) / (completion - 1))
+
+
+_DECODE_INLINE_BYTES = 256 << 10  # ~0.3 ms to decode: less than a hand-off to a thread costs
 
 
 def _adds_special_tokens(request: InferenceRequest) -> bool:
