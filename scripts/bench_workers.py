@@ -34,6 +34,19 @@ class Run:
     points: list[dict[str, Any]]
 
 
+def _normalize(run: Run) -> None:
+    """`--stream` points name their concurrency `streams` and carry no req/s nor CPU share: the
+    same fields as request points, from their requests, wall time and CPU seconds."""
+    for p in run.points:
+        p.setdefault("conns", p.get("streams"))
+        if "rps" not in p:
+            p["rps"] = p["requests"] / p["wall_s"] if p["wall_s"] else 0.0
+        if "epp_cpu_pct" not in p:
+            p["epp_cpu_pct"] = p["epp_cpu_s"] / p["wall_s"] * 100 if p["wall_s"] else 0.0
+        if "epp_cpu_ms_per_req" not in p and p["arm"] != "baseline":
+            p["epp_cpu_ms_per_req"] = p["epp_cpu_s"] * 1e3 / p["requests"] if p["requests"] else 0.0
+
+
 def _marginal(run: Run) -> None:
     """Adds `epp_marginal_ms_per_req` to the run's epp points: the CPU above what epp spends idle
     (each worker scrapes every pod every 50 ms), taken from the baseline arm of the same run
@@ -71,6 +84,7 @@ def main() -> int:
     if args.summarize:
         runs = [Run(**r) for r in json.loads(Path(args.summarize).read_text())]
         for run in runs:
+            _normalize(run)
             _marginal(run)
         counts = sorted({r.workers for r in runs})
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
@@ -84,6 +98,7 @@ def main() -> int:
                 ]  # fmt: skip
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                 run = Run(round_, count, load, json.loads(out.read_text())["points"])
+                _normalize(run)
                 _marginal(run)
                 runs.append(run)
                 print(
