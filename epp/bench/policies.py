@@ -48,6 +48,11 @@ POLICIES: dict[str, Policy] = {
         ),
         Policy("dynamo-cost", "Dynamo KV router: lowest 1.0 x prefill blocks + decode blocks", True),
         Policy("ranvier-bounded", "Ranvier: prefix affinity, diverted above 2x median in-flight + 2", False),
-        Policy("epp", "epp's default with KV events: predicted TTFT (default-precise-config.yaml)", True),
+        Policy("epp-ttft", "epp's default before issue 18: predicted TTFT only, precise prefix", True),
+        Policy(
+            "epp",
+            "epp's default with KV events: predicted whole-request latency (default-precise-config.yaml)",
+            True,
+        ),
     )
 }

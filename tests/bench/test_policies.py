@@ -14,7 +14,7 @@ from epp.scheduling.interfaces import Handle
 
 NAMES = [
     "round-robin", "random", "least-request", "load-only", "gie-approx", "llm-d-precise",
-    "sglang-cache-aware", "dynamo-cost", "ranvier-bounded", "epp",
+    "sglang-cache-aware", "dynamo-cost", "ranvier-bounded", "epp-ttft", "epp",
 ]  # fmt: skip
 
 

@@ -108,7 +108,7 @@ TTFT_TERMS = {
 
 
 def precise_director() -> tuple[Director, Datastore, BlockIndex]:
-    """A Director on epp's default with KV events (precise prefix scorer + predicted-ttft-scorer)."""
+    """A Director on epp's default with KV events (precise prefix scorer + request-latency-scorer)."""
     ds = Datastore()
     ds.sync("test", [EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000) for i in range(3)])
     index = BlockIndex()
@@ -126,16 +126,35 @@ def completion(tokens: list[int]) -> bytes:
     return msgspec.json.encode({"model": "m", "prompt": tokens, "max_tokens": 1})
 
 
+DEFAULT_SCORER = "request-latency-scorer"
+LATENCY_TERMS = {
+    "ttft_objective_s",
+    "e2e_s",
+    "decode_s",
+    "step_s",
+    "output_tokens",
+    "batch",
+    "context_tokens",
+    "slowdown_others_s",
+    "prefill_stall_others_s",
+}
+
+
 def check_ttft_terms(row: dict[str, Any]) -> dict[str, Any]:
-    """The predicted-ttft-scorer terms of one explained endpoint, checked to add up."""
-    t: dict[str, Any] = row["terms"]["predicted-ttft-scorer"]
-    assert set(t) == TTFT_TERMS
+    """The default scorer's terms of one explained endpoint, checked to add up: the TTFT terms
+    (predicted-ttft-scorer's), weighted 4 to 1, plus the decode and others' terms."""
+    t: dict[str, Any] = row["terms"][DEFAULT_SCORER]
+    assert set(t) == TTFT_TERMS | LATENCY_TERMS
     assert t["predicted_ttft_s"] == pytest.approx(
         t["overhead_s"] + t["queue_s"] + t["prefill_s"] + t["kv_wait_s"]
     )
-    assert t["objective_s"] == pytest.approx(
+    assert t["ttft_objective_s"] == pytest.approx(
         t["overhead_s"] + t["queue_s"] + t["prefill_s"] + t["kv_price_s"] + t["miss_penalty_s"]
     )
+    assert t["objective_s"] == pytest.approx(
+        4 * t["ttft_objective_s"] + t["decode_s"] + t["slowdown_others_s"] + t["prefill_stall_others_s"]
+    )
+    assert t["e2e_s"] == pytest.approx(t["predicted_ttft_s"] + t["decode_s"])
     assert t["prefill_s"] == pytest.approx(
         t["uncached_tokens"] / t["prefill_tokens_per_second"] * t["decode_slowdown"]
     )
@@ -158,7 +177,7 @@ async def test_director_explain_shows_the_predicted_ttft_terms_of_the_shipped_de
     assert busy_row["decodes"] == 4 and busy_row["kv_price_s"] > 0.0 and busy_row["kv_wait_s"] > 0.0
     # The miss penalty: the factor applied (missPenalty 1, scaled by (1 holder / (share 1 x 3
     # endpoints))^2 for a prefix all the traffic so far carries) x (1 + waiting) x the prefill.
-    penalty = payload["request_terms"]["predicted-ttft-scorer"]["miss_penalty"]
+    penalty = payload["request_terms"][DEFAULT_SCORER]["miss_penalty"]
     assert penalty == pytest.approx(1 / 9)
     assert busy_row["miss_penalty_s"] == pytest.approx(penalty * 4 * busy_row["prefill_s"])
     assert cold["miss_penalty_s"] == pytest.approx(penalty * cold["prefill_s"])
@@ -182,8 +201,8 @@ async def test_director_explain_shows_the_predicted_ttft_terms_of_the_shipped_de
     message = json_format.ParseDict(payload, pb.ExplainResponse())
     best = message.endpoints[0]
     assert best.name == "pod-1"
-    assert json_format.MessageToDict(best.terms["predicted-ttft-scorer"]) == pytest.approx(
-        rows["pod-1"]["terms"]["predicted-ttft-scorer"]
+    assert json_format.MessageToDict(best.terms[DEFAULT_SCORER]) == pytest.approx(
+        rows["pod-1"]["terms"][DEFAULT_SCORER]
     )
     assert all(ep.inflight_requests == 0 for ep in ds.endpoints())  # explain booked nothing
 
@@ -198,7 +217,7 @@ async def test_debug_score_over_http_shows_each_scorers_terms() -> None:
         assert resp.status == 200
         payload = await resp.json()
     assert set(payload) == {f.name for f in pb.ExplainResponse.DESCRIPTOR.fields}
-    assert payload["weights"] == {"precise-prefix-cache-scorer": 0.0, "predicted-ttft-scorer": 1.0}
+    assert payload["weights"] == {"precise-prefix-cache-scorer": 0.0, DEFAULT_SCORER: 1.0}
     for row in payload["endpoints"]:
         assert set(row) == {f.name for f in pb.EndpointExplanation.DESCRIPTOR.fields}
         check_ttft_terms(row)

@@ -59,13 +59,14 @@ def test_default_config() -> None:
 
 def test_default_config_with_kv_events_is_the_precise_one() -> None:
     cfg = config.load_config(None, builders.handle(BlockIndex()))
-    # Predicted TTFT over the precise match (the precise scorer at weight 0 only supplies it).
+    # The whole request's latency over the precise match (the precise scorer at weight 0 only
+    # supplies it).
     assert shape(only_profile(cfg))[1] == [
         ("precise-prefix-cache-scorer", 0.0),
-        ("predicted-ttft-scorer", 1.0),
+        ("request-latency-scorer", 1.0),
     ]
     assert cfg.scheduler.consumes_tokens()
-    assert sorted(p.type for p in cfg.response_complete) == ["predicted-ttft-scorer"]
+    assert sorted(p.type for p in cfg.response_complete) == ["request-latency-scorer"]
     text = config.default_config_text(precise=True)
     assert shape(only_profile(config.load_config(text, builders.handle(BlockIndex())))) == shape(
         only_profile(cfg)

@@ -25,7 +25,8 @@ from epp.scheduling.plugins import predicted_ttft_scorer as mod
 
 from . import builders
 
-CONFIG = Path(mod.__file__).parent.parent / "default-precise-config.yaml"
+# epp's default with KV events before issue 18 (now request-latency-scorer's), kept as a bench policy.
+CONFIG = Path(mod.__file__).parent.parent.parent / "bench" / "policies" / "epp-ttft.yaml"
 RATE = 10000.0  # the default prior, tokens/s: 1e-4 s per token
 
 

@@ -92,11 +92,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import hashlib
 import math
-import struct
 import zlib
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -108,6 +106,13 @@ from epp.datastore.endpoints import Endpoint
 from epp.observability import metrics
 from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.plugins.precise_prefix_cache_scorer import DEFAULT_BLOCK_SIZE, PrefixMatch, cached_tokens
+from epp.scheduling.plugins.prefix_popularity import (
+    MASK64,
+    Popularity,
+    first_block_digest,
+    mix64,
+    prompt_tokens,
+)
 
 MAX_PENDING: Final = 65536
 """Predictions kept for response_complete; beyond it the oldest are dropped (lost responses)."""
@@ -145,7 +150,6 @@ _FINITE = (
     "missPenalty",
     "missPenaltyPerWaiting",
 )
-_MASK64: Final = (1 << 64) - 1
 
 
 @dataclasses.dataclass(slots=True)
@@ -197,6 +201,8 @@ class TTFTDecision:
     # For explain: each endpoint's whole prediction, and the miss penalty factor it was priced at.
     terms: dict[str, _Prediction] = dataclasses.field(default_factory=dict)
     penalty: float = 0.0
+    # request-latency-scorer's decode terms per endpoint (explain).
+    extras: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 @registry.register("predicted-ttft-scorer")
@@ -248,8 +254,8 @@ class PredictedTTFTScorer(registry.PluginBase):
         self._miss_penalty = params.missPenalty
         self._waiting_weight = params.missPenaltyPerWaiting
         window = params.popularityWindowSeconds
-        self._popularity = _Popularity(window) if window > 0 else None
-        self._traffic = _Popularity(window) if window > 0 else None  # requests per endpoint
+        self._popularity = Popularity(window) if window > 0 else None
+        self._traffic = Popularity(window) if window > 0 else None  # requests per endpoint
         self._rates: dict[str, _Rate] = {}
         self._name_ids: dict[str, int] = {}
         self._mean_prefill = 0.0  # EWMA of booked uncached tokens: the work a waiting request brings
@@ -268,9 +274,9 @@ class PredictedTTFTScorer(registry.PluginBase):
         found = cycle.get(self._prefix)
         match = found if isinstance(found, PrefixMatch) else None
         tokens = match.request_tokens if match is not None else 0
-        tokens = tokens or _prompt_tokens(request)
+        tokens = tokens or prompt_tokens(request)
         now = clock.now()
-        digest = _first_block_digest(request, match.block_size if match is not None else 0)
+        digest = first_block_digest(request, match.block_size if match is not None else 0)
         penalty = self._miss_penalty
         if penalty and digest is not None and self._popularity is not None:
             # A prefix carrying a share s of the traffic needs about s * N endpoints' capacity:
@@ -363,7 +369,7 @@ class PredictedTTFTScorer(registry.PluginBase):
             name_id = ids.get(ep.name)
             if name_id is None:
                 name_id = ids[ep.name] = zlib.crc32(ep.name.encode())
-            h = _mix64(digest ^ (name_id * 0x9E3779B97F4A7C15 & _MASK64))
+            h = mix64(digest ^ (name_id * 0x9E3779B97F4A7C15 & MASK64))
             if h > top:
                 top, home = h, i
         return home
@@ -535,69 +541,3 @@ class PredictedTTFTScorer(registry.PluginBase):
         if decision.home:
             request["ttft_home"] = decision.home
         return {"request": request, "endpoints": per_endpoint}
-
-
-class _Popularity:
-    """Recent request counts per key (a prompt prefix's first-block digest, or an endpoint),
-    decaying exponentially with `window` seconds, and each key's share of the total decaying
-    alike. Bounded: the least recently seen keys are forgotten first (no share worth knowing)."""
-
-    __slots__ = ("_counts", "_total", "_total_at", "_window")
-
-    CAPACITY: Final = 100_000
-
-    def __init__(self, window: float) -> None:
-        self._window = window
-        self._counts: collections.OrderedDict[Hashable, tuple[float, float]] = collections.OrderedDict()
-        self._total = 0.0
-        self._total_at = 0.0
-
-    def count(self, key: Hashable, now: float) -> float:
-        held = self._counts.get(key)
-        return held[0] * math.exp((held[1] - now) / self._window) if held is not None else 0.0
-
-    def share(self, key: Hashable, now: float) -> float:
-        """The share of the traffic the prefix would have with one more request of it."""
-        held = self._counts.get(key)
-        count = held[0] * math.exp((held[1] - now) / self._window) if held is not None else 0.0
-        total = self._total * math.exp((self._total_at - now) / self._window)
-        return (count + 1.0) / (total + 1.0)
-
-    def add(self, key: Hashable, now: float) -> None:
-        held = self._counts.pop(key, None)
-        count = held[0] * math.exp((held[1] - now) / self._window) if held is not None else 0.0
-        self._counts[key] = (count + 1.0, now)
-        self._total = self._total * math.exp((self._total_at - now) / self._window) + 1.0
-        self._total_at = now
-        if len(self._counts) > self.CAPACITY:
-            self._counts.popitem(last=False)
-
-
-def _prompt_tokens(request: InferenceRequest) -> int:
-    if request.token_ids:
-        return len(request.token_ids)
-    return request.prompt_tokens_estimate
-
-
-def _first_block_digest(request: InferenceRequest, block_size: int) -> int | None:
-    """A 64-bit digest of the prompt's first block with the model and cache salt: stable across
-    processes (blake2b, not the per-process `hash`). None for a request without a prompt."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(request.target_model.encode())
-    h.update(b"\0" + (request.cache_salt or "").encode() + b"\0")
-    ids = request.token_ids
-    if ids:
-        first = ids[: block_size or DEFAULT_BLOCK_SIZE]
-        h.update(struct.pack(f"<{len(first)}q", *first))
-    elif request.prompt_texts and request.prompt_texts[0]:
-        h.update(request.prompt_texts[0][: (block_size or DEFAULT_BLOCK_SIZE) * 4].encode())
-    else:
-        return None
-    return int.from_bytes(h.digest(), "little")
-
-
-def _mix64(x: int) -> int:
-    """splitmix64's finaliser: spreads a 64-bit value so that the rendezvous maxima are uniform."""
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
-    return x ^ (x >> 31)

@@ -1,0 +1,349 @@
+"""`request-latency-scorer`: pick the endpoint where the whole request costs least: its own time
+to first token, its own decode at the batch it joins, and what it does to the requests already
+there.
+
+Why: `predicted-ttft-scorer` prices cache affinity against load for the first token only. A pod
+holding a hot prefix then keeps winning on TTFT (a hit is cheap) while its batch grows: every
+sequence there reads more KV per step, and per-token time doubles (issue 18: 25 sequences at ~95
+ms a token beside pods decoding 12 at ~55 ms). The user waits for the last token, not the first.
+
+The objective, per candidate endpoint `e`, in seconds of someone's latency:
+
+    objective(e) = ttft_objective(e)                      predicted-ttft-scorer's (queue, uncached
+                                                          prefill, KV pressure, miss penalty)
+                 + out * step(n + 1, ctx + L)             its own decode
+                 + n * overlap * (step(n + 1, ctx + L) - step(n, ctx))
+                                                          the slowdown it imposes on the n there
+                 + decoding * prefill(e)                  its prefill stalls their streams
+
+- `step(n, ctx) = a + b * n + c * ctx`: the per-token time of a pod decoding `n` sequences over
+  `ctx` context tokens, the simulator's (and vLLM's) roofline: a fixed part (weights read, step
+  overhead), a per-sequence part (the linear layers once compute-bound) and a per-context-token
+  part (attention reading the KV). `a`, `b`, `c` are learned from the pods' own numbers: each
+  completed response's time per output token ((duration - TTFT) / (tokens - 1)) against the batch
+  and context its endpoint had on average over the response's life, by recursive least squares
+  (forgetting `tpotForgetting`), from a prior of `stepSeconds`, 0 and 0 (until responses complete
+  the decode terms price only the batch's size at the prior fixed step).
+- `n`, `ctx`: the requests epp has in flight on `e` and their context (prompt + half the expected
+  output: a sequence's average size over its decode), or the scraped running + waiting when more
+  (other replicas' traffic), its context scaled alike. `L` the new request's, `out` its expected
+  output: `max_tokens` times the learned ratio of generated to allowed tokens, else the learned
+  mean output.
+- `overlap`: how many of their steps the new sequence shares: the lesser of its output and half
+  the mean output (the others' mean remaining tokens).
+- `decoding`: requests running there (not waiting), whose streams stall while a prefill shares
+  their steps; `prefill(e)` is the uncached prefill time predicted-ttft-scorer prices.
+
+Hot prefixes replicate through this objective: the pods holding a hot prefix gather its requests
+and their batch and context grow, so their decode price rises until a miss elsewhere (one prefill,
+paid once per new replica) is cheaper; the next request seeds a new replica, which its successors
+then hit. predicted-ttft-scorer's popularity scaling of the miss penalty still applies.
+
+Effects: `pre_request` books the request on its endpoint (batch, context, the time integrals the
+learning reads); `response_complete` releases it and learns. Explain: every term per endpoint
+(`e2e_s`, `decode_s`, `step_s`, `slowdown_others_s`, `prefill_stall_others_s`, `batch`,
+`context_tokens`, `output_tokens`) beside predicted-ttft-scorer's, and the learned step model.
+
+Parameters: predicted-ttft-scorer's, and
+- `stepSeconds` (0.02, > 0): the prior per-token time of a lightly loaded pod.
+- `decodeWeight` (1.0, >= 0): weight of the request's own decode time.
+- `othersWeight` (1.0, >= 0): weight of the slowdown and stalls it imposes on others.
+- `tpotForgetting` (0.999, (0.9, 1]): how fast old observations of the step model fade.
+- `meanOutputTokens` (256, >= 1): the prior mean output of a request without `max_tokens`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Mapping
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from epp import clock
+from epp.api.requests import InferenceRequest
+from epp.datastore.endpoints import Endpoint
+from epp.scheduling import interfaces, registry
+from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
+from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer, TTFTDecision, _Prediction
+
+MAX_ACTIVE: Final = 65536
+"""Requests tracked in flight; beyond it the oldest are dropped (lost responses)."""
+
+PRIOR_VARIANCE: Final = 10.0
+"""Of each (scaled) step coefficient: a few dozen responses outweigh the prior."""
+
+# Regressors are scaled so that the three step coefficients are of similar size.
+_N_SCALE: Final = 10.0
+_CTX_SCALE: Final = 1e5
+
+
+@dataclasses.dataclass(slots=True)
+class _Load:
+    """What epp has in flight on one endpoint, and its integral over time."""
+
+    n: int = 0
+    ctx: float = 0.0
+    at: float = 0.0  # clock time of the last change
+    area_n: float = 0.0  # integral of n dt up to `at`
+    area_ctx: float = 0.0
+
+    def advance(self, now: float) -> None:
+        if now > self.at:
+            dt = now - self.at
+            self.area_n += self.n * dt
+            self.area_ctx += self.ctx * dt
+        self.at = max(self.at, now)
+
+
+@dataclasses.dataclass(slots=True)
+class _Active:
+    endpoint: str
+    ctx: float
+    max_tokens: int | None
+    start: float
+    area_n: float
+    area_ctx: float
+
+
+class StepModel:
+    """`step(n, ctx) = a + b * n + c * ctx`, fitted by recursive least squares with forgetting.
+
+    The prior is `a = prior_step`, `b = c = 0`, with a variance that lets a few dozen observations
+    move it. Coefficients are used clipped at 0 (a per-sequence or per-token cost is never
+    negative), so a noisy fit cannot reward a bigger batch."""
+
+    __slots__ = ("_lambda", "_p", "_theta", "seen")
+
+    def __init__(self, prior_step: float, forgetting: float) -> None:
+        self._theta = [prior_step, 0.0, 0.0]
+        self._p = [[PRIOR_VARIANCE if i == j else 0.0 for j in range(3)] for i in range(3)]
+        self._lambda = forgetting
+        self.seen = 0
+
+    @property
+    def coefficients(self) -> tuple[float, float, float]:
+        """(a seconds, b seconds per sequence, c seconds per context token), clipped at 0."""
+        a, b, c = self._theta
+        return max(a, 1e-4), max(b, 0.0) / _N_SCALE, max(c, 0.0) / _CTX_SCALE
+
+    def step(self, n: float, ctx: float) -> float:
+        a, b, c = self.coefficients
+        return a + b * n + c * ctx
+
+    def observe(self, n: float, ctx: float, tpot: float) -> None:
+        x = (1.0, n / _N_SCALE, ctx / _CTX_SCALE)
+        p, theta = self._p, self._theta
+        px = [sum(p[i][j] * x[j] for j in range(3)) for i in range(3)]
+        denom = self._lambda + sum(x[i] * px[i] for i in range(3))
+        gain = [v / denom for v in px]
+        error = tpot - sum(theta[i] * x[i] for i in range(3))
+        for i in range(3):
+            theta[i] += gain[i] * error
+        for i in range(3):
+            for j in range(3):
+                p[i][j] = (p[i][j] - gain[i] * px[j]) / self._lambda
+        self.seen += 1
+
+
+@registry.register("request-latency-scorer")
+class RequestLatencyScorer(PredictedTTFTScorer):
+    class Params(PredictedTTFTScorer.Params, forbid_unknown_fields=True):
+        stepSeconds: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] = 0.02
+        ttftWeight: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
+        decodeWeight: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
+        othersWeight: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
+        tpotForgetting: Annotated[float, msgspec.Meta(gt=0.9, le=1.0)] = 0.999
+        meanOutputTokens: Annotated[float, msgspec.Meta(ge=1.0, le=1e7)] = 256.0
+
+    def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
+        super().__init__(name, params, handle)
+        self._model = StepModel(params.stepSeconds, params.tpotForgetting)
+        self._ttft_w = params.ttftWeight
+        self._decode_w = params.decodeWeight
+        self._others_w = params.othersWeight
+        self._mean_out = params.meanOutputTokens
+        self._out_ratio = 1.0  # learned: generated / allowed tokens
+        self._out_seen = 0.0
+        self._loads: dict[str, _Load] = {}
+        self._active: collections.OrderedDict[int, _Active] = collections.OrderedDict()
+        self._scoring: tuple[InferenceRequest, float, float, dict[str, dict[str, float]]] | None = None
+
+    # --- decision -------------------------------------------------------------------------------
+
+    def expected_output(self, request: InferenceRequest) -> float:
+        """Output tokens the request is expected to generate."""
+        allowed = request.max_output_tokens
+        if allowed is not None and allowed > 0:
+            return max(1.0, allowed * self._out_ratio)
+        return self._mean_out
+
+    def score(
+        self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> list[float]:
+        found = cycle.get(self._prefix)
+        match = found if isinstance(found, PrefixMatch) else None
+        tokens = (match.request_tokens if match is not None else 0) or _prompt_len(request)
+        out = self.expected_output(request)
+        terms: dict[str, dict[str, float]] = {}
+        self._scoring = (request, out, tokens + out / 2.0, terms)
+        try:
+            scores = super().score(cycle, request, endpoints)
+        finally:
+            self._scoring = None
+        decision = cycle.get(self.name)
+        if isinstance(decision, TTFTDecision):
+            decision.extras = terms
+        return scores
+
+    def _predict(
+        self, ep: Endpoint, tokens: int, match: PrefixMatch | None, now: float, penalty: float
+    ) -> _Prediction:
+        p = super()._predict(ep, tokens, match, now, penalty)
+        scoring = self._scoring
+        if scoring is None:
+            return p
+        _, out, size, terms = scoring
+        load = self._loads.get(ep.name)
+        n, ctx = (load.n, load.ctx) if load is not None else (0, 0.0)
+        m = ep.metrics
+        seen = m.running + m.waiting
+        if seen > n:  # other replicas' requests too: their context taken as the average of ours
+            ctx = ctx * seen / n if n else seen * size
+            n = seen
+        model = self._model
+        before = model.step(n, ctx)
+        after = model.step(n + 1, ctx + size)
+        decode = out * after
+        overlap = min(out, self._mean_out / 2.0)
+        slowdown = n * overlap * (after - before)
+        prefill = p.uncached * self._rate(ep.name).cost * p.slowdown
+        stall = max(n - m.waiting, 0) * prefill
+        ttft_objective = p.objective
+        p.objective = (
+            self._ttft_w * ttft_objective + self._decode_w * decode + self._others_w * (slowdown + stall)
+        )
+        terms[ep.name] = {
+            "ttft_objective_s": ttft_objective,
+            "e2e_s": p.ttft + decode,
+            "decode_s": decode,
+            "step_s": after,
+            "output_tokens": out,
+            "batch": n,
+            "context_tokens": ctx,
+            "slowdown_others_s": slowdown,
+            "prefill_stall_others_s": stall,
+        }
+        return p
+
+    # --- effects --------------------------------------------------------------------------------
+
+    def pre_request(self, request: InferenceRequest, result: interfaces.SchedulingResult) -> None:
+        last = self._last
+        super().pre_request(request, result)
+        if last is None or last[0] is not request or not result.targets:
+            return
+        name = result.targets[0].name
+        now = clock.now()
+        load = self._loads.get(name)
+        if load is None:
+            load = self._loads[name] = _Load(at=now)
+        load.advance(now)
+        ctx = _prompt_len(request) + self.expected_output(request) / 2.0
+        load.n += 1
+        load.ctx += ctx
+        active = self._active
+        active[id(request)] = _Active(name, ctx, request.max_output_tokens, now, load.area_n, load.area_ctx)
+        while len(active) > MAX_ACTIVE:
+            _, old = active.popitem(last=False)
+            self._release(old, now)
+
+    def _release(self, a: _Active, now: float) -> _Load | None:
+        load = self._loads.get(a.endpoint)
+        if load is None:
+            return None
+        load.advance(now)
+        load.n = max(load.n - 1, 0)
+        load.ctx = max(load.ctx - a.ctx, 0.0) if load.n else 0.0
+        return load
+
+    def response_complete(self, request: InferenceRequest, outcome: interfaces.RequestOutcome) -> None:
+        super().response_complete(request, outcome)
+        a = self._active.pop(id(request), None)
+        if a is None:
+            return
+        now = clock.now()
+        load = self._release(a, now)
+        out = outcome.completion_tokens
+        if not outcome.ok or out is None or out < 1:
+            return
+        self._out_seen += 1.0
+        weight = max(1.0 / (self._out_seen + 1.0), self._min_rate)
+        self._mean_out += weight * (out - self._mean_out)
+        if a.max_tokens:
+            self._out_ratio += weight * (min(out / a.max_tokens, 1.0) - self._out_ratio)
+        ttft = outcome.ttft_s
+        span = now - a.start
+        if load is None or ttft is None or out < 2 or span <= 0 or outcome.duration_s <= ttft:
+            return
+        # The batch and context the request decoded among, averaged over its life (its own share
+        # included, as the prediction counts it).
+        n = (load.area_n - a.area_n) / span
+        ctx = (load.area_ctx - a.area_ctx) / span
+        self._model.observe(n, ctx, (outcome.duration_s - ttft) / (out - 1))
+
+    def _on_endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        super()._on_endpoints_changed(added, removed)
+        for ep in removed:
+            self._loads.pop(ep.name, None)
+
+    @property
+    def step_model(self) -> StepModel:
+        """The learned per-token time model."""
+        return self._model
+
+    # --- explain --------------------------------------------------------------------------------
+
+    def explain(self, cycle: interfaces.CycleState) -> Mapping[str, Any]:
+        """predicted-ttft-scorer's terms per endpoint plus this objective's: `objective_s` =
+        `ttft_objective_s` (predicted-ttft-scorer's objective: overhead + queue + prefill + KV
+        price + miss penalty) x ttftWeight + `decode_s` x decodeWeight + (`slowdown_others_s` +
+        `prefill_stall_others_s`) x othersWeight; `e2e_s` = `predicted_ttft_s` + `decode_s`.
+        `step_s` is the per-token time predicted after the pick (`batch` sequences over
+        `context_tokens` before it); request-level `step_model` gives the learned coefficients."""
+        base = dict(super().explain(cycle))
+        decision = cycle.get(self.name)
+        if not base or not isinstance(decision, TTFTDecision):
+            return base
+        endpoints = base.get("endpoints", {})
+        for name, extra in decision.extras.items():
+            row = endpoints.get(name)
+            if row is None:
+                continue
+            parts = row["overhead_s"] + row["queue_s"] + row["prefill_s"] + row["kv_price_s"]
+            if abs(parts + row["miss_penalty_s"] - extra["ttft_objective_s"]) > 1e-9:
+                # Without the candidates the miss penalty was taken as what was left of the whole
+                # objective; it is what is left of the TTFT objective.
+                row["miss_penalty_s"] = max(extra["ttft_objective_s"] - parts, 0.0)
+            row.update(extra)
+        a, b, c = self._model.coefficients
+        base["request"]["step_model"] = {
+            "fixed_s": a,
+            "per_sequence_s": b,
+            "per_context_token_s": c,
+            "observations": self._model.seen,
+        }
+        base["request"]["output_ratio"] = self._out_ratio
+        base["request"]["weights"] = {
+            "ttft": self._ttft_w,
+            "decode": self._decode_w,
+            "others": self._others_w,
+        }
+        return base
+
+
+def _prompt_len(request: InferenceRequest) -> int:
+    if request.token_ids:
+        return len(request.token_ids)
+    return request.prompt_tokens_estimate
