@@ -1,5 +1,6 @@
 """The chart's optional NetworkPolicy: rendered by the real Helm SDK, validated by
-kubernetes-validate (strict), and checked for who may reach which port of epp's pods."""
+kubernetes-validate (strict), and checked for who may reach which port of epp's pods. Also the
+Istio example's header stripping, against epp's own Envoy config."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from epp.gateway import envoy
 from tests.deploy import chart
 
 GATEWAY = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "istio-system"}}}
@@ -85,3 +87,15 @@ def test_lint_is_clean_with_the_policy() -> None:
     report = chart.lint({"networkPolicy": {"enabled": True, "gateways": [GATEWAY]}})
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []  # 1: "icon is recommended"
+
+
+def test_istio_example_strips_client_control_headers_as_epps_envoy() -> None:
+    docs = chart.render({"istio": {"envoyFilter": {"enabled": True}}})
+    patches = chart.one(docs, "EnvoyFilter")["spec"]["configPatches"]
+    (strip,) = [p for p in patches if p["applyTo"] == "NETWORK_FILTER"]
+    assert strip["patch"]["operation"] == "MERGE"
+    hcm = strip["patch"]["value"]["typed_config"]
+    envoy_config = envoy.gateway_config(envoy.GatewayParams(listen_port=8081, admin_port=19000))
+    ours = envoy_config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm["early_header_mutation_extensions"] == ours["early_header_mutation_extensions"]
+    assert hcm["@type"] == ours["@type"]
