@@ -91,11 +91,10 @@ class Supervisor:
         self.args = args
         self.command = [sys.executable, "-m", "epp", *argv]
         self.slots = [Slot(i) for i in range(workers)]
-        self.directory = Path(tempfile.mkdtemp(prefix="epp-workers-"))
+        self.directory = Path()  # run() makes it
         self.stopping = False
         self.failed: int | None = None
         self._stop = asyncio.Event()
-        self._signals = 0
         self.retired = merge.Retired()
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
@@ -211,7 +210,6 @@ class Supervisor:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _begin_stop(self) -> None:
-        self._signals += 1
         if not self.stopping:
             self.stopping = True
             self._stop.set()
@@ -331,8 +329,16 @@ class Supervisor:
     # --- the pod --------------------------------------------------------------------------------
 
     async def run(self) -> int:
+        check_port_free(self.args.bind_address, self.args.grpc_port)
+        # Private (0700): the workers' HTTP sockets and the pod's self-signed certificate.
+        self.directory = Path(tempfile.mkdtemp(prefix="epp-workers-"))
+        try:
+            return await self._run()
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    async def _run(self) -> int:
         args = self.args
-        check_port_free(args.bind_address, args.grpc_port)
         cert_path: Path | None = None
         if args.secure_serving and not args.cert_path:
             # One self-signed certificate for the pod, not one per worker behind the same port.
@@ -399,7 +405,6 @@ class Supervisor:
             await runner.cleanup()
             if metrics_auth is not None:
                 await metrics_auth.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
         log.info("epp supervisor stopped")
         return self.failed or 0
 
