@@ -13,11 +13,11 @@ What it runs, all on 127.0.0.1 and all started and stopped by the demo itself:
 * per arm, a fresh real Envoy (and, for the epp arms, a fresh `epp serve` subprocess with plaintext
   gRPC, ext-proc FULL_DUPLEX_STREAMED) after the replicas' caches and counters are reset:
     - ``round-robin``: Envoy's ROUND_ROBIN cluster over the pods, no ext-proc at all;
-    - ``epp``: epp with its default scheduling config (queue, kv-cache, prefix-cache, in-flight);
-    - ``epp-precise`` (opt-in with ``--arms``): epp fed by the replicas' vLLM KV-cache events
-      (ZMQ, ``--kv-events connect``) with the precise prefix-cache scorer. It routes on what the
-      caches really hold; on this capacity-starved workload that loses to the approximate
-      scorer's stickiness (BENCHMARKS.md), which the TTFT-predicting policy is to fix;
+    - ``epp``: epp's recommended setup: fed by the replicas' vLLM KV-cache events (ZMQ,
+      ``--kv-events connect``), with its default for them (`request-latency-scorer` over the
+      precise index: each request where the whole request costs least);
+    - ``epp-approx`` (opt-in with ``--arms``): epp without KV events, its default scheduling
+      config then (queue, kv-cache, approximate prefix-cache, in-flight);
     - ``epp-load-only`` (opt-in with ``--arms``): epp without the prefix-cache scorer, to show
       which part of epp does the work.
 * the same seeded workload in every arm: `--groups` tenants, each with its own long system prompt,

@@ -29,10 +29,11 @@ if TYPE_CHECKING:
 
 HOST = "127.0.0.1"
 
-ARMS = ("round-robin", "epp", "epp-precise", "epp-load-only")
+ARMS = ("round-robin", "epp", "epp-approx", "epp-load-only")
 DEFAULT_ARMS = ("round-robin", "epp")
 
-# epp's default profile minus the prefix-cache scorer: the same load signals, no cache affinity.
+# epp's default profile without KV events minus the prefix-cache scorer: the same load signals,
+# no cache affinity.
 LOAD_ONLY_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -71,7 +72,7 @@ def sim_config(args: argparse.Namespace, name: str) -> SimConfig:
         decode_per_token=args.decode_ms_per_token / 1e3,
         time_scale=args.time_scale,
         default_max_tokens=args.output_tokens,
-        # Every replica publishes vLLM KV events (the epp-precise arm subscribes; in the other arms
+        # Every replica publishes vLLM KV events (the epp arm subscribes; in the other arms
         # nobody listens and the PUB socket drops them, as vLLM's does).
         kv_events=f"tcp://{HOST}:0",
     )
@@ -128,7 +129,7 @@ def run_arm(
             extra = ["--log-level", "warning"]
             if arm == "epp-load-only":
                 extra += ["--config-text", LOAD_ONLY_CONFIG]
-            if arm == "epp-precise":
+            if arm == "epp":  # epp's recommended setup: the replicas' KV events, its default for them
                 extra += ["--kv-events", "connect"]
                 endpoints_file = workdir / "endpoints-precise.yaml"
                 endpoints_file.write_text(endpoints_yaml(fleet))
@@ -138,7 +139,7 @@ def run_arm(
                 epp = EppServer(workdir / f"epp-{arm}.log", endpoints=fleet.addresses, extra_args=extra)
             logs.append((f"epp ({arm})", epp.process.log_path))
             epp.start(timeout=60.0)
-            if arm == "epp-precise":
+            if arm == "epp":
                 wait_subscribed(fleet, subscribed)
         listen, admin = free_ports(2)
         if epp is None:

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 ARM_TITLES = {
     "round-robin": "Envoy alone, ROUND_ROBIN over the pods (no epp)",
-    "epp": "Envoy + epp, default config (queue 2, kv-cache 2, prefix-cache 3, in-flight 1)",
-    "epp-precise": "Envoy + epp with vLLM KV events (queue 2, kv-cache 2, precise-prefix 3, in-flight 1)",
+    "epp": "Envoy + epp with vLLM KV events, its default for them (whole-request latency, precise index)",
+    "epp-approx": "Envoy + epp without KV events (queue 2, kv-cache 2, approximate prefix 3, in-flight 1)",
     "epp-load-only": "Envoy + epp, load only (queue 2, kv-cache 2, in-flight 1; no prefix-cache scorer)",
 }
 
@@ -65,6 +65,17 @@ class ArmResult:
 
     def latency_ms(self, pct: float) -> float:
         return percentile([r.latency_s * 1e3 for r in self.ok], pct)
+
+    def tpot_ms(self, pct: float) -> float:
+        """Time per output token after the first (end-to-end minus TTFT over the rest)."""
+        return percentile(
+            [
+                (r.latency_s - r.ttft_s) * 1e3 / (r.completion_tokens - 1)
+                for r in self.ok
+                if r.completion_tokens > 1
+            ],
+            pct,
+        )
 
     @property
     def prompt_tokens(self) -> int:
@@ -107,6 +118,7 @@ class ArmResult:
             "rps": self.rps,
             "ttft_ms": {f"p{p}": self.ttft_ms(p) for p in (50, 90, 99)},
             "latency_ms": {f"p{p}": self.latency_ms(p) for p in (50, 90, 99)},
+            "tpot_ms": {f"p{p}": self.tpot_ms(p) for p in (50, 90, 99)},
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "cache_hit_rate": self.hit_rate,
@@ -125,7 +137,7 @@ def _pct(value: float) -> str:
 
 def render_arm(arm: ArmResult) -> str:
     s = arm.summary()
-    t, lat = s["ttft_ms"], s["latency_ms"]
+    t, lat, tpot = s["ttft_ms"], s["latency_ms"], s["tpot_ms"]
     pods = s["per_pod"]
     width = max([len(p) for p in pods] + [6])
     lines = [
@@ -133,7 +145,8 @@ def render_arm(arm: ArmResult) -> str:
         f"  requests    {s['requests']:>6}    errors {s['errors']}    {arm.rps:.1f} req/s"
         f"    (wall {arm.wall_s:.1f} s)",
         f"  TTFT ms     p50 {_ms(t['p50']):>6}   p90 {_ms(t['p90']):>6}   p99 {_ms(t['p99']):>6}",
-        f"  latency ms  p50 {_ms(lat['p50']):>6}   p90 {_ms(lat['p90']):>6}   p99 {_ms(lat['p99']):>6}",
+        f"  E2E ms      p50 {_ms(lat['p50']):>6}   p90 {_ms(lat['p90']):>6}   p99 {_ms(lat['p99']):>6}",
+        f"  TPOT ms     p50 {_ms(tpot['p50']):>6}   p90 {_ms(tpot['p90']):>6}   p99 {_ms(tpot['p99']):>6}",
         f"  cache hit   {_pct(arm.hit_rate):>6}    ({arm.cached_tokens:,} of {arm.prompt_tokens:,} "
         "prompt tokens were cached)",
         "  pod         " + "  ".join(f"{p:>{width}}" for p in pods),
@@ -161,7 +174,7 @@ def _ratio(new: float, old: float, *, lower_is_better: bool) -> str:
 
 
 def render_comparison(arms: Sequence[ArmResult], best: float) -> str:
-    """Each epp arm against round-robin: TTFT p50/p99, cache hit rate, throughput."""
+    """Each epp arm against round-robin: TTFT, E2E and TPOT p50/p99, cache hit rate, throughput."""
     base = next((a for a in arms if a.name == "round-robin"), None)
     others = [a for a in arms if a.name != "round-robin"]
     if base is None or not others:
@@ -173,6 +186,14 @@ def render_comparison(arms: Sequence[ArmResult], best: float) -> str:
              _ratio(arm.ttft_ms(50), base.ttft_ms(50), lower_is_better=True)),
             ("TTFT p99 ms", _ms(arm.ttft_ms(99)), _ms(base.ttft_ms(99)),
              _ratio(arm.ttft_ms(99), base.ttft_ms(99), lower_is_better=True)),
+            ("E2E p50 ms", _ms(arm.latency_ms(50)), _ms(base.latency_ms(50)),
+             _ratio(arm.latency_ms(50), base.latency_ms(50), lower_is_better=True)),
+            ("E2E p99 ms", _ms(arm.latency_ms(99)), _ms(base.latency_ms(99)),
+             _ratio(arm.latency_ms(99), base.latency_ms(99), lower_is_better=True)),
+            ("TPOT p50 ms", _ms(arm.tpot_ms(50)), _ms(base.tpot_ms(50)),
+             _ratio(arm.tpot_ms(50), base.tpot_ms(50), lower_is_better=True)),
+            ("TPOT p99 ms", _ms(arm.tpot_ms(99)), _ms(base.tpot_ms(99)),
+             _ratio(arm.tpot_ms(99), base.tpot_ms(99), lower_is_better=True)),
             ("cache hit", _pct(arm.hit_rate), _pct(base.hit_rate),
              _ratio(arm.hit_rate, base.hit_rate, lower_is_better=False)),
             ("throughput req/s", f"{arm.rps:.1f}", f"{base.rps:.1f}",
