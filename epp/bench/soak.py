@@ -19,14 +19,16 @@ The other two faults act on processes: `pod_kill` SIGKILLs one pod and restarts 
 ports (cold cache) after the fault's duration; `epp_sigterm` SIGTERMs epp B and restarts it.
 Envoy health-checks both replicas, so it stops sending to the one that is gone.
 
-Faults rotate in that order every `--fault-every` seconds after the warm-up. A request counts
-against a fault when it started inside [fault start, fault end + grace]; every other failed
-request is *lost*. The report (`report.json`, `report.md` in `--out`) has: requests and errors,
-in and out of fault windows; p50/p99 per interval and the p99 drift (last interval over the first
-after warm-up); each epp's RSS slope after warm-up (MB/min, least squares; epp A is never
-restarted); and per fault the recovery time (see `_recovery`).
+Faults rotate in that order every `--fault-every` seconds after the warm-up. A fault's window runs
+from its start until what it broke is back (the restarted process answers, or the fault is
+lifted), plus `--grace` seconds; a request that overlapped a window counts against that fault
+(one in flight at a pod's kill fails too), every other failed request is *lost*. The report
+(`report.json`, `report.md` in `--out`) has: requests and errors, in and out of fault windows;
+p50/p99 per interval and the p99 drift (last interval over the first after warm-up); each epp's
+RSS slope after warm-up (MB/min, least squares; epp A is never restarted); and per fault the
+recovery time (see `_recovery`).
 
-`--tracemalloc SECONDS` runs both epps under tracemalloc and has each dump a snapshot that often
+`--tracemalloc SECONDS` runs epp A under tracemalloc and has it dump a snapshot that often
 into `--out` (`tracemalloc-<pid>-<n>.bin`), to diff with `python -m epp.bench.soak --diff A B`.
 """
 
@@ -38,6 +40,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import random
 import signal
 import statistics
@@ -60,20 +63,23 @@ from epp.gateway.processes import HOST, EnvoyServer, EppServer, ManagedProcess, 
 MODEL = "sim-model"
 FAULTS = ("pod_kill", "publisher_drop", "scrape_hang", "epp_sigterm")
 
-# Runs `epp` with a thread that dumps a tracemalloc snapshot every N seconds (argv: N DIR epp-args).
-_TRACEMALLOC_MAIN = """
-import os, sys, threading, time, tracemalloc
-every, out = float(sys.argv[1]), sys.argv[2]
-del sys.argv[1:3]
-def dump():
-    n = 0
-    while True:
-        time.sleep(every)
-        tracemalloc.take_snapshot().dump(os.path.join(out, f"tracemalloc-{os.getpid()}-{n:03d}.bin"))
-        n += 1
-threading.Thread(target=dump, daemon=True).start()
-from epp.cli import main
-sys.exit(main(sys.argv[1:]))
+# With --tracemalloc, every Python process of epp (workers too) imports this at start (PYTHONPATH)
+# and dumps a snapshot every N seconds, so the allocation sites that grow can be diffed.
+_SITECUSTOMIZE = """
+import os, threading, time, tracemalloc
+_spec = os.environ.get("EPP_SOAK_TRACEMALLOC", "")
+if _spec and tracemalloc.is_tracing():
+    _every, _, _out = _spec.partition(":")
+
+    def _dump():
+        n = 0
+        while True:
+            time.sleep(float(_every))
+            path = os.path.join(_out, f"tracemalloc-{os.getpid()}-{n:03d}.bin")
+            tracemalloc.take_snapshot().dump(path)
+            n += 1
+
+    threading.Thread(target=_dump, daemon=True, name="soak-tracemalloc").start()
 """
 
 
@@ -292,25 +298,30 @@ class Soak:
                 for p, proxy, fwd in zip(self.pods, self.proxies, self.forwarders, strict=True)
             ]
             endpoints_file.write_text(yaml.safe_dump({"endpoints": entries}))
-            command = None
+            env = None
             if cfg.tracemalloc_every > 0:
-                command = [
-                    sys.executable, "-X", "tracemalloc=10", "-c", _TRACEMALLOC_MAIN,
-                    str(cfg.tracemalloc_every), str(cfg.out),
-                ]  # fmt: skip
+                site = cfg.out / "site"
+                site.mkdir(exist_ok=True)
+                (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+                    "PYTHONTRACEMALLOC": "10",
+                    "EPP_SOAK_TRACEMALLOC": f"{cfg.tracemalloc_every}:{cfg.out}",
+                }
             self.epps = [
                 EppServer(
                     cfg.out / f"epp-{name}.log",
                     endpoints_file=endpoints_file,
                     extra_args=["--kv-events", "connect", *cfg.epp_args],
-                    command=command,
                     name=f"epp-{name}",
                 )
                 for name in ("a", "b")
             ]
+            self.epps[0].process.env = env  # epp A only: tracing slows a process several-fold
             for epp in self.epps:
                 stops.append(epp.stop)
-                await asyncio.to_thread(epp.start, timeout=180.0)
+                await asyncio.to_thread(epp.start, timeout=600.0)
             listen, admin = free_ports(2)
             params = GatewayParams(
                 listen_port=listen,
@@ -453,10 +464,20 @@ class Soak:
 
     # --- the report ------------------------------------------------------------------------------
 
-    def in_fault(self, t: float) -> Fault | None:
+    def window(self, f: Fault) -> tuple[float, float]:
+        """A fault lasts from its start until what it broke is back: the restarted process ready
+        (pod_kill, epp_sigterm) or the fault lifted (the others); then `grace` more seconds."""
+        back = f.ready if not math.isnan(f.ready) else f.end
+        if math.isnan(back):
+            back = self.cfg.duration
+        return f.start, back + self.cfg.grace
+
+    def in_fault(self, r: Record) -> Fault | None:
+        """The fault whose window the request overlapped (a request in flight when a pod is
+        killed fails too)."""
         for f in self.faults:
-            end = f.end if not math.isnan(f.end) else self.cfg.duration
-            if f.start <= t <= end + self.cfg.grace:
+            lo, hi = self.window(f)
+            if r.t <= hi and r.t + r.latency >= lo:
                 return f
         return None
 
@@ -464,7 +485,7 @@ class Soak:
         cfg = self.cfg
         recs = sorted(self.records, key=lambda r: r.t)
         failed = [r for r in recs if r.status != 200]
-        lost = [r for r in failed if self.in_fault(r.t) is None]
+        lost = [r for r in failed if self.in_fault(r) is None]
         intervals = _intervals(recs, cfg)
         steady = [i for i in intervals if i["start"] >= cfg.warmup and i["n"]]
         drift = (
@@ -472,7 +493,7 @@ class Soak:
         )
         faults = []
         for f in self.faults:
-            window = [r for r in recs if self.in_fault(r.t) is f]
+            window = [r for r in recs if self.in_fault(r) is f]
             errors: dict[str, int] = {}
             for r in window:
                 if r.status != 200:
