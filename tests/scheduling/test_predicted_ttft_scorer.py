@@ -665,3 +665,36 @@ def test_homes_go_to_endpoints_that_had_no_more_than_their_share_of_recent_reque
         s.route(request(toks(64, start=7_000_000)), [eps[0]])
     clock.now += 10.0
     assert s.score(request(prompt), eps)[1]["ttft"].home == "pod-0"
+
+
+@pytest.mark.parametrize("kind", ["predicted-ttft-scorer", "request-latency-scorer"])
+def test_an_empty_endpoint_far_below_its_share_warms_up(clock: Clock, kind: str) -> None:
+    """DEGRADE's case (issue 19): 8 prefixes all held by endpoints 0 and 1, which have carried the
+    recent traffic; endpoint 2 (restarted: empty, nothing routed there lately) gets its share of
+    the next picks at moderate load instead of idling until the holders' queues exceed a prefill."""
+    eps = builders.pool(3)
+    s = Stack()
+    s.ttft = registry.default.build(kind, "ttft", {}, s.handle)
+    prefixes = [toks(800, start=10_000 * (g + 1)) for g in range(8)]
+    for g, prefix in enumerate(prefixes):
+        feed(s.index, "pod-0", prefix, base=100_000 * (g + 1))
+        feed(s.index, "pod-1", prefix, base=100_000 * (g + 1) + 50_000)
+    rng = random.Random(5)
+    for i in range(120):  # the recent past: the holders served everything
+        clock.now += 0.1
+        s.route(
+            request([*prefixes[rng.randrange(8)], *toks(64, start=900_000 + 64 * i)], rid=f"w{i}"), eps[:2]
+        )
+    for ep in eps[:2]:
+        ep.metrics.waiting, ep.metrics.running = 6, 4  # TTFT alone: warms up from 10 waiting without this
+    picks: collections.Counter[str] = collections.Counter()
+    held: set[int] = set()
+    for i in range(300):
+        clock.now += 0.1
+        g = rng.randrange(8)
+        pick = s.route(request([*prefixes[g], *toks(64, start=2_000_000 + 64 * i)], rid=f"r{i}"), eps)
+        picks[pick.name] += 1
+        if pick.name == "pod-2" and g not in held:  # it now caches that prefix
+            held.add(g)
+            feed(s.index, "pod-2", prefixes[g], base=100_000 * (g + 1) + 70_000)
+    assert picks["pod-2"] >= 300 / 6, picks

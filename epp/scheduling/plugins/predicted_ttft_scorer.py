@@ -56,6 +56,12 @@ endpoints hold it the penalty is scaled by `(h / (s * N))^2` and copies spread. 
 `min objective / objective(e)`, in (0, 1], so with `max-score-picker` (the only scorer, or the
 others at weight 0) the minimum wins and exact ties are broken at random.
 
+An endpoint that got less than half the mean of the recent requests per endpoint (decaying over
+the same window; a restarted, readmitted or new pod, its cache empty) is warming up: it is priced
+with no miss penalty, and a prefix with at least half an endpoint's share of the traffic counts it
+as one more copy needed, so the hottest prefixes get a copy there first and it climbs to its share
+(explain: `warming_up`).
+
 A prompt no endpoint holds any block of (never seen, or evicted everywhere) goes to its
 rendezvous home among the endpoints within `homeTolerance` (relative) or `homeSlackSeconds` of the
 minimum objective that got no more than their share of the recent requests (decaying over
@@ -116,6 +122,12 @@ from epp.scheduling.plugins.prefix_popularity import (
 
 MAX_PENDING: Final = 65536
 """Predictions kept for response_complete; beyond it the oldest are dropped (lost responses)."""
+
+WARMUP_SHARE: Final = 0.5
+"""An endpoint below this fraction of the mean recent requests per endpoint is warming up."""
+
+WARMUP_MIN_REQUESTS: Final = 4.0
+"""Recent requests per endpoint (decayed) before anyone counts as warming up."""
 
 HOME_MARGIN: Final = 1e-9
 """How far below the home every other endpoint is scaled, so the picker cannot tie with it."""
@@ -201,6 +213,8 @@ class TTFTDecision:
     # For explain: each endpoint's whole prediction, and the miss penalty factor it was priced at.
     terms: dict[str, _Prediction] = dataclasses.field(default_factory=dict)
     penalty: float = 0.0
+    # Endpoints far below their share of the recent requests, priced with no miss penalty.
+    warming: frozenset[str] = frozenset()
     # request-latency-scorer's decode terms per endpoint (explain).
     extras: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
@@ -278,22 +292,32 @@ class PredictedTTFTScorer(registry.PluginBase):
         now = clock.now()
         digest = first_block_digest(request, match.block_size if match is not None else 0)
         penalty = self._miss_penalty
+        warming = self._warming(endpoints, now)
         if penalty and digest is not None and self._popularity is not None:
             # A prefix carrying a share s of the traffic needs about s * N endpoints' capacity:
             # until that many hold it, another copy is an investment, not a waste.
-            needed = self._popularity.share(digest, now) * len(endpoints)
+            share = self._popularity.share(digest, now)
+            needed = share * len(endpoints)
             holders = len(match.matches) if match is not None else 0
+            if warming and share >= 0.5 / len(endpoints):
+                # An endpoint far below its share of the traffic (restarted, readmitted, new)
+                # holds nothing: the hottest prefixes count it as one more copy needed.
+                needed = max(needed, holders + 1.0)
             if needed > holders:
                 penalty *= (holders / needed) ** 2
         preds: dict[str, _Prediction] = {}
         objectives: list[float] = []
         for ep in endpoints:
-            p = self._predict(ep, tokens, match, now, penalty)
+            p = self._predict(ep, tokens, match, now, 0.0 if ep.name in warming else penalty)
             preds[ep.name] = p
             objectives.append(p.objective)
         self._last = (request, preds, digest)
         decision = TTFTDecision(
-            {n: (p.ttft, p.objective, p.queue_s, p.uncached) for n, p in preds.items()}, "", preds, penalty
+            {n: (p.ttft, p.objective, p.queue_s, p.uncached) for n, p in preds.items()},
+            "",
+            preds,
+            penalty,
+            warming=warming,
         )
         cycle[self.name] = decision
         best = min(objectives)
@@ -305,6 +329,20 @@ class PredictedTTFTScorer(registry.PluginBase):
                 scores = [s * (1.0 - HOME_MARGIN) for s in scores]
                 scores[home] = 1.0
         return scores
+
+    def _warming(self, endpoints: list[Endpoint], now: float) -> frozenset[str]:
+        """Endpoints that got less than `WARMUP_SHARE` of the mean of the recent requests (a
+        restarted, readmitted or new pod, its cache empty): a miss there costs the fleet no lost
+        affinity, so they are priced without the miss penalty until they carry their share.
+        Empty until the window has seen a few requests per endpoint."""
+        traffic = self._traffic
+        if traffic is None or len(endpoints) < 2:
+            return frozenset()
+        counts = [traffic.count(ep.name, now) for ep in endpoints]
+        fair = sum(counts) / len(counts)
+        if fair < WARMUP_MIN_REQUESTS:
+            return frozenset()
+        return frozenset(ep.name for ep, c in zip(endpoints, counts, strict=True) if c < WARMUP_SHARE * fair)
 
     def _predict(
         self, ep: Endpoint, tokens: int, match: PrefixMatch | None, now: float, penalty: float
@@ -512,7 +550,9 @@ class PredictedTTFTScorer(registry.PluginBase):
             overhead = self._overhead * p.slowdown
             prefill = p.uncached * cost * p.slowdown
             w = waiting.get(name)
-            if w is not None:
+            if name in decision.warming:
+                miss = 0.0
+            elif w is not None:
                 miss = decision.penalty * (1.0 + self._waiting_weight * w) * prefill
             else:
                 miss = max(p.objective - overhead - p.queue_s - prefill - p.kv_price, 0.0)
@@ -540,4 +580,6 @@ class PredictedTTFTScorer(registry.PluginBase):
         }
         if decision.home:
             request["ttft_home"] = decision.home
+        if decision.warming:
+            request["warming_up"] = sorted(decision.warming)
         return {"request": request, "endpoints": per_endpoint}
