@@ -100,12 +100,14 @@ def _worker_count(args: argparse.Namespace) -> int:
                 f"--workers {args.workers} with --kv-events bind: only one process can bind the "
                 "KV-event port; use --kv-events connect (each worker subscribes to every pod) or --workers 1"
             )
+        if args.workers > 1 and args.grpc_port == 0:
+            raise ValueError(f"--workers {args.workers} needs a fixed --grpc-port for the workers to share")
         return int(args.workers)
     if args.kv_events == "bind":
         log.info("workers: 1 (auto; --kv-events bind needs a single process to bind the port)")
         return 1
     budget = cpus.cpu_budget()
-    count = cpus.default_workers(budget)
+    count = cpus.default_workers(budget) if args.grpc_port != 0 else 1
     log.info(
         "workers: %d (auto: %d core(s) usable, %d in the affinity mask, CPU limit %s)",
         count,

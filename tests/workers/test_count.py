@@ -34,3 +34,9 @@ def test_bind_mode_runs_one_process() -> None:
     with pytest.raises(ValueError, match="only one process can bind"):
         serve._worker_count(_args("--kv-events", "bind", "--workers", "2"))
     assert serve._worker_count(_args("--kv-events", "connect", "--workers", "2")) == 2
+
+
+def test_a_shared_port_must_be_fixed() -> None:
+    with pytest.raises(ValueError, match="fixed --grpc-port"):
+        serve._worker_count(_args("--grpc-port", "0", "--workers", "2"))
+    assert serve._worker_count(_args("--grpc-port", "0")) == 1  # auto: one process
