@@ -85,6 +85,7 @@ async def test_off_sample_streams_skip_epp_and_release_once_at_the_end(
     await eventually(lambda: inflight(stack) == 0, within=5.0, what="idle")
     msgs_before = ext_proc_msgs(stack)
     ttft_before = metric_sum(stack, "inference_objective_request_ttft_seconds_count")
+    skipped_before = metric_sum(stack, "epp_response_bodies_skipped_total", 'result="skipped"')
 
     streams = [await open_stream(session, stack) for _ in range(3)]
     # Booked through the stream, not released when the response headers went by.
@@ -109,6 +110,9 @@ async def test_off_sample_streams_skip_epp_and_release_once_at_the_end(
     assert metric_sum(stack, "inference_objective_request_ttft_seconds_count") == ttft_before
     text = stack.epp.metrics_text()
     assert not any(parse_prometheus(text, "epp_extproc_stream_errors_total").values())
+    skipped = parse_prometheus(text, "epp_response_bodies_skipped_total")
+    assert skipped.get('result="skipped"') == skipped_before + 3, skipped
+    assert not skipped.get('result="ignored"'), skipped
     print(f"release lag after the client's last byte: <= {lag * 1000:.1f} ms (poll every 5 ms)")
 
 

@@ -280,6 +280,14 @@ event_loop_lag = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
     registry=REGISTRY,
 )
+response_bodies_skipped = Counter(
+    "epp_response_bodies_skipped_total",
+    "Off-sample responses whose body epp stopped at the response headers (mode override), by "
+    "result: skipped (Envoy honoured it), ignored (the body came anyway: the gateway does not "
+    "allow mode overrides, and epp read it as usual).",
+    ["result"],
+    registry=REGISTRY,
+)
 extproc_stream_errors = Counter(
     "epp_extproc_stream_errors_total",
     "ext-proc streams that ended abnormally, by kind: cancelled (cut before epp answered or mid-response), "

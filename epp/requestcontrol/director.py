@@ -150,7 +150,9 @@ class RequestContext:
             self.served = self._director.datastore.by_hostport(served_hostport)
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> bytes:
-        self.response_skipped = False  # the gateway ignored the skip: account as usual
+        if self.response_skipped:  # the gateway ignored the skip: account as usual
+            self.response_skipped = False
+            metrics.response_bodies_skipped.labels("ignored").inc()
         self.response_bytes += len(chunk)
         return self.tracker.on_chunk(chunk, end_of_stream)
 
@@ -332,11 +334,7 @@ class Director:
         if ids is None:
             return
         keep = request.truncate_prompt_tokens
-        if (
-            keep is not None
-            and request.api is Api.CHAT
-            and forwards_ids(self._decoded(request))
-        ):
+        if keep is not None and request.api is Api.CHAT and forwards_ids(self._decoded(request)):
             keep = None  # vLLM takes forwarded ids as they are (found by the differential run)
         if keep is not None and (keep >= 0 or limit is not None) and keep < len(ids):
             specials = (0, 0)
@@ -476,6 +474,7 @@ class Director:
             # Envoy ends the ext-proc stream alike for a finished response and a client reset
             # once the body no longer passes through epp: a success status counts as complete.
             complete = True
+            self._child(metrics.response_bodies_skipped, "skipped").inc()
         outcome = RequestOutcome(
             endpoint=ctx.served or ep,
             status=tracker.status,

@@ -62,6 +62,10 @@ def inflight(d: Director) -> int:
     return sum(ep.inflight_requests for ep in d.datastore.endpoints())
 
 
+def skips(result: str) -> float:
+    return metrics.response_bodies_skipped.labels(result)._value.get()  # type: ignore[no-any-return]
+
+
 def running() -> float:
     return sum(
         s.value
@@ -74,7 +78,7 @@ def running() -> float:
 async def test_off_sample_response_headers_answer_stops_the_body() -> None:
     d, hook = director(0.0)
     s = await routed(d)
-    before = running()
+    before, skipped = running(), skips("skipped")
     out = await s.handle(h.response_headers_msg(200, served="10.0.0.1:8000"))
     assert len(out) == 1 and out[0].WhichOneof("response") == "response_headers"
     mode = out[0].mode_override
@@ -95,6 +99,7 @@ async def test_off_sample_response_headers_answer_stops_the_body() -> None:
     s.close()
     s.close()
     assert inflight(d) == 0 and running() == before - 1
+    assert skips("skipped") == skipped + 1
     (outcome,) = hook.seen
     assert outcome.ok and outcome.status == 200  # a success status is taken as complete
     assert outcome.ttft_s is None and outcome.prompt_tokens is None and outcome.cached_tokens is None
@@ -149,11 +154,13 @@ async def test_a_body_after_an_ignored_override_is_accounted() -> None:
     # allow_mode_override off in the gateway: Envoy keeps sending the body; epp reads it.
     d, hook = director(0.0)
     s = await routed(d)
+    ignored, skipped = skips("ignored"), skips("skipped")
     out = await s.handle(h.response_headers_msg(200, **{"content-type": "text/event-stream"}))
     assert out[0].HasField("mode_override")
     await s.handle(h.response_body_msg(SSE, eos=True))
     assert s.ctx is not None and not s.ctx.response_skipped
     s.close()
+    assert skips("ignored") == ignored + 1 and skips("skipped") == skipped
     (outcome,) = hook.seen
     assert outcome.prompt_tokens == 7 and outcome.cached_tokens == 4
 
