@@ -703,6 +703,16 @@ def diff_snapshots(a: str, b: str, top: int = 25) -> str:
     return "\n".join(lines)
 
 
+async def _run_until_signalled(soak: Soak) -> dict[str, Any]:
+    """Run the soak; SIGTERM/SIGINT cut it short but still stop every process it started."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    return await soak.run()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m epp.bench.soak", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("soak-out"))
@@ -742,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tracemalloc_every=args.tracemalloc,
         epp_args=tuple(args.epp_arg),
     )
-    report = asyncio.run(Soak(cfg).run())
+    report = asyncio.run(_run_until_signalled(Soak(cfg)))
     print(render(report))
     return 0 if report["lost"] == 0 else 1
 
