@@ -27,6 +27,9 @@ Method:
 
 Output: the exact command line and the machine at the top, a markdown table (median over rounds,
 min-max in brackets), and a JSON file with every raw number.
+
+``--stream`` measures streamed responses instead (CPU per SSE chunk, inter-token latency added):
+epp.bench.overhead_stream, whose arms and flags are described there.
 """
 
 from __future__ import annotations
