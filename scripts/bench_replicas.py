@@ -32,13 +32,15 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def run_one(workload: str, policy: str, seed: int, n: int, scale: float) -> dict[str, Any]:
+def run_one(
+    workload: str, policy: str, seed: int, n: int, scale: float, scrape: float = 0.05
+) -> dict[str, Any]:
     cls = WORKLOADS[workload]
     profile = get_profile(cls.default_profile)
     pods = cls.default_pods
     fleet = Fleet(pods, profile.num_gpu_blocks * profile.block_size, profile.max_model_len)
     wl = cls(seed=seed, scale=scale, fleet=fleet)
-    kwargs: dict[str, Any] = {"profile": profile, "pods": pods, "seed": seed}
+    kwargs: dict[str, Any] = {"profile": profile, "pods": pods, "seed": seed, "scrape_interval_s": scrape}
     pol = POLICIES[policy]
     if n == 1:
         result = fast.FastRun(wl, pol, **kwargs).run()
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--replicas", default="1,2,4")
     ap.add_argument("--scale", type=float, default=None, help="override every workload's scale")
+    ap.add_argument("--scrape-interval", type=float, default=0.05, help="seconds between scrapes (0.05)")
     ap.add_argument("--out", default=None, help="write every run's summary to this JSON file")
     args = ap.parse_args(argv)
     counts = _ints(args.replicas)
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         for policy in args.policies.split(","):
             for seed in _ints(args.seeds):
                 for n in counts:
-                    r = run_one(workload, policy, seed, n, scale)
+                    r = run_one(workload, policy, seed, n, scale, args.scrape_interval)
                     runs.append(r)
                     print(
                         f"{workload} {policy} seed={seed} N={n}: hit {r['hit_rate']:.2%} "
@@ -89,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _table(workload: str, policy: str, counts: list[int], runs: list[dict[str, Any]]) -> None:
     print(f"\n{workload} / {policy}: medians over {len({r['seed'] for r in runs})} seeds")
-    print(
-        "| N | hit | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 (s) | req/s | worst seed vs N=1 |"
-    )
+    print("| N | hit | TTFT p50 | TTFT p99 | E2E p50 | E2E p99 (s) | req/s | worst seed vs N=1 |")
     print("|---|---|---|---|---|---|---|---|")
     base = {r["seed"]: r for r in runs if r["replicas"] == 1}
     for n in counts:

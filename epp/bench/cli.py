@@ -96,6 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fast mode: epp replicas, each with its own scheduler state, sharing KV events and "
         "scrapes; requests spread over them in turn as Envoy spreads ext-proc streams (default 1)",
     )
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=0.05,
+        help="fast mode: seconds between scrapes of every pod's metrics (default 0.05, GIE's and "
+        "epp serve's --refresh-metrics-interval)",
+    )
     parser.add_argument("--progress", action="store_true", help="draw the progress bar even off a terminal")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
@@ -191,7 +198,7 @@ def _run_fast(
 ) -> fast.RunResult:
     kwargs: dict[str, Any] = {
         "profile": profile, "pods": pods, "seed": args.seed, "kv_delay_s": args.kv_delay,
-        "progress": progress.update,
+        "scrape_interval_s": args.scrape_interval, "progress": progress.update,
     }  # fmt: skip
     if args.replicas > 1:
         from epp.bench import replicas
@@ -281,6 +288,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
             raise BenchConfigError(
                 f"--{flag.replace('_', '-')} must be a positive number of seconds, got {value}"
             )
+    if not 0.001 <= args.scrape_interval <= 60:
+        raise BenchConfigError(f"--scrape-interval must be in [0.001, 60] s, got {args.scrape_interval}")
+    if args.mode != "fast" and args.scrape_interval != 0.05:
+        raise BenchConfigError("--scrape-interval is for --mode fast (live: epp serve scrapes)")
     if args.kv_delay < 0:
         raise BenchConfigError(f"--kv-delay must be >= 0, got {args.kv_delay}")
     plan: _Plan = []

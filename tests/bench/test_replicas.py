@@ -97,6 +97,7 @@ def test_approximate_prefix_state_is_per_replica() -> None:
     [
         (["--replicas", "0"], "--replicas must be in [1, 64], got 0"),
         (["--replicas", "65"], "--replicas must be in [1, 64], got 65"),
+        (["--scrape-interval", "0"], "--scrape-interval must be in [0.001, 60] s, got 0.0"),
     ],
 )
 def test_replica_count_errors_name_the_option(
@@ -114,3 +115,14 @@ def test_the_cli_records_the_replica_count(tmp_path: Path) -> None:
     assert cli.run(args) == 0
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["workloads"]["chat"]["policies"]["epp"]["replicas"] == 2
+
+
+def test_the_scrape_interval_reaches_every_replica() -> None:
+    run = replicas.ReplicatedRun(
+        helpers.small(), POLICIES["epp"], replicas=2, profile=helpers.PROFILE, pods=helpers.PODS, seed=7,
+        scrape_interval_s=0.01,
+    )  # fmt: skip
+    result = run.run()
+    gaps = {round(b.t - a.t, 6) for a, b in zip(result.samples, result.samples[1:], strict=False)}
+    assert gaps == {0.01}
+    assert run.replica_endpoints[1][0].metrics.updated_at > 0
