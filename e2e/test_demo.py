@@ -1,8 +1,9 @@
 """`epp demo` end to end, in-process and small: round-robin Envoy vs Envoy + epp over sim pods.
 
 The demo is the README's first command, so this checks what a newcomer would see: both arms
-finish without a failed request, and epp's prefix-aware routing gives a clearly higher cache hit
-rate than round-robin. The settings are scaled down (3 pods, 4 tenants, 150 requests per arm,
+finish without a failed request, and epp's recommended setup (KV events, its default for them)
+gives a clearly higher cache hit rate than round-robin, with E2E and TPOT shown beside TTFT.
+The settings are scaled down (3 pods, 4 tenants, 150 requests per arm,
 simulated delays x0.5) to stay well under 30 s; the cache holds 2 of the 4 tenants' prompts per
 pod, so round-robin thrashes while affinity can keep hits.
 
@@ -66,6 +67,10 @@ def test_demo_epp_beats_round_robin_on_cache_hits(
     assert "simulator, not GPUs" in printed
     assert "[round-robin]" in printed and "[epp]" in printed
     assert "epp vs round-robin" in printed
+    for line in ("E2E p50 ms", "E2E p99 ms", "TPOT p50 ms", "TPOT p99 ms"):
+        assert line in printed
+    assert "with vLLM KV events" in printed  # the epp arm is the recommended setup
+    assert all(arm["tpot_ms"]["p50"] > 0 for arm in arms.values())
     # The plot a newcomer is pointed to (matplotlib comes with the dev extra).
     plot = tmp_path / "plots" / "demo-ttft-cdf.png"
     assert f"plot: {plot}" in printed
