@@ -243,12 +243,17 @@ def _answers(url: str) -> bool:
         return False
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, RssAnon) of `pid` in MB. RssAnon (heap and other private memory) is what a leak
+    grows; VmRSS also counts shared-library pages, which a busy machine evicts and reloads."""
+    rss = anon = math.nan
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return math.nan
+                rss = int(line.split()[1]) / 1024
+            elif line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) / 1024
+    return rss, anon
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -260,8 +265,8 @@ class Soak:
         self.rng = random.Random(cfg.seed)
         self.records: list[Record] = []
         self.faults: list[Fault] = []
-        # (t, epp name, pid, rss MB); (t, epp name, {series: value}) from each epp's /metrics.
-        self.rss: list[tuple[float, str, int, float]] = []
+        # (t, epp name, pid, RSS MB, anon MB); (t, epp name, {series: value}) from each /metrics.
+        self.rss: list[tuple[float, str, int, float, float]] = []
         self.samples: list[tuple[float, str, dict[str, float]]] = []
         self.t0 = 0.0
         self.inflight = 0
@@ -407,7 +412,7 @@ class Soak:
                 if not epp.process.alive():
                     continue
                 with contextlib.suppress(OSError):
-                    self.rss.append((t, epp.process.name, epp.process.pid, rss_mb(epp.process.pid)))
+                    self.rss.append((t, epp.process.name, epp.process.pid, *rss_mb(epp.process.pid)))
                 url = f"http://{HOST}:{epp.metrics_port}/metrics"
                 with contextlib.suppress(Exception):
                     async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
@@ -623,12 +628,13 @@ def _slope(points: list[tuple[float, float]]) -> float | None:
     return round(60 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den, 4) if den else None
 
 
-def _rss_summary(rss: list[tuple[float, str, int, float]], warmup: float) -> dict[str, Any]:
-    """Per epp process lifetime (name, pid): RSS at start and end, and the slope after warm-up
-    (a restarted process warms up again: its first `warmup` seconds are left out)."""
-    lives: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for t, name, pid, mb in rss:
-        lives.setdefault((name, pid), []).append((t, mb))
+def _rss_summary(rss: list[tuple[float, str, int, float, float]], warmup: float) -> dict[str, Any]:
+    """Per epp process lifetime (name, pid): RSS and anonymous RSS at start and end, and the
+    anonymous RSS's slope after warm-up (a restarted process warms up again: its first `warmup`
+    seconds are left out)."""
+    lives: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    for t, name, pid, mb, anon in rss:
+        lives.setdefault((name, pid), []).append((t, mb, anon))
     out = {}
     for (name, pid), pts in lives.items():
         began = max(warmup, pts[0][0] + (warmup if pts[0][0] > 1 else 0.0))
@@ -637,10 +643,13 @@ def _rss_summary(rss: list[tuple[float, str, int, float]], warmup: float) -> dic
             "from_s": round(pts[0][0], 1),
             "to_s": round(pts[-1][0], 1),
             "first_mb": round(pts[0][1], 1),
-            "steady_first_mb": round(steady[0][1], 1) if steady else None,
             "last_mb": round(pts[-1][1], 1),
             "max_mb": round(max(p[1] for p in pts), 1),
-            "slope_mb_per_min": _slope(steady),
+            "anon_first_mb": round(pts[0][2], 1),
+            "anon_steady_first_mb": round(steady[0][2], 1) if steady else None,
+            "anon_last_mb": round(pts[-1][2], 1),
+            "anon_slope_mb_per_min": _slope([(t, anon) for t, _, anon in steady]),
+            "rss_slope_mb_per_min": _slope([(t, mb) for t, mb, _ in steady]),
         }
     return out
 
@@ -664,13 +673,15 @@ def render(r: dict[str, Any]) -> str:
         f"warm-up) {r['p99_drift'] if r['p99_drift'] is None else round(r['p99_drift'], 2)}",
         f"- picks made in degraded mode (every endpoint's metrics stale): {r['degraded_picks']}",
         "",
-        "| epp process | from s | to s | RSS first MB | after warm-up MB | last MB | max MB | slope MB/min |",
-        "|---|---|---|---|---|---|---|---|",
+        "| epp process | from s | to s | RSS first / last / max MB | anon RSS first / after warm-up / "
+        "last MB | anon slope MB/min | RSS slope MB/min |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, v in r["rss"].items():
         lines.append(
-            f"| {name} | {v['from_s']} | {v['to_s']} | {v['first_mb']} | {v['steady_first_mb']} | "
-            f"{v['last_mb']} | {v['max_mb']} | {v['slope_mb_per_min']} |"
+            f"| {name} | {v['from_s']} | {v['to_s']} | {v['first_mb']} / {v['last_mb']} / {v['max_mb']} | "
+            f"{v['anon_first_mb']} / {v['anon_steady_first_mb']} / {v['anon_last_mb']} | "
+            f"{v['anon_slope_mb_per_min']} | {v['rss_slope_mb_per_min']} |"
         )
     lines += [
         "",
