@@ -380,12 +380,16 @@ class Soak:
         await asyncio.gather(*background, return_exceptions=True)
 
     def _body(self) -> dict[str, Any]:
-        # Shared prefixes (a handful of "system prompts") so KV-cache routing has something to do.
-        prefix = self.rng.randrange(8)
+        # Shared prefixes (a handful of "system prompts") so KV-cache routing has something to do,
+        # and a quarter of prompts new from their first block: per-prefix state must stay bounded.
+        if self.rng.random() < 0.25:
+            head = f"one-off {self.rng.getrandbits(64)} "
+        else:
+            head = f"system prompt {self.rng.randrange(8)} "
         words = " ".join(f"w{self.rng.randrange(1000)}" for _ in range(self.rng.randrange(5, 40)))
         return {
             "model": MODEL,
-            "prompt": f"system prompt {prefix} " + "lorem ipsum " * 60 + words,
+            "prompt": head + "lorem ipsum " * 60 + words,
             "max_tokens": self.cfg.max_tokens,
             "stream": self.rng.random() < 0.5,
         }
