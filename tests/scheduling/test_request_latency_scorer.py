@@ -159,6 +159,13 @@ def test_the_slowdown_on_others_and_the_prefill_stall_are_priced(clock: Clock) -
     # overlap: min(100 of its own, half the mean output of 100) = 50 steps
     assert row["slowdown_others_s"] == pytest.approx(10 * 50 * (b + c * size))
     assert row["prefill_stall_others_s"] == pytest.approx(10 * row["prefill_s"])
+    half = Stack(meanOutputTokens=100, ttftWeight=3, stallWeight=0.5)
+    teach(half.scorer.step_model, 0.02, 1e-3, 1e-7)
+    for i in range(10):
+        half.route(request(toks(1000, start=10_000 * (i + 1)), max_tokens=100, rid=f"bg{i}"), eps)
+    _, cycle = half.score(request(toks(3000, start=1), max_tokens=100), eps)
+    halved = half.scorer.explain(cycle)["endpoints"]["pod-0"]["prefill_stall_others_s"]
+    assert halved == pytest.approx(0.5 * row["prefill_stall_others_s"])
     assert row["objective_s"] == pytest.approx(
         3 * row["ttft_objective_s"]
         + row["decode_s"]
@@ -274,6 +281,7 @@ def test_the_default_config_with_kv_events_prices_the_whole_request(clock: Clock
         ({"stepSeconds": 0}, "stepSeconds"),
         ({"decodeWeight": -1}, "decodeWeight"),
         ({"othersWeight": float("inf")}, "othersWeight"),
+        ({"stallWeight": -0.5}, "stallWeight"),
         ({"tpotForgetting": 0.5}, "tpotForgetting"),
         ({"meanOutputTokens": 0}, "meanOutputTokens"),
         ({"missPenalty": -1}, "missPenalty"),  # predicted-ttft-scorer's parameters are checked too

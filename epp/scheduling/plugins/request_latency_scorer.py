@@ -14,7 +14,7 @@ The objective, per candidate endpoint `e`, in seconds of someone's latency:
                  + out * step(n + 1, ctx + L)             its own decode
                  + n * overlap * (step(n + 1, ctx + L) - step(n, ctx))
                                                           the slowdown it imposes on the n there
-                 + decoding * prefill(e)                  its prefill stalls their streams
+                 + stallWeight * decoding * prefill(e)    its prefill stalls their streams
 
 - `step(n, ctx) = a + b * n + c * ctx`: the per-token time of a pod decoding `n` sequences over
   `ctx` context tokens, the simulator's (and vLLM's) roofline: a fixed part (weights read, step
@@ -48,6 +48,9 @@ Parameters: predicted-ttft-scorer's, and
 - `stepSeconds` (0.02, > 0): the prior per-token time of a lightly loaded pod.
 - `decodeWeight` (1.0, >= 0): weight of the request's own decode time.
 - `othersWeight` (1.0, >= 0): weight of the slowdown and stalls it imposes on others.
+- `stallWeight` (1.0, >= 0): the prefill stall's share of that (0: the slowdown of their steps
+  only; on `unique` traffic, where every request is a miss, 0.3 trades a few of the others'
+  per-token milliseconds for a lower TTFT tail: BENCHMARKS.md section 7).
 - `tpotForgetting` (0.999, (0.9, 1]): how fast old observations of the step model fade.
 - `meanOutputTokens` (256, >= 1): the prior mean output of a request without `max_tokens`.
 """
@@ -154,6 +157,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         ttftWeight: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
         decodeWeight: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
         othersWeight: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
+        stallWeight: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
         tpotForgetting: Annotated[float, msgspec.Meta(gt=0.9, le=1.0)] = 0.999
         meanOutputTokens: Annotated[float, msgspec.Meta(ge=1.0, le=1e7)] = 256.0
 
@@ -163,6 +167,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         self._ttft_w = params.ttftWeight
         self._decode_w = params.decodeWeight
         self._others_w = params.othersWeight
+        self._stall_w = params.stallWeight
         self._mean_out = params.meanOutputTokens
         self._out_ratio = 1.0  # learned: generated / allowed tokens
         self._out_seen = 0.0
@@ -219,7 +224,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         overlap = min(out, self._mean_out / 2.0)
         slowdown = n * overlap * (after - before)
         prefill = p.uncached * self._rate(ep.name).cost * p.slowdown
-        stall = max(n - m.waiting, 0) * prefill
+        stall = self._stall_w * max(n - m.waiting, 0) * prefill
         ttft_objective = p.objective
         p.objective = (
             self._ttft_w * ttft_objective + self._decode_w * decode + self._others_w * (slowdown + stall)
