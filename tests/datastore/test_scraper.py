@@ -426,7 +426,7 @@ async def test_gies_metrics_flags_scheme_path_port(tmp_path: Path) -> None:
         ds3 = Datastore()
         ds3.sync("t", [spec(free_port(), name="pooled")])
         (pooled,) = ds3.endpoints()
-        async with make(ds3, port=other.port):  # type: ignore[arg-type]
+        async with make(ds3, port=other.port):
             await until(lambda: pooled.metrics.waiting == 9, "the pool-wide metrics port")
     finally:
         await secure.stop()
