@@ -466,7 +466,8 @@ class Director:
         request = ctx.request
         ep = ctx.booked
         ep.release(request.prompt_tokens_estimate)
-        self._child(metrics.inflight_requests, ep.name).set(ep.inflight_requests)
+        if self.datastore.get(ep.name) is ep:  # a removed endpoint's series stay dropped
+            self._child(metrics.inflight_requests, ep.name).set(ep.inflight_requests)
         tracker = ctx.tracker
         now = clock.now()
         usage = tracker.usage

@@ -94,9 +94,13 @@ async def test_a_removed_endpoints_series_go_with_it_and_come_back_with_it() -> 
             )
 
         assert picks() == 1 and attempts() == 1
-        ds.sync("t", [EndpointSpec(name="other-pod", address="10.9.0.9", port=8000)])  # a rollout
+        # A rollout while a request is in flight on the old pod: it ends after the pod is gone.
+        body = msgspec.json.encode({"model": "m", "prompt": "hi"})
+        draining = await director.route(path="/v1/completions", headers={}, body=body, subset=None)
+        ds.sync("t", [EndpointSpec(name="other-pod", address="10.9.0.9", port=8000)])
         for ep in ds.endpoints():
             ep.metrics.updated_at = time.monotonic()
+        director.finish(draining, complete=True)
         assert picks() is None and attempts() is None
         assert (
             metrics.REGISTRY.get_sample_value("epp_endpoint_inflight_requests", {"endpoint": "gone-pod"})
@@ -108,6 +112,6 @@ async def test_a_removed_endpoints_series_go_with_it_and_come_back_with_it() -> 
         for ep in ds.endpoints():
             ep.metrics.updated_at = time.monotonic()
         assert await route(director, "m") == "gone-pod"
-        assert picks() == 1
+        assert picks() == 1  # from zero again: the old series went with the old pod
     finally:
         await scraper.stop()
