@@ -326,11 +326,11 @@ async def _run(
     )
 
     health = extproc_server.Health()
-    credentials = (
-        tls.server_credentials(args.cert_path, reload=bool(args.enable_cert_reload))
-        if args.secure_serving
-        else None
-    )
+    credentials: grpc.ServerCredentials | None = None
+    if args.secure_serving and role is not None and role.tls_pair is not None:
+        credentials = grpc.ssl_server_credentials([role.tls_pair])  # the pod's, from the supervisor
+    elif args.secure_serving:
+        credentials = tls.server_credentials(args.cert_path, reload=bool(args.enable_cert_reload))
     grpc_server = extproc_server.build_server(
         director,
         health,

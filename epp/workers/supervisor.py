@@ -30,13 +30,11 @@ import contextlib
 import json
 import logging
 import os
-import shutil
+import secrets
 import signal
 import socket
 import sys
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -91,7 +89,8 @@ class Supervisor:
         self.args = args
         self.command = [sys.executable, "-m", "epp", *argv]
         self.slots = [Slot(i) for i in range(workers)]
-        self.directory = Path()  # run() makes it
+        # The workers' abstract Unix socket names: nothing is written to the filesystem.
+        self.sockets = f"epp-{os.getpid()}-{secrets.token_hex(6)}"
         self.stopping = False
         self.failed: int | None = None
         self._stop = asyncio.Event()
@@ -101,7 +100,7 @@ class Supervisor:
         self._sessions: dict[int, aiohttp.ClientSession] = {}
         self._health_changed = asyncio.Event()
         self.lease: k8s_leader.LeaderElector | None = None
-        self._cert_path: Path | None = None
+        self._tls_pair: str | None = None
         self._leading = False
 
     # --- the workers ----------------------------------------------------------------------------
@@ -112,14 +111,14 @@ class Supervisor:
             os.environ,
             **{
                 worker.INDEX_ENV: str(slot.index),
-                worker.DIR_ENV: str(self.directory),
+                worker.SOCKETS_ENV: self.sockets,
                 worker.CONTROL_ENV: str(theirs.fileno()),
                 worker.COUNT_ENV: str(len(self.slots)),
                 worker.SUPERVISOR_ENV: str(os.getpid()),
             },
         )
-        if self._cert_path is not None:
-            env[worker.CERT_ENV] = str(self._cert_path)
+        if self._tls_pair is not None:
+            env[worker.TLS_ENV] = self._tls_pair
         try:
             # Its own session: a terminal's Ctrl-C reaches the supervisor only, which passes it on
             # once (twice would end the workers' drain at once).
@@ -229,7 +228,7 @@ class Supervisor:
     def _session(self, index: int) -> aiohttp.ClientSession:
         session = self._sessions.get(index)
         if session is None or session.closed:
-            connector = aiohttp.UnixConnector(path=str(worker.http_socket(self.directory, index)))
+            connector = aiohttp.UnixConnector(path=worker.http_socket(self.sockets, index))
             session = aiohttp.ClientSession(
                 connector=connector, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
             )
@@ -330,24 +329,14 @@ class Supervisor:
 
     async def run(self) -> int:
         check_port_free(self.args.bind_address, self.args.grpc_port)
-        # Private (0700): the workers' HTTP sockets and the pod's self-signed certificate.
-        self.directory = Path(tempfile.mkdtemp(prefix="epp-workers-"))
-        try:
-            return await self._run()
-        finally:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        return await self._run()
 
     async def _run(self) -> int:
         args = self.args
-        cert_path: Path | None = None
         if args.secure_serving and not args.cert_path:
             # One self-signed certificate for the pod, not one per worker behind the same port.
-            cert_path = self.directory / "tls"
-            cert_path.mkdir(mode=0o700)
             key, cert = tls.self_signed()
-            (cert_path / "tls.key").write_bytes(key)
-            (cert_path / "tls.crt").write_bytes(cert)
-        self._cert_path = cert_path
+            self._tls_pair = json.dumps([key.decode(), cert.decode()])
         health = extproc_server.Health()
         health_server = extproc_server.build_health_server(
             health, bind=args.bind_address, port=args.grpc_health_port

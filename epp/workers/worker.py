@@ -1,11 +1,13 @@
 """What `epp serve` does differently as worker i of a supervisor (`epp serve --workers N`).
 
 The supervisor starts each worker as `python -m epp serve <the same flags>` with three variables:
-EPP_WORKER_INDEX, EPP_WORKER_DIR (a private 0700 directory) and EPP_WORKER_CONTROL_FD (its end of
-a socket pair). The worker then
+EPP_WORKER_INDEX, EPP_WORKER_SOCKETS (the name of the pod's abstract Unix sockets) and
+EPP_WORKER_CONTROL_FD (its end of a socket pair); nothing on the filesystem, which may be read-only
+without a writable /tmp (GIE's chart runs epp so). The worker then
 - serves ext-proc on the shared port with SO_REUSEPORT (the kernel spreads connections),
 - does not serve the health port (the supervisor answers for the pod) nor the metrics port: its
-  /metrics and debug endpoints are on a Unix socket in the directory, behind the supervisor's,
+  /metrics and debug endpoints are on an abstract Unix socket that answers its own user only,
+  behind the supervisor's,
 - consumes the KV events itself (connect mode: it subscribes to every pod; bind mode allows one
   process only, see epp.workers.supervisor),
 - follows the supervisor's Lease instead of campaigning itself,
@@ -27,9 +29,9 @@ import logging
 import os
 import signal
 import socket
+import struct
 import sys
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from aiohttp import web
@@ -42,17 +44,36 @@ from epp.workers import merge
 log = logging.getLogger("epp.workers")
 
 INDEX_ENV = "EPP_WORKER_INDEX"
-DIR_ENV = "EPP_WORKER_DIR"
+SOCKETS_ENV = "EPP_WORKER_SOCKETS"
 CONTROL_ENV = "EPP_WORKER_CONTROL_FD"
 COUNT_ENV = "EPP_WORKERS"
 SUPERVISOR_ENV = "EPP_SUPERVISOR_PID"
-CERT_ENV = "EPP_WORKER_CERT_PATH"
+TLS_ENV = "EPP_WORKER_TLS"
+"""The pod's self-signed key and certificate (PEM, JSON), when --secure-serving has no --cert-path."""
 WORKER_METRICS_PATH = "/worker/metrics"
 """The worker's registry, for the supervisor only (on the worker's Unix socket)."""
 
 
-def http_socket(directory: Path, index: int) -> Path:
-    return directory / f"worker-{index}.http.sock"
+def http_socket(name: str, index: int) -> str:
+    """Worker `index`'s HTTP socket: Linux's abstract namespace (a leading NUL), no file."""
+    return f"\0{name}-{index}.http"
+
+
+@web.middleware
+async def _own_user_only(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """An abstract socket has no file permissions: any process in the network namespace can
+    connect. Only this user's (the supervisor's) are answered, so the worker's endpoints are no
+    way around the supervisor's --metrics-endpoint-auth."""
+    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+    if sock is None:
+        raise web.HTTPForbidden()
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    if uid != os.getuid():
+        raise web.HTTPForbidden()
+    return await handler(request)
 
 
 class Lease(Protocol):
@@ -92,10 +113,11 @@ class LeaseFromSupervisor:
 
 
 class WorkerRole:
-    def __init__(self, index: int, directory: Path, control_fd: int, workers: int) -> None:
+    def __init__(self, index: int, sockets: str, control_fd: int, workers: int) -> None:
         self.index = index
         self.workers = workers
-        self.directory = directory
+        self.sockets = sockets
+        self.tls_pair: tuple[bytes, bytes] | None = None
         self._control_fd = control_fd
         self.lease: LeaseFromSupervisor | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -103,9 +125,10 @@ class WorkerRole:
 
     def adjust(self, args: argparse.Namespace) -> None:
         """The flags as this worker applies them (after the config's kvEventsConfig is read)."""
-        cert = os.environ.get(CERT_ENV)
-        if cert is not None:  # the supervisor's one self-signed certificate for the pod
-            args.cert_path = cert
+        pair = os.environ.get(TLS_ENV)
+        if pair is not None and args.secure_serving and not args.cert_path:
+            key, cert = json.loads(pair)  # the supervisor's one self-signed certificate for the pod
+            self.tls_pair = (key.encode(), cert.encode())
         if args.tokenizer_workers is None:  # the pod's cores are shared by the workers' pools
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
             args.tokenizer_workers = max(1, min(4, cores // max(1, self.workers)))
@@ -119,11 +142,11 @@ class WorkerRole:
             )
 
         app.router.add_get(WORKER_METRICS_PATH, worker_metrics)
-        path = http_socket(self.directory, self.index)
-        path.unlink(missing_ok=True)  # a crashed predecessor's
+        app.middlewares.insert(0, _own_user_only)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.UnixSite(runner, str(path)).start()
+        # A crashed predecessor's abstract socket went with its process.
+        await web.UnixSite(runner, http_socket(self.sockets, self.index)).start()
         return runner
 
     async def connect(self, on_lost: Callable[[], None]) -> None:
@@ -168,7 +191,7 @@ def from_environment() -> WorkerRole | None:
         return None
     role = WorkerRole(
         int(index),
-        Path(os.environ[DIR_ENV]),
+        os.environ[SOCKETS_ENV],
         int(os.environ[CONTROL_ENV]),
         int(os.environ.get(COUNT_ENV, "1")),
     )
