@@ -12,7 +12,9 @@ Servers (`--server`), to see what the runtime's shape costs:
 
 * ``aio-generator``: grpc.aio, the handler an async generator (as epp's was);
 * ``aio-readwrite``: grpc.aio, the handler a coroutine using `context.read()`/`context.write()`;
-* ``sync``: grpcio's thread-pool server, one thread per stream.
+* ``sync``: grpcio's thread-pool server, one thread per stream;
+* ``grpclib``: grpclib (pure Python HTTP/2 on asyncio, from PyPI; `pip install grpclib`), to see
+  whether another gRPC server package costs less per message than grpcio's C core.
 
 It counts the messages it answers by kind and writes them as JSON to `--stats-file` (at most
 twice a second, and at exit), which is how the benchmark checks that Envoy sent each SSE event
@@ -196,6 +198,49 @@ def _serve_sync(address: str, floor: _Floor, stats: Path | None, threads: int) -
     _write_stats(stats, floor, last)
 
 
+async def _serve_grpclib(address: str, floor: _Floor, stats: Path | None) -> None:
+    try:
+        # Not a dependency of epp: only this floor variant uses it.
+        from grpclib.const import Cardinality, Handler  # type: ignore[import-not-found,unused-ignore]
+        from grpclib.encoding.proto import ProtoCodec  # type: ignore[import-not-found,unused-ignore]
+        from grpclib.server import Server, Stream  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        raise SystemExit("--server grpclib needs grpclib: pip install grpclib") from None
+
+    class Codec(ProtoCodec):  # type: ignore[misc,unused-ignore]
+        def encode(self, message: Any, message_type: Any) -> bytes:
+            return _serialize(message)
+
+    class Servicer:
+        def __mapping__(self) -> dict[str, Handler]:
+            path = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+            types = (m.ProcessingRequest, m.ProcessingResponse)
+            return {path: Handler(self.process, Cardinality.STREAM_STREAM, *types)}
+
+        async def process(self, stream: Stream[m.ProcessingRequest, Any]) -> None:
+            body: list[bytes] = []
+            async for msg in stream:
+                for response in floor.answer(msg, body):
+                    await stream.send_message(response)
+
+    host, _, port = address.rpartition(":")
+    server = Server([Servicer()], codec=Codec())
+    await server.start(host, int(port))
+    print(f"floor (grpclib) on {address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    last: dict[str, Any] = {}
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+        _write_stats(stats, floor, last)
+    server.close()
+    await server.wait_closed()
+    _write_stats(stats, floor, last)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m epp.bench.floor", description=__doc__)
     parser.add_argument("--address", required=True, help="host:port to listen on")
@@ -212,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     if args.server == "sync":
         _serve_sync(args.address, floor, stats, args.threads)
+    elif args.server == "grpclib":
+        asyncio.run(_serve_grpclib(args.address, floor, stats))
     else:
         asyncio.run(_serve_aio(args.address, floor, args.server, stats))
     print(f"floor stopped after {time.monotonic() - t0:.1f} s: {dict(floor.counts)}", flush=True)

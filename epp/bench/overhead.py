@@ -72,7 +72,7 @@ HOST = "127.0.0.1"
 # `--stream` mode's arms (epp.bench.overhead_stream); its flags are defined here with the others.
 STREAM_ARMS = ("baseline", "floor", "duplex", "override")
 # The floor arm's gRPC servers (epp.bench.floor, which imports grpc: not loaded with the CLI).
-FLOOR_SERVERS = ("aio-generator", "aio-readwrite", "sync")
+FLOOR_SERVERS = ("aio-generator", "aio-readwrite", "sync", "grpclib")
 ARMS = ("baseline", "duplex", "buffered")
 ARM_TITLES = {
     "baseline": "Envoy round-robin, no epp",
