@@ -82,6 +82,7 @@ from epp.tokenize import chat, prefixcache, tokenizer
 DEFAULT_MAX_CHARS = 400_000
 INLINE_CHARS = 256
 FAST_INLINE_CHARS = 4096
+RENDER_INLINE_MESSAGES = 64  # ~0.3 ms of rendering: longer chats are rendered by a worker
 MAX_PENDING_COMMITS = 16
 MAX_COUNTED_MODELS = 256  # distinct names kept in `missing`; the rest count under OTHER_MODELS
 OTHER_MODELS = "<other>"
@@ -427,8 +428,10 @@ class Tokenizers:
 
         The template is rendered on the loop: a 10-turn, 4k-token chat rendered in 25-65 us
         (median, four template styles; a one-message chat ~20 us), less than a hand-off to a worker
-        costs the loop (~100 us), while encoding the result took ~2.6 ms. The text then takes
-        `encode`'s path (cut to `max_chars`, inline when short, else a worker).
+        costs the loop (~100 us), while encoding the result took ~2.6 ms. A chat of more than
+        RENDER_INLINE_MESSAGES messages is rendered by a worker instead (10,000 messages took
+        ~60 ms of CPU: Python the loop can preempt there, every sys.getswitchinterval()). The text
+        then takes `encode`'s path (cut to `max_chars`, inline when short, else a worker).
 
         Raises:
             chat.ChatTemplateError: vLLM would refuse the request (400) or the template failed;
@@ -440,7 +443,12 @@ class Tokenizers:
         tok = self._serving(model, base_model)
         if tok is None:
             return None
-        prompt = chat.prepare_chat(tok, body)
+        messages = body.get("messages")
+        if isinstance(messages, list) and len(messages) > RENDER_INLINE_MESSAGES:
+            loop = asyncio.get_running_loop()
+            prompt = await loop.run_in_executor(self._executor, chat.prepare_chat, tok, body)
+        else:
+            prompt = chat.prepare_chat(tok, body)
         if prompt.token_ids is not None:  # ids forwarded in the body: vLLM takes them as they are
             return prompt.token_ids
         return await self._encode_with(tok, prompt.text, prompt.add_special_tokens)

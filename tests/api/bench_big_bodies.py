@@ -1,0 +1,146 @@
+"""Benchmark (a script, not a test): small requests' latency while 8 clients send epp the largest
+bodies it allows (issue 19, "one request can stall everyone").
+
+A real `epp serve` process (KV events on, so the precise config, the shipped tokenizer and chat
+rendering run) over two simulated pods, spoken to over ext-proc gRPC as Envoy does. A probe sends
+a small chat request every 20 ms and times the routing answer; 8 heavy clients, in another process
+so their own CPU does not delay the probe, each send one largest-allowed chat body after another
+(by default `--max-request-messages` 10,000 messages filling `--max-body-bytes` 16 MiB: the most
+per-message work epp accepts in one body). Phases, in one run: idle, loaded, idle again.
+
+    .venv/bin/python -m tests.api.bench_big_bodies [--seconds 20] [--messages 10000] [--mib 16]
+
+Prints p50/p99/max of the probe per phase and the loaded/idle p99 ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgspec
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from e2e.harness import EppProcess
+from epp.sim.engine import SimConfig
+from epp.sim.fleet import SimFleet
+from tests.extproc import helpers as h
+
+SMALL = msgspec.json.encode({"model": "sim-model", "messages": [{"role": "user", "content": "hello there"}]})
+CHUNK = 1 << 20  # Envoy's body chunks to ext-proc are at most its buffer size
+
+
+def big_body(messages: int, mib: int) -> bytes:
+    overhead = len(msgspec.json.encode({"role": "user", "content": ""})) + 1
+    size = max(1, ((mib << 20) - (64 << 10)) // messages - overhead - 4)
+    msgs = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "w " * (size // 2)}
+        for i in range(messages)
+    ]
+    return msgspec.json.encode({"model": "sim-model", "messages": msgs})
+
+
+async def one_request(stub: pb_grpc.ExternalProcessorStub, body: bytes) -> int:
+    """Headers, the body in chunks; done at the routing answer: 200, or epp's error status."""
+    call = stub.Process()
+    await call.write(h.headers_msg(h.post_headers()))
+    for i in range(0, len(body), CHUNK):
+        await call.write(h.body_msg(body[i : i + CHUNK], eos=i + CHUNK >= len(body)))
+    resp = await call.read()
+    call.cancel()
+    if resp.HasField("immediate_response"):
+        return int(resp.immediate_response.status.code)
+    return 200
+
+
+def heavy_clients(address: str, body: bytes, stop_at: float, n: int, done: Any) -> None:
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(
+            address, options=[("grpc.max_send_message_length", 64 << 20)]
+        ) as ch:
+            stub = pb_grpc.ExternalProcessorStub(ch)
+
+            async def loop() -> None:
+                while time.time() < stop_at:
+                    status = await one_request(stub, body)
+                    with done.get_lock():
+                        done.value += 1 if status == 200 else 1_000_000  # an error: visible
+
+            await asyncio.gather(*(loop() for _ in range(n)))
+
+    asyncio.run(run())
+
+
+async def probe(address: str, seconds: float) -> list[float]:
+    out: list[float] = []
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = pb_grpc.ExternalProcessorStub(ch)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            await one_request(stub, SMALL)
+            out.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.02)
+    return out
+
+
+def summary(name: str, xs: list[float]) -> str:
+    xs = sorted(xs)
+    p99 = xs[min(len(xs) - 1, int(len(xs) * 0.99))]
+    ms = [statistics.median(xs) * 1e3, p99 * 1e3, xs[-1] * 1e3]
+    return f"{name:>8}: n={len(xs):4d} p50={ms[0]:7.2f} ms p99={ms[1]:7.2f} ms max={ms[2]:7.2f} ms"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--messages", type=int, default=10_000)
+    ap.add_argument("--mib", type=int, default=16)
+    ap.add_argument("--clients", type=int, default=8)
+    args = ap.parse_args()
+    body = big_body(args.messages, args.mib)
+    print(f"heavy body: {len(body) / (1 << 20):.2f} MiB, {args.messages} messages; {args.clients} clients")
+    sims = SimFleet([SimConfig(time_scale=0.02, name=f"s{i}") for i in range(2)])
+    sims.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        epp = EppProcess(Path(tmp), endpoints=sims.addresses, extra_args=["--kv-events", "connect"])
+        epp.start(wait="serving")
+        try:
+            time.sleep(1.0)
+            asyncio.run(probe(epp.grpc_address, 2.0))  # warm-up
+            phases = {"idle": asyncio.run(probe(epp.grpc_address, args.seconds))}
+            ctx = multiprocessing.get_context("spawn")
+            done = ctx.Value("q", 0)
+            worker = ctx.Process(
+                target=heavy_clients,
+                args=(epp.grpc_address, body, time.time() + args.seconds + 3, args.clients, done),
+            )
+            worker.start()
+            time.sleep(3.0)  # the heavy clients are up and sending
+            phases["loaded"] = asyncio.run(probe(epp.grpc_address, args.seconds))
+            worker.join()
+            heavy = done.value
+            phases["idle2"] = asyncio.run(probe(epp.grpc_address, args.seconds))
+        finally:
+            epp.stop()
+            sims.stop()
+    print(f"heavy requests routed: {heavy % 1_000_000}, answered with an error: {heavy // 1_000_000}")
+    for name, xs in phases.items():
+        print(summary(name, xs))
+
+    def p99(xs: list[float]) -> float:
+        return sorted(xs)[min(len(xs) - 1, int(len(xs) * 0.99))]
+
+    idle = max(p99(phases["idle"]), p99(phases["idle2"]))
+    print(f"loaded p99 / idle p99 = {p99(phases['loaded']) / idle:.2f}")
+
+
+if __name__ == "__main__":
+    main()
