@@ -35,7 +35,8 @@ def _call(url: str, body: bytes | None = None) -> tuple[int, str]:
 async def _list_endpoints(port: int) -> grpc.StatusCode:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         try:
-            await pb_grpc.EndpointPickerStub(channel).ListEndpoints(pb.ListEndpointsRequest(), timeout=10)
+            stub = pb_grpc.EndpointPickerStub(channel)  # type: ignore[no-untyped-call]
+            await stub.ListEndpoints(pb.ListEndpointsRequest(), timeout=10)
         except grpc.aio.AioRpcError as exc:
             return exc.code()
     return grpc.StatusCode.OK
