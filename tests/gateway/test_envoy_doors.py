@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from epp import cli
 from epp.gateway.envoy import (
     CONTROL_HEADERS,
     DESTINATION_HEADER,
@@ -149,3 +151,23 @@ def test_control_headers_from_clients_are_stripped(gateways: Any, echo: str) -> 
     received = json.loads(trusting.get("/v1/models", sent)[1])
     assert received[MODEL_REWRITE_HEADER] == "127.0.0.1:1"
     assert DESTINATION_HEADER not in received
+
+
+def _early_removals(config: dict[str, Any]) -> list[str]:
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    mutations = hcm.get("early_header_mutation_extensions", [{"typed_config": {"mutations": []}}])
+    return [m["remove"] for m in mutations[0]["typed_config"]["mutations"]]
+
+
+def test_envoy_config_cli_strips_by_default_and_keeps_what_it_is_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "envoy.yaml"
+    assert cli.main(["envoy-config", "-o", str(out)]) == 0
+    assert _early_removals(yaml.safe_load(out.read_text())) == list(CONTROL_HEADERS)
+    assert cli.main(["envoy-config", "-o", str(out), "--client-control-header", MODEL_REWRITE_HEADER]) == 0
+    kept = _early_removals(yaml.safe_load(out.read_text()))
+    assert kept == [h for h in CONTROL_HEADERS if h != MODEL_REWRITE_HEADER]
+    with pytest.raises(SystemExit):
+        cli.main(["envoy-config", "--client-control-header", "x-forwarded-for"])
+    assert "invalid choice" in capsys.readouterr().err
