@@ -129,6 +129,7 @@ def completion(tokens: list[int]) -> bytes:
 DEFAULT_SCORER = "request-latency-scorer"
 LATENCY_TERMS = {
     "ttft_objective_s",
+    "admission_wait_s",
     "e2e_s",
     "decode_s",
     "step_s",
@@ -152,9 +153,12 @@ def check_ttft_terms(row: dict[str, Any]) -> dict[str, Any]:
         t["overhead_s"] + t["queue_s"] + t["prefill_s"] + t["kv_price_s"] + t["miss_penalty_s"]
     )
     assert t["objective_s"] == pytest.approx(
-        4 * t["ttft_objective_s"] + t["decode_s"] + t["slowdown_others_s"] + t["prefill_stall_others_s"]
+        4 * (t["ttft_objective_s"] + t["admission_wait_s"])
+        + t["decode_s"]
+        + t["slowdown_others_s"]
+        + t["prefill_stall_others_s"]
     )
-    assert t["e2e_s"] == pytest.approx(t["predicted_ttft_s"] + t["decode_s"])
+    assert t["e2e_s"] == pytest.approx(t["predicted_ttft_s"] + t["admission_wait_s"] + t["decode_s"])
     assert t["prefill_s"] == pytest.approx(
         t["uncached_tokens"] / t["prefill_tokens_per_second"] * t["decode_slowdown"]
     )

@@ -199,6 +199,27 @@ def test_a_hot_prefix_is_replicated_once_its_holders_decode_slowly(clock: Clock)
     assert used["(0.0, 0.0)"] <= 2
 
 
+def test_a_queue_waiting_for_kv_blocks_drains_at_the_decode_rate(clock: Clock) -> None:
+    """Past the KV soft limit, waiting requests are admitted as running ones finish: the wait is
+    waiting x the mean decode time / running, which a prefill-rate queue estimate misses."""
+    eps = builders.pool(2)
+    s = Stack()
+    full = eps[1].metrics
+    full.waiting, full.running, full.kv_usage, full.num_gpu_blocks = 6, 12, 0.97, 1000
+    _, cycle = s.score(request(toks(500, start=1)), eps)
+    rows = s.scorer.explain(cycle)["endpoints"]
+    decode_s = s.scorer.decode_seconds  # the prior, 5 s
+    assert rows["pod-1"]["admission_wait_s"] == pytest.approx(6 * decode_s / 12)
+    assert rows["pod-0"]["admission_wait_s"] == 0.0
+    assert rows["pod-1"]["e2e_s"] == pytest.approx(
+        rows["pod-1"]["predicted_ttft_s"] + rows["pod-1"]["admission_wait_s"] + rows["pod-1"]["decode_s"]
+    )
+    # Below the soft limit the same queue is priced as prefill work only.
+    full.kv_usage = 0.5
+    _, cycle = s.score(request(toks(500, start=1)), eps)
+    assert s.scorer.explain(cycle)["endpoints"]["pod-1"]["admission_wait_s"] == 0.0
+
+
 # --- learning ------------------------------------------------------------------------------------
 
 

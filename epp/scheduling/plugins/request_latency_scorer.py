@@ -9,8 +9,9 @@ ms a token beside pods decoding 12 at ~55 ms). The user waits for the last token
 
 The objective, per candidate endpoint `e`, in seconds of someone's latency:
 
-    objective(e) = ttft_objective(e)                      predicted-ttft-scorer's (queue, uncached
+    objective(e) = ttftWeight * (ttft_objective(e)        predicted-ttft-scorer's (queue, uncached
                                                           prefill, KV pressure, miss penalty)
+                   + admission(e))                        waiting for KV blocks
                  + out * step(n + 1, ctx + L)             its own decode
                  + n * overlap * (step(n + 1, ctx + L) - step(n, ctx))
                                                           the slowdown it imposes on the n there
@@ -29,6 +30,10 @@ The objective, per candidate endpoint `e`, in seconds of someone's latency:
   (other replicas' traffic), its context scaled alike. `L` the new request's, `out` its expected
   output: `max_tokens` times the learned ratio of generated to allowed tokens, else the learned
   mean output.
+- `admission(e)`: past `kvSoftLimit` of its KV cache, the scraped waiting requests are waiting for
+  blocks, admitted one per finishing sequence: `waiting x decode / running` (Little's law; `decode`
+  the learned mean time from first token to the end), which predicted-ttft-scorer's prefill-rate
+  queue misses under overload.
 - `overlap`: how many of their steps the new sequence shares: the lesser of its output and half
   the mean output (the others' mean remaining tokens).
 - `decoding`: requests running there (not waiting), whose streams stall while a prefill shares
@@ -225,13 +230,21 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         slowdown = n * overlap * (after - before)
         prefill = p.uncached * self._rate(ep.name).cost * p.slowdown
         stall = self._stall_w * max(n - m.waiting, 0) * prefill
+        admission = 0.0
+        if m.waiting > 0 and m.kv_usage >= self._kv_soft:
+            # Requests wait for KV blocks, admitted one per finishing sequence: the queue ahead
+            # drains at `running` per mean decode time (Little), not at the prefill rate.
+            admission = m.waiting * self._decode_s / max(m.running, 1)
         ttft_objective = p.objective
         p.objective = (
-            self._ttft_w * ttft_objective + self._decode_w * decode + self._others_w * (slowdown + stall)
+            self._ttft_w * (ttft_objective + admission)
+            + self._decode_w * decode
+            + self._others_w * (slowdown + stall)
         )
         terms[ep.name] = {
             "ttft_objective_s": ttft_objective,
-            "e2e_s": p.ttft + decode,
+            "admission_wait_s": admission,
+            "e2e_s": p.ttft + admission + decode,
             "decode_s": decode,
             "step_s": after,
             "output_tokens": out,
@@ -312,9 +325,10 @@ class RequestLatencyScorer(PredictedTTFTScorer):
 
     def explain(self, cycle: interfaces.CycleState) -> Mapping[str, Any]:
         """predicted-ttft-scorer's terms per endpoint plus this objective's: `objective_s` =
-        `ttft_objective_s` (predicted-ttft-scorer's objective: overhead + queue + prefill + KV
-        price + miss penalty) x ttftWeight + `decode_s` x decodeWeight + (`slowdown_others_s` +
-        `prefill_stall_others_s`) x othersWeight; `e2e_s` = `predicted_ttft_s` + `decode_s`.
+        (`ttft_objective_s` (predicted-ttft-scorer's objective: overhead + queue + prefill + KV
+        price + miss penalty) + `admission_wait_s`) x ttftWeight + `decode_s` x decodeWeight +
+        (`slowdown_others_s` + `prefill_stall_others_s`) x othersWeight; `e2e_s` =
+        `predicted_ttft_s` + `admission_wait_s` + `decode_s`.
         `step_s` is the per-token time predicted after the pick (`batch` sequences over
         `context_tokens` before it); request-level `step_model` gives the learned coefficients."""
         base = dict(super().explain(cycle))
