@@ -187,3 +187,8 @@ def test_seeds_median_and_worst(tmp_path: Path, entry: dict[str, object]) -> Non
     assert seeds.median_worst(out, True) == (out[1], out[2])
     assert "seeds 1, 2, 3" in seeds.table(docs, "small")
     assert len(seeds.targets(docs, "small")) == 3
+    # epp against the best peer, per target: median (worst) ratio and on how many seeds it holds.
+    got = seeds.ratios(docs[0], "small")
+    assert got["e2e_p99_s"][1] == "random"
+    text = seeds.target_table(docs, ["small"])
+    assert text.count("/3") == len(seeds.TARGETS)
