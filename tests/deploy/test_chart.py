@@ -408,6 +408,15 @@ def test_high_availability_parts_can_be_turned_off_and_affinity_wins() -> None:
     assert chart.one(docs, "Deployment", chart.RELEASE)["spec"]["template"]["spec"]["affinity"] == mine
 
 
+def test_notes_name_the_replica_mode_and_warn_without_kv_events() -> None:
+    assert "Replicas:     2, active-active" in chart.notes()
+    assert "active-passive" in chart.notes({"epp": {"leaderElection": True}})
+    assert "WARNING" not in chart.notes()
+    warned = chart.notes({"epp": {"kvEvents": {"mode": "off"}}})
+    assert "WARNING: replicas=2 with epp.kvEvents.mode=off" in warned
+    assert "WARNING" not in chart.notes({"replicas": 1, "epp": {"kvEvents": {"mode": "off"}}})
+
+
 def test_the_charts_envoy_resolves_every_replica() -> None:
     def address(values: dict[str, Any]) -> str:
         clusters = {c["name"]: c for c in _envoy_bootstrap(values)["static_resources"]["clusters"]}
