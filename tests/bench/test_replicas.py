@@ -88,8 +88,8 @@ def test_approximate_prefix_state_is_per_replica() -> None:
     def hit(policy: str, n: int) -> float:
         return float(report.summarize(replicated(policy, n).run(), helpers.small().stages)["prefix_hit_rate"])
 
-    assert hit("gie-approx", 4) < hit("gie-approx", 1) - 0.05
-    assert hit("epp", 4) > hit("epp", 1) - 0.02
+    assert hit("gie-approx", 4) < hit("gie-approx", 1) - 0.15
+    assert hit("epp", 4) > hit("epp", 1) - 0.05
 
 
 @pytest.mark.parametrize(
