@@ -70,7 +70,10 @@ async def test_one_replica_leads_and_the_lease_passes_on_sigterm(
 ) -> None:
     async def one_ready() -> bool:
         states = [await status(p.health, "readiness") for _, p in replicas]
-        return sorted(states) == ["NOT_SERVING", "SERVING"]
+        # With workers the health port (the supervisor's) answers before the ext-proc port (the
+        # workers') listens: wait for both.
+        serving = [await status(p.grpc, "liveness") for _, p in replicas]
+        return sorted(states) == ["NOT_SERVING", "SERVING"] and serving == ["SERVING"] * 2
 
     await until(one_ready, 30, "exactly one ready replica")
     for _, ports in replicas:  # followers are alive: Kubernetes must not restart them
