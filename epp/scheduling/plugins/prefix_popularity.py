@@ -19,11 +19,13 @@ MASK64: Final = (1 << 64) - 1
 class Popularity:
     """Recent request counts per key (a prompt prefix's first-block digest, or an endpoint),
     decaying exponentially with `window` seconds, and each key's share of the total decaying
-    alike. Bounded: the least recently seen keys are forgotten first (no share worth knowing)."""
+    alike. Bounded: the least recently seen keys are forgotten first (no share worth knowing), and
+    keys not seen for `HORIZON` windows are forgotten."""
 
     __slots__ = ("_counts", "_total", "_total_at", "_window")
 
     CAPACITY: Final = 100_000
+    HORIZON: Final = 5.0  # windows
 
     def __init__(self, window: float) -> None:
         self._window = window
@@ -48,8 +50,13 @@ class Popularity:
         self._counts[key] = (count + 1.0, now)
         self._total = self._total * math.exp((self._total_at - now) / self._window) + 1.0
         self._total_at = now
-        if len(self._counts) > self.CAPACITY:
-            self._counts.popitem(last=False)
+        # Least recently seen first (add re-inserts): drop what is past the capacity, and what was
+        # last seen HORIZON windows ago, its count under 1% of one request. With prompts new from
+        # their first block the table then holds a few windows' worth, not CAPACITY.
+        horizon = now - self.HORIZON * self._window
+        counts = self._counts
+        while counts and (len(counts) > self.CAPACITY or next(iter(counts.values()))[1] < horizon):
+            counts.popitem(last=False)
 
 
 def prompt_tokens(request: InferenceRequest) -> int:
