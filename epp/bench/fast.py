@@ -18,8 +18,8 @@ A discrete-event loop in virtual time (`epp.clock.use`), in order of time:
   step's KV events then reach the index (after `kv_delay_s`, 0 by default: ZMQ on a LAN delivers
   in well under a step).
 - scrape: every `scrape_interval_s` (GIE's 50 ms) every pod's `ModelServerMetrics` is refreshed
-  from its engine (waiting, running, KV usage, block size and count), as the scraper would parse
-  vLLM's /metrics; all pods on the same tick.
+  from its engine (waiting, running, KV usage, block size and count, requests finished), as the
+  scraper would parse vLLM's /metrics; all pods on the same tick.
 
 Closed-loop users send their next request when the previous one finished. Determinism: the
 pickers' global `random` is seeded with the run's seed, workloads carry their own seeded streams,
@@ -176,6 +176,7 @@ class FastRun:
         self._bodies: dict[tuple[int, int], tuple[Sequence[int], bytes]] = {}
         self._body_bytes = 0
         self._stepping = [False] * pods
+        self._finished = [0] * pods  # vllm:request_success_total per pod
         self._heap: list[tuple[float, int, int, Any]] = []  # (time, order, kind, payload)
         self._seq = 0
         self._inflight: dict[str, _InFlight] = {}
@@ -384,6 +385,7 @@ class FastRun:
             )
             flight.ctx.finish(complete=True)
             self._user_done(flight.user, now)
+        self._finished[pod] += len(res.finished)
         engine = self.engines[pod]
         if self.index is not None:
             events = engine.take_events()
@@ -405,7 +407,7 @@ class FastRun:
         now = self.now
         p = self.profile
         waiting, running, usage = [], [], []
-        for ep, engine in zip(self.endpoints, self.engines, strict=True):
+        for ep, engine, finished in zip(self.endpoints, self.engines, self._finished, strict=True):
             m = ModelServerMetrics(
                 waiting=engine.num_waiting,
                 running=engine.num_running,
@@ -413,6 +415,7 @@ class FastRun:
                 block_size=p.block_size,
                 num_gpu_blocks=p.num_gpu_blocks,
                 updated_at=now,
+                requests_total=float(finished),
             )
             ep.metrics = m
             waiting.append(m.waiting)

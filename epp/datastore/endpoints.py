@@ -43,6 +43,9 @@ class ModelServerMetrics:
     running_loras: frozenset[str] = frozenset()  # {running_lora_adapters}
     waiting_loras: frozenset[str] = frozenset()  # {waiting_lora_adapters}
     updated_at: float = 0.0  # clock.now() of the last successful scrape; 0 = never
+    # vllm:request_success_total summed over its series (a counter); None when the page has none.
+    # Traffic-share estimation (epp/scheduling/plugins/traffic_share.py) reads its growth.
+    requests_total: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

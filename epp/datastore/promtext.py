@@ -18,6 +18,8 @@ Series read (see ModelServerMetrics):
   Engines behind one port share one cache config, so this is the per-engine value.
 - `vllm:lora_requests_info` labels `max_lora`, `running_lora_adapters`, `waiting_lora_adapters`
   (comma lists): taken from the series with the largest value, which vLLM sets to a timestamp.
+- `vllm:request_success_total` (a counter, one series per `finished_reason`): summed, as
+  `requests_total`; None when absent. Not a wanted series on its own (a page with only it raises).
 
 Tolerance: comments, HELP/TYPE lines, `\\r\\n` line ends, trailing timestamps, exponent notation,
 NaN and +/-Inf (a non-finite value is ignored, as if the series were absent), escaped quotes and
@@ -41,6 +43,7 @@ KV_USAGE = b"vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = b"vllm:gpu_cache_usage_perc"
 CACHE_INFO = b"vllm:cache_config_info"
 LORA_INFO = b"vllm:lora_requests_info"
+SUCCESS = b"vllm:request_success_total"
 
 _AFTER_NAME = (b"{", b" ", b"\t")  # what may follow a metric name on a sample line
 
@@ -190,6 +193,9 @@ def parse(data: bytes | str) -> ModelServerMetrics:
     if not (waiting or running or usage or cache_info or lora_info):
         raise PromTextError("no vLLM series found (vllm:num_requests_waiting, ...)")
     m = ModelServerMetrics()
+    success = [v for _, v in _samples(data, SUCCESS) if math.isfinite(v) and v >= 0]
+    if success:
+        m.requests_total = sum(success)
 
     m.waiting = _count(waiting)
     m.running = _count(running)

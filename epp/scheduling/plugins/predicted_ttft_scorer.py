@@ -30,7 +30,9 @@ The model, per candidate endpoint `e` (seconds):
   token of every step's budget and attention time, which slows the step a prefill runs in.
 - `queue(e)`: the larger of (a) a fluid "busy until" time per endpoint, advanced at pick time by
   the booked request's own prefill time and drained by the passing of time (`epp.clock`, so it
-  runs in a benchmark's virtual time), which sees every decision of this epp at once, and (b) the
+  runs in a benchmark's virtual time), which sees every decision of this epp at once (each
+  prefill booked 1/share times, this epp's learned share of the fleet's traffic: with N replicas
+  it books 1/N of the work; `traffic_share.py`), and (b) the
   scraped queue depth (`vllm:num_requests_waiting`) times the mean booked prefill, times
   `queueDepthWeight`, which also sees other replicas' traffic, one scrape late.
 - `kv_wait(e)`: past `kvSoftLimit` of the pod's KV cache in use (scraped `kv_usage` plus the
@@ -91,6 +93,8 @@ Parameters (each checked at startup; a misspelt or out-of-range one is a `Config
 - `missPenalty` (1.0), `missPenaltyPerWaiting` (1.0), `popularityWindowSeconds` (60): the price of
   a miss to the fleet.
 - `homeTolerance` (0.2), `homeSlackSeconds` (0.1): how near the minimum a home may be.
+- `trafficShare` ("auto", or a share in [1/64, 1]): this epp's share of the pods' traffic, which
+  scales the prefill it books; "auto" learns it from the pods' `vllm:request_success_total`.
 """
 
 from __future__ import annotations
@@ -101,7 +105,7 @@ import dataclasses
 import math
 import zlib
 from collections.abc import Mapping
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from prometheus_client import Gauge, Histogram
@@ -119,6 +123,7 @@ from epp.scheduling.plugins.prefix_popularity import (
     mix64,
     prompt_tokens,
 )
+from epp.scheduling.plugins.traffic_share import TrafficShare
 
 MAX_PENDING: Final = 65536
 """Predictions kept for response_complete; beyond it the oldest are dropped (lost responses)."""
@@ -242,6 +247,7 @@ class PredictedTTFTScorer(registry.PluginBase):
         missPenalty: _NonNegative = 1.0
         popularityWindowSeconds: _NonNegative = 60.0
         missPenaltyPerWaiting: _NonNegative = 1.0
+        trafficShare: Literal["auto"] | float = "auto"
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         self.name = name
@@ -277,6 +283,11 @@ class PredictedTTFTScorer(registry.PluginBase):
         # in between, so the last request scored is the one being routed.
         self._last: tuple[InferenceRequest, dict[str, _Prediction], int | None] | None = None
         self._pending: collections.OrderedDict[int, _Booked] = collections.OrderedDict()
+        share = params.trafficShare
+        try:
+            self._share = TrafficShare(handle.datastore.endpoints, None if share == "auto" else float(share))
+        except ValueError as e:
+            raise registry.ConfigError(f"plugin {name!r} (type {self.type!r}): trafficShare: {e}") from None
         self._error = prediction_error.labels(name)
         handle.datastore.subscribe(self._on_endpoints_changed)
 
@@ -431,8 +442,10 @@ class PredictedTTFTScorer(registry.PluginBase):
             return
         now = clock.now()
         rate = self._rate(primary)
-        # The request's prefill joins the endpoint's fluid queue behind the work already booked.
-        rate.busy_until = max(rate.busy_until, now) + p.uncached * rate.cost * p.slowdown
+        # The request's prefill joins the endpoint's fluid queue behind the work already booked,
+        # 1/share times: other replicas book the rest of the fleet's work where this one cannot see.
+        scale = self._share.book(now)
+        rate.busy_until = max(rate.busy_until, now) + p.uncached * rate.cost * p.slowdown * scale
         self._mean_prefill += 0.05 * (p.uncached - self._mean_prefill)
         if self._popularity is not None and last[2] is not None:
             self._popularity.add(last[2], now)
@@ -577,6 +590,7 @@ class PredictedTTFTScorer(registry.PluginBase):
             "decode_interference": self._k_decode,
             "decode_seconds": self._decode_s,
             "kv_wait_scale": self._kv_scale,
+            "traffic_share": self._share.explain(),
         }
         if decision.home:
             request["ttft_home"] = decision.home
