@@ -56,10 +56,13 @@ async def test_issue_19_cases_are_400(tokenizers: Tokenizers, body: bytes, reaso
 
 # --- hypothesis -------------------------------------------------------------------------------------
 
+# integers at the edges of what consumers pack (int64, uint64) and far past them
+_EDGE_INTS = st.sampled_from([(1 << 63) - 1, 1 << 63, 1 << 64, -(1 << 63) - 1, 10**400, -(10**400)])
 _scalars = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(1 << 70), max_value=1 << 70)
+    | _EDGE_INTS
     | st.floats(allow_nan=False)
     | st.text(max_size=20)
     | st.sampled_from(
@@ -97,7 +100,7 @@ def _bodies(draw: st.DrawFn) -> tuple[str, bytes]:
         "messages": draw(st.lists(message, max_size=4) | _json),
         "prompt": draw(
             st.text(max_size=30)
-            | st.lists(st.integers(min_value=-(1 << 65), max_value=1 << 65), max_size=4)
+            | st.lists(st.integers(min_value=-(1 << 65), max_value=1 << 65) | _EDGE_INTS, max_size=4)
             | _json
         ),
         "input": draw(st.text(max_size=30) | st.lists(message, max_size=3) | _json),
