@@ -110,7 +110,9 @@ def main() -> None:
     sims = SimFleet([SimConfig(time_scale=0.02, name=f"s{i}") for i in range(2)])
     sims.start()
     with tempfile.TemporaryDirectory() as tmp:
-        epp = EppProcess(Path(tmp), endpoints=sims.addresses, extra_args=["--kv-events", "connect"])
+        # a context length no body reaches, so heavy requests are routed (200), not refused
+        args_ = ["--kv-events", "connect", "--max-model-len", "sim-model=100000000"]
+        epp = EppProcess(Path(tmp), endpoints=sims.addresses, extra_args=args_)
         epp.start(wait="serving")
         try:
             time.sleep(1.0)
