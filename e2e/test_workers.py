@@ -183,8 +183,10 @@ async def test_two_workers_share_the_port_metrics_events_and_restarts(
     assert set(pids) == {0, 1}
     os.kill(pids[1], signal.SIGKILL)
     # Streams in flight on a crashed worker fail (Envoy answers 500); once the kernel has closed
-    # its connections, Envoy's new ones reach the live worker.
+    # its connections, Envoy's new ones reach the live worker (a slow runner may take longer to
+    # see the close: wait until a request is routed again).
     await asyncio.sleep(0.5)
+    await wait_routable(session, stack.url)
     await asyncio.gather(*(complete(session, stack.url, 300 + i) for i in range(8)))
     await eventually(
         lambda: parse_prometheus(stack.metrics(), "epp_worker_restarts_total").get('worker="1"') == 1.0,

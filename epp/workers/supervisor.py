@@ -125,6 +125,9 @@ class Supervisor:
             slot.proc = await asyncio.create_subprocess_exec(
                 *self.command, env=env, pass_fds=(theirs.fileno(),), start_new_session=True
             )
+        except BaseException:
+            ours.close()  # no worker to talk to
+            raise
         finally:
             theirs.close()
         reader, slot.writer = await asyncio.open_unix_connection(sock=ours)
@@ -147,6 +150,8 @@ class Supervisor:
                 try:
                     message = json.loads(line)
                 except ValueError:
+                    continue
+                if not isinstance(message, dict):
                     continue
                 if message.get("started"):
                     slot.started = True

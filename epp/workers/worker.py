@@ -161,7 +161,7 @@ class WorkerRole:
                         message = json.loads(line)
                     except ValueError:
                         continue
-                    if "leading" in message and self.lease is not None:
+                    if isinstance(message, dict) and "leading" in message and self.lease is not None:
                         self.lease.set(bool(message["leading"]))
             except ConnectionError:
                 pass
