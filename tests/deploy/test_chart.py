@@ -525,6 +525,9 @@ def test_envoy_config_mirrors_epps_generator(name: str) -> None:
     ext = {k: v for k, v in clusters[envoy.EXT_PROC_CLUSTER].items() if k != "health_checks"}
     assert ext == {k: v for k, v in ref_clusters[envoy.EXT_PROC_CLUSTER].items() if k != "health_checks"}
     assert ours["overload_manager"] == ref["overload_manager"]
+    # Slow clients are cut by Envoy, as in epp's generator.
+    for key in ("request_timeout", "request_headers_timeout"):
+        assert _hcm(ours).get(key) == _hcm(ref).get(key), key
     # The closed doors: client control headers stripped, the admin port out of reach.
     assert _hcm(ours)["early_header_mutation_extensions"] == _hcm(ref)["early_header_mutation_extensions"]
     assert _hcm(ours)["http_filters"][1] == _hcm(ref)["http_filters"][1]
