@@ -106,6 +106,12 @@ def _worker_count(args: argparse.Namespace) -> int:
     if args.kv_events == "bind":
         log.info("workers: 1 (auto; --kv-events bind needs a single process to bind the port)")
         return 1
+    if args.kv_events == "off":
+        # Without KV events each worker would keep its own approximate prefix table and see only
+        # the connections the kernel hands it: prefix hits fall with every worker (BENCHMARKS 7c:
+        # 91.8% -> 70.2% on chat at 4 schedulers). One process keeps one table; --workers N opts in.
+        log.info("workers: 1 (auto; without KV events one process keeps one prefix table)")
+        return 1
     budget = cpus.cpu_budget()
     count = cpus.default_workers(budget) if args.grpc_port != 0 else 1
     log.info(

@@ -141,6 +141,8 @@ def test_workers_match_the_cpu_request_and_bind_mode_runs_one() -> None:
     assert c["resources"]["requests"]["cpu"] == "2"  # a worker per requested core
     bind = container(chart.render({"replicas": 1, "epp": {"kvEvents": {"mode": "bind"}, "workers": 4}}))
     assert "--workers=1" in bind["args"]  # only one process can bind the KV-event port
+    off = container(chart.render({"epp": {"kvEvents": {"mode": "off"}}}))
+    assert "--workers=1" in off["args"]  # one approximate prefix table, not one per worker
     assert "--workers=auto" in container(chart.render({"epp": {"workers": "auto"}}))["args"]
 
 

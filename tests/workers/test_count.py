@@ -19,7 +19,14 @@ def test_auto_is_the_default_and_zero_means_auto() -> None:
     assert _args("--workers", "auto").workers == 0
     assert _args("--workers", "0").workers == 0
     assert _args("--workers", "3").workers == 3
-    assert serve._worker_count(_args()) == cpus.default_workers()
+    assert serve._worker_count(_args("--kv-events", "connect")) == cpus.default_workers()
+
+
+def test_auto_runs_one_process_without_kv_events() -> None:
+    # Workers without KV events would each keep their own approximate prefix table.
+    assert serve._worker_count(_args()) == 1
+    assert serve._worker_count(_args("--kv-events", "off")) == 1
+    assert serve._worker_count(_args("--kv-events", "off", "--workers", "2")) == 2  # asked for
 
 
 @pytest.mark.parametrize("bad", ["-1", "two", "1.5"])
