@@ -1,7 +1,7 @@
 """The `epp` command: `epp serve` (the Endpoint Picker), `epp envoy-config`, `epp demo`, `epp sim`,
 `epp bench ...`.
 
-`epp serve`'s flags (GIE's EPP flags among them) are defined in epp.flags; its argparse types are
+`epp serve`'s flags are defined in epp.flags (GIE's EPP flags in epp.gie_flags); its argparse types are
 re-exported here for the subcommands that still import them from `epp.cli`.
 """
 
@@ -17,11 +17,11 @@ from epp.flags import (
     byte_size,
     duration,
     non_negative_float,
-    normalize_go_flags,
     port_number,
     positive_float,
     positive_int,
 )
+from epp.gie_flags import normalize_go_flags
 
 __all__ = [
     "boolean",

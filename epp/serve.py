@@ -24,7 +24,7 @@ import signal
 import grpc
 import zmq
 
-from epp import flags, tasks
+from epp import gie_flags, kv_events_flags, tasks
 from epp.api.context_length import ContextLimits
 from epp.api.limits import RequestLimits
 from epp.datastore import standalone
@@ -62,10 +62,10 @@ _warned_bind_ranks: list[bool] = []  # warn once per process
 
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    level, fmt = flags.log_settings(args)
+    level, fmt = gie_flags.log_settings(args)
     stack_level = {"panic": "critical"}.get(args.zap_stacktrace_level, args.zap_stacktrace_level)
     logs.setup(level=level, fmt=fmt, time_encoding=args.zap_time_encoding, stacktrace_level=stack_level)
-    errors, notes = flags.gie_flag_problems(args)
+    errors, notes = gie_flags.gie_flag_problems(args)
     for note in notes:
         log.info("GIE flag: %s", note)
     if errors:
@@ -209,13 +209,13 @@ def _kv_events_from_config(args: argparse.Namespace) -> None:
         )
     # The flag's default gives way to the config; an explicit other value is a contradiction.
     if wanted.mode == "bind" and wanted.bind and wanted.bind != args.kv_events_bind:
-        if args.kv_events_bind != flags.KV_EVENTS_BIND_DEFAULT:
+        if args.kv_events_bind != kv_events_flags.KV_EVENTS_BIND_DEFAULT:
             raise ValueError(
                 f"--kv-events-bind {args.kv_events_bind}, but the config's kvEventsConfig binds {wanted.bind}"
             )
         args.kv_events_bind = wanted.bind
     if wanted.mode == "connect" and wanted.port != args.kv_events_port:
-        if args.kv_events_port != flags.KV_EVENTS_PORT_DEFAULT:
+        if args.kv_events_port != kv_events_flags.KV_EVENTS_PORT_DEFAULT:
             raise ValueError(
                 f"--kv-events-port {args.kv_events_port}, but the config's kvEventsConfig says {wanted.port}"
             )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from epp import cli, flags
+from epp import cli, gie_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +71,7 @@ BOOLEANS = {
 
 
 def parse(*argv: str) -> object:
-    return cli.build_parser().parse_args(["serve", *flags.normalize_go_flags(list(argv), serve_parser())])
+    return cli.build_parser().parse_args(["serve", *gie_flags.normalize_go_flags(list(argv), serve_parser())])
 
 
 def serve_parser() -> object:
@@ -146,7 +146,7 @@ def test_go_flag_forms(argv: list[str], expected: tuple[int, int, bool]) -> None
     ],
 )
 def test_log_settings(argv: list[str], expected: tuple[str, str]) -> None:
-    assert flags.log_settings(parse(*argv)) == expected
+    assert gie_flags.log_settings(parse(*argv)) == expected
 
 
 @pytest.mark.parametrize("bad", ["--zap-log-level=verbose", "--zap-log-level=0", "--zap-encoder=xml", "-v=x"])
@@ -169,7 +169,7 @@ def test_bad_logging_flags_are_refused(bad: str, capsys: pytest.CaptureFixture[s
     ],
 )
 def test_what_epp_cannot_do_is_a_startup_error(argv: list[str], message: str) -> None:
-    errors, _ = flags.gie_flag_problems(parse(*argv))
+    errors, _ = gie_flags.gie_flag_problems(parse(*argv))
     assert len(errors) == 1 and message in errors[0], errors
 
 
@@ -177,7 +177,7 @@ def test_gie_defaults_and_false_values_start() -> None:
     argv = [
         f"--{name}=false" for name in sorted(BOOLEANS - {"disable-endpoint-subset-filter", "secure-serving"})
     ]
-    errors, notes = flags.gie_flag_problems(parse(*argv, "--model-server-metrics-scheme=http"))
+    errors, notes = gie_flags.gie_flag_problems(parse(*argv, "--model-server-metrics-scheme=http"))
     assert errors == []
     assert {n.split()[0] for n in notes} == {"--health-checking", "--enable-pprof"}
 
@@ -324,7 +324,7 @@ GIE_CHART_TAIL = ["--zap-encoder", "json", "--config-file", "/config/default-plu
     ],
 )
 def test_gies_chart_variants(name: str, argv: list[str], refused: str | None) -> None:
-    errors, _ = flags.gie_flag_problems(parse(*argv))
+    errors, _ = gie_flags.gie_flag_problems(parse(*argv))
     if refused is None:
         assert errors == [], name
     else:

@@ -51,7 +51,7 @@ class RequestLimits:
 
 DEFAULT_LIMITS = RequestLimits()
 
-# Flag names, for the messages (the flags are defined in epp.flags).
+# Flag names, for the messages (the flags are defined in epp.request_limit_flags).
 FLAGS = {
     "max_messages": "--max-request-messages",
     "max_content_parts": "--max-request-content-parts",

@@ -1,0 +1,115 @@
+"""argparse types every subcommand uses: Go-style durations and booleans, sizes, ports, counts.
+
+This module imports nothing of epp's but units, so every subcommand's flag module can use its types
+without importing `epp.cli` (which imports them all). epp.flags re-exports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+from epp.units import parse_duration
+
+
+def duration(text: str) -> float:
+    """Go-style durations: '50ms', '2s', '1.5s', '1m30s'; a bare number is seconds."""
+    try:
+        return parse_duration(text, bare_seconds=True)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def go_bool(g: argparse._ArgumentGroup, name: str, *, default: bool | None, help: str) -> None:
+    """A boolean flag in Go's forms, as GIE's binary takes them: `--name`, `--name=true|false`."""
+    g.add_argument(f"--{name}", type=boolean, nargs="?", const=True, default=default, help=help)
+
+
+def byte_size(text: str) -> int:
+    match = re.match(r"^(\d+)\s*([kKmMgG]i?[bB]?)?$", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 16Mi, 1048576)")
+    unit = (match.group(2) or "").lower()[:1]
+    return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def model_length(text: str) -> tuple[str, int]:
+    """`--max-model-len` values: `MODEL=N` for one model, `N` for every model (model "*")."""
+    model, sep, number = text.rpartition("=")
+    if sep and not model:
+        raise argparse.ArgumentTypeError(f"the model name before '=' is empty: {text!r}")
+    return (model if sep else "*", positive_int(number))
+
+
+def workers_count(text: str) -> int:
+    """`--workers`: N >= 1, or `auto`/0 (0 stands for auto)."""
+    if text.strip().lower() == "auto":
+        return 0
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number of workers: {text!r} (N or auto)") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be auto, 0 (auto) or at least 1: {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port in 1-65535: {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def ratio(text: str) -> float:
+    """A share between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1: {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if value < 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value

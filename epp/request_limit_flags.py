@@ -1,0 +1,60 @@
+"""`epp serve`'s bounds on one request's work and on what all streams hold (the request-limit flags)."""
+
+from __future__ import annotations
+
+import argparse
+
+from epp.argtypes import byte_size, duration, positive_int
+
+
+def _json_depth(text: str) -> int:
+    value = positive_int(text)
+    if value > 512:  # epp.api.limits.MAX_JSON_DEPTH_CAP: well below Python's recursion limit
+        raise argparse.ArgumentTypeError(f"must be at most 512: {text!r}")
+    return value
+
+
+def add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """epp's own bounds on one request's work and on what all streams hold (docs/security.md,
+    "Request limits"; epp.api.limits, epp.extproc.limits). vLLM has no such limits: the defaults
+    sit far above any legitimate request."""
+    g = p.add_argument_group("request limits")
+    g.add_argument(
+        "--max-request-messages",
+        type=positive_int,
+        default=10_000,
+        help="chat messages / Responses input items per request; more are 400 (default 10000)",
+    )
+    g.add_argument(
+        "--max-request-content-parts",
+        type=positive_int,
+        default=20_000,
+        help="content parts per request, all messages together (default 20000)",
+    )
+    g.add_argument(
+        "--max-request-tools", type=positive_int, default=2_000, help="chat tools per request (default 2000)"
+    )
+    g.add_argument(
+        "--max-request-json-depth",
+        type=_json_depth,
+        default=64,
+        help="nesting of arrays and objects in a body, at most 512 (default 64)",
+    )
+    g.add_argument(
+        "--max-buffered-body-bytes",
+        type=byte_size,
+        default=1 << 30,
+        help="request-body bytes held across all requests; past it 503 (default 1Gi)",
+    )
+    g.add_argument(
+        "--max-concurrent-streams",
+        type=positive_int,
+        default=10_000,
+        help="requests in progress at once; more are answered 503 (default 10000)",
+    )
+    g.add_argument(
+        "--request-body-timeout",
+        type=duration,
+        default=60.0,
+        help="from the request headers to the body's end; later 408 (default 60s, 0: none)",
+    )
