@@ -89,6 +89,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "cached-token metrics; the others skip it (default 0.01; 1 reads every response). "
         "Requests whose model name is rewritten back always pass",
     )
+    g.add_argument(
+        "--response-sample-min-interval",
+        type=duration,
+        default=DEFAULT_RESPONSE_SAMPLE_MIN_INTERVAL_S,
+        help="with --response-sample-ratio below 1: an endpoint with no sampled response for this "
+        "long gets its next request sampled, so the rates the latency scorers learn per endpoint "
+        "keep coming (default 2s; at most endpoints/interval extra sampled streams a second per "
+        "worker; 0: the ratio alone)",
+    )
 
     g = p.add_argument_group("endpoints (standalone pool)")
     g.add_argument("--endpoints", help="comma-separated host:port list of model-server endpoints")
@@ -217,6 +226,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 # ms: 1 in 100 keeps a 200-token stream near 1.7 ms on average (BENCHMARKS.md 1e) and still feeds
 # usage metrics and TTFT learning a few samples a second at production rates.
 DEFAULT_RESPONSE_SAMPLE_RATIO = 0.01
+# ...but the learned per-endpoint rates need samples from every endpoint, also quiet ones: one per
+# endpoint every 2 s at least (Director: the floor). Bounded by endpoints / 2 s sampled streams a
+# second per worker, each ~13-45 ms of CPU (BENCHMARKS.md 1c, 1e).
+DEFAULT_RESPONSE_SAMPLE_MIN_INTERVAL_S = 2.0
 
 # GIE's terminationGracePeriodSeconds (its chart's and epp's): how long in-flight streams may run
 # after SIGTERM.

@@ -255,6 +255,7 @@ async def _run(
             ),
             disable_subset_filter=args.disable_endpoint_subset_filter,
             response_sample_ratio=args.response_sample_ratio,
+            response_sample_min_interval=args.response_sample_min_interval,
             trust_model_rewrite_header=bool(args.trust_model_name_rewrite_header),
         ),
         tokenizer=tokenizers,

@@ -11,7 +11,8 @@ background (its CPU over an equal idle time right after). Arms run interleaved i
 
 * `duplex`: GIE's standard config (request and response bodies FULL_DUPLEX_STREAMED);
 * `override@R`: `epp envoy-config`'s default (request BUFFERED, response STREAMED,
-  allow_mode_override) with `epp serve --response-sample-ratio R`.
+  allow_mode_override) with `epp serve --response-sample-ratio R`; with `--min-intervals`, one
+  such arm per ratio and `--response-sample-min-interval T` (`override@R/T`).
 
 Prints one JSON line per measurement and a Markdown table of medians (min-max) at the end.
 """
@@ -133,6 +134,11 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--ratios", default="0,0.05,1", help="override arms' --response-sample-ratio values")
+    p.add_argument(
+        "--min-intervals",
+        default="",
+        help="override arms' --response-sample-min-interval values, e.g. 0,2s (default: epp's default)",
+    )
     p.add_argument("--serve-backend", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_backend:
@@ -152,7 +158,13 @@ def main() -> int:
         stderr=open(work / "backend.log", "wb"),  # noqa: SIM115
     )
     arms: list[tuple[str, float | None]] = [("duplex", None)]
-    arms += [(f"override@{r}", float(r)) for r in args.ratios.split(",")]
+    floors: dict[str, str] = {}  # arm -> its --response-sample-min-interval
+    for r in args.ratios.split(","):
+        if not args.min_intervals:
+            arms.append((f"override@{r}", float(r)))
+        for t in filter(None, args.min_intervals.split(",")):
+            arms.append((f"override@{r}/{t}", float(r)))
+            floors[arms[-1][0]] = t
     rig: dict[str, tuple[EppServer, EnvoyServer, str]] = {}
     rows: list[dict[str, Any]] = []
     try:
@@ -161,6 +173,8 @@ def main() -> int:
             extra = ["--log-level", "warning"]
             if ratio is not None:
                 extra += ["--response-sample-ratio", str(ratio)]
+            if name in floors:
+                extra += ["--response-sample-min-interval", floors[name]]
             epp = EppServer(
                 work / f"epp-{name}.log", endpoints=[f"{HOST}:{port}"], extra_args=extra, name=name
             )

@@ -19,6 +19,12 @@ Response sampling: where the gateway lets epp stop the response body's streaming
 `allow_mode_override`, epp's own gateway config), only `response_sample_ratio` of the requests
 (and every request whose model name is rewritten back) keep passing their body through epp. The
 decision is made here at routing time (`RequestContext.sampled`); the ext-proc layer acts on it.
+The ratio alone would leave a quiet endpoint without samples for minutes (1 in 100 of a few
+requests a second), and the rates predicted-ttft-scorer and request-latency-scorer learn per
+endpoint come from sampled responses only: so an endpoint with no sampled response started
+within `response_sample_min_interval` gets its next request sampled (a per-endpoint floor). The
+floor's samples count toward the ratio, so at high rates, where the ratio already samples every
+endpoint that often, it adds nothing.
 
 `finish()` is idempotent and the ext-proc layer calls it from a `finally`, so every way a stream
 can end (completion, model-server error, client reset, Envoy cancelling the stream, epp answering
@@ -88,6 +94,10 @@ class DirectorSettings:
     response_sample_ratio: float = 1.0
     """Share of requests whose response body epp still reads where the gateway lets it skip the
     rest (Envoy `allow_mode_override`); the others report no usage, TTFT or cached tokens."""
+    response_sample_min_interval: float = 0.0
+    """Seconds: a request is sampled whatever the ratio when its endpoint has had no sampled
+    response started for this long (0: the ratio alone), so every endpoint keeps feeding the
+    learned rates. Costs at most endpoints / interval extra sampled streams a second."""
     trust_model_rewrite_header: bool = False
     """Honour x-gateway-model-name-rewrite (GIE always does). Off: the header is ignored, since a
     client can send it and the gateway in front may not strip it (docs/security.md)."""
@@ -95,6 +105,8 @@ class DirectorSettings:
     def __post_init__(self) -> None:
         if not 0.0 <= self.response_sample_ratio <= 1.0:
             raise ValueError("response_sample_ratio must be between 0 and 1")
+        if not 0.0 <= self.response_sample_min_interval < float("inf"):
+            raise ValueError("response_sample_min_interval must be a finite number of seconds >= 0")
 
 
 class RequestContext:
@@ -196,6 +208,9 @@ class Director:
         # Deterministic sampling: every request adds the ratio, a whole unit buys one sample.
         ratio = settings.response_sample_ratio
         self._sample_credit = 1.0 - ratio if ratio > 0.0 else 0.0  # the first request is sampled
+        # When each endpoint last had a sampled response (the per-endpoint floor); removed
+        # endpoints are forgotten with their metric children.
+        self._sampled_at: dict[Endpoint, float] = {}
         # Model names come from clients: capped, so junk names cannot multiply the series.
         self._model_labels = metrics.ModelLabels()
         # A removed endpoint's series are dropped (metrics.forget_endpoint): so are their children.
@@ -207,6 +222,8 @@ class Director:
 
     def _forget_children(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         if removed:
+            for ep in removed:
+                self._sampled_at.pop(ep, None)
             gone = {ep.name for ep in removed} | {ep.spec.pod for ep in removed if ep.spec.pod}
             self._children = {k: c for k, c in self._children.items() if gone.isdisjoint(k[1:])}
 
@@ -253,23 +270,34 @@ class Director:
         for hook in self._pre_request:
             hook.pre_request(request, result)
         ctx = RequestContext(self, request, result)
-        ctx.sampled = ctx.rewrites_response or self._sample()
         primary = ctx.booked
+        ctx.sampled = self._sample(primary, ctx.rewrites_response)
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(request, result)
         primary.book(request.prompt_tokens_estimate)
         self._count_routed(ctx, body_size)
         return ctx
 
-    def _sample(self) -> bool:
-        """Whether this request's response is read through (a share of `response_sample_ratio`,
-        spread evenly rather than at random so a low ratio still samples steadily)."""
-        credit = self._sample_credit + self.settings.response_sample_ratio
-        if credit >= 1.0:
-            self._sample_credit = credit - 1.0
-            return True
-        self._sample_credit = credit
-        return False
+    def _sample(self, endpoint: Endpoint, required: bool) -> bool:
+        """Whether this request's response is read through: `required` (a rewritten model name),
+        `endpoint`'s first request after `response_sample_min_interval` without a sample, or a
+        share of `response_sample_ratio`, spread evenly rather than at random so a low ratio
+        still samples steadily. Every sample but a required one spends a unit of the ratio's
+        credit (never below 0): the floor's samples count toward the ratio."""
+        settings = self.settings
+        interval = settings.response_sample_min_interval
+        now = clock.now() if interval > 0.0 else 0.0
+        if required:
+            sampled = True
+        else:
+            credit = self._sample_credit + settings.response_sample_ratio
+            sampled = credit >= 1.0 or (
+                interval > 0.0 and now - self._sampled_at.get(endpoint, _NEVER) >= interval
+            )
+            self._sample_credit = max(0.0, credit - 1.0) if sampled else credit
+        if sampled and interval > 0.0:
+            self._sampled_at[endpoint] = now
+        return sampled
 
     def _count_attempt(self, request: InferenceRequest, primary: Endpoint | None) -> None:
         """GIE's scheduler_attempts_total: the primary endpoint's pod and port, or a failure."""
@@ -525,6 +553,8 @@ class Director:
             if tracker.streaming and first is not None and completion > 1:
                 child(metrics.request_tpot, *labels).observe((now - first) / (completion - 1))
 
+
+_NEVER = float("-inf")  # an endpoint without a sampled response yet
 
 _DECODE_INLINE_BYTES = 256 << 10  # ~0.3 ms to decode: less than a hand-off to a thread costs
 
