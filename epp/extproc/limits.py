@@ -3,8 +3,9 @@
 Before these, a request body was buffered without a total bound and without a deadline: 48
 unfinished 15 MiB bodies took epp to 929 MB, and 1,000 slowloris bodies (headers sent, the body
 never finished) were held indefinitely. One `StreamGuard` per ext-proc server holds the counters;
-each `Stream` asks it before it buffers (`reserve`) and gives back when the body is handed to the
-Director or the stream ends (`release`).
+each `Stream` asks it before it buffers (`reserve`) and gives back (`release`) once the routing
+answer carrying the body has been written to the gateway (`Stream.answered`: epp keeps no copy
+for the rest of the response), or when the stream ends before that (an error, a reset, a timeout).
 
     max_buffered_body_bytes  request-body bytes buffered across all streams; a chunk that would
                              pass it is answered 503 (the proxy may retry elsewhere)

@@ -67,6 +67,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     _continue_trace(span, responses)
                 for response in responses:
                     await write(response)
+                stream.answered()  # a routing answer written: the buffered body is given back
                 if stream.closed:
                     return
         except Exception:

@@ -274,11 +274,22 @@ class Stream:
             )
         )
 
+    def answered(self) -> None:
+        """The server has written the answers to a message. Once the routing answer is out the
+        body is the gateway's to forward: epp drops its copy and gives the bytes back to
+        `--max-buffered-body-bytes`, which then bounds bodies being buffered, not the prompts
+        of responses in flight."""
+        if self._reserved and self.ctx is not None:
+            self.ctx.body_forwarded()
+            assert self._guard is not None
+            self._guard.release(self._reserved)
+            self._reserved = 0
+
     def close(self) -> None:
         """The gRPC stream ended, however it ended: release the request's booking once."""
         guard = self._guard
         if guard is not None:
-            # the body stays referenced by the request until here (it is forwarded from it)
+            # what `answered` has not given back: a body never routed (error, reset, timeout)
             guard.release(self._reserved)
             self._reserved = 0
             if self._admitted:

@@ -156,6 +156,14 @@ class RequestContext:
     def rewrites_response(self) -> bool:
         return self.request.model != self.request.target_model and bool(self.request.model)
 
+    def body_forwarded(self) -> None:
+        """The gateway holds the body to forward: drop epp's copies (raw and decoded) for the
+        rest of the response. Nothing after routing reads them; the prompt's text and token ids
+        stay for the hooks."""
+        request = self.request
+        request.body_bytes = b""
+        request.body = None
+
     def on_response_headers(self, headers: Mapping[str, str], served_hostport: str | None) -> None:
         self.tracker.on_headers(headers)
         if served_hostport:

@@ -94,6 +94,48 @@ async def test_buffered_bytes_across_streams_are_capped_and_given_back() -> None
         await server.stop(None)
 
 
+def _big_chat(size: int) -> bytes:
+    filler = "x" * (size - len(CHAT))
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": filler}]}).encode()
+
+
+async def test_a_routed_body_gives_its_bytes_back_before_the_response_ends() -> None:
+    # The cap is on bodies being buffered, not on prompts of generations in flight: once the
+    # routing answer is written, the body is the gateway's to forward and epp holds no copy.
+    guard = StreamGuard(StreamLimits(max_buffered_body_bytes=100_000))
+    server, port = await _server(guard)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            held = []
+            for mode in (h.BUFFERED, h.DUPLEX, h.BUFFERED):  # 3 x 60 kB: 180 kB routed, each in turn
+                call = stub.Process()
+                await call.write(h.headers_msg(h.post_headers(), mode=mode))
+                if mode == h.BUFFERED:
+                    assert (await asyncio.wait_for(call.read(), 5)).HasField("request_headers")
+                await call.write(h.body_msg(_big_chat(60_000)))
+                resp = await asyncio.wait_for(call.read(), 5)
+                assert not resp.HasField("immediate_response"), resp
+                held.append(call)  # routed; its response has not even started
+                for _ in range(200):
+                    if guard.buffered == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                assert guard.buffered == 0
+            assert guard.streams == 3
+            # A body that fails routing (400) gives its bytes back too, once.
+            bad = stub.Process()
+            await bad.write(h.headers_msg(h.post_headers(), mode=h.BUFFERED))
+            assert (await asyncio.wait_for(bad.read(), 5)).HasField("request_headers")
+            await bad.write(h.body_msg(b'{"model": "m", "messages": 7}' + b" " * 50_000))
+            assert _status(await asyncio.wait_for(bad.read(), 5)) == 400
+            for call in held:
+                call.cancel()
+            await _settled(guard)
+    finally:
+        await server.stop(None)
+
+
 async def test_streams_beyond_the_limit_are_503() -> None:
     guard = StreamGuard(StreamLimits(max_concurrent_streams=2))
     server, port = await _server(guard)
