@@ -12,7 +12,7 @@ background (its CPU over an equal idle time right after). Arms run interleaved i
 * `duplex`: GIE's standard config (request and response bodies FULL_DUPLEX_STREAMED);
 * `override@R`: `epp envoy-config`'s default (request BUFFERED, response STREAMED,
   allow_mode_override) with `epp serve --response-sample-ratio R`; with `--min-intervals`, one
-  such arm per ratio and `--response-sample-min-interval T` (`override@R/T`).
+  such arm per ratio and `--response-sample-min-interval T` (`override@R+minT`).
 
 Prints one JSON line per measurement and a Markdown table of medians (min-max) at the end.
 """
@@ -163,7 +163,7 @@ def main() -> int:
         if not args.min_intervals:
             arms.append((f"override@{r}", float(r)))
         for t in filter(None, args.min_intervals.split(",")):
-            arms.append((f"override@{r}/{t}", float(r)))
+            arms.append((f"override@{r}+min{t}", float(r)))
             floors[arms[-1][0]] = t
     rig: dict[str, tuple[EppServer, EnvoyServer, str]] = {}
     rows: list[dict[str, Any]] = []
