@@ -31,6 +31,7 @@ from epp.api import errors
 from epp.extproc import messages as m
 from epp.extproc.limits import StreamGuard
 from epp.observability import metrics
+from epp.observability.logs import Throttle
 from epp.requestcontrol.director import Director, RequestContext
 
 log = logging.getLogger("epp.extproc")
@@ -38,6 +39,10 @@ log = logging.getLogger("epp.extproc")
 _FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 _NONE = processing_mode_pb2.ProcessingMode.NONE
+
+# While a limit of epp.extproc.limits holds, every request is answered 503: one warning per 5 s
+# per limit (with the count it swallowed) rather than one per request. Per process.
+OVER_LIMIT_LOGS = {"streams": Throttle(5.0), "bytes": Throttle(5.0)}
 
 
 class Stream:
@@ -107,7 +112,8 @@ class Stream:
                 return self._fail(
                     errors.ServiceUnavailable(
                         "epp is at its limit of concurrent requests (--max-concurrent-streams)"
-                    )
+                    ),
+                    throttle=OVER_LIMIT_LOGS["streams"],
                 )
             self._admitted = True
         if msg.request_headers.end_of_stream:
@@ -137,7 +143,8 @@ class Stream:
                     return self._fail(
                         errors.ServiceUnavailable(
                             "epp is buffering its limit of request-body bytes (--max-buffered-body-bytes)"
-                        )
+                        ),
+                        throttle=OVER_LIMIT_LOGS["bytes"],
                     )
                 self._reserved += len(chunk)
             self._body_parts.append(chunk)
@@ -190,12 +197,17 @@ class Stream:
         responses.extend(m.streamed_request_body(out_body) if body_eos else _no_eos(out_body))
         return responses
 
-    def _fail(self, exc: errors.RequestError, *, counted: bool = False) -> list[m.ProcessingResponse]:
+    def _fail(
+        self, exc: errors.RequestError, *, counted: bool = False, throttle: Throttle | None = None
+    ) -> list[m.ProcessingResponse]:
         self.closed = True
-        if exc.status >= 500:
-            log.warning("answering %d: %s", exc.status, exc.reason, extra={"path": self.headers.get(":path")})
+        extra = {"path": self.headers.get(":path")}
+        if throttle is not None:
+            throttle.log(log, logging.WARNING, "answering %d: %s", exc.status, exc.reason, extra=extra)
+        elif exc.status >= 500:
+            log.warning("answering %d: %s", exc.status, exc.reason, extra=extra)
         else:
-            log.info("answering %d: %s", exc.status, exc.reason, extra={"path": self.headers.get(":path")})
+            log.info("answering %d: %s", exc.status, exc.reason, extra=extra)
         if not counted:  # answered before (or instead of) parsing: no trustworthy model name
             metrics.request_errors_total.labels("-", "-", metrics.error_code(exc.status)).inc()
         return [m.immediate(exc.status, errors.error_body(exc.status, exc.reason))]

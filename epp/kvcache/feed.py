@@ -59,6 +59,7 @@ from epp import tasks
 from epp.kvcache import events
 from epp.kvcache.index import BlockIndex
 from epp.observability import metrics
+from epp.observability.logs import Throttle
 
 log = logging.getLogger("epp.kvcache")
 
@@ -136,24 +137,17 @@ Held = tuple[int, events.EventBatch, str, int]
 
 
 class Limiter:
-    """Warnings at most once per interval, counting the ones it swallowed."""
+    """A pod's dropped-message warnings, at most once per interval (`logs.Throttle`)."""
 
-    __slots__ = ("at", "interval", "suppressed")
+    __slots__ = ("_throttle",)
 
     def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.at = -math.inf
-        self.suppressed = 0
+        self._throttle = Throttle(interval)
 
     def warn(self, pod: str, reason: str, detail: str) -> None:
-        now = time.monotonic()
-        if now - self.at < self.interval:
-            self.suppressed += 1
-            return
-        more = f" ({self.suppressed} more since the last report)" if self.suppressed else ""
-        log.warning("kv events: pod=%s dropped a message (%s): %s%s", pod or "?", reason, detail, more)
-        self.at = now
-        self.suppressed = 0
+        self._throttle.log(
+            log, logging.WARNING, "kv events: pod=%s dropped a message (%s): %s", pod or "?", reason, detail
+        )
 
 
 class Feed:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -97,6 +99,33 @@ class StackAbove(logging.Filter):
             while frames and (frames[-1].filename == logging.__file__ or frames[-1].filename == __file__):
                 frames.pop()
             record.stack_info = "Stack (most recent call last):\n" + "".join(traceback.format_list(frames))
+        return True
+
+
+class Throttle:
+    """At most one line per `interval` seconds for a warning that can come with every request
+    or message (a limit reached, a peer refused): the lines swallowed in between are counted,
+    and the next line that passes says how many. One event loop (or thread) per instance."""
+
+    __slots__ = ("at", "interval", "suppressed")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.at = -math.inf
+        self.suppressed = 0
+
+    def log(self, logger: logging.Logger, level: int, msg: str, *args: object, extra: Any = None) -> bool:
+        """Log `msg % args` unless a line passed less than `interval` ago; whether it did."""
+        now = time.monotonic()
+        if now - self.at < self.interval:
+            self.suppressed += 1
+            return False
+        if self.suppressed:
+            msg += " (%d more since the last report)"
+            args = (*args, self.suppressed)
+        logger.log(level, msg, *args, extra=extra, stacklevel=2)  # the caller, not this line
+        self.at = now
+        self.suppressed = 0
         return True
 
 

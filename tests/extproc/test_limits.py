@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import socket
 
 import grpc
@@ -12,6 +14,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.extproc import server as srv
+from epp.extproc import stream as stream_mod
 from epp.extproc.limits import StreamGuard, StreamLimits
 from tests.extproc import helpers as h
 
@@ -158,6 +161,45 @@ async def test_streams_beyond_the_limit_are_503() -> None:
             assert b"--max-concurrent-streams" in resp.immediate_response.body
             for call in held:
                 call.cancel()
+            await _settled(guard)
+    finally:
+        await server.stop(None)
+
+
+async def test_a_flood_of_503s_logs_one_warning_per_interval(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    throttle = stream_mod.OVER_LIMIT_LOGS["streams"]
+    monkeypatch.setattr(throttle, "at", -math.inf)
+    monkeypatch.setattr(throttle, "suppressed", 0)
+    guard = StreamGuard(StreamLimits(max_concurrent_streams=1))
+    server, port = await _server(guard)
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "--max-concurrent-streams" in r.getMessage()]
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            held = stub.Process()
+            await held.write(h.headers_msg(h.post_headers()))
+            for _ in range(100):
+                if guard.streams == 1:
+                    break
+                await asyncio.sleep(0.01)
+            with caplog.at_level(logging.WARNING, logger="epp.extproc"):
+                for _ in range(6):
+                    extra = stub.Process()
+                    await extra.write(h.headers_msg(h.post_headers()))
+                    assert _status(await asyncio.wait_for(extra.read(), 5)) == 503
+                assert len(lines()) == 1
+                throttle.at -= throttle.interval  # the interval has passed
+                extra = stub.Process()
+                await extra.write(h.headers_msg(h.post_headers()))
+                assert _status(await asyncio.wait_for(extra.read(), 5)) == 503
+            assert len(lines()) == 2
+            assert lines()[1].endswith("(5 more since the last report)")
+            held.cancel()
             await _settled(guard)
     finally:
         await server.stop(None)
