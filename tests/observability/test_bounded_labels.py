@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.datastore.scraper import MetricsScraper
 from epp.observability import metrics
-from epp.requestcontrol.director import Director
+from epp.requestcontrol.director import Director, DirectorSettings
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 
@@ -29,7 +29,9 @@ def make_director(*names: str) -> tuple[Director, Datastore]:
     for ep in ds.endpoints():
         ep.metrics.updated_at = time.monotonic()
     cfg = sched_config.load_config(CONFIG, Handle(datastore=ds))
-    return Director(datastore=ds, scheduler=cfg.scheduler), ds
+    # The rewrite header is honoured only when trusted (opt-in): the target names below need it.
+    settings = DirectorSettings(trust_model_rewrite_header=True)
+    return Director(datastore=ds, scheduler=cfg.scheduler, settings=settings), ds
 
 
 async def route(director: Director, model: str, target: str | None = None) -> str:
@@ -38,6 +40,15 @@ async def route(director: Director, model: str, target: str | None = None) -> st
     ctx = await director.route(path="/v1/completions", headers=headers, body=body, subset=None)
     director.finish(ctx, complete=True)
     return ctx.booked.name
+
+
+def targets_exported() -> set[str]:
+    """target_model_name values of scheduler_attempts_total, labelled by the target alone."""
+    out = set()
+    for family in metrics.REGISTRY.collect():
+        if family.name == "inference_extension_scheduler_attempts":
+            out |= {s.labels["target_model_name"] for s in family.samples}
+    return out
 
 
 def pairs_exported() -> set[tuple[str, str]]:
@@ -51,7 +62,7 @@ def pairs_exported() -> set[tuple[str, str]]:
 
 async def test_distinct_model_and_target_names_cannot_grow_the_series_or_the_page() -> None:
     director, _ = make_director("bounded-a")
-    before = pairs_exported()
+    before, targets_before = pairs_exported(), targets_exported()
     page_before = len(generate_latest(metrics.REGISTRY))
     # Distinct names on both labels: each capped alone, the pairs would still be 256 x 256.
     for i in range(3000):
@@ -59,6 +70,9 @@ async def test_distinct_model_and_target_names_cannot_grow_the_series_or_the_pag
     new = pairs_exported() - before
     assert len(new) <= metrics.MAX_LABEL_PAIRS + 1, len(new)
     assert ("other", "other") in new
+    assert any(t.startswith("client-target-") for _, t in new)  # the rewrite was honoured
+    new_targets = targets_exported() - targets_before
+    assert len(new_targets) <= metrics.MAX_LABEL_VALUES + 1, len(new_targets)
     grown = len(generate_latest(metrics.REGISTRY)) - page_before
     assert grown < 1_000_000, f"/metrics grew by {grown} bytes"
 
