@@ -1,7 +1,8 @@
 """epp's mode-override gateway through a real Envoy 1.40: off-sample responses stream to the client
 without passing through epp, and their booking is still released once, when the response ends.
 
-`epp serve --response-sample-ratio 0` makes every request off-sample; the config is the one
+`epp serve --response-sample-ratio 0 --response-sample-min-interval 0` makes every request
+off-sample (the per-endpoint floor off too); the config is the one
 `epp envoy-config` prints by default (request body BUFFERED, response body STREAMED,
 `allow_mode_override`).
 """
@@ -48,7 +49,7 @@ def stack_for(stacks: StackFactory, ratio: str, n_backends: int = 1) -> Stack:
             n_backends=n_backends,
             sim_configs=[SLOW_SIM] * n_backends,
             mode_override=True,
-            epp_args=["--response-sample-ratio", ratio],
+            epp_args=["--response-sample-ratio", ratio, "--response-sample-min-interval", "0"],
         )
     )
 

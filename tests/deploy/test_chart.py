@@ -122,6 +122,7 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "--drain-timeout=125s",
         "--workers=2",
         "--response-sample-ratio=0.01",
+        "--response-sample-min-interval=2s",
         "--log-level=info",
         "--log-format=json",
     ]
