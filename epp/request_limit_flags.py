@@ -44,7 +44,7 @@ def add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
         "--max-buffered-body-bytes",
         type=byte_size,
         default=1 << 30,
-        help="request-body bytes held across all requests; past it 503 (default 1Gi)",
+        help="request-body bytes held across requests until each is routed; past it 503 (default 1Gi)",
     )
     g.add_argument(
         "--max-concurrent-streams",
