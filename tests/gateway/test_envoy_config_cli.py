@@ -181,7 +181,7 @@ def test_default_epp_serve_and_default_envoy_config_route_together(
         gateway = ManagedProcess(
             "envoy",
             [
-                envoy._require_envoy(),
+                envoy.require_envoy(),
                 "-c",
                 str(config),
                 "--base-id",
