@@ -5,7 +5,8 @@ Layers (imports run downward only): `operator` (PoolOperator: pool -> pods -> `D
 `pools` (pure: InferencePool + pods -> EndpointSpecs; annotations documented there) and `events`
 (best-effort core/v1 Events, e.g. `InvalidPoolSpec`) -> `connections` (kubeconfig / in-cluster
 configuration and credentials, through kubernetes_asyncio's loader). `epp.k8s` may import `epp.datastore` and
-`epp.tasks`; nothing on the data path imports `epp.k8s` (only `epp.serve` does).
+`epp.tasks`; nothing on the data path imports `epp.k8s` (only `epp.serve` and the worker
+supervisor do). `from_flags` builds the source and the Lease campaign from `epp serve`'s flags.
 
 Why not kopf. The design named kopf; embedding it was tried (kopf 1.45, `kopf.operator(...,
 standalone=True, namespaces=[ns], registry=..., stop_flag=...)` in the serving loop) and it does

@@ -42,8 +42,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from epp import tasks
+from epp.datastore.endpoints import Datastore
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
+from epp.k8s import from_flags as k8s_from_flags
 from epp.k8s import leader as k8s_leader
 from epp.k8s import metricsauth as k8s_metricsauth
 from epp.workers import merge, worker
@@ -420,13 +422,10 @@ class Supervisor:
 
 
 def _lease(args: argparse.Namespace) -> k8s_leader.LeaderElector | None:
-    """The pod's one campaign for the Lease (serve.leader_elector), or None when off."""
+    """The pod's one campaign for the Lease (as `epp serve` alone would run it), or None when off."""
     if not args.ha_enable_leader_election:
         return None
-    from epp import serve
-    from epp.datastore.endpoints import Datastore
-
-    return serve.leader_elector(args, serve.kubernetes_source(args, Datastore()))
+    return k8s_from_flags.leader_elector(args, k8s_from_flags.kubernetes_source(args, Datastore()))
 
 
 async def _metrics_auth(
