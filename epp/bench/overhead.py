@@ -35,8 +35,6 @@ epp.bench.overhead_stream, whose arms and flags are described there.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import shlex
 import shutil
@@ -44,11 +42,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from epp.bench import overhead_stream
 
 # Re-exported: tests and scripts know them as epp.bench.overhead's.
 from epp.bench.measure import WrkResult as WrkResult
@@ -58,19 +56,12 @@ from epp.bench.measure import fmt, machine_info, med, value_range, wrk_version
 from epp.bench.measure import lua_script as lua_script
 from epp.bench.measure import parse_wrk as parse_wrk
 from epp.bench.measure import parse_wrk_time as parse_wrk_time
+from epp.bench.overhead_rig import Rig, run_rig, save_results
+from epp.bench.overhead_stream import STREAM_ARMS
 from epp.gateway.envoy import (
-    BodyMode,
-    GatewayParams,
-    PodsMode,
     find_envoy,
-    gateway_config,
-    static_backends_config,
 )
-from epp.gateway.processes import EnvoyServer, EppServer, epp_command, free_ports, log_tails
 
-HOST = "127.0.0.1"
-# `--stream` mode's arms (epp.bench.overhead_stream); its flags are defined here with the others.
-STREAM_ARMS = ("baseline", "floor", "duplex", "override")
 # The floor arm's gRPC servers (epp.bench.floor, which imports grpc: not loaded with the CLI).
 FLOOR_SERVERS = ("aio-generator", "aio-readwrite", "sync", "grpclib")
 ARMS = ("baseline", "duplex", "buffered")
@@ -247,27 +238,6 @@ def render_markdown(rows: Sequence[dict[str, Any]]) -> str:
 # --- running ----------------------------------------------------------------------------------------
 
 
-def _probe(url: str, body: bytes, *, within: float = 15.0) -> None:
-    """One request through a front Envoy must succeed before it is measured (retries bounded)."""
-    deadline = time.monotonic() + within
-    last = ""
-    while time.monotonic() < deadline:
-        req = urllib.request.Request(
-            url, data=body, headers={"Content-Type": "application/json"}, method="POST"
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-                last = f"HTTP {resp.status}"
-        except urllib.error.HTTPError as exc:
-            last = f"HTTP {exc.code}: {exc.read()[:200]!r}"
-        except (urllib.error.URLError, OSError) as exc:
-            last = repr(exc)
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} does not answer 200 (last: {last})")
-
-
 def _run_wrk(wrk: str, threads: int, conns: int, seconds: float, script: Path, url: str) -> str:
     argv = [wrk, f"-t{min(threads, conns)}", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency",
             "-s", str(script), url]  # fmt: skip
@@ -277,87 +247,7 @@ def _run_wrk(wrk: str, threads: int, conns: int, seconds: float, script: Path, u
     return out.stdout
 
 
-@dataclasses.dataclass
-class _Front:
-    url: str
-    envoy: EnvoyServer
-
-
-class _Rig:
-    """The processes of one benchmark run: backends, epp, one front Envoy per arm."""
-
-    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        self.args = args
-        self.workdir = workdir
-        self.envoys: list[EnvoyServer] = []
-        self.backends: list[str] = []
-        self.epp: EppServer | None = None
-        self.fronts: dict[str, _Front] = {}
-
-    @property
-    def epp_address(self) -> str:
-        return self.epp.grpc_address if self.epp is not None else ""
-
-    def _envoy(self, name: str, config: dict[str, Any], admin_port: int, concurrency: int) -> EnvoyServer:
-        envoy = EnvoyServer(self.workdir, config, admin_port=admin_port, name=name, concurrency=concurrency)
-        self.envoys.append(envoy)  # before start(): stop() must cover a start that fails half-way
-        envoy.start()
-        return envoy
-
-    def start_backends(self) -> None:
-        ports = free_ports(self.args.backends + 1, HOST)
-        self.backends = [f"{HOST}:{p}" for p in ports[:-1]]
-        config = static_backends_config(ports[:-1], ports[-1], address=HOST)
-        self._envoy("backends", config, ports[-1], self.args.backend_concurrency)
-
-    def start_epp(self) -> None:
-        self.epp = EppServer(
-            self.workdir / "epp.log",
-            endpoints=self.backends,
-            extra_args=["--log-level", "warning", *self.args.epp_arg],
-            command=epp_command(self.args.epp_command),
-            host=HOST,
-        )
-        print("epp: " + shlex.join(self.epp.argv), flush=True)
-        self.epp.start(timeout=60.0)
-
-    def start_front(self, arm: str, body: bytes) -> None:
-        listen, admin = free_ports(2, HOST)
-        if arm == "baseline":
-            params = GatewayParams(listen_port=listen, admin_port=admin, pods_mode=PodsMode.ROUND_ROBIN,
-                                   pod_endpoints=tuple(self.backends))  # fmt: skip
-        else:
-            params = GatewayParams(
-                listen_port=listen,
-                admin_port=admin,
-                epp_addresses=(self.epp_address,),
-                body_mode=BodyMode.FULL_DUPLEX_STREAMED if arm == "duplex" else BodyMode.BUFFERED,
-                process_responses=not self.args.no_response_processing,
-            )
-        envoy = self._envoy(f"front-{arm}", gateway_config(params), admin, self.args.envoy_concurrency)
-        url = f"http://{HOST}:{listen}/v1/chat/completions"
-        _probe(url, body)
-        self.fronts[arm] = _Front(url, envoy)
-
-    def stop(self) -> None:
-        # Fronts first, then epp, then the backends: the reverse of the start order.
-        for envoy in reversed(self.envoys[1:]):
-            envoy.stop()
-        if self.epp is not None:
-            self.epp.stop()
-        for envoy in self.envoys[:1]:
-            envoy.stop()
-
-    def dump_logs(self) -> None:
-        logs = [(e.name, e.log_path) for e in self.envoys]
-        if self.epp is not None:
-            logs.insert(1, ("epp", self.epp.process.log_path))
-        text = log_tails(logs)
-        if text:
-            print(text, file=sys.stderr)
-
-
-def _measure(rig: _Rig, wrk: str, script: Path, arm: str, conns: int, rnd: int) -> dict[str, Any]:
+def _measure(rig: Rig, wrk: str, script: Path, arm: str, conns: int, rnd: int) -> dict[str, Any]:
     args = rig.args
     front = rig.fronts[arm]
     if args.warmup > 0:
@@ -408,8 +298,6 @@ def _print_header(command: str, machine: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by parsed `add_arguments` options; returns the exit status."""
     if args.stream:
-        from epp.bench import overhead_stream
-
         return overhead_stream.run(args)
     if args.arms is None:
         args.arms = list(ARMS)
@@ -444,9 +332,9 @@ def run(args: argparse.Namespace) -> int:
     script = workdir / "post.lua"
     script.write_text(lua_script(workdir / "body.json"))
 
-    rig = _Rig(args, workdir)
-    ok = False
-    try:
+    rig = Rig(args, workdir)
+
+    def measure_all() -> None:
         rig.start_backends()
         if any(a != "baseline" for a in arms):
             rig.start_epp()
@@ -475,28 +363,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"epp CPU while idle (scraping {len(rig.backends)} backends): {fmt(med(idle), 1)}% "
                   "of a core; this background cost is included in its ms/req.")  # fmt: skip
 
-        out_path = (
-            Path(args.output)
-            if args.output
-            else Path("bench-results") / time.strftime("overhead-%Y%m%dT%H%M%SZ.json", time.gmtime())
-        )
-        out_path.parent.mkdir(parents=True, exist_ok=True)
         result = {"command": command, "machine": machine, "settings": vars(args), "body_bytes": len(body),
                   "backends": rig.backends, "points": points, "summary": rows}  # fmt: skip
-        out_path.write_text(json.dumps(result, indent=2, default=str))
-        print(f"raw results: {out_path}")
-        ok = True
-        return 0
-    except (RuntimeError, TimeoutError, ValueError, OSError, subprocess.SubprocessError) as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        rig.dump_logs()
-        return 1
-    finally:
-        rig.stop()
-        if ok and not args.keep_workdir and not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"workdir: {workdir}", file=sys.stderr)
+        save_results(args.output, "overhead", result)
+
+    return run_rig(rig, workdir, args, measure_all)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

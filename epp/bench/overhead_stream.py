@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,9 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from epp.bench.measure import chat_body, cpu_seconds, fmt, machine_info, med, value_range
-from epp.bench.overhead import HOST, STREAM_ARMS, _Front, _probe, _Rig
+from epp.bench.overhead_rig import HOST, Front, Rig, probe, run_rig, save_results
 from epp.gateway.envoy import GatewayParams, PodsMode, find_envoy, gateway_config, override_params
 from epp.gateway.processes import ManagedProcess, free_ports
+
+# The arms of `epp bench overhead --stream` (its flags are defined with the others in epp.bench.overhead).
+STREAM_ARMS = ("baseline", "floor", "duplex", "override")
 
 ARM_TITLES = {
     "baseline": "Envoy round-robin, no ext_proc",
@@ -65,7 +67,7 @@ def stream_body(size: int) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
-class StreamRig(_Rig):
+class StreamRig(Rig):
     """The processes of one streaming run: SSE backends, epp and/or the floor, one Envoy per arm."""
 
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
@@ -115,8 +117,8 @@ class StreamRig(_Rig):
             params = base
         envoy = self._envoy(f"front-{arm}", gateway_config(params), admin, self.args.envoy_concurrency)
         url = f"http://{HOST}:{listen}/v1/chat/completions"
-        _probe(url, body, within=30.0)
-        self.fronts[arm] = _Front(url, envoy)
+        probe(url, body, within=30.0)
+        self.fronts[arm] = Front(url, envoy)
 
     def processor_pid(self, arm: str) -> int | None:
         """The ext_proc server an arm's Envoy talks to (None for the baseline)."""
@@ -322,8 +324,8 @@ def run(args: argparse.Namespace) -> int:
     body_file = workdir / "body.json"
     body_file.write_bytes(body)
     rig = StreamRig(args, workdir)
-    ok = False
-    try:
+
+    def measure_all() -> None:
         rig.start_backends()
         if "floor" in arms:
             rig.start_floor()
@@ -368,25 +370,8 @@ def run(args: argparse.Namespace) -> int:
                     f"{fmt(med(r['floor_body_msgs_per_req']), 1)} response-body messages per request "
                     f"for {r['chunks'] + 1} backend writes"
                 )
-        out_path = (
-            Path(args.output)
-            if args.output
-            else Path("bench-results") / time.strftime("overhead-stream-%Y%m%dT%H%M%SZ.json", time.gmtime())
-        )
-        out_path.parent.mkdir(parents=True, exist_ok=True)
         result = {"command": command, "machine": machine, "settings": vars(args), "points": points,
                   "summary": rows, "marginal": slopes, "idle": idle}  # fmt: skip
-        out_path.write_text(json.dumps(result, indent=2, default=str))
-        print(f"raw results: {out_path}")
-        ok = True
-        return 0
-    except (RuntimeError, TimeoutError, ValueError, OSError, subprocess.SubprocessError) as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        rig.dump_logs()
-        return 1
-    finally:
-        rig.stop()
-        if ok and not args.keep_workdir and not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"workdir: {workdir}", file=sys.stderr)
+        save_results(args.output, "overhead-stream", result)
+
+    return run_rig(rig, workdir, args, measure_all)
