@@ -97,17 +97,9 @@ def streamed_request_body(body: bytes) -> list[ProcessingResponse]:
     return [ProcessingResponse(request_body=_streamed(chunk, eos)) for chunk, eos in _chunks(body)]
 
 
-def streamed_response_body(body: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
-    if len(body) <= MAX_BODY_CHUNK:
-        return [ProcessingResponse(response_body=_streamed(body, end_of_stream))]
-    out = []
-    for chunk, last in _chunks(body):
-        out.append(ProcessingResponse(response_body=_streamed(chunk, last and end_of_stream)))
-    return out
-
-
 def streamed_response_body_wire(body: bytes, end_of_stream: bool) -> list[bytes]:
-    """`streamed_response_body`, serialized: the per-chunk answer of a streamed response.
+    """The per-chunk answer of a streamed response (FULL_DUPLEX_STREAMED), serialized: chunks of
+    at most 62000 bytes, the last one carrying `end_of_stream`.
 
     Building the five nested upb messages and serializing them costs ~4 µs a chunk; setting two
     fields of one kept message and serializing it, ~0.8 µs. The kept message is shared: this

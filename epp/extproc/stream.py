@@ -93,7 +93,8 @@ class Stream:
         if kind == "response_headers":
             return self._on_response_headers(msg)
         if kind == "response_body":
-            return self._on_response_body(msg)
+            # One way to answer them: `response_body`, already serialized, as the server writes it.
+            raise ValueError("response bodies are answered by Stream.response_body, not Stream.handle")
         if kind == "request_trailers":
             return await self._on_request_trailers(msg)
         if kind == "response_trailers":
@@ -240,7 +241,7 @@ class Stream:
     def response_body(self, msg: m.ProcessingRequest) -> list[bytes]:
         """The answers to one response-body message, serialized. The server calls this directly
         for every streamed chunk (one per token): no coroutine and no message objects on the path
-        that runs most often; `handle` returns the same answers parsed."""
+        that runs most often."""
         body = msg.response_body
         chunk = body.body
         eos = body.end_of_stream
@@ -251,9 +252,6 @@ class Stream:
         if self._response_mode == _FULL_DUPLEX:
             return m.streamed_response_body_wire(out, eos)
         return [m.replaced_response_body(out if out is not chunk else None).SerializeToString()]
-
-    def _on_response_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
-        return [m.ProcessingResponse.FromString(wire) for wire in self.response_body(msg)]
 
     @property
     def abandoned(self) -> bool:

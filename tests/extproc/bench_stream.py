@@ -43,8 +43,11 @@ async def per_stream_us(config: str | None, n: int = 20_000, rounds: int = 5) ->
 
     async def one() -> None:
         stream = Stream(director)
-        for msg in MESSAGES:
-            await stream.handle(msg)
+        for msg in MESSAGES:  # as the server dispatches them
+            if msg.HasField("response_body"):
+                stream.response_body(msg)
+            else:
+                await stream.handle(msg)
         stream.close()
 
     for _ in range(2_000):

@@ -9,6 +9,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.extproc.stream import Stream
 from epp.requestcontrol.director import Director, DirectorSettings
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
@@ -57,6 +58,14 @@ def response_headers_msg(
 
 def response_body_msg(body: bytes, *, eos: bool) -> pb.ProcessingRequest:
     return pb.ProcessingRequest(response_body=pb.HttpBody(body=body, end_of_stream=eos))
+
+
+async def answer(stream: Stream, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    """What the server answers `msg` with, parsed: a response body through `Stream.response_body`
+    (serialized, as the server writes it), any other message through `Stream.handle`."""
+    if msg.HasField("response_body"):
+        return [pb.ProcessingResponse.FromString(wire) for wire in stream.response_body(msg)]
+    return await stream.handle(msg)
 
 
 def set_headers(resp: pb.ProcessingResponse, field: str = "request_headers") -> dict[str, str]:

@@ -111,7 +111,7 @@ async def test_sampled_request_reads_its_body_as_before() -> None:
     s = await routed(d)
     sse = {"content-type": "text/event-stream"}
     assert await s.handle(h.response_headers_msg(200, **sse)) == [m.CONTINUE_RESPONSE_HEADERS]
-    out = await s.handle(h.response_body_msg(SSE, eos=True))
+    out = await h.answer(s, h.response_body_msg(SSE, eos=True))
     assert out == [m.CONTINUE_RESPONSE_BODY]  # STREAMED: continue, body unchanged
     s.close()
     (outcome,) = hook.seen
@@ -145,7 +145,7 @@ async def test_a_rewritten_model_name_always_passes_through() -> None:
     out = await s.handle(h.response_headers_msg(200, **{"content-length": "40"}))
     assert not out[0].HasField("mode_override")
     assert list(out[0].response_headers.response.header_mutation.remove_headers) == ["content-length"]
-    out = await s.handle(h.response_body_msg(b'{"model":"llama-v2"}', eos=True))
+    out = await h.answer(s, h.response_body_msg(b'{"model":"llama-v2"}', eos=True))
     assert out[0].response_body.response.body_mutation.body == b'{"model":"llama"}'
     s.close()
 
@@ -157,7 +157,7 @@ async def test_a_body_after_an_ignored_override_is_accounted() -> None:
     ignored, skipped = skips("ignored"), skips("skipped")
     out = await s.handle(h.response_headers_msg(200, **{"content-type": "text/event-stream"}))
     assert out[0].HasField("mode_override")
-    await s.handle(h.response_body_msg(SSE, eos=True))
+    await h.answer(s, h.response_body_msg(SSE, eos=True))
     assert s.ctx is not None and not s.ctx.response_skipped
     s.close()
     assert skips("ignored") == ignored + 1 and skips("skipped") == skipped

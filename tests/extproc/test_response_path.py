@@ -7,6 +7,7 @@ import asyncio
 import grpc
 import msgspec
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.extproc import messages as m
@@ -31,11 +32,29 @@ USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":40,
 @pytest.mark.parametrize("eos", [False, True])
 def test_wire_answer_is_byte_equal_to_upb(size: int, eos: bool) -> None:
     body = bytes(i % 251 for i in range(size))
-    expected = [r.SerializeToString() for r in m.streamed_response_body(body, eos)]
+    expected = [r.SerializeToString() for r in _upb_answers(body, eos)]
     assert m.streamed_response_body_wire(body, eos) == expected
     # and the shared template keeps nothing of the previous answer
-    assert m.streamed_response_body_wire(b"x", False) == [
-        m.streamed_response_body(b"x", False)[0].SerializeToString()
+    assert m.streamed_response_body_wire(b"x", False) == [_upb_answers(b"x", False)[0].SerializeToString()]
+
+
+def _upb_answers(body: bytes, eos: bool) -> list[pb.ProcessingResponse]:
+    """The oracle: the same answers built as nested upb messages, chunked at MAX_BODY_CHUNK."""
+    starts = range(0, len(body), m.MAX_BODY_CHUNK) if body else [0]
+    return [
+        pb.ProcessingResponse(
+            response_body=pb.BodyResponse(
+                response=pb.CommonResponse(
+                    body_mutation=pb.BodyMutation(
+                        streamed_response=pb.StreamedBodyResponse(
+                            body=body[i : i + m.MAX_BODY_CHUNK],
+                            end_of_stream=eos and i + m.MAX_BODY_CHUNK >= len(body),
+                        )
+                    )
+                )
+            )
+        )
+        for i in starts
     ]
 
 

@@ -201,9 +201,9 @@ async def test_response_path_echoes_chunks_records_usage_and_releases() -> None:
     out = await s.handle(h.response_headers_msg(200, served=dest))
     assert out == [m.CONTINUE_RESPONSE_HEADERS]
     body = b'{"model":"llama","usage":{"prompt_tokens":7,"completion_tokens":3}}'
-    out = await s.handle(h.response_body_msg(body[:20], eos=False))
+    out = await h.answer(s, h.response_body_msg(body[:20], eos=False))
     assert out[0].response_body.response.body_mutation.streamed_response.body == body[:20]
-    out = await s.handle(h.response_body_msg(body[20:], eos=True))
+    out = await h.answer(s, h.response_body_msg(body[20:], eos=True))
     sr = out[0].response_body.response.body_mutation.streamed_response
     assert sr.body == body[20:] and sr.end_of_stream
     assert s.response_complete
@@ -224,6 +224,6 @@ async def test_model_rewrite_header_rewrites_body_and_response_back() -> None:
     assert h.set_headers(out[0])["content-length"] == str(len(sent))
     out = await s.handle(h.response_headers_msg(200, **{"content-length": "40"}))
     assert list(out[0].response_headers.response.header_mutation.remove_headers) == ["content-length"]
-    out = await s.handle(h.response_body_msg(b'{"model":"llama-v2","x":1}', eos=True))
+    out = await h.answer(s, h.response_body_msg(b'{"model":"llama-v2","x":1}', eos=True))
     assert json.loads(out[0].response_body.response.body_mutation.streamed_response.body)["model"] == "llama"
     s.close()
