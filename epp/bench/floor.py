@@ -158,14 +158,9 @@ def _write_stats(path: Path | None, floor: _Floor, last: dict[str, Any]) -> None
         last.update(counts)
 
 
-async def _serve_aio(address: str, floor: _Floor, style: str, stats: Path | None) -> None:
-    server = grpc.aio.server(options=_OPTIONS)
-    servicer = AioGenerator(floor) if style == "aio-generator" else AioReadWrite(floor)
-    _register(server, servicer)
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot listen on {address}")
-    await server.start()
-    print(f"floor ({style}) on {address}", flush=True)
+async def _until_stopped(floor: _Floor, stats: Path | None) -> dict[str, Any]:
+    """Until SIGTERM or SIGINT, the message counts go to `stats` every 0.5 s (off the message
+    path); returns the counts last written."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -175,6 +170,18 @@ async def _serve_aio(address: str, floor: _Floor, style: str, stats: Path | None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.5)
         _write_stats(stats, floor, last)
+    return last
+
+
+async def _serve_aio(address: str, floor: _Floor, style: str, stats: Path | None) -> None:
+    server = grpc.aio.server(options=_OPTIONS)
+    servicer = AioGenerator(floor) if style == "aio-generator" else AioReadWrite(floor)
+    _register(server, servicer)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen on {address}")
+    await server.start()
+    print(f"floor ({style}) on {address}", flush=True)
+    last = await _until_stopped(floor, stats)
     await server.stop(1)
     _write_stats(stats, floor, last)
 
@@ -227,15 +234,7 @@ async def _serve_grpclib(address: str, floor: _Floor, stats: Path | None) -> Non
     server = Server([Servicer()], codec=Codec())
     await server.start(host, int(port))
     print(f"floor (grpclib) on {address}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    last: dict[str, Any] = {}
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.5)
-        _write_stats(stats, floor, last)
+    last = await _until_stopped(floor, stats)
     server.close()
     await server.wait_closed()
     _write_stats(stats, floor, last)
