@@ -153,6 +153,10 @@ def response_headers(remove: Iterable[str] = ()) -> ProcessingResponse:
     remove = list(remove)
     if not remove:
         return CONTINUE_RESPONSE_HEADERS
+    return _response_headers_removing(remove)
+
+
+def _response_headers_removing(remove: list[str]) -> ProcessingResponse:
     return ProcessingResponse(
         response_headers=pb.HeadersResponse(
             response=pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=remove))
@@ -165,11 +169,7 @@ def response_headers_skip_body(request_body_mode: int, remove: Iterable[str] = (
     epp for the rest of this request: a `mode_override`. Envoy 1.40 honours it only with
     `allow_mode_override` and when neither body mode is FULL_DUPLEX_STREAMED; otherwise the body
     keeps coming and is handled as usual."""
-    response = ProcessingResponse(
-        response_headers=pb.HeadersResponse(
-            response=pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=list(remove)))
-        )
-    )
+    response = _response_headers_removing(list(remove))
     mode = response.mode_override
     mode.request_header_mode = _SEND
     mode.request_body_mode = request_body_mode
