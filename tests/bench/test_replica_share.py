@@ -1,24 +1,43 @@
 """Active-active replicas learn their share of the traffic (`epp bench --replicas N`): each
 replica's `predicted-ttft-scorer` books its prefill about N times, from the pods' scraped
-finished-request counters, with nothing shared between replicas but the scrapes."""
+finished-request counters, with nothing shared between replicas but the scrapes (with
+`trafficShare: auto`, which is opt-in)."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
 
 from epp.bench import replicas
-from epp.bench.policies import POLICIES
+from epp.bench.policies import POLICIES, Policy
 from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer
 
 from . import helpers
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Learning(Policy):
+    """The policy with its TTFT-pricing scorer learning the traffic share."""
+
+    def config_text(self) -> str:
+        text = POLICIES[self.name].config_text()
+        for scorer in ("request-latency-scorer", "predicted-ttft-scorer"):
+            line = f"  - type: {scorer}\n"
+            if line in text:
+                learn = "    parameters:\n      trafficShare: auto\n"
+                text = text.replace(line, line + learn, 1)
+                # A scorer that had parameters already keeps one `parameters:` key.
+                return text.replace(learn + "    parameters:\n", learn)
+        raise AssertionError(f"{self.name}: no TTFT-pricing scorer")
+
+
 def _scales(n: int, policy: str) -> list[float]:
+    base = POLICIES[policy]
     run = replicas.ReplicatedRun(
         helpers.small(7, scale=0.03),
-        POLICIES[policy],
+        _Learning(base.name, base.description, base.kv_events),
         replicas=n,
         profile=helpers.PROFILE,
         pods=helpers.PODS,

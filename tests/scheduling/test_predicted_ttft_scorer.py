@@ -462,15 +462,8 @@ def test_explain_gives_each_term_of_each_endpoints_prediction(clock: Clock) -> N
         "decode_interference": 0.02,
         "decode_seconds": 5.0,
         "kv_wait_scale": 1.0,
-        # No pod exports vllm:request_success_total here: no evidence, each booking counts once.
-        "traffic_share": {
-            "booking_scale": 1.0,
-            "share": 1.0,
-            "source": "default",
-            "own_requests_per_s": 0.0,
-            "fleet_requests_per_s": 0.0,
-            "window_s": 30.0,
-        },
+        # trafficShare defaults to a pinned 1: each booking counts once.
+        "traffic_share": {"booking_scale": 1.0, "share": 1.0, "source": "pinned"},
     }
     # pod-0: idle, holds the prompt's 20 blocks; vLLM computes the last block again (16 tokens).
     assert facts["endpoints"]["pod-0"] == {

@@ -142,7 +142,7 @@ def _scorer(store: Datastore, **params: object) -> Any:
 
 def test_the_scorer_books_its_prefill_one_over_share_times(clock: Clock) -> None:
     fleet = Fleet(pods=2)
-    scorer = _scorer(fleet.store, prefixScorer="none")
+    scorer = _scorer(fleet.store, prefixScorer="none", trafficShare="auto")
     eps = fleet.eps
 
     def queue_after_booking(rid: str) -> float:
