@@ -207,12 +207,21 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("shutdown")
     g.add_argument(
+        "--drain-delay",
+        type=duration,
+        default=DEFAULT_DRAIN_DELAY_S,
+        help="on SIGTERM: readiness goes NOT_SERVING at once but new ext-proc streams are still "
+        "served this long, so the gateway's health check moves them elsewhere first; then "
+        "--drain-timeout begins (default 5s: `epp envoy-config`'s check notices in 2s; SIGINT "
+        "skips it; 0 refuses new streams at once)",
+    )
+    g.add_argument(
         "--drain-timeout",
         type=duration,
         default=DEFAULT_DRAIN_S,
-        help="on SIGTERM: readiness goes NOT_SERVING, new ext-proc streams are refused, and "
-        "in-flight ones (long streamed responses too) get this long to finish (default 130s, "
-        "GIE's terminationGracePeriodSeconds; keep it below the pod's)",
+        help="after --drain-delay: new ext-proc streams are refused, and in-flight ones (long "
+        "streamed responses too) get this long to finish (default 130s, GIE's "
+        "terminationGracePeriodSeconds; keep delay + timeout below the pod's)",
     )
 
     g = p.add_argument_group("logging")
@@ -234,3 +243,8 @@ DEFAULT_RESPONSE_SAMPLE_MIN_INTERVAL_S = 2.0
 # GIE's terminationGracePeriodSeconds (its chart's and epp's): how long in-flight streams may run
 # after SIGTERM.
 DEFAULT_DRAIN_S = 130.0
+# After SIGTERM, new streams are still served this long (epp.drain): `epp envoy-config`'s health
+# check on the ext-proc cluster (interval 1 s x unhealthy_threshold 2, epp.gateway.params) marks a
+# NOT_SERVING epp unhealthy within ~2 s; 3 s more covers a check in flight, a loaded host and
+# Kubernetes' endpoint removal (tests/gateway/test_envoy_config.py holds the two together).
+DEFAULT_DRAIN_DELAY_S = 5.0

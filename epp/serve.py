@@ -3,10 +3,12 @@
 Start order: `--tokenizer` tokenizers and config (fail fast on a bad one) -> the config's
 tokenizers -> endpoint sources (the endpoints file's tokenizers with it) -> epp-tiny as the
 default if no tokenizer was named anywhere -> KV-event ingestion -> metrics scraper -> servers.
-Stop order on SIGTERM/SIGINT: health goes NOT_SERVING (both ports), the ext-proc server refuses
-new streams and lets in-flight ones (a long streamed response is one stream) finish for up to
---drain-timeout (default 130 s, GIE's terminationGracePeriodSeconds), then background tasks stop.
-A second signal ends the drain at once.
+Stop order on SIGTERM/SIGINT: health goes NOT_SERVING (both ports); on SIGTERM new ext-proc
+streams are still served for --drain-delay (default 5 s, so the gateway's health check sees
+NOT_SERVING first); then the ext-proc server refuses new streams and lets in-flight ones (a long
+streamed response is one stream) finish for up to --drain-timeout (default 130 s, GIE's
+terminationGracePeriodSeconds), then background tasks stop. A second signal ends the drain at
+once (epp.drain).
 
 With `--workers N` (N > 1; the default `auto` is the cores the pod may use) this process becomes
 the supervisor of N such processes sharing the ext-proc port (epp.workers); each worker runs the
@@ -18,12 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 
 import grpc
 import zmq
 
-from epp import gie_flags, kv_events_flags, tasks
+from epp import drain, gie_flags, kv_events_flags, tasks
 from epp.api.context_length import ContextLimits
 from epp.api.limits import RequestLimits
 from epp.datastore import standalone
@@ -442,8 +443,14 @@ async def _run(
     )
 
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    received: list[int] = []  # the first signal decides the drain delay (epp.drain)
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+
+    for sig in drain.SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         await stop.wait()
     finally:
@@ -454,7 +461,8 @@ async def _run(
             # Handed back before the drain, so a follower takes the traffic while this one's
             # streams finish (as GIE, which releases on cancel).
             await elector.stop(release=True)
-        await drain(grpc_server, args.drain_timeout)
+        delay = drain.delay_for(received[0] if received else None, args.drain_delay)
+        await drain.drain(grpc_server, args.drain_timeout, delay)
         if health_server is not None:
             await health_server.stop(0)
         if pool_operator is not None:
@@ -470,54 +478,6 @@ async def _run(
         await loop_lag.stop()
         if role is not None:
             await role.close()
-
-
-def _open_streams() -> int:
-    return int(metrics.REGISTRY.get_sample_value("epp_extproc_active_streams") or 0)
-
-
-async def drain(server: grpc.aio.Server, grace: float) -> None:
-    """Stop `server`: new streams are refused at once, in-flight ones get `grace` seconds to end.
-
-    Readiness is already NOT_SERVING (the caller's job), so Kubernetes takes the pod out of the
-    Service and the gateway sends new requests elsewhere while the streams in flight, long
-    generations included, run to their end. A second SIGTERM/SIGINT cancels what is left.
-    """
-    log.info(
-        "stopping: readiness NOT_SERVING, refusing new ext-proc streams; %d in flight get up to %.0fs",
-        _open_streams(),
-        grace,
-    )
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    # grpc.aio refuses new RPCs from here on, returns as soon as the last one ends, and cancels
-    # the ones left when the grace is over.
-    stopping = asyncio.ensure_future(server.stop(grace))
-    again = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, again.set)
-    cut = 0
-    try:
-        # Polled, not awaited from gRPC, to know (and log) how many streams the deadline cuts.
-        while not stopping.done() and _open_streams() > 0 and not again.is_set():
-            if loop.time() - started >= grace - 0.05:
-                cut = _open_streams()
-                break
-            await asyncio.sleep(0.05)
-        if again.is_set() and not stopping.done():
-            cut = _open_streams()
-            log.warning("second signal: cancelling the %d ext-proc stream(s) still in flight", cut)
-            await server.stop(0)
-        await stopping
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-    log.info(
-        "ext-proc server stopped after %.1fs; %d stream(s) cut",
-        loop.time() - started,
-        cut,
-        extra={"streams_cut": cut},
-    )
 
 
 def _context_limits(args: argparse.Namespace, datastore: Datastore, tokenizers: Tokenizers) -> ContextLimits:

@@ -18,8 +18,10 @@ It does no routing. It
 - restarts a worker that exits (logged, counted in epp_worker_restarts_total, backoff 1 s doubling
   to 30 s); a worker that fails before it ever started serving stops the pod with its exit code
   (a bad flag or config fails every worker the same way),
-- on SIGTERM: health NOT_SERVING, the Lease released, SIGTERM to every worker (each drains its own
-  streams for --drain-timeout), and exits when they have; a second signal is passed on too.
+- on SIGTERM: health NOT_SERVING at once, the Lease released, the signal passed to every worker
+  (each keeps serving new streams for --drain-delay, then drains its own for --drain-timeout;
+  SIGINT is passed on as SIGINT, which skips the delay: epp.drain), and exits when they have; a
+  second signal is passed on too.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from epp import tasks
+from epp import drain, tasks
 from epp.datastore.endpoints import Datastore
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
@@ -94,6 +96,7 @@ class Supervisor:
         # The workers' abstract Unix socket names: nothing is written to the filesystem.
         self.sockets = f"epp-{os.getpid()}-{secrets.token_hex(6)}"
         self.stopping = False
+        self.signum = signal.SIGTERM  # what the workers get: the pod's first signal (epp.drain)
         self.failed: int | None = None
         self._stop = asyncio.Event()
         self.retired = merge.Retired()
@@ -179,7 +182,7 @@ class Supervisor:
             reader = await self._spawn(slot)
             assert slot.proc is not None
             if self.stopping:  # the pod began to stop while it was starting
-                slot.proc.send_signal(signal.SIGTERM)
+                slot.proc.send_signal(self.signum)
             await self._follow(slot, reader)
             code = await slot.proc.wait()
             if slot.writer is not None:
@@ -228,7 +231,7 @@ class Supervisor:
         for slot in self.slots:
             if slot.proc is not None and slot.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    slot.proc.send_signal(signal.SIGTERM)
+                    slot.proc.send_signal(self.signum)
 
     # --- metrics and debug endpoints ------------------------------------------------------------
 
@@ -358,8 +361,8 @@ class Supervisor:
         await health.set(False)  # grpc's servicer says SERVING until told otherwise
         await health_server.start()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal)
+        for sig in drain.SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
         # Plain tasks: each returns when the pod stops; an exception is logged below.
         keepers = [asyncio.create_task(self._keep(slot), name=f"worker {slot.index}") for slot in self.slots]
         followers: list[asyncio.Task[None]] = []
@@ -380,8 +383,9 @@ class Supervisor:
             if elector is not None:
                 await elector.stop(release=True)  # a follower pod takes over while we drain
             self._signal_workers()
-            # Each worker drains for --drain-timeout; then they are killed.
-            await asyncio.wait(keepers, timeout=args.drain_timeout + 10)
+            # Each worker serves through its delay and drains for --drain-timeout; then they are killed.
+            delay = drain.delay_for(self.signum, args.drain_delay)
+            await asyncio.wait(keepers, timeout=delay + args.drain_timeout + 10)
             for slot in self.slots:
                 if slot.proc is not None and slot.proc.returncode is None:
                     log.error("worker %d did not stop; killing it", slot.index)
@@ -404,7 +408,9 @@ class Supervisor:
         log.info("epp supervisor stopped")
         return self.failed or 0
 
-    def _on_signal(self) -> None:
+    def _on_signal(self, signum: int) -> None:
+        if not self.stopping:
+            self.signum = signal.Signals(signum)
         self._begin_stop()
 
     async def _follow_health(self, health: extproc_server.Health) -> None:
