@@ -75,7 +75,10 @@ def ext_proc_cluster(params: GatewayParams) -> dict[str, Any]:
             {
                 "timeout": duration(min(2.0, params.epp_health_check_interval * 2)),
                 "interval": duration(params.epp_health_check_interval),
-                "unhealthy_threshold": 3,
+                # Envoy checks a cluster that has had no traffic yet only every 60 s by default:
+                # a replica draining before the first request would go unnoticed that long.
+                "no_traffic_interval": duration(params.epp_health_check_interval),
+                "unhealthy_threshold": params.epp_health_check_unhealthy_threshold,
                 "healthy_threshold": 1,
                 "grpc_health_check": {"service_name": EXT_PROC_SERVICE},
             }

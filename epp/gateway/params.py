@@ -74,6 +74,10 @@ class GatewayParams:
     epp_sni: str = ""  # "" = no SNI
     epp_health_check: bool = False
     epp_health_check_interval: float = 1.0
+    # Failed checks in a row before Envoy stops sending epp new streams: 2 x 1 s stays within
+    # `epp serve --drain-delay` (5 s), which keeps serving meanwhile. One slow check (a GC pause)
+    # is not enough; a host wrongly marked comes back at its next good check (healthy_threshold 1).
+    epp_health_check_unhealthy_threshold: int = 2
     # ext-proc streams per HTTP/2 connection to epp: past it Envoy opens another connection. An
     # `epp serve --workers N` pod spreads load per connection (SO_REUSEPORT), so a busy gateway
     # must open several; 0 = Envoy's default (no limit: one connection per worker thread).

@@ -235,6 +235,20 @@ def test_tls_and_health_check() -> None:
     assert "sni" not in no_sni["transport_socket"]["typed_config"]
 
 
+def test_health_check_notices_a_draining_epp_within_its_drain_delay() -> None:
+    # `epp serve --drain-delay` keeps serving new streams after SIGTERM until the gateway has
+    # stopped sending them: its default must outlast the generated check's worst case, which
+    # is unhealthy_threshold failed checks one interval apart (plus a check's timeout in flight).
+    from epp.flags import DEFAULT_DRAIN_DELAY_S
+
+    (check,) = cluster(gateway_config(params(epp_health_check=True)), EXT_PROC_CLUSTER)["health_checks"]
+    seconds = {k: float(check[k].rstrip("s")) for k in ("interval", "timeout", "no_traffic_interval")}
+    assert seconds["no_traffic_interval"] == seconds["interval"]  # Envoy's default would be 60 s
+    detection = check["unhealthy_threshold"] * seconds["interval"]
+    assert detection <= 2.0
+    assert detection + seconds["timeout"] + 1.0 <= DEFAULT_DRAIN_DELAY_S
+
+
 def test_several_epp_addresses_and_dns_names() -> None:
     config = gateway_config(params(epp_addresses=("10.0.0.1:9002", "10.0.0.2:9002")))
     epp = cluster(config, EXT_PROC_CLUSTER)
