@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -129,10 +130,12 @@ def wait_envoy_ready(
         time.sleep(0.05)
 
 
-def stop_process(proc: subprocess.Popen[bytes], *, timeout: float = 5.0) -> int:
-    """SIGTERM, then SIGKILL after `timeout`; returns the exit status."""
+def stop_process(
+    proc: subprocess.Popen[bytes], *, timeout: float = 5.0, sig: signal.Signals = signal.SIGTERM
+) -> int:
+    """`sig` (SIGTERM), then SIGKILL after `timeout`; returns the exit status."""
     if proc.poll() is None:
-        proc.terminate()
+        proc.send_signal(sig)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import dataclasses
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -127,10 +128,10 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after `timeout`."""
+    def stop(self, timeout: float = 5.0, sig: signal.Signals = signal.SIGTERM) -> None:
+        """`sig` (SIGTERM), then SIGKILL after `timeout`."""
         if self.proc is not None:
-            stop_process(self.proc, timeout=timeout)
+            stop_process(self.proc, timeout=timeout, sig=sig)
             untrack(self.proc)
 
     def kill(self) -> None:
@@ -284,13 +285,15 @@ class EppServer:
         )
 
     def stop(self, timeout: float = 5.0) -> None:
-        self.process.stop(timeout)
+        # SIGINT: in-flight streams still drain, without SIGTERM's --drain-delay (epp.drain),
+        # which would hold every test's and benchmark's teardown 5 s for a gateway that is gone.
+        self.process.stop(timeout, sig=signal.SIGINT)
 
     def kill(self) -> None:
         self.process.kill()
 
     def restart(self, *, wait: WaitFor = "serving", timeout: float = 30.0) -> None:
-        self.process.stop()
+        self.stop()
         self.start(wait=wait, timeout=timeout)
 
     def metrics_text(self, timeout: float = 5.0) -> str:
