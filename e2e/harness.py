@@ -197,6 +197,9 @@ class StackOptions:
     # `epp serve` processes behind the one Envoy (its ext-proc cluster round-robins streams over
     # them); each has its own scheduler state and, with KV events, its own subscriptions.
     epp_replicas: int = 1
+    # Envoy gRPC-health-checks the ext-proc cluster (`epp envoy-config`'s default), so a draining
+    # epp stops getting new streams.
+    epp_health_check: bool = False
 
 
 class Stack:
@@ -289,6 +292,7 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         body_mode=opts.body_mode,
         process_responses=opts.process_responses,
         epp_tls=opts.epp_tls,
+        epp_health_check=opts.epp_health_check,
         num_retries=opts.num_retries,
         client_control_headers=tuple(opts.client_control_headers),
         route_timeout=60.0,
