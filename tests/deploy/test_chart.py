@@ -119,7 +119,8 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "--kv-events=connect",
         "--kv-events-port=5557",
         "--kv-replay-port=5558",
-        "--drain-timeout=125s",
+        "--drain-delay=5s",
+        "--drain-timeout=120s",
         "--workers=2",
         "--response-sample-ratio=0.01",
         "--response-sample-min-interval=2s",
@@ -525,8 +526,8 @@ def test_envoy_config_mirrors_epps_generator(name: str) -> None:
     ref_clusters = {c["name"]: c for c in ref["static_resources"]["clusters"]}
     assert clusters["pods"] == ref_clusters["pods"]
     assert clusters["pods"]["original_dst_lb_config"]["http_header_name"] == "x-gateway-destination-endpoint"
-    ext = {k: v for k, v in clusters[envoy.EXT_PROC_CLUSTER].items() if k != "health_checks"}
-    assert ext == {k: v for k, v in ref_clusters[envoy.EXT_PROC_CLUSTER].items() if k != "health_checks"}
+    # The health check too: it must notice a draining epp within epp's --drain-delay.
+    assert clusters[envoy.EXT_PROC_CLUSTER] == ref_clusters[envoy.EXT_PROC_CLUSTER]
     assert ours["overload_manager"] == ref["overload_manager"]
     # Slow clients are cut by Envoy, as in epp's generator.
     for key in ("request_timeout", "request_headers_timeout"):
@@ -638,19 +639,32 @@ def test_helm_sdk_version() -> None:
 # --- shutdown ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("grace", "drain"), [(None, "125s"), (600, "595s"), (6, "1s")])
-def test_epp_drains_within_the_pods_grace(grace: int | None, drain: str) -> None:
-    values = {} if grace is None else {"terminationGracePeriodSeconds": grace}
+@pytest.mark.parametrize(
+    ("values", "delay", "drain"),
+    [
+        ({}, "5s", "120s"),
+        ({"terminationGracePeriodSeconds": 600}, "5s", "590s"),
+        ({"terminationGracePeriodSeconds": 600, "drainDelaySeconds": 15}, "15s", "580s"),
+        ({"terminationGracePeriodSeconds": 8}, "2s", "1s"),  # the delay gives way to the drain
+        ({"terminationGracePeriodSeconds": 6}, "0s", "1s"),
+    ],
+)
+def test_epp_drains_within_the_pods_grace(values: dict[str, Any], delay: str, drain: str) -> None:
     pod = chart.one(chart.render(values), "Deployment", chart.RELEASE)["spec"]["template"]["spec"]
-    assert pod["terminationGracePeriodSeconds"] == (grace or 130)  # GIE's chart: 130
-    assert f"--drain-timeout={drain}" in container(chart.render(values))["args"]
+    grace = values.get("terminationGracePeriodSeconds", 130)  # GIE's chart: 130
+    assert pod["terminationGracePeriodSeconds"] == grace
+    args = container(chart.render(values))["args"]
+    assert f"--drain-delay={delay}" in args and f"--drain-timeout={drain}" in args
+    # epp exits on its own (delay + drain) at least 5 s before the kubelet's SIGKILL.
+    assert int(delay[:-1]) + int(drain[:-1]) == grace - 5
 
 
 def test_the_rendered_args_parse_as_epp_serve() -> None:
     from epp import cli
 
     args = cli.build_parser().parse_args(container(chart.render())["args"])
-    assert (args.command, args.drain_timeout, args.pool_name) == ("serve", 125.0, chart.RELEASE)
+    assert (args.command, args.drain_delay, args.drain_timeout) == ("serve", 5.0, 120.0)
+    assert args.pool_name == chart.RELEASE
 
 
 def test_leader_election_adds_the_flag_lease_rbac_and_split_probes() -> None:
