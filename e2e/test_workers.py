@@ -97,7 +97,12 @@ def start(workdir: Path, cleanup: Cleanup, sim: SimConfig = E2E_SIM) -> WorkerSt
     epp = EppProcess(
         workdir,
         endpoints_file=endpoints_file,
-        extra_args=["--kv-events", "connect", "--workers", "2", "--drain-timeout", "30s"],
+        # A 1 s --drain-delay (default 5 s): the SIGTERM test's ~4 s streams must outlive the
+        # delay, so the workers' drain itself is what lets them finish.
+        extra_args=[
+            *("--kv-events", "connect", "--workers", "2"),
+            *("--drain-delay", "1s", "--drain-timeout", "30s"),
+        ],
     )
     cleanup.add_log("epp log", epp.process.log_path)
     cleanup.push("epp", epp.stop)

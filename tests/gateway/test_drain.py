@@ -1,4 +1,5 @@
-"""SIGTERM drains epp: readiness NOT_SERVING at once, no new streams, in-flight streams finish.
+"""SIGTERM drains epp: readiness NOT_SERVING at once, new streams served for --drain-delay and
+refused after it, in-flight streams finish.
 
 Real processes: simulated vLLM pods decoding slowly, `epp serve`, and Envoy 1.40 with the
 generated config (e2e/harness.py). A 600-token streamed chat completion is the in-flight stream:
@@ -30,6 +31,7 @@ from e2e.harness import (
     sse_events,
     start_stack,
 )
+from epp.flags import DEFAULT_DRAIN_DELAY_S
 from epp.sim.engine import SimConfig, output_tokens
 
 pytestmark = pytest.mark.e2e
@@ -80,15 +82,17 @@ async def wait_exit(stack: Stack, within: float) -> tuple[int, float]:
     return rc, time.monotonic() - started
 
 
-def start(tmp_path: Path, cleanup: Cleanup, drain: str) -> Stack:
-    options = StackOptions(n_backends=1, sim_configs=[SLOW], epp_args=["--drain-timeout", drain])
+def start(tmp_path: Path, cleanup: Cleanup, drain: str, delay: str | None = "0s") -> Stack:
+    """`delay` None: epp's default --drain-delay."""
+    args = ["--drain-timeout", drain, *(["--drain-delay", delay] if delay is not None else [])]
+    options = StackOptions(n_backends=1, sim_configs=[SLOW], epp_args=args)
     return start_stack(tmp_path, cleanup, options)
 
 
 async def test_sigterm_lets_a_long_stream_finish(
     tmp_path: Path, cleanup: Cleanup, session: aiohttp.ClientSession
 ) -> None:
-    stack = start(tmp_path, cleanup, "30s")
+    stack = start(tmp_path, cleanup, "30s", delay="1.5s")
     url = stack.url + "/v1/chat/completions"
     async with session.post(url, json=body(TOKENS), timeout=aiohttp.ClientTimeout(total=60)) as resp:
         assert resp.status == 200
@@ -103,7 +107,15 @@ async def test_sigterm_lets_a_long_stream_finish(
             await asyncio.sleep(0.02)
         assert status == "NOT_SERVING"
 
-        # No new streams: a request sent now does not get routed by this epp.
+        # During the drain delay new streams are still served (the gateway has not noticed yet).
+        async with session.post(
+            url, json=body(4, stream=False), timeout=aiohttp.ClientTimeout(total=10)
+        ) as served:
+            assert served.status == 200, await served.text()
+        assert time.monotonic() - sigterm_at < 1.5
+
+        # After it, no new streams: a request sent now does not get routed by this epp.
+        await asyncio.sleep(max(0.0, 2.0 - (time.monotonic() - sigterm_at)))
         async with session.post(
             url, json=body(4, stream=False), timeout=aiohttp.ClientTimeout(total=10)
         ) as refused:
@@ -143,9 +155,16 @@ async def test_the_grace_ends_the_drain(
     assert "1 stream(s) cut" in stack.epp.process.log_text()
 
 
-async def test_an_idle_epp_exits_at_once(tmp_path: Path, cleanup: Cleanup) -> None:
-    stack = start(tmp_path, cleanup, "130s")
+async def test_an_idle_epp_exits_right_after_the_drain_delay(tmp_path: Path, cleanup: Cleanup) -> None:
+    stack = start(tmp_path, cleanup, "130s", delay=None)
     os.kill(stack.epp.process.pid, signal.SIGTERM)
+    rc, took = await wait_exit(stack, within=15)
+    assert rc == 0 and DEFAULT_DRAIN_DELAY_S - 0.2 < took < DEFAULT_DRAIN_DELAY_S + 3, took
+
+
+async def test_sigint_skips_the_drain_delay(tmp_path: Path, cleanup: Cleanup) -> None:
+    stack = start(tmp_path, cleanup, "130s", delay=None)
+    os.kill(stack.epp.process.pid, signal.SIGINT)  # a terminal's Ctrl-C
     rc, took = await wait_exit(stack, within=10)
     assert rc == 0 and took < 3, took
 
@@ -153,7 +172,7 @@ async def test_an_idle_epp_exits_at_once(tmp_path: Path, cleanup: Cleanup) -> No
 async def test_a_second_signal_ends_the_drain(
     tmp_path: Path, cleanup: Cleanup, session: aiohttp.ClientSession
 ) -> None:
-    stack = start(tmp_path, cleanup, "60s")
+    stack = start(tmp_path, cleanup, "60s", delay=None)  # the second signal comes in the delay
     url = stack.url + "/v1/chat/completions"
     async with session.post(url, json=body(TOKENS), timeout=aiohttp.ClientTimeout(total=60)) as resp:
         assert resp.status == 200
