@@ -13,7 +13,8 @@ Design choices:
   synchronous, tests can be sync or async, and a test's client never shares a loop with the
   servers it measures.
 * epp and Envoy are subprocesses whose output goes to files in the test's tmp dir; `Cleanup`
-  stops them in reverse order (SIGTERM, then SIGKILL after a timeout) even when a test fails, and
+  stops them in reverse order (SIGTERM, SIGINT for epp so it skips its --drain-delay; then
+  SIGKILL after a timeout) even when a test fails, and
   registers their logs so conftest.py can attach them to the failure report.
 * Envoy exits with its parent (it sets PR_SET_PDEATHSIG), so the pytest process owns it directly;
   each instance gets its own --base-id.
