@@ -35,10 +35,17 @@ def routed(text: str) -> float:
     return sum(parse_prometheus(text, "inference_objective_request_total").values())
 
 
+# With `--workers 2` the supervisor turns the pod's health NOT_SERVING at once and passes the
+# SIGTERM on; each worker (Envoy's health check reaches one of them on the shared port) serves
+# through the delay, then drains.
+@pytest.mark.parametrize("workers", ["1", "2"])
 async def test_sigterm_of_one_replica_under_load_costs_no_request(
-    stacks: Any, session: aiohttp.ClientSession
+    stacks: Any, session: aiohttp.ClientSession, workers: str
 ) -> None:
-    stack: Stack = stacks(StackOptions(n_backends=2, epp_replicas=2, epp_health_check=True))
+    options = StackOptions(
+        n_backends=2, epp_replicas=2, epp_health_check=True, epp_args=["--workers", workers]
+    )
+    stack: Stack = stacks(options)
     await wait_routable(session, stack.url)
     leaving = stack.epps[1]
     assert leaving.process.proc is not None
