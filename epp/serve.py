@@ -39,8 +39,8 @@ from epp.k8s import objectives as k8s_objectives
 from epp.k8s.from_flags import kubernetes_source, leader_elector
 from epp.kvcache.index import BlockIndex
 from epp.kvcache.ingest import FeedSpec, KVEventIngester
+from epp.observability import collectors, logs, metrics, tracing
 from epp.observability import http as obs_http
-from epp.observability import logs, metrics, tracing
 from epp.observability.looplag import LoopLagMonitor
 from epp.requestcontrol import admission
 from epp.requestcontrol.director import Director, DirectorSettings
@@ -171,7 +171,7 @@ async def _run_traced(args: argparse.Namespace, role: workers_worker.WorkerRole 
         workers=args.tokenizer_workers,
         prefix_cache_bytes=args.tokenizer_prefix_cache_bytes,
     )
-    collector = metrics.TokenizerCollector(
+    collector = collectors.TokenizerCollector(
         lambda: tokenizers.missing,
         lambda: tokenizers.truncated,
         lambda: tokenizers.prefix_caches,

@@ -45,7 +45,7 @@ endpoint) and `inference_pool_ready_pods{name=<pool>}` = `len(datastore.routable
 change this module sees or makes (every endpoint excluded: 0, though epp then routes degraded to
 all of them; see `epp.datastore.endpoints`). While started, the scraper is also the source of GIE's pool
 averages (`inference_pool_average_*`, `inference_pool_per_pod_queue_size`), computed from the
-endpoints' latest scrapes whenever /metrics is read (`metrics.PoolCollector`).
+endpoints' latest scrapes whenever /metrics is read (`collectors.PoolCollector`).
 
 Cost note: at GIE's default 50 ms interval every endpoint costs 20 HTTP requests and parses per
 second; the parse is ~30 us (promtext), the aiohttp request several times that. Large pools
@@ -66,7 +66,7 @@ import msgspec
 from epp import tasks
 from epp.datastore import promtext
 from epp.datastore.endpoints import Datastore, Endpoint, ModelServerMetrics
-from epp.observability import metrics
+from epp.observability import collectors, metrics
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class MetricsScraper:
         if not self._subscribed:
             self._datastore.subscribe(self._on_change)
             self._subscribed = True
-        metrics.pool_collector.add(self._pool_snapshot)
+        collectors.pool_collector.add(self._pool_snapshot)
         self._apply_change(self._datastore.endpoints(), [])
         log.info(
             "scraping /metrics of %d endpoints every %gs (timeout %gs, exclusion after %d failures or %gs)",
@@ -186,7 +186,7 @@ class MetricsScraper:
     async def stop(self) -> None:
         """Cancel every loop, wait for them to end, close the session."""
         session, self._session = self._session, None
-        metrics.pool_collector.discard(self._pool_snapshot)
+        collectors.pool_collector.discard(self._pool_snapshot)
         loops = [*self._loops.values(), *self._retired]
         self._loops.clear()
         await tasks.cancel_and_wait(loops)
@@ -210,15 +210,15 @@ class MetricsScraper:
         """Endpoints that currently have a scrape loop."""
         return list(self._loops)
 
-    def _pool_snapshot(self) -> metrics.PoolSnapshot:
+    def _pool_snapshot(self) -> collectors.PoolSnapshot:
         """The pool's load as last scraped. Averages count routable endpoints with a good scrape
         (GIE averages the pods whose metrics are fresh); an excluded endpoint's last figures
         would describe a server epp no longer sends to."""
         routable = {id(ep) for ep in self._datastore.routable()}
-        return metrics.PoolSnapshot(
+        return collectors.PoolSnapshot(
             self._pool_name,
             [
-                metrics.PodLoad(
+                collectors.PodLoad(
                     ep.name,
                     ep.metrics.waiting,
                     ep.metrics.running,

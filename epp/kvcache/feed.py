@@ -58,7 +58,7 @@ import zmq.asyncio
 from epp import tasks
 from epp.kvcache import events
 from epp.kvcache.index import BlockIndex
-from epp.observability import metrics
+from epp.observability import collectors
 from epp.observability.logs import Throttle
 
 log = logging.getLogger("epp.kvcache")
@@ -191,7 +191,7 @@ class Feed:
         self._cooldown_until = -math.inf
         self._last_event = -math.inf
         self.limiter = Limiter(settings.log_interval)
-        # Plain ints, exported at scrape time (epp.observability.metrics.KVCollector).
+        # Plain ints, exported at scrape time (epp.observability.collectors.KVCollector).
         self._batches = self._stored = self._removed = self._gaps = self._resets = 0
         self._rejected = 0
         self._errors: dict[str, int] = {}  # reason -> messages (events for invalid_event)
@@ -496,9 +496,9 @@ class Feed:
             held_bytes=self._held_bytes,
         )
 
-    def counts(self, now: float) -> metrics.KVPodCounts:
+    def counts(self, now: float) -> collectors.KVPodCounts:
         """The pod's counters for the metrics exposition."""
-        return metrics.KVPodCounts(
+        return collectors.KVPodCounts(
             self._batches,
             self._stored,
             self._removed,

@@ -38,7 +38,7 @@ another pod. An undecodable payload does not advance the sequence, so it shows u
 events are lost, which is what a gap means.
 
 Everything runs on the event loop, so `BlockIndex.apply` (synchronous) never overlaps a `match`.
-Metrics: `epp_kv_events_*` per pod and `epp_kv_index_*` (`epp.observability.metrics.KVCollector`),
+Metrics: `epp_kv_events_*` per pod and `epp_kv_index_*` (`epp.observability.collectors.KVCollector`),
 computed at scrape time from the feeds' counters: no per-message cost, and a pod's series go
 when it leaves. Logs ("epp.kvcache"): one INFO line per connect, disconnect, reset and
 replay outcome. Throughput: tests/kvcache/bench_ingest.py.
@@ -61,7 +61,7 @@ from epp.kvcache import events
 from epp.kvcache.access import AccessPolicy, PeerCheck
 from epp.kvcache.feed import Feed, FeedSpec, FeedStatus, HoldBudget, Limiter, Settings, parse_topic
 from epp.kvcache.index import BlockIndex
-from epp.observability import metrics
+from epp.observability import collectors
 
 __all__ = ["FeedSpec", "FeedStatus", "KVEventIngester"]
 
@@ -177,13 +177,13 @@ class KVEventIngester:
             log.info("kv events: listening on %s (publishers: %s)", self.bind_endpoint, self._peers.policy)
         for feed in self._feeds.values():
             self._connect(feed)
-        metrics.kv_collector.add(self._snapshot)
+        collectors.kv_collector.add(self._snapshot)
 
     async def stop(self) -> None:
         """Stop reading and close every socket. The index keeps what it has."""
         if self._ctx is None:
             return
-        metrics.kv_collector.discard(self._snapshot)
+        collectors.kv_collector.discard(self._snapshot)
         running = [*self._retired]
         for feed in self._feeds.values():
             running += [t for t in (feed.task, feed.stop_replay()) if t is not None]
@@ -453,11 +453,11 @@ class KVEventIngester:
         now = time.monotonic()
         return {pod: feed.status(now) for pod, feed in self._feeds.items()}
 
-    def _snapshot(self) -> metrics.KVSnapshot:
+    def _snapshot(self) -> collectors.KVSnapshot:
         now = time.monotonic()
         st = self._index.stats()
         pods = {pod: feed.counts(now) for pod, feed in self._feeds.items()}
-        return metrics.KVSnapshot(pods, dict(self._unrouted), st.entries, st.keys, st.evictions)
+        return collectors.KVSnapshot(pods, dict(self._unrouted), st.entries, st.keys, st.evictions)
 
 
 def _host(address: str) -> str:

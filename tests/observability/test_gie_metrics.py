@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp import clock
 from epp.api import errors
 from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.observability import collectors, metrics
 from epp.observability import http as metrics_http
-from epp.observability import metrics
 from epp.requestcontrol.director import Director
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
@@ -91,24 +91,24 @@ async def drive(director: Director) -> None:
         await director.route(path="/v1/completions", headers={}, body=b"{not json", subset=None)
 
 
-def pool_source() -> metrics.PoolSnapshot:
-    return metrics.PoolSnapshot("pool", [metrics.PodLoad("pod-a-rank-0", 3, 2, 0.5, True)])
+def pool_source() -> collectors.PoolSnapshot:
+    return collectors.PoolSnapshot("pool", [collectors.PodLoad("pod-a-rank-0", 3, 2, 0.5, True)])
 
 
-def kv_source() -> metrics.KVSnapshot:
-    counts = metrics.KVPodCounts(1, 2, 1, 0, 0, {"ok": 1}, {"decode": 1}, 0.5)
-    return metrics.KVSnapshot({"pod-a-rank-0": counts}, {"frames": 1}, 3, 2, 0)
+def kv_source() -> collectors.KVSnapshot:
+    counts = collectors.KVPodCounts(1, 2, 1, 0, 0, {"ok": 1}, {"decode": 1}, 0.5)
+    return collectors.KVSnapshot({"pod-a-rank-0": counts}, {"frames": 1}, 3, 2, 0)
 
 
 @pytest.fixture
 def sources() -> Iterator[None]:
     """What a running scraper and KV-event ingester provide (each is tested with the real thing)."""
-    metrics.pool_collector.add(pool_source)
-    metrics.kv_collector.add(kv_source)
+    collectors.pool_collector.add(pool_source)
+    collectors.kv_collector.add(kv_source)
     metrics.ready_endpoints.labels(name="pool").set(1)
     yield
-    metrics.pool_collector.discard(pool_source)
-    metrics.kv_collector.discard(kv_source)
+    collectors.pool_collector.discard(pool_source)
+    collectors.kv_collector.discard(kv_source)
     metrics.ready_endpoints.remove("pool")
 
 

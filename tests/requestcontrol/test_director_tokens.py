@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from epp.api import errors
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.kvcache.index import BlockIndex
-from epp.observability import metrics
+from epp.observability import collectors
 from epp.requestcontrol.director import Director
 from epp.rpc import http as rpc_http
 from epp.scheduling import config as sched_config
@@ -160,7 +160,7 @@ async def test_debug_tokenize_answers_the_scored_tokens(tokenizers: Tokenizers) 
 def test_tokenizer_metrics_are_read_at_scrape_time() -> None:
     missing = {"llama": 3}
     registry = CollectorRegistry()
-    registry.register(metrics.TokenizerCollector(lambda: missing, lambda: {"epp-tiny": 1}))
+    registry.register(collectors.TokenizerCollector(lambda: missing, lambda: {"epp-tiny": 1}))
     assert registry.get_sample_value("epp_tokenizer_missing_total", {"model": "llama"}) == 3
     missing["llama"] = 5
     assert registry.get_sample_value("epp_tokenizer_missing_total", {"model": "llama"}) == 5
@@ -170,7 +170,7 @@ def test_tokenizer_metrics_are_read_at_scrape_time() -> None:
 async def test_prefix_cache_metrics_follow_the_registry(tokenizers: Tokenizers) -> None:
     registry = CollectorRegistry()
     registry.register(
-        metrics.TokenizerCollector(
+        collectors.TokenizerCollector(
             lambda: tokenizers.missing,
             lambda: tokenizers.truncated,
             lambda: tokenizers.prefix_caches,
