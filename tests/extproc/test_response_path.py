@@ -38,6 +38,27 @@ def test_wire_answer_is_byte_equal_to_upb(size: int, eos: bool) -> None:
     assert m.streamed_response_body_wire(b"x", False) == [_upb_answers(b"x", False)[0].SerializeToString()]
 
 
+def _rss_anon_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_wire_answers_do_not_accumulate_chunks() -> None:
+    """upb keeps every bytes value set on a message until the message dies: one kept message for
+    the process held every chunk it answered (the soak's RSS growth). 64 MB of chunks, answered
+    one by one, must leave the process about as large as it was."""
+    chunk = bytes(range(256)) * 16  # 4 KiB, a large SSE event
+    m.streamed_response_body_wire(chunk, False)
+    before = _rss_anon_mb()
+    for _ in range(16_384):
+        m.streamed_response_body_wire(chunk, False)
+    grown = _rss_anon_mb() - before
+    assert grown < 16, f"RssAnon grew {grown:.1f} MB over 64 MB of answered chunks"
+
+
 def _upb_answers(body: bytes, eos: bool) -> list[pb.ProcessingResponse]:
     """The oracle: the same answers built as nested upb messages, chunked at MAX_BODY_CHUNK."""
     starts = range(0, len(body), m.MAX_BODY_CHUNK) if body else [0]
