@@ -67,9 +67,12 @@ async def test_distinct_model_and_target_names_cannot_grow_the_series_or_the_pag
     # Distinct names on both labels: each capped alone, the pairs would still be 256 x 256.
     for i in range(3000):
         await route(director, f"client-model-{i}", f"client-target-{i % 997}")
-    new = pairs_exported() - before
+    after = pairs_exported()
+    new = after - before
     assert len(new) <= metrics.MAX_LABEL_PAIRS + 1, len(new)
-    assert ("other", "other") in new
+    # In `after`, not `new`: an earlier test in the same process (the fuzz suite's many model
+    # names) may have exported the ("other", "other") series already.
+    assert ("other", "other") in after
     assert any(t.startswith("client-target-") for _, t in new)  # the rewrite was honoured
     new_targets = targets_exported() - targets_before
     assert len(new_targets) <= metrics.MAX_LABEL_VALUES + 1, len(new_targets)
