@@ -618,13 +618,16 @@ def test_grafana_dashboard_uses_only_metrics_epp_exports() -> None:
     dashboard = json.loads(cm["data"]["epp.json"])
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     # A histogram's samples: _bucket, _sum, _count (tests/observability checks this against a
-    # real exposition; this check reads only the chart and metrics.py).
+    # real exposition; this check reads only the chart and epp's metric definitions).
     used = {
         re.sub(r"_(bucket|sum|count)$", "", m)
         for e in exprs
         for m in re.findall(r"\b(?:epp|inference)_[a-z_]+", e)
     }
-    source = (chart.ROOT / "epp" / "observability" / "metrics.py").read_text(encoding="utf-8")
+    source = "".join(
+        (chart.ROOT / "epp" / "observability" / name).read_text(encoding="utf-8")
+        for name in ("metrics.py", "collectors.py")  # the series, and those built at scrape time
+    )
     exported = set(re.findall(r'"((?:epp|inference)_[a-z_]+)"', source))
     # prometheus-client appends _total to counters whose name lacks it.
     exported |= {f"{n}_total" for n in exported}
