@@ -8,10 +8,10 @@ latencies and miss shares, the smallest for hit rates, SLO share and throughput.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -155,11 +155,17 @@ def target_table(docs: Sequence[Mapping[str, Any]], workloads: Sequence[str], po
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    paths = list(sys.argv[1:] if argv is None else argv)
-    if not paths:
-        print("usage: python -m epp.bench.seeds RESULTS.json ...", file=sys.stderr)
-        return 2
-    docs = load(paths)
+    ap = argparse.ArgumentParser(
+        prog="python -m epp.bench.seeds",
+        description="Median and worst over seeds of `epp bench` results (one results.json per seed, "
+        "every policy of a seed in the same file).",
+    )
+    ap.add_argument("results", nargs="+", metavar="RESULTS.json")
+    args = ap.parse_args(argv)
+    try:
+        docs = load(args.results)
+    except (OSError, ValueError, KeyError) as exc:  # a missing or foreign file: say which
+        ap.error(f"cannot read the results: {exc}")
     workloads = list(dict.fromkeys(w for d in docs for w in d["workloads"]))
     for w in workloads:
         print(table(docs, w), end="\n\n")

@@ -192,3 +192,16 @@ def test_seeds_median_and_worst(tmp_path: Path, entry: dict[str, object]) -> Non
     assert got["e2e_p99_s"][1] == "random"
     text = seeds.target_table(docs, ["small"])
     assert text.count("/3") == len(seeds.TARGETS)
+
+
+def test_seeds_cli_answers_help_and_bad_files_with_usage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from epp.bench import seeds
+
+    with pytest.raises(SystemExit) as done:
+        seeds.main(["--help"])
+    assert done.value.code == 0 and "RESULTS.json" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        seeds.main([str(tmp_path / "missing.json")])
+    assert done.value.code == 2 and "cannot read the results" in capsys.readouterr().err
