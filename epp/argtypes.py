@@ -57,6 +57,13 @@ def _number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
 
 
+def non_negative_int(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0: {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = _integer(text)
     if value < 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from epp.argtypes import byte_size, duration, positive_int
+from epp.argtypes import byte_size, duration, non_negative_int, positive_int
 
 
 def _json_depth(text: str) -> int:
@@ -57,4 +57,31 @@ def add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
         type=duration,
         default=60.0,
         help="from the request headers to the body's end; later 408 (default 60s, 0: none)",
+    )
+    g.add_argument(
+        "--body-parser-processes",
+        type=non_negative_int,
+        default=1,
+        help="processes that parse and render bodies over --body-parser-min-bytes (and chats of "
+        "more than 64 messages), so they never hold the event loop; 0: in epp's own (default 1)",
+    )
+    g.add_argument(
+        "--body-parser-min-bytes",
+        type=byte_size,
+        default=256 << 10,
+        help="request bodies larger than this are parsed by the body-parser processes (default 256Ki)",
+    )
+    g.add_argument(
+        "--max-concurrent-large-bodies",
+        type=non_negative_int,
+        default=2,
+        help="requests with a body over --body-parser-min-bytes read and parsed at once; others "
+        "wait unread, their senders held by flow control (default 2, 0: no bound)",
+    )
+    g.add_argument(
+        "--large-body-rate",
+        type=byte_size,
+        default=64 << 20,
+        help="bytes a second of bodies over --body-parser-min-bytes read, all streams together; "
+        "a large body waits unread until within it (default 64Mi, 0: no bound)",
     )

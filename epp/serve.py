@@ -24,7 +24,7 @@ import logging
 import grpc
 import zmq
 
-from epp import drain, gie_flags, kv_events_flags, tasks
+from epp import drain, gie_flags, kv_events_flags, malloc, tasks
 from epp.api.context_length import ContextLimits
 from epp.api.limits import RequestLimits
 from epp.datastore import standalone
@@ -44,6 +44,7 @@ from epp.observability import http as obs_http
 from epp.observability.looplag import LoopLagMonitor
 from epp.requestcontrol import admission
 from epp.requestcontrol.director import Director, DirectorSettings
+from epp.requestcontrol.offload import BodyParsers
 from epp.rpc import http as rpc_http
 from epp.rpc import service as rpc_service
 from epp.scheduling import config as sched_config
@@ -79,6 +80,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                 if argv is None:
                     raise ValueError("--workers above 1 needs `epp serve` started from its command line")
                 return asyncio.run(supervisor.supervise(args, argv, count))
+        malloc.tune()  # the process that routes (a worker, or the only one) copies the bodies
         asyncio.run(run(args, role))
     except sched_config.ConfigError as exc:
         log.error("invalid configuration: %s", exc)
@@ -179,11 +181,18 @@ async def _run_traced(args: argparse.Namespace, role: workers_worker.WorkerRole 
         lambda: tokenizers.commits_dropped,
     )
     metrics.REGISTRY.register(collector)
+    parsers = None
+    if args.body_parser_processes:
+        parsers = BodyParsers(args.body_parser_processes, min_bytes=args.body_parser_min_bytes)
     try:
-        await _run(args, datastore, handle, tokenizers, role)
+        if parsers is not None:
+            await parsers.start()
+        await _run(args, datastore, handle, tokenizers, role, parsers)
     finally:
         metrics.REGISTRY.unregister(collector)
         tokenizers.close()
+        if parsers is not None:
+            await asyncio.to_thread(parsers.close)
 
 
 def _kv_events_from_config(args: argparse.Namespace) -> None:
@@ -227,6 +236,7 @@ async def _run(
     handle: Handle,
     tokenizers: Tokenizers,
     role: workers_worker.WorkerRole | None = None,
+    parsers: BodyParsers | None = None,
 ) -> None:
     if args.config_file:
         config = sched_config.load_config_file(args.config_file, handle)
@@ -260,6 +270,7 @@ async def _run(
         admission_controller=admission.LegacyAdmissionController(config.saturation_detector),
         objectives=objective_store,
         context_limits=_context_limits(args, datastore, tokenizers),
+        body_parsers=parsers,
     )
 
     pool_label = args.pool_name or "standalone"
@@ -348,6 +359,9 @@ async def _run(
                 max_buffered_body_bytes=args.max_buffered_body_bytes,
                 max_concurrent_streams=args.max_concurrent_streams,
                 request_body_timeout=args.request_body_timeout,
+                large_body_bytes=args.body_parser_min_bytes,
+                large_body_lanes=args.max_concurrent_large_bodies,
+                large_body_rate=args.large_body_rate,
             )
         ),
     )

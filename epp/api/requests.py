@@ -83,6 +83,9 @@ class InferenceRequest:
     max_output_param: str = "max_tokens"  # the field `max_output_tokens` came from, for messages
     truncate_prompt_tokens: int | None = None
     truncation_side: str | None = None
+    # A chat body rendered in a body-parser process (epp.requestcontrol.offload), never decoded
+    # here: its (forwards_ids, add_special_tokens), which the director would read off `body`.
+    chat_flags: tuple[bool, bool] | None = None
 
 
 # --- Body shapes: only the fields we read. Unknown fields are skipped by msgspec. ---------------

@@ -12,6 +12,24 @@ for the rest of the response), or when the stream ends before that (an error, a 
     max_concurrent_streams   requests epp is deciding or following at once; more are 503
     request_body_timeout     from the request headers to the body's end; a body still arriving
                              then is answered 408 and its buffer dropped (0: no deadline)
+    large_body_lanes         requests with a body over `large_body_bytes` (by Content-Length, or
+                             once that much has arrived) read, parsed and answered at once; the
+                             others wait for a lane without reading, so HTTP/2 flow control
+                             slows their senders (0: no bound). The wait counts against the body
+                             timeout.
+    large_body_rate          bytes a second of large bodies read, across streams (a token
+                             bucket holding one second's worth): a large body waits, unread,
+                             until its bytes are within the rate (0: no bound).
+
+Why lanes: every large body costs epp's own process a few copies of it (gRPC's message, the body
+field, the join, the hand-off to a body parser: epp.requestcontrol.offload) and, in
+FULL_DUPLEX_STREAMED, one answer per 62000 bytes sent back. Unbounded, eight clients sending
+16 MiB bodies as fast as epp took them kept its loop and gRPC's threads copying and took other
+requests' routing p99 from 3 ms to 25-250 ms; the lanes pace large bodies to what the parsers
+finish (issue 19, tests/api/bench_big_bodies.py). The parsers alone did not bound the rate:
+one client sending 16 MiB bodies back to back got ~29 of them a second through (460 MiB/s of
+copies in epp's process), and other requests' routing p99 was still ~10x idle. The rate bounds
+what large bodies may take of the process: 64 MiB/s, four 16 MiB bodies, by default.
 
 Every answer here is counted in epp_request_errors_total like other early answers. Envoy's own
 limits (epp.gateway.envoy: request timeouts, per-connection buffer limits) catch most of this
@@ -25,29 +43,91 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from epp.observability import metrics
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StreamLimits:
     max_buffered_body_bytes: int = 1 << 30
     max_concurrent_streams: int = 10_000
     request_body_timeout: float = 60.0
+    large_body_bytes: int = 256 << 10
+    large_body_lanes: int = 2
+    large_body_rate: int = 64 << 20
 
     def __post_init__(self) -> None:
         if self.max_buffered_body_bytes < 1 or self.max_concurrent_streams < 1:
             raise ValueError("max_buffered_body_bytes and max_concurrent_streams must be at least 1")
         if self.request_body_timeout < 0:
             raise ValueError("request_body_timeout must be >= 0")
+        if min(self.large_body_lanes, self.large_body_bytes, self.large_body_rate) < 0:
+            raise ValueError("large_body_lanes, large_body_bytes and large_body_rate must be >= 0")
 
 
 class StreamGuard:
     """The counters shared by every stream of one server (one event loop: no locks needed)."""
 
-    __slots__ = ("buffered", "limits", "streams")
+    __slots__ = ("_bucket", "_lanes", "buffered", "limits", "streams")
 
     def __init__(self, limits: StreamLimits = StreamLimits()) -> None:
         self.limits = limits
         self.buffered = 0  # request-body bytes held by streams now
         self.streams = 0  # streams admitted and not yet closed
+        lanes, rate = limits.large_body_lanes, limits.large_body_rate
+        self._lanes = asyncio.Semaphore(lanes) if lanes else None
+        self._bucket = _Bucket(rate) if rate else None
+
+    def is_large(self, body_bytes: int) -> bool:
+        """Whether a body of this size is paced (`take_lane`, `pace`)."""
+        return (
+            self._lanes is not None or self._bucket is not None
+        ) and body_bytes > self.limits.large_body_bytes
+
+    async def take_lane(self, started: float, size: int) -> bool:
+        """Wait for a large-body lane and for `size` bytes of the rate; False once the body
+        timeout (from `started`) has passed. A True must be matched by one `give_lane`."""
+        timeout = self.limits.request_body_timeout
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            async with asyncio.timeout_at(started + timeout if timeout else None):
+                if self._lanes is not None:
+                    await self._lanes.acquire()
+                try:
+                    await self._wait_rate(size)
+                except BaseException:
+                    self.give_lane()
+                    raise
+        except TimeoutError:
+            return False
+        finally:
+            _count_wait(loop.time() - t0)
+        return True
+
+    async def pace(self, started: float, size: int) -> bool:
+        """Wait for `size` more bytes of the rate (a large body of unknown length, chunk by
+        chunk); False once the body timeout has passed."""
+        timeout = self.limits.request_body_timeout
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            async with asyncio.timeout_at(started + timeout if timeout else None):
+                await self._wait_rate(size)
+        except TimeoutError:
+            return False
+        finally:
+            _count_wait(loop.time() - t0)
+        return True
+
+    async def _wait_rate(self, size: int) -> None:
+        if self._bucket is not None and size:
+            delay = self._bucket.reserve(size, asyncio.get_running_loop().time())
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+    def give_lane(self) -> None:
+        if self._lanes is not None:
+            self._lanes.release()
 
     def admit(self) -> bool:
         if self.streams >= self.limits.max_concurrent_streams:
@@ -78,3 +158,29 @@ class StreamGuard:
                 return await read()
         except TimeoutError:
             return None
+
+
+def _count_wait(seconds: float) -> None:
+    if seconds > 0.001:  # waited, rather than passed straight through
+        metrics.large_body_waits.inc()
+        metrics.large_body_wait_seconds.inc(seconds)
+
+
+class _Bucket:
+    """A token bucket of bytes, one second's worth deep. `reserve` takes the bytes at once (the
+    balance may go negative) and says how long until the balance is back at zero: callers
+    waiting that long are served at the rate, in order."""
+
+    __slots__ = ("at", "rate", "tokens")
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.tokens = float(rate)
+        self.at = 0.0
+
+    def reserve(self, size: int, now: float) -> float:
+        if self.at:
+            self.tokens = min(float(self.rate), self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= size
+        return -self.tokens / self.rate if self.tokens < 0 else 0.0

@@ -54,6 +54,8 @@ class Stream:
         "_body_size",
         "_director",
         "_guard",
+        "_lane",
+        "_paced",
         "_request_mode",
         "_reserved",
         "_response_mode",
@@ -70,6 +72,8 @@ class Stream:
         self._guard = guard  # epp.extproc.limits: shared bounds on streams and buffered bytes
         self._admitted = False
         self._reserved = 0
+        self._lane = False  # holds one of the guard's large-body lanes
+        self._paced = False  # a large body of unknown length: each chunk waits for the rate
         self._started = 0.0
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _FULL_DUPLEX
@@ -117,6 +121,9 @@ class Stream:
                     throttle=OVER_LIMIT_LOGS["streams"],
                 )
             self._admitted = True
+            size = _content_length(self.headers)
+            if guard.is_large(size) and not await self._take_lane(size):
+                return self.timed_out()
         if msg.request_headers.end_of_stream:
             return await self._route(msg, body=None, reply="headers")
         if self._request_mode == _FULL_DUPLEX:
@@ -140,6 +147,14 @@ class Stream:
         if chunk:
             guard = self._guard
             if guard is not None:
+                if self._lane:
+                    if self._paced and not await guard.pace(self._started, len(chunk)):
+                        return self.timed_out()
+                elif guard.is_large(self._body_size):
+                    # No Content-Length: paced from here, chunk by chunk.
+                    self._paced = True
+                    if not await self._take_lane(self._body_size):
+                        return self.timed_out()
                 if not guard.reserve(len(chunk)):
                     return self._fail(
                         errors.ServiceUnavailable(
@@ -284,11 +299,24 @@ class Stream:
             )
         )
 
+    async def _take_lane(self, size: int) -> bool:
+        assert self._guard is not None
+        self._lane = await self._guard.take_lane(self._started, size)
+        return self._lane
+
+    def _give_lane(self) -> None:
+        if self._lane:
+            self._lane = False
+            assert self._guard is not None
+            self._guard.give_lane()
+
     def answered(self) -> None:
         """The server has written the answers to a message. Once the routing answer is out the
         body is the gateway's to forward: epp drops its copy and gives the bytes back to
         `--max-buffered-body-bytes`, which then bounds bodies being buffered, not the prompts
         of responses in flight."""
+        if self.ctx is not None or self.closed:
+            self._give_lane()  # the routing answer (and the body sent back with it) is written
         if self._reserved and self.ctx is not None:
             self.ctx.body_forwarded()
             assert self._guard is not None
@@ -302,6 +330,7 @@ class Stream:
             # what `answered` has not given back: a body never routed (error, reset, timeout)
             guard.release(self._reserved)
             self._reserved = 0
+            self._give_lane()
             if self._admitted:
                 guard.leave()
                 self._admitted = False
@@ -314,3 +343,10 @@ def _no_eos(body: bytes) -> list[m.ProcessingResponse]:
     last = out[-1].request_body.response.body_mutation.streamed_response
     last.end_of_stream = False
     return out
+
+
+def _content_length(headers: dict[str, str]) -> int:
+    """The request's Content-Length, 0 when absent or not a number (the body is then measured
+    as it arrives)."""
+    value = headers.get("content-length", "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 19 else 0

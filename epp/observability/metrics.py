@@ -277,6 +277,22 @@ event_loop_lag = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
     registry=REGISTRY,
 )
+large_body_waits = Counter(
+    "epp_large_body_waits_total",
+    "Request bodies over --body-parser-min-bytes that waited for a lane or for the large-body rate "
+    "before epp read on.",
+    registry=REGISTRY,
+)
+large_body_wait_seconds = Counter(
+    "epp_large_body_wait_seconds_total",
+    "Seconds large request bodies waited, unread, for a lane or the large-body rate.",
+    registry=REGISTRY,
+)
+body_parser_restarts = Counter(
+    "epp_body_parser_restarts_total",
+    "Body-parser process pools replaced after a worker exited (an OOM kill, a crash).",
+    registry=REGISTRY,
+)
 response_bodies_skipped = Counter(
     "epp_response_bodies_skipped_total",
     "Off-sample responses whose body epp stopped at the response headers (mode override), by "

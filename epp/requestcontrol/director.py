@@ -8,12 +8,9 @@
                -> finish(): release the booking, run response-complete hooks, record metrics
 
 Tokenization runs here, before the scheduler, because it is the one slow step of a decision
-(milliseconds for long prompts, off the event loop in the tokenizer) and the scheduler is
-synchronous. It happens only when a configured plugin `consumes_tokens`, and a tokenizer failure
-only costs the request its token ids (prefix scorers then see none), never the request itself; a
-chat request vLLM would refuse (the template raises, a malformed part) is answered 400 here.
-Chat requests are rendered with the model's chat template after vLLM's own preprocessing
-(`epp.tokenize.chat`); other prompts are tokenized as they are (`plain_prompt`).
+and the scheduler is synchronous (`epp.requestcontrol.prompt`); it happens only when a configured
+plugin `consumes_tokens`. A body over the body parsers' size is parsed in their processes
+(`epp.requestcontrol.offload`), never on the loop.
 
 Response sampling: where the gateway lets epp stop the response body's streaming (Envoy's
 `allow_mode_override`, epp's own gateway config), only `response_sample_ratio` of the requests
@@ -33,54 +30,33 @@ with an error after booking) releases exactly once. That is what keeps in-flight
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
 from epp import clock
 from epp.api import context_length, errors
-from epp.api.limits import DEFAULT_LIMITS, RequestLimits, decode_body
+from epp.api.limits import DEFAULT_LIMITS, RequestLimits
 from epp.api.requests import (
     MODEL_REWRITE_HEADER,
-    Api,
     InferenceRequest,
     header_only_request,
     parse_request,
-    plain_prompt,
 )
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.observability import metrics
 from epp.requestcontrol import admission
+from epp.requestcontrol.offload import BodyParsers
+from epp.requestcontrol.prompt import Prompts, PromptTokenizer
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
-from epp.tokenize.chat import ChatTemplateError, UnsupportedChat, add_special_tokens, forwards_ids
 
 log = logging.getLogger("epp.director")
-
-
-class PromptTokenizer(Protocol):
-    """What the Director needs of a tokenizer registry (`epp.tokenize`)."""
-
-    async def encode(
-        self, model: str, text: str, *, base_model: str | None = None, add_special_tokens: bool = True
-    ) -> list[int] | None:
-        """The token ids of `text` for `model` (a LoRA adapter without a tokenizer of its own uses
-        `base_model`'s); None when no tokenizer is known for either."""
-        ...
-
-    async def encode_chat(
-        self, model: str, body: Mapping[str, Any], *, base_model: str | None = None
-    ) -> list[int] | None:
-        """The prompt token ids vLLM's chat endpoint computes for a decoded chat `body`; None
-        when no tokenizer is known for `model` or `base_model`. Raises when vLLM would refuse the
-        request."""
-        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -197,6 +173,7 @@ class Director:
         admission_controller: admission.LegacyAdmissionController | None = None,
         objectives: admission.Objectives | None = None,
         context_limits: context_length.ContextLimits | None = None,
+        body_parsers: BodyParsers | None = None,
     ) -> None:
         """`admission_controller` None admits every request; `objectives` None makes every
         request's priority 0 (no InferenceObjectives: standalone mode); `context_limits` None
@@ -210,7 +187,9 @@ class Director:
         self._response_complete = list(response_complete)
         self.admission_controller = admission_controller
         self.objectives = objectives
-        self.context_limits = context_limits
+        # Token ids and context-length rules; bodies over the parsers' size are parsed and
+        # rendered in their processes (epp.requestcontrol.offload).
+        self.prompts = Prompts(datastore, settings.limits, context_limits, body_parsers)
         # Bound Prometheus children: `labels()` costs ~1.5 µs a call and a request needs a dozen.
         self._children: dict[tuple[str, ...], Any] = {}
         # Deterministic sampling: every request adds the ratio, a whole unit buys one sample.
@@ -255,7 +234,7 @@ class Director:
         # Every error answer raised here is counted here, with the model once the body is parsed;
         # the ext-proc layer counts only the ones it raises itself.
         try:
-            request, candidates = self._prepare(path=path, headers=headers, body=body, subset=subset)
+            request, candidates = await self._prepare(path=path, headers=headers, body=body, subset=subset)
         except errors.RequestError as exc:
             self._count_error(("-", "-"), exc.status)
             raise
@@ -270,7 +249,7 @@ class Director:
     ) -> RequestContext:
         if self.admission_controller is not None:
             self.admission_controller.admit(request, candidates)
-        await self._prompt(request, self._tokenizer)
+        await self.prompts.fill(request, self._tokenizer)
         result = self.scheduler.schedule(request, candidates)
         if not result.targets:
             self._count_attempt(request, None)
@@ -336,8 +315,8 @@ class Director:
         Nothing is booked and pre-request hooks do not run, so nothing is learned; pickers that
         keep a cursor (round-robin) still advance. Raises `errors.RequestError` like `route`.
         """
-        request, candidates = self._prepare(path=path, headers=headers, body=body, subset=None)
-        await self._prompt(request, self._tokenizer)
+        request, candidates = await self._prepare(path=path, headers=headers, body=body, subset=None)
+        await self.prompts.fill(request, self._tokenizer)
         return request, self.scheduler.schedule(request, candidates, explain=True)
 
     async def tokenize(
@@ -345,81 +324,9 @@ class Director:
     ) -> tuple[InferenceRequest, bool]:
         """The request with the token ids epp computes for it, and whether the configured plugins
         score them (`POST /debug/tokenize`). Raises `errors.RequestError` like `route`."""
-        request, _ = self._prepare(path=path, headers=headers, body=body, subset=None)
-        await self._prompt(request, self.tokenizer)
+        request, _ = await self._prepare(path=path, headers=headers, body=body, subset=None)
+        await self.prompts.fill(request, self.tokenizer)
         return request, self._tokenizer is not None
-
-    async def _prompt(self, request: InferenceRequest, tokenizer: PromptTokenizer | None) -> None:
-        """The prompt's token ids (with `tokenizer`, when given), and vLLM's context-length rules
-        for them: raises `errors.BadRequest` where the model server would answer 400."""
-        limit = None
-        if self.context_limits is not None and context_length.applies(request):
-            limit = self.context_limits.max_model_len(request.target_model)
-            if limit is not None:
-                context_length.check_parameters(request, limit)
-        if request.prompt_token_ids:  # given as ids: every prompt of a batch is known
-            if limit is not None:
-                request.token_ids = context_length.check_given_ids(request.prompt_token_ids, request, limit)
-            elif request.truncate_prompt_tokens is not None and request.truncate_prompt_tokens >= 0:
-                request.token_ids = context_length.truncate(request.prompt_token_ids[0], request, 0)
-            return
-        if tokenizer is None:
-            return
-        await self._tokenize(request, tokenizer)
-        ids = request.token_ids
-        if ids is None:
-            return
-        keep = request.truncate_prompt_tokens
-        if keep is not None and request.api is Api.CHAT and forwards_ids(self._decoded(request)):
-            keep = None  # vLLM takes forwarded ids as they are (found by the differential run)
-        if keep is not None and (keep >= 0 or limit is not None) and keep < len(ids):
-            specials = (0, 0)
-            if request.truncation_side is None and _adds_special_tokens(request):
-                model, base = request.target_model, self.datastore.base_model
-                specials = await context_length.text_specials(
-                    lambda text, add: tokenizer.encode(model, text, base_model=base, add_special_tokens=add)
-                )
-            ids = context_length.truncate(ids, request, limit or 0, specials=specials)
-            request.token_ids = ids
-            request.prompt_tokens_estimate = len(ids)
-        if limit is not None:
-            context_length.check_prompt(len(ids), request, limit, from_text=True)
-
-    async def _tokenize(self, request: InferenceRequest, tokenizer: PromptTokenizer) -> None:
-        """Fill `request.token_ids` (and the exact prompt size) unless the ids came with it."""
-        if request.token_ids is not None:
-            return
-        # vLLM tokenizes an adapter's prompt with the base model's tokenizer unless the adapter
-        # ships its own: the pool's base model (as its endpoints name it) is the fallback.
-        base_model = self.datastore.base_model
-        try:
-            if request.api is Api.CHAT:
-                # The model server sees the template's rendering of the (re-written) body.
-                body = await self._decoded_off_loop(request)
-                ids = await tokenizer.encode_chat(request.target_model, body, base_model=base_model)
-            else:
-                text = plain_prompt(request)
-                if text is None:
-                    return
-                ids = await tokenizer.encode(
-                    request.target_model,
-                    text,
-                    base_model=base_model,
-                    add_special_tokens=request.add_special_tokens,
-                )
-        except UnsupportedChat as exc:  # vLLM may serve it (media parts): route without token ids
-            log.debug("request %s routed without token ids: %s", request.request_id, exc)
-            return
-        except ChatTemplateError as exc:  # vLLM answers these 400 too: answer before routing
-            raise errors.BadRequest(str(exc)) from None
-        except errors.RequestError:  # the body over a limit (_decoded)
-            raise
-        except Exception:  # a tokenizer bug costs the prefix hint, never the request
-            log.exception("tokenizing the prompt for model %r failed", request.target_model)
-            return
-        if ids is not None:
-            request.token_ids = ids
-            request.prompt_tokens_estimate = len(ids)
 
     def _log_decision(self, request: InferenceRequest, result: SchedulingResult) -> None:
         """One debug line per decision: the pick, and what the explainers (prefix match) found."""
@@ -444,7 +351,7 @@ class Director:
             },
         )
 
-    def _prepare(
+    async def _prepare(
         self, *, path: str, headers: Mapping[str, str], body: bytes | None, subset: list[str] | None
     ) -> tuple[InferenceRequest, list[Endpoint]]:
         """Parse the request and find its candidate endpoints."""
@@ -464,14 +371,25 @@ class Director:
                 raise errors.PayloadTooLarge(
                     f"request body of {len(body)} bytes exceeds the limit of {self.settings.max_body_bytes}"
                 )
-            request = parse_request(
-                path=path,
-                headers=headers,
-                body=body,
-                request_id=request_id,
-                subset_ips=subset_ips,
-                limits=self.settings.limits,
-            )
+            parsers = self.prompts.body_parsers
+            if parsers is not None and parsers.wants(len(body)):
+                request = await parsers.parse(
+                    path=path,
+                    headers=headers,
+                    body=body,
+                    request_id=request_id,
+                    subset_ips=subset_ips,
+                    limits=self.settings.limits,
+                )
+            else:
+                request = parse_request(
+                    path=path,
+                    headers=headers,
+                    body=body,
+                    request_id=request_id,
+                    subset_ips=subset_ips,
+                    limits=self.settings.limits,
+                )
         request.priority = admission.priority(self.objectives, headers.get(admission.OBJECTIVE_HEADER))
         # Every endpoint excluded for stale metrics: routed on what is known (degraded), not 503.
         candidates = self.datastore.pick_candidates(subset_ips)
@@ -484,19 +402,6 @@ class Director:
                 f"no ready endpoints in the pool: {why}" if why else "no ready endpoints in the pool"
             )
         return request, candidates
-
-    async def _decoded_off_loop(self, request: InferenceRequest) -> Mapping[str, Any]:
-        """`_decoded`, in a thread for a large body: the depth walk is Python the loop can
-        preempt there (msgspec's decode itself holds the GIL either way)."""
-        if request.body is None and len(request.body_bytes) > _DECODE_INLINE_BYTES:
-            request.body = await asyncio.to_thread(decode_body, request.body_bytes, self.settings.limits)
-        return self._decoded(request)
-
-    def _decoded(self, request: InferenceRequest) -> Mapping[str, Any]:
-        """The body as plain objects, decoded once per request and depth-checked (400s)."""
-        if request.body is None:
-            request.body = decode_body(request.body_bytes, self.settings.limits)
-        return request.body
 
     def finish(self, ctx: RequestContext, *, complete: bool) -> None:
         request = ctx.request
@@ -563,15 +468,6 @@ class Director:
 
 
 _NEVER = float("-inf")  # an endpoint without a sampled response yet
-
-_DECODE_INLINE_BYTES = 256 << 10  # ~0.3 ms to decode: less than a hand-off to a thread costs
-
-
-def _adds_special_tokens(request: InferenceRequest) -> bool:
-    """Whether the tokenizer added special tokens to the request's text (chat: only when asked)."""
-    if request.api is Api.CHAT:
-        return add_special_tokens(request.body if request.body is not None else {})
-    return request.add_special_tokens
 
 
 def _json(value: Any) -> str:

@@ -81,7 +81,7 @@ import datetime
 import functools
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 import jinja2.ext
@@ -120,6 +120,20 @@ from epp.tokenize.chat_request import (
 )
 
 TEMPLATE_CACHE_SIZE = 64  # distinct template sources compiled and kept (one or two per model)
+
+
+class ChatTemplated(Protocol):
+    """What rendering reads of a tokenizer: a `tokenizer.Tokenizer`, or its picklable part that a
+    body-parser process renders with (`epp.requestcontrol.offload`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
+
+    @property
+    def special_tokens(self) -> Mapping[str, str | list[str]]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -260,7 +274,7 @@ def _reads(node: jinja2.nodes.Node, name: str, key: str | None) -> bool:
 # --- rendering ------------------------------------------------------------------------------------
 
 
-def render_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> str:
+def render_chat(tok: ChatTemplated, body: Mapping[str, Any]) -> str:
     """The prompt text vLLM's chat endpoint renders for `body` (a decoded chat completions body).
 
     Raises:
@@ -270,7 +284,7 @@ def render_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> str:
     return _render(tok, body)[0]
 
 
-def _render(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> tuple[str, bool]:
+def _render(tok: ChatTemplated, body: Mapping[str, Any]) -> tuple[str, bool]:
     """The rendered text, and whether vLLM tokenizes it the way apply_chat_template does
     (`tokenize` set in chat_template_kwargs: no special tokens added, whatever the body says)."""
     if tok.chat_template is None:
@@ -342,7 +356,7 @@ class ChatPrompt:
     token_ids: list[int] | None = None
 
 
-def prepare_chat(tok: tokenizer.Tokenizer, body: Mapping[str, Any]) -> ChatPrompt:
+def prepare_chat(tok: ChatTemplated, body: Mapping[str, Any]) -> ChatPrompt:
     """The prompt vLLM's chat endpoint builds for `body`, before encoding.
 
     `kv_transfer_params.prompt_token_ids` (disaggregated serving: the prefill stage's ids) are

@@ -453,6 +453,24 @@ class Tokenizers:
             return prompt.token_ids
         return await self._encode_with(tok, prompt.text, prompt.add_special_tokens)
 
+    def chat_template_for(self, model: str, *, base_model: str | None = None) -> chat.ChatTemplated | None:
+        """The tokenizer whose chat template renders `model`'s chat requests (for a renderer in
+        another process); None, counted in `missing`, if there is none."""
+        return self._serving(model, base_model)
+
+    async def encode_prompt(
+        self, model: str, prompt: chat.ChatPrompt, *, base_model: str | None = None
+    ) -> list[int] | None:
+        """`encode_chat`'s last step, for a chat rendered elsewhere (`chat_template_for`)."""
+        if self._closed:
+            raise RuntimeError("Tokenizers.encode_prompt after close()")
+        if prompt.token_ids is not None:
+            return prompt.token_ids
+        tok = self.for_model(model, base_model=base_model)
+        if tok is None:
+            return None
+        return await self._encode_with(tok, prompt.text, prompt.add_special_tokens)
+
     def _serving(self, model: str, base_model: str | None) -> tokenizer.Tokenizer | None:
         """`for_model`, counting a miss in `missing`."""
         tok = self.for_model(model, base_model=base_model)

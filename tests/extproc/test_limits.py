@@ -210,3 +210,111 @@ def test_limits_must_be_sane() -> None:
         StreamLimits(max_concurrent_streams=0)
     with pytest.raises(ValueError, match=">= 0"):
         StreamLimits(request_body_timeout=-1)
+    with pytest.raises(ValueError, match=">= 0"):
+        StreamLimits(large_body_rate=-1)
+
+
+def _sized(body: bytes, **extra: str) -> dict[str, str]:
+    return h.post_headers(**{"content-length": str(len(body)), **extra})
+
+
+async def test_large_bodies_wait_unread_for_a_lane_while_small_ones_pass() -> None:
+    guard = StreamGuard(StreamLimits(large_body_bytes=10_000, large_body_lanes=1, large_body_rate=0))
+    server, port = await _server(guard)
+    big = _big_chat(30_000)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            first = stub.Process()  # takes the one lane at its headers (Content-Length)
+            await first.write(h.headers_msg(_sized(big)))
+            await first.write(h.body_msg(big[:20_000], eos=False))
+            second = stub.Process()
+            await second.write(h.headers_msg(_sized(big)))
+            await second.write(h.body_msg(big))
+            waiting = asyncio.ensure_future(second.read())
+            small = stub.Process()  # under the size: never waits for a lane
+            await small.write(h.headers_msg(h.post_headers()))
+            await small.write(h.body_msg(CHAT))
+            assert not (await asyncio.wait_for(small.read(), 5)).HasField("immediate_response")
+            await asyncio.sleep(0.3)
+            assert not waiting.done()  # nor was its body read: the buffered bytes are the first's
+            assert guard.buffered == 20_000
+            await first.write(h.body_msg(big[20_000:]))
+            assert not (await asyncio.wait_for(first.read(), 5)).HasField("immediate_response")
+            assert not (await asyncio.wait_for(waiting, 5)).HasField("immediate_response")
+            # Without Content-Length the lane is taken once that much has arrived.
+            third = stub.Process()
+            await third.write(h.headers_msg(h.post_headers()))
+            await third.write(h.body_msg(big))
+            assert not (await asyncio.wait_for(third.read(), 5)).HasField("immediate_response")
+            for call in (first, second, third, small):
+                call.cancel()
+            await _settled(guard)
+    finally:
+        await server.stop(None)
+
+
+async def test_a_large_body_waiting_for_a_lane_past_the_body_timeout_is_408() -> None:
+    limits = StreamLimits(
+        large_body_bytes=10_000, large_body_lanes=1, large_body_rate=0, request_body_timeout=0.3
+    )
+    guard = StreamGuard(limits)
+    server, port = await _server(guard)
+    big = _big_chat(30_000)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            first = stub.Process()
+            await first.write(h.headers_msg(_sized(big)))
+            second = stub.Process()
+            await second.write(h.headers_msg(_sized(big), mode=h.BUFFERED))
+            assert _status(await asyncio.wait_for(second.read(), 5)) == 408
+            assert _status(await asyncio.wait_for(first.read(), 5)) == 408  # never sent its body
+            await _settled(guard)
+            again = stub.Process()  # both lanes given back
+            await again.write(h.headers_msg(_sized(big)))
+            await again.write(h.body_msg(big))
+            assert not (await asyncio.wait_for(again.read(), 5)).HasField("immediate_response")
+            again.cancel()
+            await _settled(guard)
+    finally:
+        await server.stop(None)
+
+
+async def test_large_bodies_are_read_at_the_rate() -> None:
+    # 100 kB/s, one second's worth deep: three 60 kB bodies take ~0.8 s (the bucket's 100 kB
+    # cover the first and 40 kB of the second), small ones are never held.
+    guard = StreamGuard(StreamLimits(large_body_bytes=10_000, large_body_lanes=0, large_body_rate=100_000))
+    server, port = await _server(guard)
+    big = _big_chat(60_000)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            done = []
+            for _ in range(3):
+                call = stub.Process()
+                await call.write(h.headers_msg(_sized(big), mode=h.BUFFERED))
+                assert (await asyncio.wait_for(call.read(), 5)).HasField("request_headers")
+                await call.write(h.body_msg(big))
+                assert not (await asyncio.wait_for(call.read(), 5)).HasField("immediate_response")
+                done.append(loop.time() - t0)
+                call.cancel()
+            assert done[0] < 0.15
+            assert 0.7 < done[2] < 1.5, done
+            small = stub.Process()
+            t1 = loop.time()
+            await small.write(h.headers_msg(h.post_headers()))
+            await small.write(h.body_msg(CHAT))
+            assert not (await asyncio.wait_for(small.read(), 5)).HasField("immediate_response")
+            assert loop.time() - t1 < 0.15
+            small.cancel()
+            await _settled(guard)
+    finally:
+        await server.stop(None)
+
+
+def test_content_length_is_read_only_when_a_plain_number() -> None:
+    for value, size in [("123", 123), ("", 0), ("-5", 0), ("1e9", 0), ("²", 0), ("9" * 30, 0)]:
+        assert stream_mod._content_length({"content-length": value}) == size

@@ -1,0 +1,218 @@
+"""Large request bodies parsed in other processes, so one client's body never holds the loop.
+
+msgspec decodes a body in one C call that holds the GIL throughout (~10 ms for 16 MiB here), and
+rendering a 10,000-message chat is ~60 ms of Python. In a thread either one still takes the GIL
+from the event loop, a switch interval (5 ms) or a whole decode at a time: with eight clients
+sending 16 MiB chat bodies, other requests' routing p99 went from 3 ms to ~500 ms (issue 19,
+`tests/api/bench_big_bodies.py`). Here a body over `min_bytes` is parsed by a small pool of
+worker processes instead, in two steps:
+
+1. `parse`: the request's fields (`epp.api.requests.parse_request`: limits, model, prompt texts);
+   its target model, and so the chat template, is known only after this step;
+2. `prepare_chat`: a chat body decoded whole, depth-checked and rendered with the template of the
+   model it is routed to (`epp.tokenize.chat.prepare_chat`); also for a small body whose chat has
+   more messages than the loop renders inline.
+
+What crosses back is small: the parsed request without its body (the director keeps its own
+copy) and with its prompt texts cut at TEXT_CHARS, and the rendered prompt cut just past what the
+tokenizer reads (`Tokenizers.max_chars`). Tokenizing stays in the parent, where the prefix cache
+lives; `tokenizers` releases the GIL while it encodes.
+
+The workers run at a lower CPU priority (nice +10): when a core is contended the loop that routes
+everyone wins over the bodies of a few. A worker that dies (an out-of-memory kill) fails the
+requests it held with 503 and the pool is replaced. Token-id prompts (`"prompt": [ids]`) still
+cost the parent their unpickling, as they cost it their decode before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+from collections.abc import Mapping
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from epp.api import errors
+from epp.api.limits import RequestLimits, decode_body
+from epp.api.requests import InferenceRequest, parse_request
+from epp.observability import metrics
+from epp.tokenize.chat import ChatPrompt, ChatTemplated, add_special_tokens, forwards_ids, prepare_chat
+
+log = logging.getLogger("epp.offload")
+
+DEFAULT_MIN_BYTES = 256 << 10  # ~0.3 ms to decode on the loop: less than the round trip costs it
+# Prompt texts kept on an offloaded request: what the text prefix scorer, the popularity plugin
+# and the tokenizer (`Tokenizers.max_chars`, 400,000 by default) read is far less.
+TEXT_CHARS = 1 << 20
+NICE = 10
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreparedChat:
+    """A chat body rendered in a worker: the prompt, and the body's facts the director reads."""
+
+    prompt: ChatPrompt
+    forwards_ids: bool
+    add_special_tokens: bool
+
+
+class BodyParsers:
+    """A pool of `processes` worker processes for bodies over `min_bytes` (see the module doc)."""
+
+    def __init__(self, processes: int = 1, *, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
+        if processes < 1:
+            raise ValueError("processes must be at least 1")
+        self.processes = processes
+        self.min_bytes = min_bytes
+        self.restarts = 0  # pools replaced after a worker died
+        self._pool = self._new_pool()
+        self._closed = False
+
+    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        # spawn, never fork: the parent runs gRPC's and the tokenizers' threads.
+        return concurrent.futures.ProcessPoolExecutor(
+            max_workers=self.processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_child_init,
+        )
+
+    async def start(self) -> None:
+        """Start every worker now (a spawned worker takes ~1 s to import), not on the first
+        large body."""
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self._pool, os.getpid) for _ in range(self.processes)))
+
+    def wants(self, body_size: int) -> bool:
+        return body_size > self.min_bytes
+
+    async def parse(
+        self,
+        *,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        request_id: str,
+        subset_ips: frozenset[str] | None,
+        limits: RequestLimits,
+    ) -> InferenceRequest:
+        """`parse_request` in a worker. Raises `errors.BadRequest` as it does, and
+        `errors.ServiceUnavailable` if the worker died."""
+        request: InferenceRequest
+        rewritten: bool
+        request, rewritten = await self._run(
+            _parse_job, path, dict(headers), body, request_id, subset_ips, limits
+        )
+        if not rewritten:
+            request.body_bytes = body
+        return request
+
+    async def prepare_chat(
+        self, template: ChatTemplated, body: bytes, limits: RequestLimits, max_chars: int
+    ) -> PreparedChat:
+        """The chat `body` decoded (limits checked) and rendered with `template` in a worker; the
+        text cut after `max_chars` + 1 characters. Raises `errors.BadRequest`, the template's
+        `ChatTemplateError` / `UnsupportedChat`, and `errors.ServiceUnavailable` if the worker
+        died."""
+        source = ChatTemplateSource(template.name, template.chat_template, dict(template.special_tokens))
+        prepared: PreparedChat = await self._run(_chat_job, source, body, limits, max_chars)
+        return prepared
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        if self._closed:
+            raise errors.ServiceUnavailable("epp is shutting down")
+        pool = self._pool
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        except BrokenProcessPool:
+            self._replace(pool)
+            raise errors.ServiceUnavailable("the process parsing this request's body exited") from None
+
+    def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
+        if self._pool is not broken or self._closed:
+            return  # another request replaced it already
+        self.restarts += 1
+        metrics.body_parser_restarts.inc()
+        log.warning("a body parser process exited; starting a new pool (restart %d)", self.restarts)
+        broken.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
+
+    def close(self) -> None:
+        """Stop the workers; requests still waiting on one get 503."""
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatTemplateSource:
+    """What rendering reads of a tokenizer (`epp.tokenize.chat.ChatTemplated`), picklable."""
+
+    name: str
+    chat_template: str | None
+    special_tokens: Mapping[str, str | list[str]]
+
+
+# --- In the worker processes ---------------------------------------------------------------------
+
+
+def _child_init() -> None:
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+    # Ctrl-C reaches the whole process group: the parent shuts the pool down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: a parent killed outright (SIGKILL, OOM) must not leave workers behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the call queue's EOF ends the worker anyway
+        pass
+
+
+def _parse_job(
+    path: str,
+    headers: dict[str, str],
+    body: bytes,
+    request_id: str,
+    subset_ips: frozenset[str] | None,
+    limits: RequestLimits,
+) -> tuple[InferenceRequest, bool]:
+    request = parse_request(
+        path=path, headers=headers, body=body, request_id=request_id, subset_ips=subset_ips, limits=limits
+    )
+    rewritten = request.body_bytes is not body
+    if not rewritten:
+        request.body_bytes = b""  # the parent has it
+    request.prompt_texts = _cut_texts(request.prompt_texts, TEXT_CHARS)
+    return request, rewritten
+
+
+def _cut_texts(texts: list[str], limit: int) -> list[str]:
+    """The texts up to `limit` characters in all (the last one cut)."""
+    out: list[str] = []
+    n = 0
+    for text in texts:
+        if n + len(text) >= limit:
+            out.append(text[: limit - n])
+            break
+        out.append(text)
+        n += len(text)
+    return out
+
+
+def _chat_job(source: ChatTemplateSource, body: bytes, limits: RequestLimits, max_chars: int) -> PreparedChat:
+    decoded = decode_body(body, limits)
+    prompt = prepare_chat(source, decoded)
+    if len(prompt.text) > max_chars + 1:
+        prompt = dataclasses.replace(prompt, text=prompt.text[: max_chars + 1])
+    return PreparedChat(prompt, forwards_ids(decoded), add_special_tokens(decoded))

@@ -1,0 +1,154 @@
+"""Large bodies parsed and rendered in body-parser processes (epp.requestcontrol.offload) give the
+same requests, prompts, token ids and errors as in-process, and a dead worker costs a 503, not
+the service."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from epp.api import errors
+from epp.api.limits import RequestLimits, decode_body
+from epp.api.requests import InferenceRequest, parse_request
+from epp.requestcontrol import offload
+from epp.requestcontrol.offload import BodyParsers
+from epp.tokenize.chat import ChatTemplateError, prepare_chat
+from epp.tokenize.registry import Tokenizers
+from epp.tokenize.tokenizer import load_shipped
+from tests.requestcontrol.test_director_tokens import director
+
+LIMITS = RequestLimits()
+
+
+@pytest.fixture(scope="module")
+def parsers() -> Iterator[BodyParsers]:
+    p = BodyParsers(1, min_bytes=1024)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+async def tokenizers() -> AsyncIterator[Tokenizers]:
+    toks = Tokenizers(default=load_shipped(), workers=1)
+    yield toks
+    toks.close()
+
+
+def _chat(messages: int, size: int = 40, **extra: object) -> bytes:
+    msgs = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "w " * (size // 2)}
+        for i in range(messages)
+    ]
+    return json.dumps({"model": "m", "messages": msgs, **extra}).encode()
+
+
+async def _parse(
+    parsers: BodyParsers, body: bytes, limits: RequestLimits = LIMITS, path: str = "/v1/chat/completions"
+) -> InferenceRequest:
+    return await parsers.parse(
+        path=path, headers={}, body=body, request_id="r", subset_ips=None, limits=limits
+    )
+
+
+BODIES = [
+    ("/v1/chat/completions", _chat(300, max_tokens=7, stream=True)),
+    ("/v1/completions", json.dumps({"model": "m", "prompt": "p " * 3000, "max_tokens": 3}).encode()),
+    ("/v1/completions", json.dumps({"model": "m", "prompt": [[1, 2, 3] * 500, [4]]}).encode()),
+    ("/v1/responses", json.dumps({"model": "m", "input": [{"content": "x " * 900}] * 3}).encode()),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), BODIES)
+async def test_a_body_parsed_in_a_worker_is_the_request_parsed_here(
+    parsers: BodyParsers, path: str, body: bytes
+) -> None:
+    headers = {":path": path, "x-request-id": "r1"}
+    here = parse_request(path=path, headers=headers, body=body, request_id="r1", limits=LIMITS)
+    there = await parsers.parse(
+        path=path, headers=headers, body=body, request_id="r1", subset_ips=None, limits=LIMITS
+    )
+    assert there.body_bytes is body  # the parent's copy, not one sent back
+    assert there == here
+
+
+async def test_prompt_texts_past_the_cap_are_cut_after_the_estimate(parsers: BodyParsers) -> None:
+    body = _chat(300, size=4000)  # 1.2 M characters of text
+    here = parse_request(path="/v1/chat/completions", headers={}, body=body, request_id="r", limits=LIMITS)
+    there = await _parse(parsers, body, LIMITS)
+    assert there.prompt_tokens_estimate == here.prompt_tokens_estimate
+    assert sum(map(len, here.prompt_texts)) > offload.TEXT_CHARS
+    assert "".join(there.prompt_texts) == "".join(here.prompt_texts)[: offload.TEXT_CHARS]
+    assert offload._cut_texts(["abc", "defg", "h"], 5) == ["abc", "de"]
+    assert offload._cut_texts(["abc"], 3) == ["abc"]
+
+
+async def test_client_errors_come_back_as_the_same_400(parsers: BodyParsers) -> None:
+    tight = RequestLimits(max_messages=10)
+    for body, limits in [
+        (b'{"model": "m", "messages": 7' + b" " * 2000 + b"}", LIMITS),
+        (_chat(11), tight),
+        (b"[" * 70 + b"]" * 70 + b" " * 2000, LIMITS),
+    ]:
+        with pytest.raises(errors.BadRequest) as here:
+            parse_request(path="/v1/chat/completions", headers={}, body=body, request_id="r", limits=limits)
+        with pytest.raises(errors.BadRequest) as there:
+            await _parse(parsers, body, limits)
+        assert there.value.reason == here.value.reason
+
+
+async def test_a_chat_rendered_in_a_worker_is_the_prompt_rendered_here(parsers: BodyParsers) -> None:
+    tok = load_shipped()
+    for body in [_chat(300), _chat(3, add_generation_prompt=False, continue_final_message=True)]:
+        here = prepare_chat(tok, decode_body(body, LIMITS))
+        there = await parsers.prepare_chat(tok, body, LIMITS, max_chars=10**9)
+        assert there.prompt == here
+        assert (there.forwards_ids, there.add_special_tokens) == (False, False)
+    cut = await parsers.prepare_chat(tok, _chat(300), LIMITS, max_chars=1000)
+    assert cut.prompt.text == prepare_chat(tok, decode_body(_chat(300), LIMITS)).text[:1001]
+    with pytest.raises(ChatTemplateError):
+        await parsers.prepare_chat(tok, b'{"model": "m", "messages": []}', LIMITS, max_chars=100)
+    with pytest.raises(errors.BadRequest, match="nest"):
+        deep = b'{"model": "m", "messages": [], "x": ' + b"[" * 100 + b"]" * 100 + b"}"
+        await parsers.prepare_chat(tok, deep, LIMITS, max_chars=100)
+
+
+async def test_a_dead_worker_costs_its_request_a_503_and_the_pool_is_replaced() -> None:
+    parsers = BodyParsers(1, min_bytes=0)
+    try:
+        await parsers.start()
+        (pid,) = [p.pid for p in parsers._pool._processes.values()]  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGKILL)
+        body = _chat(5)
+        with pytest.raises(errors.ServiceUnavailable):
+            for _ in range(50):  # the pool notices the death on its next use
+                await _parse(parsers, body, LIMITS)
+        assert parsers.restarts == 1
+        req = await _parse(parsers, body, LIMITS)
+        assert req.model == "m"
+    finally:
+        parsers.close()
+    with pytest.raises(errors.ServiceUnavailable, match="shutting down"):
+        await _parse(parsers, b"{}", LIMITS)
+
+
+async def test_the_director_routes_a_large_chat_with_the_token_ids_it_computes_in_process(
+    tokenizers: Tokenizers, parsers: BodyParsers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    large = _chat(400)  # over min_bytes (1 KiB)
+    small = _chat(100, size=2)  # ~3 KB, under the min_bytes set below, but over 64 messages
+    for b in (large, small):
+        if b is small:
+            monkeypatch.setattr(parsers, "min_bytes", 1 << 20)
+        plain = director(tokenizers)
+        ctx = await plain.route(path="/v1/chat/completions", headers={}, body=b, subset=None)
+        offloaded = director(tokenizers)
+        offloaded.prompts.body_parsers = parsers
+        ctx2 = await offloaded.route(path="/v1/chat/completions", headers={}, body=b, subset=None)
+        assert ctx2.request.token_ids == ctx.request.token_ids
+        assert ctx2.request.token_ids
+        assert ctx2.request.chat_flags == (False, False)
+        assert ctx2.body == b
