@@ -8,13 +8,11 @@ import collections
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from epp import clock as epp_clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
 from epp.kvcache.events import BlockStored, EventBatch
@@ -23,45 +21,18 @@ from epp.observability import metrics
 from epp.scheduling import config, interfaces, registry
 from epp.scheduling.plugins import predicted_ttft_scorer as mod
 
-from . import builders
+from . import builders, fleet
+
+# `X as X`: re-exported, test_traffic_share and tests/rpc/test_explain import them from here
+from .fleet import Clock as Clock
+from .fleet import clock as clock  # the fixture
+from .fleet import feed as feed
+from .fleet import toks as toks
 
 # epp's default with KV events before issue 18 (now request-latency-scorer's), kept as a bench policy.
 CONFIG = Path(mod.__file__).parent.parent.parent / "bench" / "policies" / "epp-ttft.yaml"
 RATE = 10000.0  # the default prior, tokens/s: 1e-4 s per token
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Iterator[Clock]:
-    c = Clock()
-    with epp_clock.use(c):
-        yield c
-
-
-def toks(n: int, start: int = 0) -> list[int]:
-    return list(range(start, start + n))
-
-
-def feed(index: BlockIndex, pod: str, tokens: list[int], *, base: int = 1000) -> None:
-    n = len(tokens) // 16
-    ev = BlockStored(
-        block_hashes=[base + i for i in range(n)],
-        parent_block_hash=None,
-        token_ids=tokens[: n * 16],
-        block_size=16,
-        lora_id=None,
-        medium="gpu",
-        lora_name=None,
-        extra_keys=None,
-    )
-    index.apply(pod, EventBatch(0.0, [ev], 0), model="m")
+_result = fleet.result  # the name test_traffic_share imports from here
 
 
 def request(tokens: list[int] | None, *, rid: str = "r") -> InferenceRequest:
@@ -72,39 +43,15 @@ def request(tokens: list[int] | None, *, rid: str = "r") -> InferenceRequest:
     return req
 
 
-class Stack:
+class Stack(fleet.Stack):
     """The precise scorer (weight 0) and the TTFT scorer over one index, as default-precise-config.yaml."""
 
-    def __init__(self, index: BlockIndex | None = None, **params: Any) -> None:
-        self.index = index if index is not None else BlockIndex()
-        self.handle = interfaces.Handle(datastore=Datastore(), kv_index=self.index)
-        self.precise: Any = registry.default.build(
-            "precise-prefix-cache-scorer", "precise-prefix-cache-scorer", {}, self.handle
-        )
-        self.ttft: Any = registry.default.build("predicted-ttft-scorer", "ttft", params, self.handle)
-
-    def score(self, req: InferenceRequest, eps: list[Endpoint]) -> tuple[list[float], interfaces.CycleState]:
-        cycle: interfaces.CycleState = {}
-        self.precise.score(cycle, req, eps)
-        return self.ttft.score(cycle, req, eps), cycle
-
-    def route(self, req: InferenceRequest, eps: list[Endpoint]) -> Endpoint:
-        """Score, pick the best (ties at random) and run both pre-request hooks, as the Director."""
-        scores, _ = self.score(req, eps)
-        best = max(scores)
-        pick = random.choice([ep for ep, s in zip(eps, scores, strict=True) if s == best])
-        result = _result(pick)
-        self.precise.pre_request(req, result)
-        self.ttft.pre_request(req, result)
-        return pick
-
-
-def _result(primary: Endpoint) -> interfaces.SchedulingResult:
-    return interfaces.SchedulingResult("default", {"default": interfaces.ProfileResult("default", [primary])})
+    def __init__(self, **params: Any) -> None:
+        super().__init__("predicted-ttft-scorer", "ttft", **params)
 
 
 def ttfts(stack: Stack, cycle: interfaces.CycleState) -> dict[str, float]:
-    return {name: v[0] for name, v in cycle[stack.ttft.name].predictions.items()}
+    return {name: v[0] for name, v in cycle[stack.scorer.name].predictions.items()}
 
 
 # --- who wins when ---------------------------------------------------------------------------
@@ -157,9 +104,9 @@ def test_booking_needs_the_scored_request_and_books_only_the_primary(clock: Cloc
     eps = builders.pool(2)
     scored, other = request(toks(2000, start=1)), request(toks(2000, start=5))
     s.score(scored, eps)
-    s.ttft.pre_request(other, _result(eps[0]))  # not the request scored last: nothing booked
-    s.ttft.pre_request(scored, _result(eps[1]))
-    s.ttft.pre_request(scored, _result(eps[1]))  # called twice: booked once
+    s.scorer.pre_request(other, _result(eps[0]))  # not the request scored last: nothing booked
+    s.scorer.pre_request(scored, _result(eps[1]))
+    s.scorer.pre_request(scored, _result(eps[1]))  # called twice: booked once
     _, cycle = s.score(request(toks(100, start=50_000)), eps)
     queues = {n: v[2] for n, v in cycle["ttft"].predictions.items()}
     assert queues == {"pod-0": 0.0, "pod-1": pytest.approx(0.2)}
@@ -342,7 +289,7 @@ def test_the_home_is_the_same_in_another_process_with_another_hash_seed(clock: C
 
 def test_learning_converges_to_the_true_rate_and_resists_outliers(clock: Clock) -> None:
     s = Stack()
-    plugin = s.ttft
+    plugin = s.scorer
     rng = random.Random(3)
     true_cost = 1.0 / 2500.0  # a slower pod than the 10k tokens/s prior
     for _ in range(300):
@@ -359,18 +306,18 @@ def test_learning_converges_to_the_true_rate_and_resists_outliers(clock: Clock) 
 
 def test_the_prior_weighs_like_its_observations(clock: Clock) -> None:
     weak = Stack(priorObservations=1.0, maxUpdateRatio=100.0, learnShared=False)
-    weak.ttft.learn("pod-0", 0.01 + 1000 / 5000, 1000)
+    weak.scorer.learn("pod-0", 0.01 + 1000 / 5000, 1000)
     # Half the log error, scaled by the prefill's share of the prediction (0.1 of 0.11 s).
     expected = RATE * (0.11 / 0.21) ** (0.5 * 0.1 / 0.11)
-    assert weak.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(expected)
+    assert weak.scorer.prefill_tokens_per_second("pod-0") == pytest.approx(expected)
     strong = Stack(priorObservations=1000.0, maxUpdateRatio=100.0, minLearningRate=1e-4)
-    strong.ttft.learn("pod-0", 0.01 + 1000 / 5000, 1000)
-    assert strong.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(RATE, rel=0.01)
+    strong.scorer.learn("pod-0", 0.01 + 1000 / 5000, 1000)
+    assert strong.scorer.prefill_tokens_per_second("pod-0") == pytest.approx(RATE, rel=0.01)
 
 
 def test_overhead_and_decode_interference_are_learned_until_predictions_fit(clock: Clock) -> None:
     s = Stack()
-    plugin = s.ttft
+    plugin = s.scorer
     rng = random.Random(5)
 
     def truth(tokens: int, decodes: int) -> float:  # a slower step and stronger interference
@@ -395,8 +342,8 @@ def test_the_decode_length_is_learned_from_response_durations(clock: Clock) -> N
         s.route(req, eps)
         outcome = _outcome(eps[0], ttft=0.05, prompt=100, cached=0)
         outcome.duration_s = 20.05
-        s.ttft.response_complete(req, outcome)
-    assert s.ttft.decode_seconds == pytest.approx(20.0, rel=0.05)
+        s.scorer.response_complete(req, outcome)
+    assert s.scorer.decode_seconds == pytest.approx(20.0, rel=0.05)
 
 
 def test_response_complete_learns_from_the_reported_uncached_tokens_and_the_queue(clock: Clock) -> None:
@@ -409,14 +356,14 @@ def test_response_complete_learns_from_the_reported_uncached_tokens_and_the_queu
     errors_before = _histogram_count()
     # The server reports 500 of the 1000 tokens cached (the prediction said none): it ran 4500
     # tokens in 0.46 s -> 10k tokens/s, the prior; had it used the predicted 5000 it would read 11.1k.
-    s.ttft.response_complete(second, _outcome(eps[0], ttft=0.01 + 0.45, prompt=1000, cached=500))
-    assert s.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(RATE)
+    s.scorer.response_complete(second, _outcome(eps[0], ttft=0.01 + 0.45, prompt=1000, cached=500))
+    assert s.scorer.prefill_tokens_per_second("pod-0") == pytest.approx(RATE)
     assert _histogram_count() == errors_before + 1
     # Reported twice (cannot happen, but must not learn twice) or rerouted: ignored.
-    s.ttft.response_complete(second, _outcome(eps[0], ttft=5.0, prompt=1000, cached=0))
+    s.scorer.response_complete(second, _outcome(eps[0], ttft=5.0, prompt=1000, cached=0))
     other = builders.endpoint("elsewhere")
-    s.ttft.response_complete(first, _outcome(other, ttft=5.0, prompt=4000, cached=0))
-    assert s.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(RATE)
+    s.scorer.response_complete(first, _outcome(other, ttft=5.0, prompt=4000, cached=0))
+    assert s.scorer.prefill_tokens_per_second("pod-0") == pytest.approx(RATE)
     assert _histogram_count() == errors_before + 1
 
 
@@ -425,17 +372,17 @@ def test_failed_requests_teach_nothing(clock: Clock) -> None:
     eps = builders.pool(1)
     req = request(toks(1000, start=1))
     s.route(req, eps)
-    s.ttft.response_complete(
+    s.scorer.response_complete(
         req, interfaces.RequestOutcome(endpoint=eps[0], status=500, ok=False, ttft_s=9.0)
     )
-    assert s.ttft.prefill_tokens_per_second("pod-0") == pytest.approx(RATE)
+    assert s.scorer.prefill_tokens_per_second("pod-0") == pytest.approx(RATE)
 
 
 def test_learned_rate_changes_the_decision(clock: Clock) -> None:
     s = Stack()
     eps = builders.pool(2)
     for _ in range(100):  # pod-0 turns out 4x slower than the prior
-        s.ttft.learn("pod-0", 0.01 + 1000 / 2500, 1000)
+        s.scorer.learn("pod-0", 0.01 + 1000 / 2500, 1000)
     prompt = toks(1600)
     feed(s.index, "pod-0", prompt[:800])  # half the prompt cached on the slow pod
     _, cycle = s.score(request(prompt), eps)
@@ -455,7 +402,7 @@ def test_explain_gives_each_term_of_each_endpoints_prediction(clock: Clock) -> N
     prompt = toks(320)
     feed(s.index, "pod-0", prompt)
     _, cycle = s.score(request(prompt), eps)
-    facts = s.ttft.explain(cycle)
+    facts = s.scorer.explain(cycle)
     assert facts["request"] == {
         "miss_penalty": 1.0,
         "overhead_seconds": 0.01,
@@ -502,16 +449,16 @@ def test_explain_gives_each_term_of_each_endpoints_prediction(clock: Clock) -> N
         "kv_price_s": pytest.approx(3.0),
         "miss_penalty_s": pytest.approx(3 * prefill),
     }
-    assert s.ttft.explain({}) == {}
+    assert s.scorer.explain({}) == {}
 
 
 def test_explain_shows_the_learned_rate_and_the_home(clock: Clock) -> None:
     s = Stack(popularityWindowSeconds=0)
     for _ in range(100):  # pod-0 turns out 4x slower than the prior
-        s.ttft.learn("pod-0", 0.01 + 1000 / 2500, 1000)
+        s.scorer.learn("pod-0", 0.01 + 1000 / 2500, 1000)
     _, cycle = s.score(request(toks(320, start=7)), builders.pool(2))  # held nowhere: a home decides
-    facts = s.ttft.explain(cycle)
-    rate = s.ttft.prefill_tokens_per_second("pod-0")
+    facts = s.scorer.explain(cycle)
+    rate = s.scorer.prefill_tokens_per_second("pod-0")
     assert rate < RATE / 2
     assert facts["endpoints"]["pod-0"]["prefill_tokens_per_second"] == pytest.approx(rate)
     assert facts["endpoints"]["pod-0"]["prefill_s"] == pytest.approx(320 / rate)
@@ -629,7 +576,7 @@ def test_the_kv_wait_is_predicted_as_observed_while_the_choice_pays_its_full_pri
         clock.now += 10.0
         outcome = _outcome(eps[0], ttft=0.02 + 0.1 * price, prompt=100, cached=0)
         outcome.duration_s = 5.0 + outcome.ttft_s  # type: ignore[operator]
-        s.ttft.response_complete(req, outcome)
+        s.scorer.response_complete(req, outcome)
     _, after = s.score(request(toks(100, start=7)), eps)
     ttft1, objective1 = after["ttft"].predictions["pod-0"][:2]
     assert ttft1 == pytest.approx(0.02 + 0.1 * price, rel=0.05)
@@ -641,7 +588,7 @@ def test_a_miss_is_dearer_where_requests_wait_behind_it(clock: Clock) -> None:
     eps = builders.pool(2)
     eps[1].metrics.waiting = 4  # no booked prefill known yet: the scraped queue adds no time
     _, cycle = s.score(request(toks(1000, start=3)), eps)
-    facts = s.ttft.explain(cycle)["endpoints"]
+    facts = s.scorer.explain(cycle)["endpoints"]
     assert facts["pod-0"]["objective_s"] == pytest.approx(0.11 + 0.1)
     assert facts["pod-1"]["predicted_ttft_s"] == pytest.approx(0.11)
     assert facts["pod-1"]["objective_s"] == pytest.approx(0.11 + 0.1 * (1 + 0.5 * 4))
@@ -675,8 +622,7 @@ def test_an_empty_endpoint_far_below_its_share_warms_up(clock: Clock, kind: str)
     recent traffic; endpoint 2 (restarted: empty, nothing routed there lately) gets its share of
     the next picks at moderate load instead of idling until the holders' queues exceed a prefill."""
     eps = builders.pool(3)
-    s = Stack()
-    s.ttft = registry.default.build(kind, "ttft", {}, s.handle)
+    s = fleet.Stack(kind, "ttft")
     prefixes = [toks(800, start=10_000 * (g + 1)) for g in range(8)]
     for g, prefix in enumerate(prefixes):
         feed(s.index, "pod-0", prefix, base=100_000 * (g + 1))

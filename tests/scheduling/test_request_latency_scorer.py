@@ -5,30 +5,22 @@ replicated, term-by-term explain, the default configuration, and bad parameters.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from epp import clock as epp_clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
 from epp.kvcache.index import BlockIndex
 from epp.scheduling import config, interfaces, registry
 from epp.scheduling.plugins import request_latency_scorer as mod
 
-from . import builders
-from .test_predicted_ttft_scorer import Clock, _result, feed, toks
+from . import builders, fleet
+from .fleet import Clock, feed, toks
+from .fleet import clock as clock  # the fixture
 
 CONFIG = Path(mod.__file__).parent.parent / "default-precise-config.yaml"
-
-
-@pytest.fixture
-def clock() -> Iterator[Clock]:
-    c = Clock()
-    with epp_clock.use(c):
-        yield c
 
 
 def request(tokens: list[int], *, max_tokens: int | None = 200, rid: str = "r") -> InferenceRequest:
@@ -40,30 +32,11 @@ def request(tokens: list[int], *, max_tokens: int | None = 200, rid: str = "r") 
     return req
 
 
-class Stack:
+class Stack(fleet.Stack):
     """precise-prefix-cache-scorer (weight 0) and one latency-pricing scorer, as the default config."""
 
     def __init__(self, kind: str = "request-latency-scorer", **params: Any) -> None:
-        self.index = BlockIndex()
-        self.handle = interfaces.Handle(datastore=Datastore(), kv_index=self.index)
-        self.precise: Any = registry.default.build(
-            "precise-prefix-cache-scorer", "precise-prefix-cache-scorer", {}, self.handle
-        )
-        self.scorer: Any = registry.default.build(kind, "lat", params, self.handle)
-
-    def score(self, req: InferenceRequest, eps: list[Endpoint]) -> tuple[list[float], interfaces.CycleState]:
-        cycle: interfaces.CycleState = {}
-        self.precise.score(cycle, req, eps)
-        return self.scorer.score(cycle, req, eps), cycle
-
-    def route(self, req: InferenceRequest, eps: list[Endpoint]) -> Endpoint:
-        scores, _ = self.score(req, eps)
-        best = max(scores)
-        pick = random.choice([ep for ep, s in zip(eps, scores, strict=True) if s == best])
-        result = _result(pick)
-        self.precise.pre_request(req, result)
-        self.scorer.pre_request(req, result)
-        return pick
+        super().__init__(kind, "lat", **params)
 
 
 def teach(model: mod.StepModel, a: float, b: float, c: float, n: int = 200) -> None:
