@@ -186,7 +186,7 @@ async def _run_traced(args: argparse.Namespace, role: workers_worker.WorkerRole 
         parsers = BodyParsers(args.body_parser_processes, min_bytes=args.body_parser_min_bytes)
     try:
         if parsers is not None:
-            await parsers.start()
+            parsers.start()
         await _run(args, datastore, handle, tokenizers, role, parsers)
     finally:
         metrics.REGISTRY.unregister(collector)

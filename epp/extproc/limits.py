@@ -21,15 +21,12 @@ for the rest of the response), or when the stream ends before that (an error, a 
                              bucket holding one second's worth): a large body waits, unread,
                              until its bytes are within the rate (0: no bound).
 
-Why lanes: every large body costs epp's own process a few copies of it (gRPC's message, the body
-field, the join, the hand-off to a body parser: epp.requestcontrol.offload) and, in
-FULL_DUPLEX_STREAMED, one answer per 62000 bytes sent back. Unbounded, eight clients sending
-16 MiB bodies as fast as epp took them kept its loop and gRPC's threads copying and took other
-requests' routing p99 from 3 ms to 25-250 ms; the lanes pace large bodies to what the parsers
-finish (issue 19, tests/api/bench_big_bodies.py). The parsers alone did not bound the rate:
-one client sending 16 MiB bodies back to back got ~29 of them a second through (460 MiB/s of
-copies in epp's process), and other requests' routing p99 was still ~10x idle. The rate bounds
-what large bodies may take of the process: 64 MiB/s, four 16 MiB bodies, by default.
+Why: every large body costs epp's own process a few copies of itself, each holding the GIL
+(gRPC's message, the body field, the hand-offs to a body parser: epp.requestcontrol.offload) and,
+in FULL_DUPLEX_STREAMED, one answer per 62000 bytes sent back. Unpaced, clients sending 16 MiB
+bodies back to back got 25-40 of them a second through, and other requests' routing p99 went from
+3 ms to 25-250 ms. The lanes bound how many are in progress (and queued at the parsers); the rate
+bounds the copying, which is what the rest of the traffic feels (BENCHMARKS.md 1f, by rate).
 
 Every answer here is counted in epp_request_errors_total like other early answers. Envoy's own
 limits (epp.gateway.envoy: request timeouts, per-connection buffer limits) catch most of this

@@ -45,13 +45,12 @@ from epp.api.requests import (
     MODEL_REWRITE_HEADER,
     InferenceRequest,
     header_only_request,
-    parse_request,
 )
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.observability import metrics
 from epp.requestcontrol import admission
-from epp.requestcontrol.offload import BodyParsers
+from epp.requestcontrol.offload import BodyParsers, parse_here
 from epp.requestcontrol.prompt import Prompts, PromptTokenizer
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
@@ -372,24 +371,15 @@ class Director:
                     f"request body of {len(body)} bytes exceeds the limit of {self.settings.max_body_bytes}"
                 )
             parsers = self.prompts.body_parsers
-            if parsers is not None and parsers.wants(len(body)):
-                request = await parsers.parse(
-                    path=path,
-                    headers=headers,
-                    body=body,
-                    request_id=request_id,
-                    subset_ips=subset_ips,
-                    limits=self.settings.limits,
-                )
-            else:
-                request = parse_request(
-                    path=path,
-                    headers=headers,
-                    body=body,
-                    request_id=request_id,
-                    subset_ips=subset_ips,
-                    limits=self.settings.limits,
-                )
+            large = parsers is not None and parsers.wants(len(body))
+            request = await (parsers.parse if large and parsers else parse_here)(
+                path=path,
+                headers=headers,
+                body=body,
+                request_id=request_id,
+                subset_ips=subset_ips,
+                limits=self.settings.limits,
+            )
         request.priority = admission.priority(self.objectives, headers.get(admission.OBJECTIVE_HEADER))
         # Every endpoint excluded for stale metrics: routed on what is known (degraded), not 503.
         candidates = self.datastore.pick_candidates(subset_ips)

@@ -82,11 +82,11 @@ class BodyParsers:
             initializer=_child_init,
         )
 
-    async def start(self) -> None:
-        """Start every worker now (a spawned worker takes ~1 s to import), not on the first
-        large body."""
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._pool, os.getpid) for _ in range(self.processes)))
+    def start(self) -> None:
+        """Start every worker now, not on the first large body (a spawned worker takes ~1 s to
+        import); the caller does not wait for them, and a body that comes first waits for one."""
+        for _ in range(self.processes):
+            self._pool.submit(os.getpid)
 
     def wants(self, body_size: int) -> bool:
         return body_size > self.min_bytes
@@ -101,13 +101,13 @@ class BodyParsers:
         subset_ips: frozenset[str] | None,
         limits: RequestLimits,
     ) -> InferenceRequest:
-        """`parse_request` in a worker. Raises `errors.BadRequest` as it does, and
-        `errors.ServiceUnavailable` if the worker died."""
+        """`parse_request` (as `parse_here`) in a worker. Raises `errors.BadRequest` as it does,
+        and `errors.ServiceUnavailable` if the worker died."""
+        args: dict[str, Any] = {"path": path, "headers": dict(headers), "body": body}
+        args.update(request_id=request_id, subset_ips=subset_ips, limits=limits)
         request: InferenceRequest
         rewritten: bool
-        request, rewritten = await self._run(
-            _parse_job, path, dict(headers), body, request_id, subset_ips, limits
-        )
+        request, rewritten = await self._run(_parse_job, args)
         if not rewritten:
             request.body_bytes = body
         return request
@@ -179,17 +179,24 @@ def _die_with_parent() -> None:
         pass
 
 
-def _parse_job(
+async def parse_here(
+    *,
     path: str,
-    headers: dict[str, str],
+    headers: Mapping[str, str],
     body: bytes,
     request_id: str,
     subset_ips: frozenset[str] | None,
     limits: RequestLimits,
-) -> tuple[InferenceRequest, bool]:
-    request = parse_request(
+) -> InferenceRequest:
+    """`parse_request` on the caller's loop: `BodyParsers.parse`'s twin for small bodies."""
+    return parse_request(
         path=path, headers=headers, body=body, request_id=request_id, subset_ips=subset_ips, limits=limits
     )
+
+
+def _parse_job(args: dict[str, Any]) -> tuple[InferenceRequest, bool]:
+    body = args["body"]
+    request = parse_request(**args)
     rewritten = request.body_bytes is not body
     if not rewritten:
         request.body_bytes = b""  # the parent has it

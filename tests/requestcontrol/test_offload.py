@@ -119,7 +119,8 @@ async def test_a_chat_rendered_in_a_worker_is_the_prompt_rendered_here(parsers: 
 async def test_a_dead_worker_costs_its_request_a_503_and_the_pool_is_replaced() -> None:
     parsers = BodyParsers(1, min_bytes=0)
     try:
-        await parsers.start()
+        parsers.start()
+        await _parse(parsers, _chat(5), LIMITS)  # the worker is up
         (pid,) = [p.pid for p in parsers._pool._processes.values()]  # type: ignore[union-attr]
         os.kill(pid, signal.SIGKILL)
         body = _chat(5)
