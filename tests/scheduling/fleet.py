@@ -7,6 +7,7 @@ pytest finds it in the test module)."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -15,10 +16,10 @@ import pytest
 
 from epp import clock as epp_clock
 from epp.api.requests import InferenceRequest
-from epp.datastore.endpoints import Datastore, Endpoint
+from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
 from epp.kvcache.events import BlockStored, EventBatch
 from epp.kvcache.index import BlockIndex
-from epp.scheduling import interfaces, registry
+from epp.scheduling import config, interfaces, registry
 
 
 class Clock:
@@ -58,6 +59,22 @@ def feed(index: BlockIndex, pod: str, tokens: list[int], *, base: int = 1000) ->
 
 def result(primary: Endpoint) -> interfaces.SchedulingResult:
     return interfaces.SchedulingResult("default", {"default": interfaces.ProfileResult("default", [primary])})
+
+
+def specs(n: int) -> list[EndpointSpec]:
+    """`n` endpoints 10.0.0.1:8000, 10.0.0.2:8000, ..."""
+    return [EndpointSpec(name=f"10.0.0.{i + 1}:8000", address=f"10.0.0.{i + 1}", port=8000) for i in range(n)]
+
+
+def configured(
+    path: str | os.PathLike[str], cached: list[int], holder: str = "10.0.0.2:8000"
+) -> tuple[config.SchedulerConfig, list[Endpoint]]:
+    """The policy of the config file `path` and three endpoints (`specs(3)`) to schedule over,
+    `holder` caching the blocks of `cached` in the policy's KV index."""
+    index = BlockIndex()
+    feed(index, holder, cached)
+    cfg = config.load_config_file(path, interfaces.Handle(datastore=Datastore(), kv_index=index))
+    return cfg, [Endpoint(spec=s, hostport=s.hostport) for s in specs(3)]
 
 
 class Stack:

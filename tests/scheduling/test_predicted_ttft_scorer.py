@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 
 from epp.api.requests import InferenceRequest
-from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
+from epp.datastore.endpoints import Datastore, Endpoint
 from epp.kvcache.events import BlockStored, EventBatch
-from epp.kvcache.index import BlockIndex
 from epp.observability import metrics
-from epp.scheduling import config, interfaces, registry
+from epp.scheduling import interfaces, registry
 from epp.scheduling.plugins import predicted_ttft_scorer as mod
 
 from . import builders, fleet
@@ -466,13 +465,9 @@ def test_explain_shows_the_learned_rate_and_the_home(clock: Clock) -> None:
 
 
 def test_the_config_file_builds_the_policy_and_explains_through_the_scheduler(clock: Clock) -> None:
-    index = BlockIndex()
-    feed(index, "10.0.0.2:8000", toks(640))
-    handle = interfaces.Handle(datastore=Datastore(), kv_index=index)
-    cfg = config.load_config_file(CONFIG, handle)
+    cfg, eps = fleet.configured(CONFIG, toks(640))
     assert cfg.warnings == []
     assert [p.name for p in cfg.response_complete] == ["predicted-ttft-scorer"]
-    eps = [Endpoint(spec=s, hostport=s.hostport) for s in _specs(3)]
     result = cfg.scheduler.schedule(request(toks(640)), eps, explain=True)
     assert result.targets[0].name == "10.0.0.2:8000"
     facts = result.profiles["default"].facts["endpoints"]
@@ -485,7 +480,7 @@ def test_the_learned_rate_is_a_gauge_dropped_with_its_endpoint(clock: Clock) -> 
     plugin: Any = registry.default.build(
         "predicted-ttft-scorer", "gauge-test", {}, interfaces.Handle(datastore=store)
     )
-    spec = _specs(1)[0]
+    spec = fleet.specs(1)[0]
     store.sync("static", [spec])
     plugin.learn(spec.name, 0.01 + 0.4, 1000)
     labels = {"plugin": "gauge-test", "endpoint": spec.name}
@@ -517,10 +512,6 @@ def test_bad_parameters_are_config_errors_naming_the_parameter(params: dict[str,
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _specs(n: int) -> list[EndpointSpec]:
-    return [EndpointSpec(name=f"10.0.0.{i + 1}:8000", address=f"10.0.0.{i + 1}", port=8000) for i in range(n)]
 
 
 def _outcome(ep: Endpoint, *, ttft: float, prompt: int, cached: int) -> interfaces.RequestOutcome:

@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from epp.api.requests import InferenceRequest
-from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
-from epp.kvcache.index import BlockIndex
-from epp.scheduling import config, interfaces, registry
+from epp.datastore.endpoints import Endpoint
+from epp.scheduling import interfaces, registry
 from epp.scheduling.plugins import request_latency_scorer as mod
 
 from . import builders, fleet
@@ -251,16 +250,9 @@ def test_failed_responses_and_unknown_requests_teach_nothing(clock: Clock) -> No
 
 
 def test_the_default_config_with_kv_events_prices_the_whole_request(clock: Clock) -> None:
-    index = BlockIndex()
-    feed(index, "10.0.0.2:8000", toks(640))
-    handle = interfaces.Handle(datastore=Datastore(), kv_index=index)
-    cfg = config.load_config_file(CONFIG, handle)
+    cfg, eps = fleet.configured(CONFIG, toks(640))
     assert cfg.warnings == []
     assert [p.name for p in cfg.response_complete] == ["request-latency-scorer"]
-    specs = [
-        EndpointSpec(name=f"10.0.0.{i + 1}:8000", address=f"10.0.0.{i + 1}", port=8000) for i in range(3)
-    ]
-    eps = [Endpoint(spec=sp, hostport=sp.hostport) for sp in specs]
     result = cfg.scheduler.schedule(request(toks(640)), eps, explain=True)
     assert result.targets[0].name == "10.0.0.2:8000"
     facts = result.profiles["default"].facts
