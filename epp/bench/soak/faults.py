@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 from collections.abc import Callable
 
@@ -98,27 +99,18 @@ class EventsForwarder:
             xpub.close(0)
 
 
+@dataclasses.dataclass
 class Injector:
     """Starts each scheduled fault, lifts it after `fault_duration` and appends it, with its
     times, to `faults` (which the report reads)."""
 
-    def __init__(
-        self,
-        cfg: SoakConfig,
-        now: Callable[[], float],
-        faults: list[Fault],
-        pods: list[Pod],
-        proxies: list[MetricsProxy],
-        forwarders: list[EventsForwarder],
-        epps: list[EppServer],
-    ) -> None:
-        self.cfg = cfg
-        self.now = now
-        self.faults = faults
-        self.pods = pods
-        self.proxies = proxies
-        self.forwarders = forwarders
-        self.epps = epps
+    cfg: SoakConfig
+    now: Callable[[], float]
+    faults: list[Fault]
+    pods: list[Pod]
+    proxies: list[MetricsProxy]
+    forwarders: list[EventsForwarder]
+    epps: list[EppServer]
 
     async def run(self) -> None:
         cfg = self.cfg
