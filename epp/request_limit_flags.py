@@ -72,16 +72,23 @@ def add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
         help="request bodies larger than this are parsed by the body-parser processes (default 256Ki)",
     )
     g.add_argument(
+        "--large-body-min-bytes",
+        type=byte_size,
+        default=1 << 20,
+        help="request bodies larger than this are paced by --max-concurrent-large-bodies and "
+        "--large-body-rate (default 1Mi: above any text-only prompt a model reads)",
+    )
+    g.add_argument(
         "--max-concurrent-large-bodies",
         type=non_negative_int,
         default=2,
-        help="requests with a body over --body-parser-min-bytes read and parsed at once; others "
+        help="requests with a body over --large-body-min-bytes read and parsed at once; others "
         "wait unread, their senders held by flow control (default 2, 0: no bound)",
     )
     g.add_argument(
         "--large-body-rate",
         type=byte_size,
         default=64 << 20,
-        help="bytes a second of bodies over --body-parser-min-bytes read, all streams together; "
+        help="bytes a second of bodies over --large-body-min-bytes read, all streams together; "
         "a large body waits unread until within it (default 64Mi, 0: no bound)",
     )

@@ -359,7 +359,7 @@ async def _run(
                 max_buffered_body_bytes=args.max_buffered_body_bytes,
                 max_concurrent_streams=args.max_concurrent_streams,
                 request_body_timeout=args.request_body_timeout,
-                large_body_bytes=args.body_parser_min_bytes,
+                large_body_bytes=args.large_body_min_bytes,
                 large_body_lanes=args.max_concurrent_large_bodies,
                 large_body_rate=args.large_body_rate,
             )

@@ -48,7 +48,7 @@ class StreamLimits:
     max_buffered_body_bytes: int = 1 << 30
     max_concurrent_streams: int = 10_000
     request_body_timeout: float = 60.0
-    large_body_bytes: int = 256 << 10
+    large_body_bytes: int = 1 << 20
     large_body_lanes: int = 2
     large_body_rate: int = 64 << 20
 

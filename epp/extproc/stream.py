@@ -42,6 +42,8 @@ _NONE = processing_mode_pb2.ProcessingMode.NONE
 
 # While a limit of epp.extproc.limits holds, every request is answered 503: one warning per 5 s
 # per limit (with the count it swallowed) rather than one per request. Per process.
+_YIELD_AFTER_BYTES = 1 << 20
+
 OVER_LIMIT_LOGS = {"streams": Throttle(5.0), "bytes": Throttle(5.0)}
 
 
@@ -136,6 +138,10 @@ class Stream:
 
     async def _on_request_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         chunk = msg.request_body.body
+        if len(chunk) > _YIELD_AFTER_BYTES:
+            # Reading the message and copying its body held the loop for a few ms: let other
+            # streams run before this one goes on.
+            await asyncio.sleep(0)
         if self.ctx is not None:  # routed already (non-buffering modes): pass through
             if self._request_mode == _FULL_DUPLEX:
                 return m.streamed_request_body(chunk) if msg.request_body.end_of_stream else []

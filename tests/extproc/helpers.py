@@ -25,8 +25,8 @@ def headers_msg(
         request_headers=pb.HttpHeaders(headers=_header_map(headers), end_of_stream=eos)
     )
     if mode is not None:
-        msg.protocol_config.request_body_mode = mode  # type: ignore[assignment]
-        msg.protocol_config.response_body_mode = response_mode  # type: ignore[assignment]
+        msg.protocol_config.request_body_mode = mode
+        msg.protocol_config.response_body_mode = response_mode
     return msg
 
 
