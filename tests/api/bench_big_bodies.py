@@ -9,6 +9,11 @@ so their own CPU does not delay the probe, each send one largest-allowed chat bo
 per-message work epp accepts in one body). Phases, in one run: idle, loaded, idle again.
 
     .venv/bin/python -m tests.api.bench_big_bodies [--seconds 20] [--messages 10000] [--mib 16]
+        [--buffered] [--clients-nice 10] [--epp-arg=--large-body-rate=16Mi]
+
+Without `--buffered` the bodies come in 1 MiB chunks and epp sends each back in 62000-byte
+chunks (FULL_DUPLEX_STREAMED, GIE's config); with it, whole (BUFFERED, epp's own). Results:
+BENCHMARKS.md 1f.
 
 Prints p50/p99/max of the probe per phase and the loaded/idle p99 ratio.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import statistics
 import tempfile
 import time
@@ -47,12 +53,15 @@ def big_body(messages: int, mib: int) -> bytes:
     return msgspec.json.encode({"model": "sim-model", "messages": msgs})
 
 
-async def one_request(stub: pb_grpc.ExternalProcessorStub, body: bytes) -> int:
-    """Headers, the body in chunks; done at the routing answer: 200, or epp's error status."""
+async def one_request(stub: pb_grpc.ExternalProcessorStub, body: bytes, *, buffered: bool = False) -> int:
+    """Headers, the body (in chunks as with FULL_DUPLEX_STREAMED, GIE's config, or whole as with
+    BUFFERED, epp's own); done at the routing answer: 200, or epp's error status."""
     call = stub.Process()
-    await call.write(h.headers_msg(h.post_headers()))
-    for i in range(0, len(body), CHUNK):
-        await call.write(h.body_msg(body[i : i + CHUNK], eos=i + CHUNK >= len(body)))
+    headers = h.post_headers(**{"content-length": str(len(body))})  # as Envoy passes the client's
+    await call.write(h.headers_msg(headers, mode=h.BUFFERED if buffered else h.DUPLEX))
+    step = len(body) or 1 if buffered else CHUNK
+    for i in range(0, len(body), step):
+        await call.write(h.body_msg(body[i : i + step], eos=i + step >= len(body)))
     resp = await call.read()
     call.cancel()
     if resp.HasField("immediate_response"):
@@ -60,7 +69,11 @@ async def one_request(stub: pb_grpc.ExternalProcessorStub, body: bytes) -> int:
     return 200
 
 
-def heavy_clients(address: str, body: bytes, stop_at: float, n: int, done: Any) -> None:
+def heavy_clients(
+    address: str, body: bytes, stop_at: float, n: int, done: Any, nice: int, buffered: bool
+) -> None:
+    os.nice(nice)
+
     async def run() -> None:
         async with grpc.aio.insecure_channel(
             address, options=[("grpc.max_send_message_length", 64 << 20)]
@@ -69,7 +82,7 @@ def heavy_clients(address: str, body: bytes, stop_at: float, n: int, done: Any) 
 
             async def loop() -> None:
                 while time.time() < stop_at:
-                    status = await one_request(stub, body)
+                    status = await one_request(stub, body, buffered=buffered)
                     with done.get_lock():
                         done.value += 1 if status == 200 else 1_000_000  # an error: visible
 
@@ -104,6 +117,20 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=10_000)
     ap.add_argument("--mib", type=int, default=16)
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument(
+        "--clients-nice",
+        type=int,
+        default=0,
+        help="run the heavy clients at this nice value: on a small machine their own CPU (16 MiB "
+        "messages built and sent) competes with epp's, which clients elsewhere would not",
+    )
+    ap.add_argument(
+        "--buffered",
+        action="store_true",
+        help="bodies as Envoy sends them in BUFFERED mode (epp's own config): one message, no "
+        "body sent back; default FULL_DUPLEX_STREAMED, GIE's",
+    )
+    ap.add_argument("--epp-arg", action="append", default=[], help="an extra `epp serve` argument (repeat)")
     args = ap.parse_args()
     body = big_body(args.messages, args.mib)
     print(f"heavy body: {len(body) / (1 << 20):.2f} MiB, {args.messages} messages; {args.clients} clients")
@@ -111,7 +138,7 @@ def main() -> None:
     sims.start()
     with tempfile.TemporaryDirectory() as tmp:
         # a context length no body reaches, so heavy requests are routed (200), not refused
-        args_ = ["--kv-events", "connect", "--max-model-len", "sim-model=100000000"]
+        args_ = ["--kv-events", "connect", "--max-model-len", "sim-model=100000000", *args.epp_arg]
         epp = EppProcess(Path(tmp), endpoints=sims.addresses, extra_args=args_)
         epp.start(wait="serving")
         try:
@@ -122,7 +149,15 @@ def main() -> None:
             done = ctx.Value("q", 0)
             worker = ctx.Process(
                 target=heavy_clients,
-                args=(epp.grpc_address, body, time.time() + args.seconds + 3, args.clients, done),
+                args=(
+                    epp.grpc_address,
+                    body,
+                    time.time() + args.seconds + 3,
+                    args.clients,
+                    done,
+                    args.clients_nice,
+                    args.buffered,
+                ),
             )
             worker.start()
             time.sleep(3.0)  # the heavy clients are up and sending
