@@ -183,7 +183,10 @@ async def _run_traced(args: argparse.Namespace, role: workers_worker.WorkerRole 
     metrics.REGISTRY.register(collector)
     parsers = None
     if args.body_parser_processes:
-        parsers = BodyParsers(args.body_parser_processes, min_bytes=args.body_parser_min_bytes)
+        try:
+            parsers = BodyParsers(args.body_parser_processes, min_bytes=args.body_parser_min_bytes)
+        except OSError as exc:  # no POSIX semaphores (/dev/shm) for multiprocessing's queues
+            log.warning("body parsers unavailable, large bodies are parsed in process: %s", exc)
     try:
         if parsers is not None:
             parsers.start()

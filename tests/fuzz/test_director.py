@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epp.api import errors
+from epp.requestcontrol.offload import BodyParsers
 from epp.tokenize.registry import Tokenizers
 from tests.fuzz.conftest import ErrorLog, build_director, route_once
 from tests.fuzz.corpus import CHAT, PATHS, corpus
@@ -32,6 +33,27 @@ async def test_corpus_is_answered_without_5xx_or_error_logs(
             failures.append(f"{name} ({path}): {status} {logged}")
     assert not failures, "\n".join(failures)
     assert all(ep.inflight_requests == 0 for ep in director.datastore.endpoints())
+
+
+async def test_corpus_gets_the_same_answers_through_the_body_parsers(
+    tokenizers: Tokenizers, error_log: ErrorLog
+) -> None:
+    # Every body parsed and every chat rendered in a body-parser process (min_bytes 0): the
+    # answers must be the in-process ones, errors included (they cross a pickle).
+    here, there = build_director(tokenizers), build_director(tokenizers)
+    parsers = BodyParsers(1, min_bytes=0)
+    there.prompts.body_parsers = parsers
+    try:
+        diffs = []
+        for name, path, body in corpus():
+            expected, got = await route_once(here, path, body), await route_once(there, path, body)
+            logged = error_log.take()
+            if got != expected or logged:
+                diffs.append(f"{name} ({path}): in process {expected}, offloaded {got} {logged}")
+        assert not diffs, "\n".join(diffs)
+        assert parsers.restarts == 0
+    finally:
+        parsers.close()
 
 
 @pytest.mark.parametrize(
