@@ -111,6 +111,8 @@ def add_ext_proc_servicer(server: grpc.aio.Server, servicer: ExternalProcessor) 
 def _continue_trace(span: Span, responses: list[m.ProcessingResponse]) -> None:
     """Add the span's trace headers to the answer that routes the request, or note epp's own answer."""
     for response in responses:
+        if type(response) is bytes:  # a body chunk, serialized already: no headers in it
+            continue
         kind = response.WhichOneof("response")
         if kind == "immediate_response":
             tracing.set_attributes(

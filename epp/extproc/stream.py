@@ -144,7 +144,7 @@ class Stream:
             await asyncio.sleep(0)
         if self.ctx is not None:  # routed already (non-buffering modes): pass through
             if self._request_mode == _FULL_DUPLEX:
-                return m.streamed_request_body(chunk) if msg.request_body.end_of_stream else []
+                return m.streamed_request_body_wire(chunk) if msg.request_body.end_of_stream else []
             return [m.CONTINUE_REQUEST_BODY]
         self._body_size += len(chunk)
         limit = self._director.settings.max_body_bytes
@@ -216,7 +216,7 @@ class Stream:
         if reply == "buffered":
             return [m.routed_body_buffered(dest, extra, out_body if out_body is not body else None)]
         responses = [m.routed_headers(dest, extra)]
-        responses.extend(m.streamed_request_body(out_body) if body_eos else _no_eos(out_body))
+        responses.extend(m.streamed_request_body_wire(out_body, body_eos))
         return responses
 
     def _fail(
@@ -342,13 +342,6 @@ class Stream:
                 self._admitted = False
         if self.ctx is not None:
             self.ctx.finish(complete=self.response_complete)
-
-
-def _no_eos(body: bytes) -> list[m.ProcessingResponse]:
-    out = m.streamed_request_body(body)
-    last = out[-1].request_body.response.body_mutation.streamed_response
-    last.end_of_stream = False
-    return out
 
 
 def _content_length(headers: dict[str, str]) -> int:

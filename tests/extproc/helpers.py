@@ -87,3 +87,8 @@ def make_director(
         settings=settings or DirectorSettings(),
     )
     return director, ds
+
+
+def message(response: pb.ProcessingResponse | bytes) -> pb.ProcessingResponse:
+    """An answer as a message: body chunks sent back come serialized already."""
+    return pb.ProcessingResponse.FromString(response) if isinstance(response, bytes) else response

@@ -38,6 +38,17 @@ def test_wire_answer_is_byte_equal_to_upb(size: int, eos: bool) -> None:
     assert m.streamed_response_body_wire(b"x", False) == [_upb_answers(b"x", False)[0].SerializeToString()]
 
 
+@pytest.mark.parametrize("size", [0, 1, m.MAX_BODY_CHUNK, m.MAX_BODY_CHUNK + 1, 3 * m.MAX_BODY_CHUNK + 7])
+@pytest.mark.parametrize("eos", [False, True])
+def test_request_body_sent_back_serialized_is_the_messages_bytes(size: int, eos: bool) -> None:
+    body = bytes(i % 251 for i in range(size))
+    messages = m.streamed_request_body(body)
+    messages[-1].request_body.response.body_mutation.streamed_response.end_of_stream = eos
+    assert m.streamed_request_body_wire(body, eos) == [r.SerializeToString() for r in messages]
+    # the request template is not the response one
+    assert m.streamed_response_body_wire(b"x", True) == [_upb_answers(b"x", True)[0].SerializeToString()]
+
+
 def _rss_anon_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:

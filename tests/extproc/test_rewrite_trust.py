@@ -20,7 +20,7 @@ async def test_the_rewrite_header_counts_only_when_trusted(trusted: bool) -> Non
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers(**{"x-gateway-model-name-rewrite": "other-model"})))
     out = await s.handle(h.body_msg(CHAT))
-    sent = json.loads(out[1].request_body.response.body_mutation.streamed_response.body)
+    sent = json.loads(h.message(out[1]).request_body.response.body_mutation.streamed_response.body)
     assert sent["model"] == ("other-model" if trusted else "llama")
     assert s.ctx is not None and s.ctx.request.target_model == sent["model"]
     s.close()

@@ -23,7 +23,7 @@ async def test_duplex_defers_headers_until_body_then_routes_with_header_and_meta
     assert await s.handle(h.headers_msg(h.post_headers())) == []
     assert await s.handle(h.body_msg(CHAT[:10], eos=False)) == []
     out = await s.handle(h.body_msg(CHAT[10:], eos=True))
-    assert [r.WhichOneof("response") for r in out] == ["request_headers", "request_body"]
+    assert [h.message(r).WhichOneof("response") for r in out] == ["request_headers", "request_body"]
     headers = h.set_headers(out[0])
     dest = headers[m.DESTINATION_HEADER]
     assert dest in HOSTPORTS
@@ -31,7 +31,7 @@ async def test_duplex_defers_headers_until_body_then_routes_with_header_and_meta
     md = out[0].dynamic_metadata.fields["envoy.lb"].struct_value.fields[m.DESTINATION_HEADER].string_value
     assert md == dest
     assert headers["content-length"] == str(len(CHAT))
-    streamed = out[1].request_body.response.body_mutation.streamed_response
+    streamed = h.message(out[1]).request_body.response.body_mutation.streamed_response
     assert streamed.body == CHAT and streamed.end_of_stream
     # booked on the primary until the stream ends
     ep = ds.by_hostport(dest)
@@ -46,7 +46,7 @@ async def test_large_body_is_resent_in_chunks_of_at_most_62000_bytes() -> None:
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers("/v1/completions")))
     out = await s.handle(h.body_msg(big))
-    chunks = [r.request_body.response.body_mutation.streamed_response for r in out[1:]]
+    chunks = [h.message(r).request_body.response.body_mutation.streamed_response for r in out[1:]]
     assert len(chunks) == 3
     assert all(len(c.body) <= m.MAX_BODY_CHUNK for c in chunks)
     assert [c.end_of_stream for c in chunks] == [False, False, True]
@@ -219,7 +219,7 @@ async def test_model_rewrite_header_rewrites_body_and_response_back() -> None:
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers(**{"x-gateway-model-name-rewrite": "llama-v2"})))
     out = await s.handle(h.body_msg(CHAT))
-    sent = out[1].request_body.response.body_mutation.streamed_response.body
+    sent = h.message(out[1]).request_body.response.body_mutation.streamed_response.body
     assert json.loads(sent)["model"] == "llama-v2"
     assert h.set_headers(out[0])["content-length"] == str(len(sent))
     out = await s.handle(h.response_headers_msg(200, **{"content-length": "40"}))
