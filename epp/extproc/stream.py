@@ -40,10 +40,11 @@ _FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 _NONE = processing_mode_pb2.ProcessingMode.NONE
 
-# While a limit of epp.extproc.limits holds, every request is answered 503: one warning per 5 s
-# per limit (with the count it swallowed) rather than one per request. Per process.
+# A body chunk larger than this cost the loop a few ms to read and copy: the stream yields once.
 _YIELD_AFTER_BYTES = 1 << 20
 
+# While a limit of epp.extproc.limits holds, every request is answered 503: one warning per 5 s
+# per limit (with the count it swallowed) rather than one per request. Per process.
 OVER_LIMIT_LOGS = {"streams": Throttle(5.0), "bytes": Throttle(5.0)}
 
 
@@ -125,7 +126,7 @@ class Stream:
             self._admitted = True
             size = _content_length(self.headers)
             if guard.is_large(size) and not await self._take_lane(size):
-                return self.timed_out()
+                return self.timed_out(paced=True)
         if msg.request_headers.end_of_stream:
             return await self._route(msg, body=None, reply="headers")
         if self._request_mode == _FULL_DUPLEX:
@@ -139,9 +140,7 @@ class Stream:
     async def _on_request_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         chunk = msg.request_body.body
         if len(chunk) > _YIELD_AFTER_BYTES:
-            # Reading the message and copying its body held the loop for a few ms: let other
-            # streams run before this one goes on.
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # let other streams run between the copies and the parse
         if self.ctx is not None:  # routed already (non-buffering modes): pass through
             if self._request_mode == _FULL_DUPLEX:
                 return m.streamed_request_body_wire(chunk) if msg.request_body.end_of_stream else []
@@ -155,12 +154,12 @@ class Stream:
             if guard is not None:
                 if self._lane:
                     if self._paced and not await guard.pace(self._started, len(chunk)):
-                        return self.timed_out()
+                        return self.timed_out(paced=True)
                 elif guard.is_large(self._body_size):
                     # No Content-Length: paced from here, chunk by chunk.
                     self._paced = True
                     if not await self._take_lane(self._body_size):
-                        return self.timed_out()
+                        return self.timed_out(paced=True)
                 if not guard.reserve(len(chunk)):
                     return self._fail(
                         errors.ServiceUnavailable(
@@ -296,14 +295,16 @@ class Stream:
         assert self._guard is not None
         return await self._guard.read_body(read, self._started)
 
-    def timed_out(self) -> list[m.ProcessingResponse]:
+    def timed_out(self, *, paced: bool = False) -> list[m.ProcessingResponse]:
+        """408 at the body deadline; `paced`: the body was waiting for a large-body lane or rate."""
         assert self._guard is not None
         seconds = self._guard.limits.request_body_timeout
-        return self._fail(
-            errors.RequestTimeout(
-                f"the request body did not arrive within {seconds:g} s (--request-body-timeout)"
-            )
+        why = (
+            "a large request body waited for its turn (--max-concurrent-large-bodies, --large-body-rate) past"
+            if paced
+            else "the request body did not arrive within"
         )
+        return self._fail(errors.RequestTimeout(f"{why} {seconds:g} s (--request-body-timeout)"))
 
     async def _take_lane(self, size: int) -> bool:
         assert self._guard is not None

@@ -268,7 +268,9 @@ async def test_a_large_body_waiting_for_a_lane_past_the_body_timeout_is_408() ->
             await first.write(h.headers_msg(_sized(big)))
             second = stub.Process()
             await second.write(h.headers_msg(_sized(big), mode=h.BUFFERED))
-            assert _status(await asyncio.wait_for(second.read(), 5)) == 408
+            resp = await asyncio.wait_for(second.read(), 5)
+            assert _status(resp) == 408
+            assert b"--max-concurrent-large-bodies" in resp.immediate_response.body
             assert _status(await asyncio.wait_for(first.read(), 5)) == 408  # never sent its body
             await _settled(guard)
             again = stub.Process()  # both lanes given back
