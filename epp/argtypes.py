@@ -57,18 +57,19 @@ def _number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
 
 
-def non_negative_int(text: str) -> int:
+def _integer_at_least(text: str, least: int) -> int:
     value = _integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0: {text!r}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}: {text!r}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    return _integer_at_least(text, 0)
 
 
 def positive_int(text: str) -> int:
-    value = _integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
+    return _integer_at_least(text, 1)
 
 
 def model_length(text: str) -> tuple[str, int]:

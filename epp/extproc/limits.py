@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from epp.observability import metrics
@@ -83,38 +83,35 @@ class StreamGuard:
     async def take_lane(self, started: float, size: int) -> bool:
         """Wait for a large-body lane and for `size` bytes of the rate; False once the body
         timeout (from `started`) has passed. A True must be matched by one `give_lane`."""
+        return await self._until_timeout(started, self._lane_and_rate(size))
+
+    async def pace(self, started: float, size: int) -> bool:
+        """Wait for `size` more bytes of the rate (a large body of unknown length, chunk by
+        chunk); False once the body timeout has passed."""
+        return await self._until_timeout(started, self._wait_rate(size))
+
+    async def _until_timeout(self, started: float, waiting: Coroutine[Any, Any, None]) -> bool:
+        """Await `waiting` within the body timeout from `started`, counting the time waited."""
         timeout = self.limits.request_body_timeout
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:
             async with asyncio.timeout_at(started + timeout if timeout else None):
-                if self._lanes is not None:
-                    await self._lanes.acquire()
-                try:
-                    await self._wait_rate(size)
-                except BaseException:
-                    self.give_lane()
-                    raise
+                await waiting
         except TimeoutError:
             return False
         finally:
             _count_wait(loop.time() - t0)
         return True
 
-    async def pace(self, started: float, size: int) -> bool:
-        """Wait for `size` more bytes of the rate (a large body of unknown length, chunk by
-        chunk); False once the body timeout has passed."""
-        timeout = self.limits.request_body_timeout
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+    async def _lane_and_rate(self, size: int) -> None:
+        if self._lanes is not None:
+            await self._lanes.acquire()
         try:
-            async with asyncio.timeout_at(started + timeout if timeout else None):
-                await self._wait_rate(size)
-        except TimeoutError:
-            return False
-        finally:
-            _count_wait(loop.time() - t0)
-        return True
+            await self._wait_rate(size)
+        except BaseException:
+            self.give_lane()
+            raise
 
     async def _wait_rate(self, size: int) -> None:
         if self._bucket is not None and size:

@@ -370,9 +370,11 @@ class Director:
                 raise errors.PayloadTooLarge(
                     f"request body of {len(body)} bytes exceeds the limit of {self.settings.max_body_bytes}"
                 )
+            parse = parse_here
             parsers = self.prompts.body_parsers
-            large = parsers is not None and parsers.wants(len(body))
-            request = await (parsers.parse if large and parsers else parse_here)(
+            if parsers is not None and parsers.wants(len(body)):
+                parse = parsers.parse
+            request = await parse(
                 path=path,
                 headers=headers,
                 body=body,

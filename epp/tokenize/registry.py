@@ -449,9 +449,7 @@ class Tokenizers:
             prompt = await loop.run_in_executor(self._executor, chat.prepare_chat, tok, body)
         else:
             prompt = chat.prepare_chat(tok, body)
-        if prompt.token_ids is not None:  # ids forwarded in the body: vLLM takes them as they are
-            return prompt.token_ids
-        return await self._encode_with(tok, prompt.text, prompt.add_special_tokens)
+        return await self._encode_prepared(tok, prompt)
 
     def chat_template_for(self, model: str, *, base_model: str | None = None) -> chat.ChatTemplated | None:
         """The tokenizer whose chat template renders `model`'s chat requests (for a renderer in
@@ -464,11 +462,14 @@ class Tokenizers:
         """`encode_chat`'s last step, for a chat rendered elsewhere (`chat_template_for`)."""
         if self._closed:
             raise RuntimeError("Tokenizers.encode_prompt after close()")
-        if prompt.token_ids is not None:
-            return prompt.token_ids
         tok = self.for_model(model, base_model=base_model)
         if tok is None:
-            return None
+            return prompt.token_ids  # forwarded ids need no tokenizer; else None
+        return await self._encode_prepared(tok, prompt)
+
+    async def _encode_prepared(self, tok: tokenizer.Tokenizer, prompt: chat.ChatPrompt) -> list[int]:
+        if prompt.token_ids is not None:  # ids forwarded in the body: vLLM takes them as they are
+            return prompt.token_ids
         return await self._encode_with(tok, prompt.text, prompt.add_special_tokens)
 
     def _serving(self, model: str, base_model: str | None) -> tokenizer.Tokenizer | None:
