@@ -182,6 +182,13 @@ class VllmServer:
             self.proc.wait(timeout=10)
         _live_groups.discard(self.proc.pid)
 
+    def freeze(self) -> None:
+        """SIGSTOP to every process of the server: generation halts at once, sockets stay open."""
+        self._signal_group(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self._signal_group(signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL to every process of the server at once: a crash, no goodbye on any socket."""
         self._signal_group(signal.SIGKILL)

@@ -164,12 +164,20 @@ def test_pod_killed_mid_stream(stack: VllmStack) -> None:
     try:
         for _ in stream:
             chunks += 1
-            if chunks == 1:  # at once: the tiny model on an idle machine streams ~1k tokens/s
-                rows = stack.endpoints()
-                busy = [p for p in stack.pods if rows[p.address]["inflight_requests"] > 0]
-                assert len(busy) == 1, rows
-                victim = busy[0]
-                victim.server.kill()
+            if chunks == 1:
+                # Freeze every pod before asking epp which one is busy: the tiny model streams
+                # ~1k tokens/s, and CI once saw all 1500 generated before a plain kill landed.
+                for pod in stack.pods:
+                    pod.server.freeze()
+                try:
+                    rows = stack.endpoints()
+                    busy = [p for p in stack.pods if rows[p.address]["inflight_requests"] > 0]
+                    assert len(busy) == 1, rows
+                    victim = busy[0]
+                    victim.server.kill()
+                finally:
+                    for pod in stack.pods:
+                        pod.server.thaw()
     except Exception as exc:  # what a truncated stream looks like to the client
         ending = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
     finally:
