@@ -30,6 +30,7 @@ from typing import Annotated, Any
 import msgspec
 
 from epp.api import limits as _limits
+from epp.api import slo as _slo
 from epp.api.errors import BadRequest
 from epp.api.limits import DEFAULT_LIMITS, RequestLimits
 
@@ -86,6 +87,9 @@ class InferenceRequest:
     # A chat body rendered in a body-parser process (epp.requestcontrol.offload), never decoded
     # here: its (forwards_ids, add_special_tokens), which the director would read off `body`.
     chat_flags: tuple[bool, bool] | None = None
+    # Latency targets in seconds from x-slo-ttft-ms / x-slo-tpot-ms (`epp.api.slo`); None = none.
+    slo_ttft: float | None = None
+    slo_tpot: float | None = None
 
 
 # --- Body shapes: only the fields we read. Unknown fields are skipped by msgspec. ---------------
@@ -230,6 +234,7 @@ def parse_request(
     if not model:
         raise BadRequest("model not found in request body")
     _check_cache_salt(parsed.cache_salt)
+    slo_ttft, slo_tpot = _slo.parse_targets(headers)
 
     req = InferenceRequest(
         request_id=request_id,
@@ -242,6 +247,8 @@ def parse_request(
         body_bytes=body,
         subset_ips=subset_ips,
         cache_salt=parsed.cache_salt or None,
+        slo_ttft=slo_ttft,
+        slo_tpot=slo_tpot,
     )
     if api is Api.CHAT:
         _fill_chat(req, parsed, limits)

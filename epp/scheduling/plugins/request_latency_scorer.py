@@ -44,10 +44,17 @@ and their batch and context grow, so their decode price rises until a miss elsew
 paid once per new replica) is cheaper; the next request seeds a new replica, which its successors
 then hit. predicted-ttft-scorer's popularity scaling of the miss penalty still applies.
 
-Effects: `pre_request` books the request on its endpoint (batch, context, the time integrals the
-learning reads); `response_complete` releases it and learns. Explain: every term per endpoint
-(`e2e_s`, `decode_s`, `step_s`, `slowdown_others_s`, `prefill_stall_others_s`, `batch`,
-`context_tokens`, `output_tokens`) beside predicted-ttft-scorer's, and the learned step model.
+Latency targets (`x-slo-ttft-ms`, `x-slo-tpot-ms`; `slo_targets.py`, docs/slo.md): with targets
+in play, the candidates predicted to meet them (TTFT: `predicted_ttft_s` + `admission_wait_s`;
+TPOT: `step_s`, against the tightest of the request's target and those of the requests running
+there) outscore those that miss, and the objective decides among each tier. Without any, the
+scores are the objective's alone.
+
+Effects: `pre_request` books the request on its endpoint (batch, context, its TPOT target, the
+time integrals the learning reads); `response_complete` releases it and learns. Explain: every
+term per endpoint (`e2e_s`, `decode_s`, `step_s`, `slowdown_others_s`, `prefill_stall_others_s`,
+`batch`, `context_tokens`, `output_tokens`) beside predicted-ttft-scorer's, the learned step
+model, and with targets in play `slo` per endpoint and per request.
 
 Parameters: predicted-ttft-scorer's, and
 - `stepSeconds` (0.02, > 0): the prior per-token time of a lightly loaded pod.
@@ -73,6 +80,7 @@ from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces, registry
+from epp.scheduling.plugins import slo_targets
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
 from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer, TTFTDecision, _Prediction
 
@@ -113,6 +121,19 @@ class _Active:
     start: float
     area_n: float
     area_ctx: float
+    tpot_target: float | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _Scoring:
+    """The request being scored, as `_predict` (called per endpoint by the base class) needs it."""
+
+    request: InferenceRequest
+    out: float  # expected output tokens
+    size: float  # its context: prompt + half its expected output
+    terms: dict[str, dict[str, float]]
+    slo: bool  # targets in play: the request's, or those of requests in flight
+    verdicts: dict[str, slo_targets.Verdict]
 
 
 class StepModel:
@@ -178,7 +199,10 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         self._out_seen = 0.0
         self._loads: dict[str, _Load] = {}
         self._active: collections.OrderedDict[int, _Active] = collections.OrderedDict()
-        self._scoring: tuple[InferenceRequest, float, float, dict[str, dict[str, float]]] | None = None
+        # endpoint -> the TPOT targets of the requests in flight there (target -> count)
+        self._tpot_targets: dict[str, collections.Counter[float]] = {}
+        self._slo_key = f"{name}/slo"
+        self._scoring: _Scoring | None = None
 
     # --- decision -------------------------------------------------------------------------------
 
@@ -197,7 +221,9 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         tokens = (match.request_tokens if match is not None else 0) or _prompt_len(request)
         out = self.expected_output(request)
         terms: dict[str, dict[str, float]] = {}
-        self._scoring = (request, out, tokens + out / 2.0, terms)
+        slo = request.slo_ttft is not None or request.slo_tpot is not None or bool(self._tpot_targets)
+        scoring = _Scoring(request, out, tokens + out / 2.0, terms, slo, {})
+        self._scoring = scoring
         try:
             scores = super().score(cycle, request, endpoints)
         finally:
@@ -205,6 +231,17 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         decision = cycle.get(self.name)
         if isinstance(decision, TTFTDecision):
             decision.extras = terms
+        verdicts = scoring.verdicts
+        if verdicts and len(verdicts) == len(endpoints):
+            tiered = slo_targets.tiered(scores, [verdicts[ep.name].tier for ep in endpoints])
+            cycle[self._slo_key] = slo_targets.SloDecision(
+                request.slo_ttft,
+                request.slo_tpot,
+                verdicts,
+                objective_best=endpoints[slo_targets.best_index(scores)].name,
+                preferred=endpoints[slo_targets.best_index(tiered)].name,
+            )
+            scores = tiered
         return scores
 
     def _predict(
@@ -214,7 +251,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         scoring = self._scoring
         if scoring is None:
             return p
-        _, out, size, terms = scoring
+        out, size, terms = scoring.out, scoring.size, scoring.terms
         load = self._loads.get(ep.name)
         n, ctx = (load.n, load.ctx) if load is not None else (0, 0.0)
         m = ep.metrics
@@ -253,6 +290,16 @@ class RequestLatencyScorer(PredictedTTFTScorer):
             "slowdown_others_s": slowdown,
             "prefill_stall_others_s": stall,
         }
+        if scoring.slo:
+            running = self._tpot_targets.get(ep.name)
+            request = scoring.request
+            scoring.verdicts[ep.name] = slo_targets.verdict(
+                p.ttft + admission,
+                after,
+                request.slo_ttft,
+                request.slo_tpot,
+                min(running) if running else None,
+            )
         return p
 
     # --- effects --------------------------------------------------------------------------------
@@ -272,12 +319,25 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         load.n += 1
         load.ctx += ctx
         active = self._active
-        active[id(request)] = _Active(name, ctx, request.max_output_tokens, now, load.area_n, load.area_ctx)
+        target = request.slo_tpot
+        active[id(request)] = _Active(
+            name, ctx, request.max_output_tokens, now, load.area_n, load.area_ctx, target
+        )
+        if target is not None:
+            self._tpot_targets.setdefault(name, collections.Counter())[target] += 1
         while len(active) > MAX_ACTIVE:
             _, old = active.popitem(last=False)
             self._release(old, now)
 
     def _release(self, a: _Active, now: float) -> _Load | None:
+        if a.tpot_target is not None:
+            targets = self._tpot_targets.get(a.endpoint)
+            if targets is not None:
+                targets[a.tpot_target] -= 1
+                if targets[a.tpot_target] <= 0:
+                    del targets[a.tpot_target]
+                if not targets:
+                    del self._tpot_targets[a.endpoint]
         load = self._loads.get(a.endpoint)
         if load is None:
             return None
@@ -315,6 +375,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         super()._on_endpoints_changed(added, removed)
         for ep in removed:
             self._loads.pop(ep.name, None)
+            self._tpot_targets.pop(ep.name, None)
 
     @property
     def step_model(self) -> StepModel:
@@ -330,7 +391,10 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         (`slowdown_others_s` + `prefill_stall_others_s`) x othersWeight; `e2e_s` =
         `predicted_ttft_s` + `admission_wait_s` + `decode_s`.
         `step_s` is the per-token time predicted after the pick (`batch` sequences over
-        `context_tokens` before it); request-level `step_model` gives the learned coefficients."""
+        `context_tokens` before it); request-level `step_model` gives the learned coefficients.
+        With latency targets in play, `slo` per endpoint (predictions against the targets, met or
+        not, the tier) and per request (who meets them, which target drove the preferred
+        candidate): `slo_targets.Verdict.explain`, `SloDecision.explain`."""
         base = dict(super().explain(cycle))
         decision = cycle.get(self.name)
         if not base or not isinstance(decision, TTFTDecision):
@@ -346,6 +410,13 @@ class RequestLatencyScorer(PredictedTTFTScorer):
                 # objective; it is what is left of the TTFT objective.
                 row["miss_penalty_s"] = max(extra["ttft_objective_s"] - parts, 0.0)
             row.update(extra)
+        slo = cycle.get(self._slo_key)
+        if isinstance(slo, slo_targets.SloDecision):
+            for name, verdict in slo.verdicts.items():
+                row = endpoints.get(name)
+                if row is not None:
+                    row["slo"] = verdict.explain()
+            base["request"]["slo"] = slo.explain()
         a, b, c = self._model.coefficients
         base["request"]["step_model"] = {
             "fixed_s": a,

@@ -1,0 +1,185 @@
+"""Latency targets (SLOs) in `request-latency-scorer`: which candidates are predicted to meet a
+request's TTFT and TPOT targets, the score tiers that prefer them, and what explain says of it.
+
+A request carries targets in `x-slo-ttft-ms` / `x-slo-tpot-ms` (`epp.api.slo`). The scorer
+predicts, per candidate, the request's TTFT (its predicted TTFT plus the wait for KV blocks) and
+its time per output token (the step time of the batch it would join). A candidate meets the TPOT
+target when that step is within the tightest TPOT target in play there: the request's own and
+those of the requests already running on it, which the pick slows down too (as llm-d checks a
+pod's running requests' TPOT targets).
+
+Tiers, best first (llm-d's order for misses: a missed TPOT hurts less than a missed TTFT, which
+the user waits on before anything shows):
+
+    0  meets every target        2  misses the TTFT target only
+    1  misses the TPOT one only  3  misses both
+
+The scorer's own score `s` in (0, 1] (the cheapest whole-request objective scores 1) becomes
+`(3 - tier + s) / 4`, so every candidate of a better tier outscores every candidate of a worse
+one, and within a tier the objective decides as before. When all candidates share a tier (all
+meet the targets, or none does), the scores are left exactly as they were: the targets change
+nothing, and no candidate is ever excluded: a request nobody can serve in time still goes to
+the cheapest candidate of the best tier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Final
+
+TIERS: Final = 4
+
+
+@dataclasses.dataclass(slots=True)
+class Verdict:
+    """One candidate's predictions against the targets in play there."""
+
+    ttft_s: float  # predicted time to first token
+    tpot_s: float  # predicted time per output token after the pick
+    ttft_target: float | None  # the request's
+    tpot_target: float | None  # the tightest of the request's and its running requests'
+    tpot_from: str  # "request" or "running": whose target `tpot_target` is
+
+    @property
+    def ttft_missed(self) -> bool:
+        return self.ttft_target is not None and self.ttft_s > self.ttft_target
+
+    @property
+    def tpot_missed(self) -> bool:
+        return self.tpot_target is not None and self.tpot_s > self.tpot_target
+
+    @property
+    def tier(self) -> int:
+        ttft, tpot = self.ttft_missed, self.tpot_missed
+        if ttft:
+            return 3 if tpot else 2
+        return 1 if tpot else 0
+
+    def missed(self) -> list[str]:
+        return [name for name, m in (("ttft", self.ttft_missed), ("tpot", self.tpot_missed)) if m]
+
+    def explain(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"tier": self.tier, "met": not (self.ttft_missed or self.tpot_missed)}
+        if self.ttft_target is not None:
+            row.update(
+                ttft_predicted_s=self.ttft_s,
+                ttft_target_s=self.ttft_target,
+                ttft_headroom_s=self.ttft_target - self.ttft_s,
+                ttft_met=not self.ttft_missed,
+            )
+        if self.tpot_target is not None:
+            row.update(
+                tpot_predicted_s=self.tpot_s,
+                tpot_target_s=self.tpot_target,
+                tpot_headroom_s=self.tpot_target - self.tpot_s,
+                tpot_met=not self.tpot_missed,
+                tpot_target_from=self.tpot_from,
+            )
+        return row
+
+
+def verdict(
+    ttft_s: float,
+    tpot_s: float,
+    ttft_target: float | None,
+    own_tpot: float | None,
+    running_tpot: float | None,
+) -> Verdict:
+    tpot_target, source = own_tpot, "request"
+    if running_tpot is not None and (own_tpot is None or running_tpot < own_tpot):
+        tpot_target, source = running_tpot, "running"
+    return Verdict(ttft_s, tpot_s, ttft_target, tpot_target, source)
+
+
+@dataclasses.dataclass(slots=True)
+class SloDecision:
+    """The targets' effect on one request's scores (explain reads it from the cycle state)."""
+
+    ttft_target: float | None
+    tpot_target: float | None
+    verdicts: dict[str, Verdict]
+    objective_best: str  # the candidate the objective alone scores highest
+    preferred: str  # the candidate scored highest with the tiers
+
+    def explain(self) -> dict[str, Any]:
+        """Request-level: the targets, who meets them, and what drove the preferred candidate."""
+        out: dict[str, Any] = {}
+        if self.ttft_target is not None:
+            out["ttft_target_s"] = self.ttft_target
+        if self.tpot_target is not None:
+            out["tpot_target_s"] = self.tpot_target
+        meeting = sorted(n for n, v in self.verdicts.items() if v.tier == 0)
+        pick = self.verdicts[self.preferred]
+        best = self.verdicts[self.objective_best]
+        # The targets that moved the choice off the objective's favourite: those it misses and the
+        # preferred candidate meets.
+        driven = (
+            [t for t in best.missed() if t not in pick.missed()]
+            if self.preferred != self.objective_best
+            else []
+        )
+        out.update(
+            meeting=meeting,
+            preferred=self.preferred,
+            preferred_met=pick.tier == 0,
+            objective_best=self.objective_best,
+            driven_by="+".join(driven),
+            binding=_binding(pick),
+            summary=self._summary(pick, best, driven),
+        )
+        return out
+
+    def _summary(self, pick: Verdict, best: Verdict, driven: list[str]) -> str:
+        if driven:
+            return (
+                f"{self.preferred} preferred: {self.objective_best}, the cheapest by the objective, is "
+                f"predicted to miss {_describe(best, driven)}; {self.preferred} is predicted to "
+                f"{'meet every target' if pick.tier == 0 else 'miss ' + _describe(pick, pick.missed())}"
+            )
+        if pick.tier == 0:
+            return f"{self.preferred} preferred by the objective; it is predicted to meet every target"
+        if not any(v.tier == 0 for v in self.verdicts.values()):
+            return (
+                f"no candidate is predicted to meet every target; {self.preferred} (the cheapest of the "
+                f"best tier) is predicted to miss {_describe(pick, pick.missed())}"
+            )
+        return f"{self.preferred} preferred; it is predicted to miss {_describe(pick, pick.missed())}"
+
+
+def _binding(v: Verdict) -> str:
+    """The target that binds at a candidate: the one it misses (TTFT first), else the one with
+    the least headroom relative to its size."""
+    missed = v.missed()
+    if missed:
+        return missed[0]
+    slack = []
+    if v.ttft_target is not None:
+        slack.append(((v.ttft_target - v.ttft_s) / v.ttft_target, "ttft"))
+    if v.tpot_target is not None:
+        slack.append(((v.tpot_target - v.tpot_s) / v.tpot_target, "tpot"))
+    return min(slack)[1] if slack else ""
+
+
+def _describe(v: Verdict, which: Sequence[str]) -> str:
+    parts = []
+    for t in which:
+        if t == "ttft" and v.ttft_target is not None:
+            parts.append(f"TTFT ({v.ttft_s * 1000:.0f} ms > {v.ttft_target * 1000:.0f} ms)")
+        elif t == "tpot" and v.tpot_target is not None:
+            whose = "" if v.tpot_from == "request" else ", a running request's target"
+            parts.append(f"TPOT ({v.tpot_s * 1000:.1f} ms > {v.tpot_target * 1000:.1f} ms{whose})")
+    return " and ".join(parts)
+
+
+def tiered(scores: Sequence[float], tiers: Sequence[int]) -> list[float]:
+    """Scores in (0, 1] banded by tier (see the module docstring); unchanged when all share one."""
+    if len(set(tiers)) <= 1:
+        return list(scores)
+    top = TIERS - 1
+    return [(top - tier + s) / TIERS for s, tier in zip(scores, tiers, strict=True)]
+
+
+def best_index(scores: Sequence[float]) -> int:
+    """The first highest score's index."""
+    return max(range(len(scores)), key=scores.__getitem__)
