@@ -117,6 +117,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="latency target: seconds per output token (default: the profile's)",
     )
+    parser.add_argument(
+        "--slo-headers",
+        action="store_true",
+        help="fast mode: send the latency target with every request as x-slo-ttft-ms / "
+        "x-slo-tpot-ms headers (epp's default with KV events routes to meet them; docs/slo.md)",
+    )
 
 
 def listing() -> str:
@@ -173,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
                 runs[policy.name]["live_behind_s"] = round(behind_s, 3)
             if args.replicas > 1:
                 runs[policy.name]["replicas"] = args.replicas
+            if args.slo_headers:
+                runs[policy.name]["slo_headers"] = True
             ttfts[policy.name] = report.ttft_values(result)
             # Written after every policy: a long run keeps what it finished.
             results[name] = report.workload_entry(workload, profile.name, pods, runs)
@@ -200,6 +208,12 @@ def _run_fast(
         "profile": profile, "pods": pods, "seed": args.seed, "kv_delay_s": args.kv_delay,
         "scrape_interval_s": args.scrape_interval, "progress": progress.update,
     }  # fmt: skip
+    if args.slo_headers:
+        slo = _slo(args, profile)
+        kwargs["request_headers"] = {
+            "x-slo-ttft-ms": f"{slo.ttft_s * 1000:.6g}",
+            "x-slo-tpot-ms": f"{slo.tpot_s * 1000:.6g}",
+        }
     if args.replicas > 1:
         from epp.bench import replicas
 
@@ -294,6 +308,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise BenchConfigError("--scrape-interval is for --mode fast (live: epp serve scrapes)")
     if args.kv_delay < 0:
         raise BenchConfigError(f"--kv-delay must be >= 0, got {args.kv_delay}")
+    if args.slo_headers and args.mode != "fast":
+        raise BenchConfigError("--slo-headers is for --mode fast")
     plan: _Plan = []
     for name in dict.fromkeys(names):
         if name.startswith(TRACE_PREFIX):

@@ -37,7 +37,7 @@ import dataclasses
 import heapq
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -138,6 +138,7 @@ class FastRun:
         kv_delay_s: float = 0.0,
         scrape_interval_s: float = 0.05,
         progress: Callable[[float], None] | None = None,
+        request_headers: Mapping[str, str] | None = None,
     ) -> None:
         if pods <= 0:
             raise ValueError(f"pods must be > 0, got {pods}")
@@ -148,6 +149,8 @@ class FastRun:
         self.kv_delay_s = kv_delay_s
         self.scrape_interval_s = scrape_interval_s
         self.progress = progress
+        # Sent with every request (`epp bench --slo-headers`: the latency target as x-slo-*).
+        self.request_headers = dict(request_headers or {})
         self.now = START
         self.datastore = Datastore()
         specs = [
@@ -293,7 +296,10 @@ class FastRun:
         record.held_best = max(held, default=0)
         try:
             ctx = await self.director_for_next().route(
-                path="/v1/completions", headers={"x-request-id": rid}, body=body, subset=None
+                path="/v1/completions",
+                headers={**self.request_headers, "x-request-id": rid},
+                body=body,
+                subset=None,
             )
         except errors.RequestError as exc:
             record.status = exc.status
