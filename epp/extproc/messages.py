@@ -97,7 +97,7 @@ def streamed_request_body(body: bytes) -> list[ProcessingResponse]:
     return [ProcessingResponse(request_body=_streamed(chunk, eos)) for chunk, eos in _chunks(body)]
 
 
-def streamed_request_body_wire(body: bytes, end_of_stream: bool = True) -> list[bytes]:
+def streamed_request_body_wire(body: bytes | memoryview, end_of_stream: bool = True) -> list[bytes]:
     """`streamed_request_body`, serialized as `streamed_response_body_wire` serializes (the
     same bytes; a quarter of the CPU: a 16 MiB body sent back took ~7-11 ms as messages, 2.8 ms
     so). `end_of_stream` False leaves the last chunk open (the body ends with trailers)."""
@@ -149,9 +149,9 @@ def _streamed_wire(chunk: bytes, eos: bool, direction: int = _RESPONSE) -> bytes
     return t.message.SerializeToString()  # type: ignore[no-any-return]
 
 
-def _chunks(body: bytes) -> list[tuple[bytes, bool]]:
+def _chunks(body: bytes | memoryview) -> list[tuple[bytes, bool]]:
     if len(body) <= MAX_BODY_CHUNK:
-        return [(body, True)]
+        return [(bytes(body), True)]  # a copy only for a view (bytes(b) is b)
     view = memoryview(body)
     n = len(body)
     return [

@@ -19,6 +19,7 @@ from epp.extproc import messages as m
 from epp.extproc.limits import StreamGuard
 from epp.extproc.messages import DESTINATION_HEADER
 from epp.extproc.stream import Stream
+from epp.extproc.wire import RequestBody, decode_request
 from epp.observability import metrics, tracing
 from epp.requestcontrol.director import Director
 
@@ -56,11 +57,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     return
                 if msg is eof:
                     return
-                if msg.HasField("response_body"):  # the per-token path: answers already serialized
+                if type(msg) is RequestBody:  # a large body, not copied by protobuf (epp.extproc.wire)
+                    responses = await stream.request_body(msg.message, msg.body)
+                elif msg.HasField("response_body"):  # the per-token path: answers already serialized
                     for wire in stream.response_body(msg):
                         await write(wire)
                     continue
-                responses = await stream.handle(msg)
+                else:
+                    responses = await stream.handle(msg)
                 if tracer is not None:
                     if span is None:  # after the first message: the request headers are known
                         span = tracing.start_request_span(tracer, stream.headers)
@@ -100,7 +104,7 @@ def add_ext_proc_servicer(server: grpc.aio.Server, servicer: ExternalProcessor) 
     handlers = {
         "Process": grpc.stream_stream_rpc_method_handler(
             servicer.Process,
-            request_deserializer=m.ProcessingRequest.FromString,
+            request_deserializer=decode_request,
             response_serializer=_serialize,
         )
     }

@@ -80,7 +80,7 @@ class Stream:
         self._started = 0.0
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _FULL_DUPLEX
-        self._body_parts: list[bytes] = []
+        self._body_parts: list[bytes | memoryview] = []
         self._body_size = 0
         self.headers: dict[str, str] = {}
         self.ctx: RequestContext | None = None
@@ -96,7 +96,7 @@ class Stream:
                 self._response_mode = msg.protocol_config.response_body_mode
             return await self._on_request_headers(msg)
         if kind == "request_body":
-            return await self._on_request_body(msg)
+            return await self.request_body(msg, msg.request_body.body)
         if kind == "response_headers":
             return self._on_response_headers(msg)
         if kind == "response_body":
@@ -137,8 +137,11 @@ class Stream:
         # body cannot inform the decision. Route on headers alone rather than fail the request.
         return await self._route(msg, body=None, reply="headers")
 
-    async def _on_request_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
-        chunk = msg.request_body.body
+    async def request_body(
+        self, msg: m.ProcessingRequest, chunk: bytes | memoryview
+    ) -> list[m.ProcessingResponse]:
+        """A request-body message; `chunk` is its body, read from `msg` or, for a large one, a
+        view of the bytes gRPC delivered (`epp.extproc.wire`: `msg` then has an empty body)."""
         if len(chunk) > _YIELD_AFTER_BYTES:
             await asyncio.sleep(0)  # let other streams run between the copies and the parse
         if self.ctx is not None:  # routed already (non-buffering modes): pass through
@@ -184,9 +187,12 @@ class Stream:
         return "duplex" if self._request_mode == _FULL_DUPLEX else "buffered"
 
     def _take_body(self) -> bytes:
+        """The body, whole: the one copy of it epp makes (views become bytes here)."""
         parts = self._body_parts
         self._body_parts = []
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        if len(parts) == 1 and type(parts[0]) is bytes:
+            return parts[0]
+        return b"".join(parts)
 
     async def _route(
         self, msg: m.ProcessingRequest, *, body: bytes | None, reply: str, body_eos: bool = True
