@@ -63,6 +63,9 @@ async def one_request(stub: pb_grpc.ExternalProcessorStub, body: bytes, *, buffe
     for i in range(0, len(body), step):
         await call.write(h.body_msg(body[i : i + step], eos=i + step >= len(body)))
     resp = await call.read()
+    if buffered and resp.HasField("request_headers"):
+        # BUFFERED: the headers are answered at once; the routing answer comes on the body's.
+        resp = await call.read()
     call.cancel()
     if resp.HasField("immediate_response"):
         return int(resp.immediate_response.status.code)
@@ -102,6 +105,22 @@ async def probe(address: str, seconds: float) -> list[float]:
             out.append(time.perf_counter() - t0)
             await asyncio.sleep(0.02)
     return out
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User + system CPU seconds of `pid` itself, and of its live children (the body parsers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def of(p: int) -> float:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = [int(c) for c in children.read_text().split()] if children.exists() else []
+    return of(pid), sum(of(c) for c in kids)
 
 
 def summary(name: str, xs: list[float]) -> str:
@@ -144,7 +163,10 @@ def main() -> None:
         try:
             time.sleep(1.0)
             asyncio.run(probe(epp.grpc_address, 2.0))  # warm-up
+            pid = epp.process.pid
+            t0, idle0 = time.perf_counter(), cpu_seconds(pid)
             phases = {"idle": asyncio.run(probe(epp.grpc_address, args.seconds))}
+            idle_rate = (cpu_seconds(pid)[0] - idle0[0]) / (time.perf_counter() - t0)  # the probe's
             ctx = multiprocessing.get_context("spawn")
             done = ctx.Value("q", 0)
             worker = ctx.Process(
@@ -161,7 +183,12 @@ def main() -> None:
             )
             worker.start()
             time.sleep(3.0)  # the heavy clients are up and sending
+            t0, cpu0, heavy0 = time.perf_counter(), cpu_seconds(pid), done.value
             phases["loaded"] = asyncio.run(probe(epp.grpc_address, args.seconds))
+            cpu1, heavy1 = cpu_seconds(pid), done.value
+            # epp's CPU for the heavy requests: what the probe alone cost in the idle phase is
+            # taken off (the parsers' CPU is theirs alone)
+            cpu1 = (cpu1[0] - idle_rate * (time.perf_counter() - t0), cpu1[1])
             worker.join()
             heavy = done.value
             phases["idle2"] = asyncio.run(probe(epp.grpc_address, args.seconds))
@@ -169,6 +196,11 @@ def main() -> None:
             epp.stop()
             sims.stop()
     print(f"heavy requests routed: {heavy % 1_000_000}, answered with an error: {heavy // 1_000_000}")
+    n = (heavy1 - heavy0) % 1_000_000 + (heavy1 - heavy0) // 1_000_000
+    for name, (a, b) in {"epp": (cpu0[0], cpu1[0]), "its body parsers": (cpu0[1], cpu1[1])}.items():
+        print(
+            f"CPU of {name} while loaded: {1e3 * (b - a) / max(1, n):.1f} ms per heavy request ({n} answered)"
+        )
     for name, xs in phases.items():
         print(summary(name, xs))
 
