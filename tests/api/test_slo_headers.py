@@ -9,7 +9,9 @@ import pytest
 
 from epp.api import slo
 from epp.api.errors import BadRequest
+from epp.api.limits import RequestLimits
 from epp.api.requests import parse_request
+from epp.requestcontrol.offload import BodyParsers
 
 BODY = json.dumps({"model": "m", "prompt": "hello"}).encode()
 
@@ -77,3 +79,31 @@ def test_a_bad_value_is_a_400_naming_the_header(header: str, value: str, says: s
 def test_the_other_header_is_checked_too() -> None:
     with pytest.raises(BadRequest, match=slo.TPOT_HEADER):
         _parse({slo.TTFT_HEADER: "500", slo.TPOT_HEADER: "fast"})
+
+
+async def test_a_body_parsed_in_a_worker_process_carries_the_targets_and_the_400() -> None:
+    """Large bodies are parsed in body-parser processes (epp.requestcontrol.offload): the targets
+    and the refusal cross the process boundary as parsed here."""
+    parsers = BodyParsers(1, min_bytes=0)
+    big = json.dumps({"model": "m", "prompt": "p " * 3000}).encode()
+    try:
+        req = await parsers.parse(
+            path="/v1/completions",
+            headers={slo.TTFT_HEADER: "250", slo.TPOT_HEADER: "40"},
+            body=big,
+            request_id="r",
+            subset_ips=None,
+            limits=RequestLimits(),
+        )
+        assert (req.slo_ttft, req.slo_tpot) == (0.25, 0.04)
+        with pytest.raises(BadRequest, match=slo.TTFT_HEADER):
+            await parsers.parse(
+                path="/v1/completions",
+                headers={slo.TTFT_HEADER: "nan"},
+                body=big,
+                request_id="r",
+                subset_ips=None,
+                limits=RequestLimits(),
+            )
+    finally:
+        parsers.close()
