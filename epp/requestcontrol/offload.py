@@ -13,6 +13,10 @@ worker processes instead, in two steps:
    model it is routed to (`epp.tokenize.chat.prepare_chat`); also for a small body whose chat has
    more messages than the loop renders inline.
 
+A chat body crosses once: the worker that parsed it keeps it (a few, by request id) for the
+render that follows, so the 16 MiB pickle, pipe write and decode are not paid twice; a render
+that lands on another worker, or after the body was dropped, is sent the body again.
+
 What crosses back is small: the parsed request without its body (the director keeps its own
 copy) and with its prompt texts cut at TEXT_CHARS, and the rendered prompt cut just past what the
 tokenizer reads (`Tokenizers.max_chars`). Tokenizing stays in the parent, where the prefix cache
@@ -27,6 +31,7 @@ cost the parent their unpickling, as they cost it their decode before.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -40,7 +45,7 @@ from typing import Any
 
 from epp.api import errors
 from epp.api.limits import RequestLimits, decode_body
-from epp.api.requests import InferenceRequest, parse_request
+from epp.api.requests import Api, InferenceRequest, parse_request
 from epp.observability import metrics
 from epp.tokenize.chat import ChatPrompt, ChatTemplated, add_special_tokens, forwards_ids, prepare_chat
 
@@ -113,13 +118,26 @@ class BodyParsers:
         return request
 
     async def prepare_chat(
-        self, template: ChatTemplated, body: bytes, limits: RequestLimits, max_chars: int
+        self,
+        template: ChatTemplated,
+        body: bytes,
+        limits: RequestLimits,
+        max_chars: int,
+        *,
+        request_id: str | None = None,
     ) -> PreparedChat:
         """The chat `body` decoded (limits checked) and rendered with `template` in a worker; the
-        text cut after `max_chars` + 1 characters. Raises `errors.BadRequest`, the template's
-        `ChatTemplateError` / `UnsupportedChat`, and `errors.ServiceUnavailable` if the worker
-        died."""
+        text cut after `max_chars` + 1 characters. With the `request_id` `parse` was given, the
+        body the parsing worker kept is used when this lands on it. Raises `errors.BadRequest`,
+        the template's `ChatTemplateError` / `UnsupportedChat`, and `errors.ServiceUnavailable`
+        if the worker died."""
         source = ChatTemplateSource(template.name, template.chat_template, dict(template.special_tokens))
+        if request_id is not None:
+            kept: PreparedChat | None = await self._run(
+                _chat_job, source, None, limits, max_chars, request_id
+            )
+            if kept is not None:
+                return kept
         prepared: PreparedChat = await self._run(_chat_job, source, body, limits, max_chars)
         return prepared
 
@@ -194,9 +212,23 @@ async def parse_here(
     )
 
 
+# Chat bodies this worker parsed, by request id, for the render that follows (`_chat_job`).
+_KEPT: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+KEPT_BODIES = 4  # two large-body lanes by default: room for both, and for a request or two that
+KEPT_BYTES = 64 << 20  # ended before its render (those are dropped oldest first)
+
+
+def _keep(request_id: str, body: bytes) -> None:
+    _KEPT[request_id] = body
+    while len(_KEPT) > KEPT_BODIES or sum(map(len, _KEPT.values())) > KEPT_BYTES:
+        _KEPT.popitem(last=False)
+
+
 def _parse_job(args: dict[str, Any]) -> tuple[InferenceRequest, bool]:
     body = args["body"]
     request = parse_request(**args)
+    if request.api is Api.CHAT:
+        _keep(request.request_id, request.body_bytes)  # the rewritten body, if it was
     rewritten = request.body_bytes is not body
     if not rewritten:
         request.body_bytes = b""  # the parent has it
@@ -217,7 +249,18 @@ def _cut_texts(texts: list[str], limit: int) -> list[str]:
     return out
 
 
-def _chat_job(source: ChatTemplateSource, body: bytes, limits: RequestLimits, max_chars: int) -> PreparedChat:
+def _chat_job(
+    source: ChatTemplateSource,
+    body: bytes | None,
+    limits: RequestLimits,
+    max_chars: int,
+    request_id: str | None = None,
+) -> PreparedChat | None:
+    """The chat rendered; `body` None: the one kept for `request_id`, or None if not kept here."""
+    if body is None:
+        body = _KEPT.pop(request_id, None) if request_id is not None else None
+        if body is None:
+            return None
     decoded = decode_body(body, limits)
     prompt = prepare_chat(source, decoded)
     if len(prompt.text) > max_chars + 1:

@@ -116,6 +116,52 @@ async def test_a_chat_rendered_in_a_worker_is_the_prompt_rendered_here(parsers: 
         await parsers.prepare_chat(tok, deep, LIMITS, max_chars=100)
 
 
+async def test_a_chat_body_crosses_once_the_worker_keeps_it_for_the_render(parsers: BodyParsers) -> None:
+    """The render after a parse uses the body the worker kept (here the body passed to the render
+    is a decoy, so a render of it would differ); a render of a request the worker does not hold,
+    or holds no more, is given the body."""
+    tok = load_shipped()
+    body = _chat(300)
+    decoy = _chat(2)
+    expected = prepare_chat(tok, decode_body(body, LIMITS))
+    await parsers.parse(
+        path="/v1/chat/completions", headers={}, body=body, request_id="kept", subset_ips=None, limits=LIMITS
+    )
+    there = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, request_id="kept")
+    assert there.prompt == expected
+    # Taken once: a second render of the same id is given the body it is passed.
+    again = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, request_id="kept")
+    assert again.prompt == prepare_chat(tok, decode_body(decoy, LIMITS))
+    # Kept few: the oldest of more than KEPT_BODIES parsed chats is gone.
+    for i in range(offload.KEPT_BODIES + 1):
+        await parsers.parse(
+            path="/v1/chat/completions",
+            headers={},
+            body=body,
+            request_id=f"k{i}",
+            subset_ips=None,
+            limits=LIMITS,
+        )
+    oldest = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, request_id="k0")
+    assert oldest.prompt == prepare_chat(tok, decode_body(decoy, LIMITS))
+    newest = await parsers.prepare_chat(
+        tok, decoy, LIMITS, max_chars=10**9, request_id=f"k{offload.KEPT_BODIES}"
+    )
+    assert newest.prompt == expected
+    # A body that failed to parse is not kept.
+    with pytest.raises(errors.BadRequest):
+        await parsers.parse(
+            path="/v1/chat/completions",
+            headers={},
+            body=b"{" + b" " * 2000,
+            request_id="bad",
+            subset_ips=None,
+            limits=LIMITS,
+        )
+    bad = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, request_id="bad")
+    assert bad.prompt == prepare_chat(tok, decode_body(decoy, LIMITS))
+
+
 async def test_a_dead_worker_costs_its_request_a_503_and_the_pool_is_replaced() -> None:
     parsers = BodyParsers(1, min_bytes=0)
     try:
