@@ -30,6 +30,7 @@ handler.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -189,6 +190,16 @@ class Scheduler:
             for p in self.profiles
             for plugin in (*p.filters, *(s for s, _ in p.scorers), p.picker)
         )
+
+    @functools.cached_property
+    def preparers(self) -> tuple[interfaces.Preparer, ...]:
+        """The profiles' scorers that can do part of their work ahead (`prepare`)."""
+        return tuple(s for p in self.profiles for s, _ in p.scorers if isinstance(s, interfaces.Preparer))
+
+    def prepare(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        """Every preparer's `prepare`; meant for a worker thread, before `schedule`."""
+        for preparer in self.preparers:
+            preparer.prepare(request, endpoints)
 
     def schedule(
         self, request: InferenceRequest, endpoints: list[Endpoint], *, explain: bool = False

@@ -111,6 +111,16 @@ class Explainer(Plugin, Protocol):
 
 
 @runtime_checkable
+class Preparer(Plugin, Protocol):
+    def prepare(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        """Work `score` would do for this request that reads no state the loop changes (a long
+        prompt's block keys), done ahead in a worker thread so that the loop does not hold it
+        (the Director calls it only for long prompts). It must be safe to run off the event loop
+        while other requests are routed, and `score` must answer the same whether it ran or not."""
+        ...
+
+
+@runtime_checkable
 class PreRequest(Plugin, Protocol):
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         """Called once the decision is final, before the request goes to the proxy."""

@@ -382,3 +382,34 @@ def test_conformance_with_real_vllm_events(capture: dict[str, Any]) -> None:
     cycle: interfaces.CycleState = {}
     plugin.score(cycle, request(p1, target_model="tiny"), eps)
     assert plugin.explain(cycle)["endpoints"]["pod-0"]["cached_tokens"] == 96
+
+
+def test_keys_prepared_ahead_score_as_keys_computed_in_score() -> None:
+    """`prepare` (the Preparer stage, in a worker thread for long prompts) computes the keys that
+    `score` would: the same scores and facts, its keys taken once, and never more than
+    PREPARED_MAX requests' keys kept."""
+    index = BlockIndex()
+    prompt = toks(4096)
+    feed(index, "pod-0", stored(prompt[:2048]))
+    feed(index, "pod-1", stored(prompt[:1024], block_size=32), model="m")
+    eps = builders.pool(3)
+    plain, _ = scorer(index)
+    ahead, _ = scorer(index)
+    req = request(prompt)
+    cycle_plain: interfaces.CycleState = {}
+    expected = plain.score(cycle_plain, req, eps)
+    ahead.prepare(req, eps)
+    assert len(ahead._prepared) == 1
+    cycle_ahead: interfaces.CycleState = {}
+    assert ahead.score(cycle_ahead, req, eps) == expected == [0.5, 0.25, 0.0]
+    assert ahead.explain(cycle_ahead) == plain.explain(cycle_plain)
+    assert not ahead._prepared  # taken
+    # Keys prepared for other token ids (replaced since) are not used.
+    ahead.prepare(req, eps)
+    req.token_ids = toks(4096, start=10_000)
+    assert ahead.score({}, req, eps) == [0.0, 0.0, 0.0] and not ahead._prepared
+    for i in range(mod.PREPARED_MAX + 5):
+        r = request(prompt)
+        r.request_id = f"never-scored-{i}"
+        ahead.prepare(r, eps)
+    assert len(ahead._prepared) == mod.PREPARED_MAX

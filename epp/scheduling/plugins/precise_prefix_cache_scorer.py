@@ -47,12 +47,18 @@ Parameters (each checked at startup):
 - `speculativeTTLSeconds` (2.0): lifetime of a speculative entry; 0 disables them.
 - `maxPrefixBlocksToMatch` (0): blocks keyed per request; 0 = the whole prompt.
 - `homeScore` (0.0): the score of an unheld prompt's home endpoint; 0 disables homes.
+
+Long prompts: keying costs ~250 ns a block, ~3 ms for a 200k-token prompt, and the loop held the
+GIL for it inside the scheduling step. `prepare` (the scheduler's Preparer stage, which the
+Director runs in a worker thread for long prompts) computes the keys ahead and `score` takes them;
+`score` computes them itself when `prepare` did not run.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 import zlib
 from collections.abc import Collection, Mapping
 from typing import Annotated, Any, Final
@@ -68,6 +74,7 @@ from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.plugins import precise_llmd
 
 DEFAULT_BLOCK_SIZE: Final = 16  # vLLM's default --block-size on GPUs
+PREPARED_MAX: Final = 256  # keys computed ahead and not (yet) taken by `score`, oldest dropped
 
 _Weight = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
@@ -121,6 +128,12 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
         self._home_score = params.homeScore
         self._name_ids: dict[str, int] = {}  # endpoint name -> crc32: stable across processes
         self._spec = _Speculative()
+        # Keys computed ahead by `prepare` (worker threads) until `score` takes them: request id
+        # -> (the token ids they were computed from, {(block size, seed): keys}).
+        self._prepared: collections.OrderedDict[
+            str, tuple[list[int], dict[tuple[int, int], list[BlockKey]]]
+        ] = collections.OrderedDict()
+        self._prepared_lock = threading.Lock()
         # pre_request gets no CycleState; the Director calls it right after `schedule` with no
         # await in between, so the last request scored is the one being routed (else re-keyed).
         self._last: tuple[InferenceRequest, dict[str, list[BlockKey]]] | None = None
@@ -136,7 +149,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
             self._last = None
             cycle[self.name] = PrefixMatch(0, 0, 0, {}, set())
             return [0.0] * len(endpoints)
-        groups = self._groups(request, endpoints)
+        groups = self._groups(request, endpoints, self._take_prepared(request, tokens))
         now = clock.now()
         self._spec.expire(now)
         matches: dict[str, MatchResult] = {}
@@ -200,8 +213,32 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
         found.home = home.name
         return [self._home_score if ep is home else 0.0 for ep in endpoints]
 
+    def prepare(self, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        """The request's keys per (block size, seed) group, computed in the caller's thread and
+        kept for `score` (interfaces.Preparer)."""
+        tokens = request.token_ids
+        if not tokens:
+            return
+        keys = {group: chain for group, (chain, _) in self._groups(request, endpoints).items()}
+        with self._prepared_lock:
+            self._prepared[request.request_id] = (tokens, keys)
+            while len(self._prepared) > PREPARED_MAX:  # requests that never got scored
+                self._prepared.popitem(last=False)
+
+    def _take_prepared(
+        self, request: InferenceRequest, tokens: list[int]
+    ) -> dict[tuple[int, int], list[BlockKey]] | None:
+        if not self._prepared:
+            return None
+        with self._prepared_lock:
+            entry = self._prepared.pop(request.request_id, None)
+        return entry[1] if entry is not None and entry[0] is tokens else None
+
     def _groups(
-        self, request: InferenceRequest, endpoints: list[Endpoint]
+        self,
+        request: InferenceRequest,
+        endpoints: list[Endpoint],
+        ahead: Mapping[tuple[int, int], list[BlockKey]] | None = None,
     ) -> dict[tuple[int, int], tuple[list[BlockKey], list[Endpoint]]]:
         """Endpoints grouped by (block size, key seed), each group with the request's keys.
 
@@ -233,6 +270,8 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
             if members is None:
                 seed = seed_for(model, lora_name=target if adapter else None, cache_salt=request.cache_salt)
                 group = groups.get((block_size, seed))
+                if group is None and ahead is not None and (block_size, seed) in ahead:
+                    group = groups[(block_size, seed)] = (ahead[(block_size, seed)], [])
                 if group is None:
                     limit = len(tokens)
                     if self._max_blocks:
