@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 
 import grpc
 import zmq
@@ -56,6 +57,7 @@ from epp.workers import cpus, supervisor
 from epp.workers import worker as workers_worker
 
 log = logging.getLogger("epp")
+GIL_SWITCH_INTERVAL = 0.001  # seconds; see `main`
 
 _warned_bind_ranks: list[bool] = []  # warn once per process
 
@@ -81,6 +83,10 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                     raise ValueError("--workers above 1 needs `epp serve` started from its command line")
                 return asyncio.run(supervisor.supervise(args, argv, count))
         malloc.tune()  # the process that routes (a worker, or the only one) copies the bodies
+        # A thread holding the GIL (the tokenizers' bookkeeping, the body parsers' feeder, a long
+        # prompt's block keys) keeps the event loop waiting for it up to the switch interval
+        # each time the loop wants it back: 5 ms by default, 1 ms here (BENCHMARKS.md 1f).
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL)
         asyncio.run(run(args, role))
     except sched_config.ConfigError as exc:
         log.error("invalid configuration: %s", exc)
