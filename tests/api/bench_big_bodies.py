@@ -149,6 +149,12 @@ def main() -> None:
         help="bodies as Envoy sends them in BUFFERED mode (epp's own config): one message, no "
         "body sent back; default FULL_DUPLEX_STREAMED, GIE's",
     )
+    ap.add_argument(
+        "--max-model-len",
+        default="sim-model=100000000",
+        help="epp's --max-model-len: by default a context no body reaches, so heavy requests are "
+        "tokenized and scheduled (200); a real context (sim-model=131072) refuses them after tokenizing",
+    )
     ap.add_argument("--epp-arg", action="append", default=[], help="an extra `epp serve` argument (repeat)")
     args = ap.parse_args()
     body = big_body(args.messages, args.mib)
@@ -156,8 +162,7 @@ def main() -> None:
     sims = SimFleet([SimConfig(time_scale=0.02, name=f"s{i}") for i in range(2)])
     sims.start()
     with tempfile.TemporaryDirectory() as tmp:
-        # a context length no body reaches, so heavy requests are routed (200), not refused
-        args_ = ["--kv-events", "connect", "--max-model-len", "sim-model=100000000", *args.epp_arg]
+        args_ = ["--kv-events", "connect", "--max-model-len", args.max_model_len, *args.epp_arg]
         epp = EppProcess(Path(tmp), endpoints=sims.addresses, extra_args=args_)
         epp.start(wait="serving")
         try:
