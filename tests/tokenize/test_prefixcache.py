@@ -485,6 +485,30 @@ async def test_registry_uses_a_cache_per_tokenizer(
     assert toks.prefix_caches["epp-tiny"].partial_hits >= 1
 
 
+async def test_a_long_text_cached_whole_is_answered_off_the_loop(
+    track: Callable[[registry.Tokenizers], registry.Tokenizers], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repeated text is answered from the cache: on the loop when short, in a worker when its
+    ids take longer to copy out than the hand-off (CACHED_INLINE_CHARS); the same ids."""
+    tiny = cached("epp-tiny")[0]
+    toks = track(registry.Tokenizers(default=tiny))
+    threads: list[int] = []
+    real = prefixcache.PrefixCache.cached
+
+    def recording(self: prefixcache.PrefixCache, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(prefixcache.PrefixCache, "cached", recording)
+    long = (CORPUS * (registry.CACHED_INLINE_CHARS // len(CORPUS) + 2))[: registry.CACHED_INLINE_CHARS + 1000]
+    for text, off_loop in [(CORPUS[:5_000], False), (long, True)]:
+        first = await toks.encode("m", text)
+        await toks.drain()
+        threads.clear()
+        assert await toks.encode("m", text) == first == tiny.encode(text)
+        assert len(threads) == 1 and (threads[0] != threading.get_ident()) is off_loop
+
+
 async def test_registry_prefix_cache_can_be_disabled_and_refusals_are_recorded(
     track: Callable[[registry.Tokenizers], registry.Tokenizers],
 ) -> None:
