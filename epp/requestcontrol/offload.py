@@ -13,6 +13,11 @@ worker processes instead, in two steps:
    model it is routed to (`epp.tokenize.chat.prepare_chat`); also for a small body whose chat has
    more messages than the loop renders inline.
 
+A large body crosses without being pickled: the parent writes it to a memfd in a worker thread
+(`os.write` releases the GIL; pickling copied it with the GIL held, 2-5 ms per 16 MiB, in the
+executor's feeder thread, and the loop waited for that thread) and the worker reads it through
+/proc/<parent>/fd. Where that cannot work (no memfd; /proc not readable) bodies are pickled.
+
 A chat body crosses once: the worker that parsed it keeps it (a few, by request id) for the
 render that follows, so the 16 MiB pickle, pipe write and decode are not paid twice; a render
 that lands on another worker, or after the body was dropped, is sent the body again.
@@ -78,6 +83,7 @@ class BodyParsers:
         self.restarts = 0  # pools replaced after a worker died
         self._pool = self._new_pool()
         self._closed = False
+        self._memfd = hasattr(os, "memfd_create")  # large bodies cross as memfds (see above)
 
     def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         # spawn, never fork: the parent runs gRPC's and the tokenizers' threads.
@@ -112,10 +118,33 @@ class BodyParsers:
         args.update(request_id=request_id, subset_ips=subset_ips, limits=limits)
         request: InferenceRequest
         rewritten: bool
-        request, rewritten = await self._run(_parse_job, args)
+        shared = await self._share(body)
+        if shared is None:
+            request, rewritten = await self._run(_parse_job, args)
+        else:
+            try:
+                request, rewritten = await self._run(_parse_job, {**args, "body": shared})
+            except _Unshared as exc:  # the worker could not open it: pickled from now on
+                log.warning("body parsers cannot read epp's memfds (%s); bodies are pickled", exc)
+                self._memfd = False
+                request, rewritten = await self._run(_parse_job, args)
+            finally:
+                os.close(shared.fd)
         if not rewritten:
             request.body_bytes = body
         return request
+
+    async def _share(self, body: bytes) -> SharedBody | None:
+        """`body` in a memfd the workers can open, or None (small, or memfds unavailable)."""
+        if not self._memfd or len(body) < SHARE_MIN_BYTES:
+            return None
+        try:
+            fd = await asyncio.to_thread(_write_memfd, body)
+        except OSError as exc:
+            log.warning("cannot write a request body to a memfd (%s); bodies are pickled", exc)
+            self._memfd = False
+            return None
+        return SharedBody(os.getpid(), fd, len(body))
 
     async def prepare_chat(
         self,
@@ -164,6 +193,52 @@ class BodyParsers:
         """Stop the workers; requests still waiting on one get 503."""
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+SHARE_MIN_BYTES = 1 << 20  # smaller bodies are pickled: a memfd's system calls cost more
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SharedBody:
+    """A body in the parent's memfd `fd` (of `size` bytes), open until the job returns."""
+
+    pid: int
+    fd: int
+    size: int
+
+    def read(self) -> bytes:
+        try:
+            fd = os.open(f"/proc/{self.pid}/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _Unshared(str(exc)) from None
+        try:
+            parts = []
+            got = 0
+            while got < self.size:
+                part = os.pread(fd, self.size - got, got)
+                if not part:
+                    raise _Unshared(f"the body ended at {got} of {self.size} bytes")
+                parts.append(part)
+                got += len(part)
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        finally:
+            os.close(fd)
+
+
+class _Unshared(Exception):
+    """A worker could not read a SharedBody."""
+
+
+def _write_memfd(body: bytes) -> int:
+    fd = os.memfd_create("epp-request-body", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(body)
+        while view:  # the GIL released in each call; tmpfs takes it whole at once
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,6 +300,8 @@ def _keep(request_id: str, body: bytes) -> None:
 
 
 def _parse_job(args: dict[str, Any]) -> tuple[InferenceRequest, bool]:
+    if isinstance(args["body"], SharedBody):
+        args = {**args, "body": args["body"].read()}
     body = args["body"]
     request = parse_request(**args)
     if request.api is Api.CHAT:

@@ -162,6 +162,53 @@ async def test_a_chat_body_crosses_once_the_worker_keeps_it_for_the_render(parse
     assert bad.prompt == prepare_chat(tok, decode_body(decoy, LIMITS))
 
 
+async def test_a_large_body_crosses_as_a_memfd_and_parses_the_same(
+    parsers: BodyParsers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[int] = []
+    real = offload._write_memfd
+
+    def counting(body: bytes) -> int:
+        written.append(len(body))
+        return real(body)
+
+    monkeypatch.setattr(offload, "_write_memfd", counting)
+    large = _chat(2500, size=400)  # over SHARE_MIN_BYTES, its text under TEXT_CHARS
+    assert len(large) > offload.SHARE_MIN_BYTES
+    here = parse_request(path="/v1/chat/completions", headers={}, body=large, request_id="r", limits=LIMITS)
+    there = await _parse(parsers, large)
+    assert written == [len(large)]
+    assert there.body_bytes is large
+    assert there == here
+    await _parse(parsers, _chat(30))  # small: pickled
+    assert written == [len(large)]
+
+
+async def test_a_worker_that_cannot_read_the_memfd_gets_the_body_pickled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """/proc/<epp>/fd unreadable for the worker (here: the "memfd" is /dev/null, so it reads
+    nothing): the request is parsed from the pickled body, and later bodies are pickled."""
+    parsers = BodyParsers(1, min_bytes=1024)
+    try:
+        opened: list[int] = []
+
+        def devnull(body: bytes) -> int:
+            opened.append(len(body))
+            return os.open(os.devnull, os.O_RDONLY)
+
+        monkeypatch.setattr(offload, "_write_memfd", devnull)
+        large = _chat(2500, size=400)  # over SHARE_MIN_BYTES, its text under TEXT_CHARS
+        here = parse_request(
+            path="/v1/chat/completions", headers={}, body=large, request_id="r", limits=LIMITS
+        )
+        assert await _parse(parsers, large) == here
+        assert await _parse(parsers, large) == here
+        assert opened == [len(large)]  # tried once, then pickled
+    finally:
+        parsers.close()
+
+
 async def test_a_dead_worker_costs_its_request_a_503_and_the_pool_is_replaced() -> None:
     parsers = BodyParsers(1, min_bytes=0)
     try:
