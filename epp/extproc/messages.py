@@ -8,7 +8,7 @@ answer to a streamed response chunk (sent once per token, so it is written strai
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -17,6 +17,8 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest a
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse as ProcessingResponse
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
+
+from epp.extproc import wire
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
@@ -97,11 +99,22 @@ def streamed_request_body(body: bytes) -> list[ProcessingResponse]:
     return [ProcessingResponse(request_body=_streamed(chunk, eos)) for chunk, eos in _chunks(body)]
 
 
-def streamed_request_body_wire(body: bytes | memoryview, end_of_stream: bool = True) -> list[bytes]:
-    """`streamed_request_body`, serialized as `streamed_response_body_wire` serializes (the
-    same bytes; a quarter of the CPU: a 16 MiB body sent back took ~7-11 ms as messages, 2.8 ms
-    so). `end_of_stream` False leaves the last chunk open (the body ends with trailers)."""
-    return [_streamed_wire(chunk, last and end_of_stream, _REQUEST) for chunk, last in _chunks(body)]
+def streamed_request_body_wire(body: bytes | memoryview, end_of_stream: bool = True) -> Iterable[bytes]:
+    """`streamed_request_body`, serialized (the same bytes). `end_of_stream` False leaves the last
+    chunk open (the body ends with trailers). A body of several chunks is serialized lazily, one
+    chunk as the server writes it: all 270 chunks of a 16 MiB body built at once held the loop
+    ~6 ms (up to 18) in one step."""
+    if len(body) <= MAX_BODY_CHUNK:
+        return [_streamed_wire(bytes(body), end_of_stream, _REQUEST)]  # bytes(b) is b
+    return _request_body_chunks(memoryview(body), end_of_stream)
+
+
+def _request_body_chunks(view: memoryview, end_of_stream: bool) -> Iterator[bytes]:
+    n = len(view)
+    for i in range(0, n, MAX_BODY_CHUNK):
+        yield wire.request_body_answer(
+            view[i : i + MAX_BODY_CHUNK], end_of_stream and i + MAX_BODY_CHUNK >= n
+        )
 
 
 def streamed_response_body_wire(body: bytes, end_of_stream: bool) -> list[bytes]:

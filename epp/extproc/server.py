@@ -68,6 +68,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 if tracer is not None:
                     if span is None:  # after the first message: the request headers are known
                         span = tracing.start_request_span(tracer, stream.headers)
+                    responses = list(responses)  # with tracing, a long body's chunks built at once
                     _continue_trace(span, responses)
                 for response in responses:
                     await write(response)

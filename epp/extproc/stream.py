@@ -21,8 +21,10 @@ Whatever ends the stream, `close()` releases the request's booking exactly once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -88,7 +90,7 @@ class Stream:
         self.response_complete = False
         self.response_started = False  # response headers seen
 
-    async def handle(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+    async def handle(self, msg: m.ProcessingRequest) -> Iterable[m.ProcessingResponse]:
         kind = msg.WhichOneof("request")
         if kind == "request_headers":
             if msg.HasField("protocol_config"):
@@ -111,7 +113,7 @@ class Stream:
         metrics.extproc_stream_errors.labels("protocol").inc()
         return []
 
-    async def _on_request_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+    async def _on_request_headers(self, msg: m.ProcessingRequest) -> Iterable[m.ProcessingResponse]:
         self.headers = m.header_map(msg.request_headers)
         guard = self._guard
         if guard is not None:
@@ -139,7 +141,7 @@ class Stream:
 
     async def request_body(
         self, msg: m.ProcessingRequest, chunk: bytes | memoryview
-    ) -> list[m.ProcessingResponse]:
+    ) -> Iterable[m.ProcessingResponse]:
         """A request-body message; `chunk` is its body, read from `msg` or, for a large one, a
         view of the bytes gRPC delivered (`epp.extproc.wire`: `msg` then has an empty body)."""
         if len(chunk) > _YIELD_AFTER_BYTES:
@@ -176,11 +178,11 @@ class Stream:
             return []
         return await self._route(msg, body=self._take_body(), reply=self._reply_kind())
 
-    async def _on_request_trailers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+    async def _on_request_trailers(self, msg: m.ProcessingRequest) -> Iterable[m.ProcessingResponse]:
         # Trailers end the request body when the client sent them.
         if self.ctx is None and not self.closed:
             out = await self._route(msg, body=self._take_body(), reply=self._reply_kind(), body_eos=False)
-            return [*out, m.CONTINUE_REQUEST_TRAILERS] if not self.closed else out
+            return itertools.chain(out, (m.CONTINUE_REQUEST_TRAILERS,)) if not self.closed else out
         return [m.CONTINUE_REQUEST_TRAILERS]
 
     def _reply_kind(self) -> str:
@@ -196,7 +198,7 @@ class Stream:
 
     async def _route(
         self, msg: m.ProcessingRequest, *, body: bytes | None, reply: str, body_eos: bool = True
-    ) -> list[m.ProcessingResponse]:
+    ) -> Iterable[m.ProcessingResponse]:
         t0 = time.perf_counter()
         try:
             ctx = await self._director.route(
@@ -220,13 +222,14 @@ class Stream:
         extra = {"content-length": str(len(out_body))}
         if reply == "buffered":
             return [m.routed_body_buffered(dest, extra, out_body if out_body is not body else None)]
-        responses = [m.routed_headers(dest, extra)]
-        responses.extend(m.streamed_request_body_wire(out_body, body_eos))
-        return responses
+        # The body's chunks are serialized as they are written (a generator): not one long step.
+        return itertools.chain(
+            (m.routed_headers(dest, extra),), m.streamed_request_body_wire(out_body, body_eos)
+        )
 
     def _fail(
         self, exc: errors.RequestError, *, counted: bool = False, throttle: Throttle | None = None
-    ) -> list[m.ProcessingResponse]:
+    ) -> Iterable[m.ProcessingResponse]:
         self.closed = True
         extra = {"path": self.headers.get(":path")}
         if throttle is not None:
@@ -239,7 +242,7 @@ class Stream:
             metrics.request_errors_total.labels("-", "-", metrics.error_code(exc.status)).inc()
         return [m.immediate(exc.status, errors.error_body(exc.status, exc.reason))]
 
-    def _on_response_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+    def _on_response_headers(self, msg: m.ProcessingRequest) -> Iterable[m.ProcessingResponse]:
         self.response_started = True
         ctx = self.ctx
         if ctx is None:
@@ -301,7 +304,7 @@ class Stream:
         assert self._guard is not None
         return await self._guard.read_body(read, self._started)
 
-    def timed_out(self, *, paced: bool = False) -> list[m.ProcessingResponse]:
+    def timed_out(self, *, paced: bool = False) -> Iterable[m.ProcessingResponse]:
         """408 at the body deadline; `paced`: the body was waiting for a large-body lane or rate."""
         assert self._guard is not None
         seconds = self._guard.limits.request_body_timeout

@@ -105,6 +105,37 @@ def _only_field(buf: bytes, pos: int, end: int, number: int) -> tuple[int, int, 
     return found
 
 
+def request_body_answer(chunk: bytes | memoryview, end_of_stream: bool) -> bytes:
+    """The serialized ProcessingResponse that sends `chunk` (not empty) back as the request
+    body in FULL_DUPLEX_STREAMED mode: request_body.response.body_mutation.streamed_response
+    {body, end_of_stream}. Built by hand from a view, one copy of the chunk, where building the
+    message copied it twice (the same bytes: tests/extproc/test_response_path.py)."""
+    n = len(chunk)
+    inner = 1 + _varint_size(n) + n + (2 if end_of_stream else 0)  # StreamedBodyResponse
+    mutation = 1 + _varint_size(inner) + inner  # BodyMutation.streamed_response
+    common = 1 + _varint_size(mutation) + mutation  # CommonResponse.body_mutation
+    response = 1 + _varint_size(common) + common  # BodyResponse.response
+    header = b"".join(
+        (
+            b"\x1a",  # ProcessingResponse.request_body (3, length-delimited)
+            _varint(response),
+            b"\x0a",  # BodyResponse.response (1)
+            _varint(common),
+            b"\x1a",  # CommonResponse.body_mutation (3)
+            _varint(mutation),
+            b"\x1a",  # BodyMutation.streamed_response (3)
+            _varint(inner),
+            b"\x0a",  # StreamedBodyResponse.body (1)
+            _varint(n),
+        )
+    )
+    return b"".join((header, chunk, b"\x10\x01" if end_of_stream else b""))  # end_of_stream (2)
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
 def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     """(value, next position), or (-1, -1) if the varint runs past `end` or past 10 bytes."""
     value = 0

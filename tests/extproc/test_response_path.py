@@ -38,13 +38,19 @@ def test_wire_answer_is_byte_equal_to_upb(size: int, eos: bool) -> None:
     assert m.streamed_response_body_wire(b"x", False) == [_upb_answers(b"x", False)[0].SerializeToString()]
 
 
-@pytest.mark.parametrize("size", [0, 1, m.MAX_BODY_CHUNK, m.MAX_BODY_CHUNK + 1, 3 * m.MAX_BODY_CHUNK + 7])
+@pytest.mark.parametrize(
+    "size",
+    [0, 1, m.MAX_BODY_CHUNK, m.MAX_BODY_CHUNK + 1, 3 * m.MAX_BODY_CHUNK + 7, 300 * m.MAX_BODY_CHUNK + 1],
+)
 @pytest.mark.parametrize("eos", [False, True])
 def test_request_body_sent_back_serialized_is_the_messages_bytes(size: int, eos: bool) -> None:
     body = bytes(i % 251 for i in range(size))
     messages = m.streamed_request_body(body)
     messages[-1].request_body.response.body_mutation.streamed_response.end_of_stream = eos
-    assert m.streamed_request_body_wire(body, eos) == [r.SerializeToString() for r in messages]
+    assert list(m.streamed_request_body_wire(body, eos)) == [r.SerializeToString() for r in messages]
+    assert list(m.streamed_request_body_wire(memoryview(body), eos)) == [
+        r.SerializeToString() for r in messages
+    ]
     # the request template is not the response one
     assert m.streamed_response_body_wire(b"x", True) == [_upb_answers(b"x", True)[0].SerializeToString()]
 
@@ -163,3 +169,13 @@ async def test_two_hundred_streamed_chunks_over_grpc_in_order_then_released() ->
         assert sum(ep.inflight_requests for ep in ds.endpoints()) == 0
     finally:
         await server.stop(0)
+
+
+def test_a_long_body_sent_back_is_serialized_chunk_by_chunk() -> None:
+    """Lazily: the server writes each chunk before the next is built, so the loop never holds a
+    16 MiB body's 270 serializations in one step."""
+    body = bytes(16 << 20)
+    chunks = m.streamed_request_body_wire(body)
+    assert not isinstance(chunks, list)
+    first = next(iter(chunks))
+    assert first == m.streamed_request_body(body[: 2 * m.MAX_BODY_CHUNK])[0].SerializeToString()

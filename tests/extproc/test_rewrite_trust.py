@@ -19,7 +19,7 @@ async def test_the_rewrite_header_counts_only_when_trusted(trusted: bool) -> Non
     director, _ = h.make_director(settings=DirectorSettings(trust_model_rewrite_header=trusted))
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers(**{"x-gateway-model-name-rewrite": "other-model"})))
-    out = await s.handle(h.body_msg(CHAT))
+    out = list(await s.handle(h.body_msg(CHAT)))
     sent = json.loads(h.message(out[1]).request_body.response.body_mutation.streamed_response.body)
     assert sent["model"] == ("other-model" if trusted else "llama")
     assert s.ctx is not None and s.ctx.request.target_model == sent["model"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import msgspec
 
@@ -22,7 +23,7 @@ async def test_duplex_defers_headers_until_body_then_routes_with_header_and_meta
     s = Stream(director)
     assert await s.handle(h.headers_msg(h.post_headers())) == []
     assert await s.handle(h.body_msg(CHAT[:10], eos=False)) == []
-    out = await s.handle(h.body_msg(CHAT[10:], eos=True))
+    out = list(await s.handle(h.body_msg(CHAT[10:], eos=True)))
     assert [h.message(r).WhichOneof("response") for r in out] == ["request_headers", "request_body"]
     headers = h.set_headers(out[0])
     dest = headers[m.DESTINATION_HEADER]
@@ -45,7 +46,7 @@ async def test_large_body_is_resent_in_chunks_of_at_most_62000_bytes() -> None:
     big = msgspec.json.encode({"model": "m", "prompt": "x" * 150_000})
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers("/v1/completions")))
-    out = await s.handle(h.body_msg(big))
+    out = list(await s.handle(h.body_msg(big)))
     chunks = [h.message(r).request_body.response.body_mutation.streamed_response for r in out[1:]]
     assert len(chunks) == 3
     assert all(len(c.body) <= m.MAX_BODY_CHUNK for c in chunks)
@@ -57,9 +58,9 @@ async def test_large_body_is_resent_in_chunks_of_at_most_62000_bytes() -> None:
 async def test_buffered_mode_continues_headers_and_routes_on_the_body_answer() -> None:
     director, _ = h.make_director()
     s = Stream(director)
-    out = await s.handle(h.headers_msg(h.post_headers(), mode=h.BUFFERED, response_mode=h.BUFFERED))
+    out = list(await s.handle(h.headers_msg(h.post_headers(), mode=h.BUFFERED, response_mode=h.BUFFERED)))
     assert out == [m.CONTINUE_REQUEST_HEADERS]
-    out = await s.handle(h.body_msg(CHAT))
+    out = list(await s.handle(h.body_msg(CHAT)))
     assert len(out) == 1 and out[0].WhichOneof("response") == "request_body"
     dest = h.set_headers(out[0], "request_body")[m.DESTINATION_HEADER]
     assert dest in HOSTPORTS
@@ -70,7 +71,7 @@ async def test_buffered_mode_continues_headers_and_routes_on_the_body_answer() -
 async def test_header_only_request_is_routed_immediately() -> None:
     director, _ = h.make_director()
     s = Stream(director)
-    out = await s.handle(h.headers_msg({":method": "GET", ":path": "/v1/models"}, eos=True))
+    out = list(await s.handle(h.headers_msg({":method": "GET", ":path": "/v1/models"}, eos=True)))
     assert len(out) == 1
     assert h.set_headers(out[0])[m.DESTINATION_HEADER] in HOSTPORTS
     s.close()
@@ -80,14 +81,15 @@ async def test_forged_destination_header_is_overwritten() -> None:
     director, _ = h.make_director()
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers(**{m.DESTINATION_HEADER: "6.6.6.6:1"})))
-    out = await s.handle(h.body_msg(CHAT))
+    out = list(await s.handle(h.body_msg(CHAT)))
     opt = out[0].request_headers.response.header_mutation.set_headers[0]
     assert opt.header.key == m.DESTINATION_HEADER and opt.header.raw_value.decode() in HOSTPORTS
     assert opt.append_action == opt.OVERWRITE_IF_EXISTS_OR_ADD
     s.close()
 
 
-def _immediate(out: list[m.ProcessingResponse]) -> tuple[int, dict[str, object]]:
+def _immediate(answers: Iterable[m.ProcessingResponse]) -> tuple[int, dict[str, object]]:
+    out = list(answers)
     assert len(out) == 1 and out[0].WhichOneof("response") == "immediate_response"
     ir = out[0].immediate_response
     body = json.loads(ir.body)
@@ -138,7 +140,7 @@ async def test_no_endpoints_is_503_and_subset_hint_restricts() -> None:
         lv.values.extend([])
         for item in subset:
             lv.values.add().string_value = item
-        out = await s.handle(body)
+        out = list(await s.handle(body))
         if expect is None:
             assert _immediate(out)[0] == 503
         else:
@@ -183,7 +185,7 @@ schedulingProfiles:
     ds.get("pod-2").metrics.waiting = 3  # type: ignore[union-attr]
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers()))
-    out = await s.handle(h.body_msg(CHAT))
+    out = list(await s.handle(h.body_msg(CHAT)))
     assert h.set_headers(out[0])[m.DESTINATION_HEADER] == "10.0.0.2:8000,10.0.0.3:8000,10.0.0.1:8000"
     md = out[0].dynamic_metadata.fields["envoy.lb"].struct_value.fields[m.DESTINATION_HEADER].string_value
     assert md == "10.0.0.2:8000,10.0.0.3:8000,10.0.0.1:8000"
@@ -196,9 +198,9 @@ async def test_response_path_echoes_chunks_records_usage_and_releases() -> None:
     director, ds = h.make_director()
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers()))
-    out = await s.handle(h.body_msg(CHAT))
+    out = list(await s.handle(h.body_msg(CHAT)))
     dest = h.set_headers(out[0])[m.DESTINATION_HEADER]
-    out = await s.handle(h.response_headers_msg(200, served=dest))
+    out = list(await s.handle(h.response_headers_msg(200, served=dest)))
     assert out == [m.CONTINUE_RESPONSE_HEADERS]
     body = b'{"model":"llama","usage":{"prompt_tokens":7,"completion_tokens":3}}'
     out = await h.answer(s, h.response_body_msg(body[:20], eos=False))
@@ -218,11 +220,11 @@ async def test_model_rewrite_header_rewrites_body_and_response_back() -> None:
     director, _ = h.make_director(settings=DirectorSettings(trust_model_rewrite_header=True))
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers(**{"x-gateway-model-name-rewrite": "llama-v2"})))
-    out = await s.handle(h.body_msg(CHAT))
+    out = list(await s.handle(h.body_msg(CHAT)))
     sent = h.message(out[1]).request_body.response.body_mutation.streamed_response.body
     assert json.loads(sent)["model"] == "llama-v2"
     assert h.set_headers(out[0])["content-length"] == str(len(sent))
-    out = await s.handle(h.response_headers_msg(200, **{"content-length": "40"}))
+    out = list(await s.handle(h.response_headers_msg(200, **{"content-length": "40"})))
     assert list(out[0].response_headers.response.header_mutation.remove_headers) == ["content-length"]
     out = await h.answer(s, h.response_body_msg(b'{"model":"llama-v2","x":1}', eos=True))
     assert json.loads(out[0].response_body.response.body_mutation.streamed_response.body)["model"] == "llama"

@@ -65,7 +65,7 @@ async def director_with_a_queued_holder() -> Director:
 async def routed(director: Director, **headers: str) -> str:
     s = Stream(director)
     assert await s.handle(h.headers_msg(h.post_headers("/v1/completions", **headers))) == []
-    out = await s.handle(h.body_msg(completion(PROMPT)))
+    out = list(await s.handle(h.body_msg(completion(PROMPT))))
     dest = h.set_headers(out[0])[m.DESTINATION_HEADER]
     s.close()
     return dest
@@ -92,7 +92,7 @@ async def test_a_bad_target_is_a_400_and_books_nothing(clock: Clock) -> None:
     before = {ep.name: ep.inflight_requests for ep in director.datastore.endpoints()}
     s = Stream(director)
     await s.handle(h.headers_msg(h.post_headers("/v1/completions", **{"x-slo-tpot-ms": "-20"})))
-    out = await s.handle(h.body_msg(completion(PROMPT)))
+    out = list(await s.handle(h.body_msg(completion(PROMPT))))
     assert len(out) == 1 and out[0].WhichOneof("response") == "immediate_response"
     ir = out[0].immediate_response
     assert ir.status.code == 400
