@@ -138,8 +138,12 @@ class BodyParsers:
         """`body` in a memfd the workers can open, or None (small, or memfds unavailable)."""
         if not self._memfd or len(body) < SHARE_MIN_BYTES:
             return None
+        written = asyncio.get_running_loop().run_in_executor(None, _write_memfd, body)
         try:
-            fd = await asyncio.to_thread(_write_memfd, body)
+            fd = await asyncio.shield(written)
+        except asyncio.CancelledError:  # the stream went away: the memfd is closed when written
+            written.add_done_callback(_close_written)
+            raise
         except OSError as exc:
             log.warning("cannot write a request body to a memfd (%s); bodies are pickled", exc)
             self._memfd = False
@@ -227,6 +231,11 @@ class SharedBody:
 
 class _Unshared(Exception):
     """A worker could not read a SharedBody."""
+
+
+def _close_written(written: asyncio.Future[int]) -> None:
+    if not written.cancelled() and written.exception() is None:
+        os.close(written.result())
 
 
 def _write_memfd(body: bytes) -> int:

@@ -4,9 +4,11 @@ the service."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import threading
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -182,6 +184,38 @@ async def test_a_large_body_crosses_as_a_memfd_and_parses_the_same(
     assert there == here
     await _parse(parsers, _chat(30))  # small: pickled
     assert written == [len(large)]
+
+
+async def test_a_parse_cancelled_while_its_body_is_written_leaks_no_memfd(
+    parsers: BodyParsers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client went away (the stream is cancelled) while the body was being written to its
+    memfd in a thread: the memfd is closed once written, not left open."""
+    started, release, written = threading.Event(), threading.Event(), threading.Event()
+    real = offload._write_memfd
+
+    def slow(body: bytes) -> int:
+        started.set()
+        release.wait(10)
+        try:
+            return real(body)
+        finally:
+            written.set()
+
+    monkeypatch.setattr(offload, "_write_memfd", slow)
+    before = len(os.listdir("/proc/self/fd"))
+    task = asyncio.create_task(_parse(parsers, _chat(2500, size=400)))
+    assert await asyncio.to_thread(started.wait, 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    assert await asyncio.to_thread(written.wait, 10)
+    for _ in range(200):
+        if len(os.listdir("/proc/self/fd")) <= before:
+            break
+        await asyncio.sleep(0.01)
+    assert len(os.listdir("/proc/self/fd")) == before, "a memfd was left open"
 
 
 async def test_a_worker_that_cannot_read_the_memfd_gets_the_body_pickled(
