@@ -65,7 +65,7 @@ async def answer(stream: Stream, msg: pb.ProcessingRequest) -> list[pb.Processin
     (serialized, as the server writes it), any other message through `Stream.handle`."""
     if msg.HasField("response_body"):
         return [pb.ProcessingResponse.FromString(wire) for wire in stream.response_body(msg)]
-    return await stream.handle(msg)
+    return list(await stream.handle(msg))
 
 
 def set_headers(resp: pb.ProcessingResponse, field: str = "request_headers") -> dict[str, str]:
