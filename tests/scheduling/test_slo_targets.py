@@ -163,6 +163,31 @@ def test_the_running_requests_tpot_targets_are_kept(clock: Clock) -> None:
     assert "slo" not in about  # released: no target in play
 
 
+def test_a_running_requests_tpot_counts_the_stall_of_the_newcomers_prefill(clock: Clock) -> None:
+    """Joining pod-1 keeps the step time (18 ms) under the running request's 20.5 ms target, but
+    the newcomer's cold prefill stalls that stream: spread over what is left of it (half a mean
+    output), its time per token goes past the target. Pod-1 misses; idle pod-0 does not."""
+    eps = builders.pool(2)
+    s = Stack()
+    teach(s.scorer.step_model, 0.018, 0.0, 0.0)
+    first = request(toks(100, start=700_000), rid="first")
+    first.slo_tpot = 0.0205
+    s.route(first, [eps[1]])
+    clock.now += 10.0  # its prefill drained: it decodes
+    long_prompt = toks(8000, start=1)  # 0.8 s of prefill at the prior rate, cached nowhere
+    req = request(long_prompt, max_tokens=10)
+    scores, cycle = s.score(req, eps)
+    _, rows = explained(s, cycle)
+    row = rows["pod-1"]["slo"]
+    assert rows["pod-1"]["step_s"] < 0.0205  # the step alone would meet it
+    assert row["tpot_target_from"] == "running" and row["tpot_met"] is False
+    stall = 0.8 / (s.scorer._mean_out / 2.0)  # prefill / half a mean output
+    assert row["tpot_predicted_s"] == pytest.approx(rows["pod-1"]["step_s"] + stall, rel=0.05)
+    assert scores[0] > scores[1]
+    assert slo_targets.verdict(0.1, 0.018, None, None, 0.0205, 0.019).tier == 0
+    assert slo_targets.verdict(0.1, 0.018, None, None, 0.0205, 0.021).tier == 1
+
+
 def test_targets_of_requests_routed_and_released_leave_nothing_behind(clock: Clock) -> None:
     eps = builders.pool(2)
     s = Stack()

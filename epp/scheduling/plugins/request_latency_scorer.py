@@ -46,8 +46,9 @@ then hit. predicted-ttft-scorer's popularity scaling of the miss penalty still a
 
 Latency targets (`x-slo-ttft-ms`, `x-slo-tpot-ms`; `slo_targets.py`, docs/slo.md): with targets
 in play, the candidates predicted to meet them (TTFT: `predicted_ttft_s` + `admission_wait_s`;
-TPOT: `step_s`, against the tightest of the request's target and those of the requests running
-there) outscore those that miss, and the objective decides among each tier. Without any, the
+TPOT: `step_s` against the request's own target; for the targets of the requests running
+there, `step_s` plus the stall this request's prefill imposes on them, spread over half a mean
+output) outscore those that miss, and the objective decides among each tier. Without any, the
 scores are the objective's alone.
 
 Effects: `pre_request` books the request on its endpoint (batch, context, its TPOT target, the
@@ -293,12 +294,16 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         if scoring.slo:
             running = self._tpot_targets.get(ep.name)
             request = scoring.request
+            # The streams running there stall for this prefill: spread over what is left of
+            # them (half a mean output), it is part of their time per token.
+            held = after + (prefill / max(self._mean_out / 2.0, 1.0) if n > m.waiting else 0.0)
             scoring.verdicts[ep.name] = slo_targets.verdict(
                 p.ttft + admission,
                 after,
                 request.slo_ttft,
                 request.slo_tpot,
                 min(running) if running else None,
+                held,
             )
         return p
 

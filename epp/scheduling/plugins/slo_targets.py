@@ -82,11 +82,21 @@ def verdict(
     ttft_target: float | None,
     own_tpot: float | None,
     running_tpot: float | None,
+    running_tpot_s: float | None = None,
 ) -> Verdict:
-    tpot_target, source = own_tpot, "request"
-    if running_tpot is not None and (own_tpot is None or running_tpot < own_tpot):
-        tpot_target, source = running_tpot, "running"
-    return Verdict(ttft_s, tpot_s, ttft_target, tpot_target, source)
+    """`tpot_s`: the request's own predicted time per token; `running_tpot_s` (default the same):
+    the running requests' there, which the newcomer's prefill also stalls. The TPOT target that
+    binds is the one with the least headroom."""
+    held = tpot_s if running_tpot_s is None else running_tpot_s
+    checks = []
+    if own_tpot is not None:
+        checks.append((own_tpot - tpot_s, own_tpot, tpot_s, "request"))
+    if running_tpot is not None:
+        checks.append((running_tpot - held, running_tpot, held, "running"))
+    if not checks:
+        return Verdict(ttft_s, tpot_s, ttft_target, None, "request")
+    _, target, predicted, source = min(checks)
+    return Verdict(ttft_s, predicted, ttft_target, target, source)
 
 
 @dataclasses.dataclass(slots=True)
