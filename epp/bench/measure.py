@@ -144,6 +144,12 @@ def _stat_fields(pid: int) -> list[str]:
     return text[text.rindex(")") + 2 :].split()
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """utime+stime of `pid` alone, in seconds."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """utime+stime of `pid`, its reaped children and its live descendants, in seconds."""
     tick = os.sysconf("SC_CLK_TCK")

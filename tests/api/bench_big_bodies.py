@@ -35,6 +35,7 @@ import msgspec
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from e2e.harness import EppProcess
+from epp.bench import measure
 from epp.sim.engine import SimConfig
 from epp.sim.fleet import SimFleet
 from tests.extproc import helpers as h
@@ -108,19 +109,9 @@ async def probe(address: str, seconds: float) -> list[float]:
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
-    """User + system CPU seconds of `pid` itself, and of its live children (the body parsers)."""
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def of(p: int) -> float:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / tick
-
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    kids = [int(c) for c in children.read_text().split()] if children.exists() else []
-    return of(pid), sum(of(c) for c in kids)
+    """CPU seconds of `pid` itself, and of its descendants (the body parsers)."""
+    own = measure.own_cpu_seconds(pid)
+    return own, measure.cpu_seconds(pid) - own
 
 
 def summary(name: str, xs: list[float]) -> str:
