@@ -107,10 +107,13 @@ TTFT_TERMS = {
 }
 
 
-def precise_director() -> tuple[Director, Datastore, BlockIndex]:
-    """A Director on epp's default with KV events (precise prefix scorer + request-latency-scorer)."""
+def precise_director(pods: int = 3) -> tuple[Director, Datastore, BlockIndex]:
+    """A Director on epp's default with KV events (precise prefix scorer + request-latency-scorer)
+    over `pods` endpoints pod-0, pod-1, ..."""
     ds = Datastore()
-    ds.sync("test", [EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000) for i in range(3)])
+    ds.sync(
+        "test", [EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000) for i in range(pods)]
+    )
     index = BlockIndex()
     cfg = sched_config.load_config(None, Handle(datastore=ds, kv_index=index))
     director = Director(

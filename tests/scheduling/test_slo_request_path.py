@@ -13,15 +13,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from epp import clock as epp_clock
-from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.extproc import messages as m
 from epp.extproc.stream import Stream
-from epp.kvcache.index import BlockIndex
 from epp.requestcontrol.director import Director
 from epp.rpc import http as rpc_http
-from epp.scheduling import config as sched_config
-from epp.scheduling.interfaces import Handle
 from tests.extproc import helpers as h
+from tests.rpc.test_explain import precise_director
 
 from .fleet import Clock, feed, toks
 
@@ -45,16 +42,7 @@ async def director_with_a_queued_holder() -> Director:
     """epp's default with KV events over two pods: pod-1 holds PROMPT but has 0.25 s of prefill
     queued (a 2,500-token request routed there), pod-0 is idle and cold. The objective prefers
     the hit (TTFT ~0.26 s) to the cold prefill (TTFT 0.21 s) and its miss penalty."""
-    ds = Datastore()
-    ds.sync("test", [EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000) for i in range(2)])
-    index = BlockIndex()
-    cfg = sched_config.load_config(None, Handle(datastore=ds, kv_index=index))
-    director = Director(
-        datastore=ds,
-        scheduler=cfg.scheduler,
-        pre_request=cfg.pre_request,
-        response_complete=cfg.response_complete,
-    )
+    director, _, index = precise_director(pods=2)
     await director.route(
         path="/v1/completions", headers={}, body=completion(toks(2500, start=900_000)), subset=[HOLDER]
     )
