@@ -129,7 +129,7 @@ class BodyParsers:
                 self._memfd = False
                 request, rewritten = await self._run(_parse_job, args)
             finally:
-                os.close(shared.fd)
+                _close_soon(shared.fd)
         if not rewritten:
             request.body_bytes = body
         return request
@@ -235,7 +235,24 @@ class _Unshared(Exception):
 
 def _close_written(written: asyncio.Future[int]) -> None:
     if not written.cancelled() and written.exception() is None:
-        os.close(written.result())
+        _close_soon(written.result())
+
+
+def _close_soon(fd: int) -> None:
+    """Close a body's memfd in a worker thread. The last close frees the memfd's pages: 2.2 ms
+    of kernel time per 16 MiB here, which the loop would spend with every other request waiting
+    (os.close releases the GIL, so in a thread it costs the loop nothing)."""
+    try:
+        closing = asyncio.get_running_loop().run_in_executor(None, os.close, fd)
+    except RuntimeError:  # no running loop, or its executor already shut down
+        os.close(fd)
+        return
+    closing.add_done_callback(_closed)
+
+
+def _closed(closing: asyncio.Future[None]) -> None:
+    if not closing.cancelled() and (exc := closing.exception()) is not None:
+        log.warning("closing a request body's memfd failed: %s", exc)
 
 
 def _write_memfd(body: bytes) -> int:
