@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp import clock as epp_clock
 from epp.api.requests import InferenceRequest
@@ -413,3 +415,63 @@ def test_keys_prepared_ahead_score_as_keys_computed_in_score() -> None:
         r.request_id = f"never-scored-{i}"
         ahead.prepare(r, eps)
     assert len(ahead._prepared) == mod.PREPARED_MAX
+
+
+# --- speculative keys past DENSE_BLOCKS are kept sparse ------------------------------------------
+
+
+def _exact_run(chains: list[list[int]], keys: list[int]) -> int:
+    """The leading `keys` some chain holds, walked key by key (what the scorer found before)."""
+    held = {k for chain in chains for k in chain}
+    run = 0
+    while run < len(keys) and keys[run] in held:
+        run += 1
+    return run
+
+
+def _chain(prefix: list[int], n: int, salt: int) -> list[int]:
+    """`n` keys whose first len(prefix) are `prefix`: a chained key stands for its whole prefix."""
+    return (prefix + [salt * 1_000_000 + i for i in range(len(prefix), n)])[:n]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    held=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 60)), min_size=1, max_size=4),
+    shared=st.integers(0, 40),
+    n=st.integers(1, 60),
+)
+def test_a_sparse_speculative_run_is_exact_to_the_stride(
+    held: list[tuple[int, int]], shared: int, n: int
+) -> None:
+    """Held chains share a base prefix for their first `s` keys; the prompt shares `shared` of
+    them. The run found is the walk's, rounded down to a kept key: exact below DENSE_BLOCKS and
+    for a chain held whole, never more than the walk, never SPARSE_STRIDE or more below it."""
+    base = list(range(1, 61))
+    chains = [_chain(base[:s], length, salt=j + 1) for j, (s, length) in enumerate(held)]
+    keys = _chain(base[:shared], n, salt=99)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mod, "DENSE_BLOCKS", 8)
+        patch.setattr(mod, "SPARSE_STRIDE", 4)
+        spec = mod._Speculative()
+        for chain in chains:
+            if chain:
+                spec.add("pod", chain, deadline=1.0)
+        found = spec.runs(keys, ["pod"]).get("pod", 0)
+    exact = _exact_run(chains, keys)
+    assert found <= exact
+    assert exact - found < 4
+    if exact <= 8 or keys in chains:
+        assert found == exact
+
+
+def test_a_long_prompt_adds_a_sparse_speculative_entry() -> None:
+    """A 200k-token prompt's 12.5k keys: the dense head and one in SPARSE_STRIDE are added on
+    the loop, not all of them; the same prompt still finds its whole run."""
+    spec = mod._Speculative()
+    keys = list(range(1, 12_501))
+    spec.add("pod", keys, deadline=1.0)
+    stored = len(spec._by_pod["pod"])
+    assert stored <= mod.DENSE_BLOCKS + (len(keys) - mod.DENSE_BLOCKS) // mod.SPARSE_STRIDE + 1
+    assert spec.runs(keys, ["pod"]) == {"pod": len(keys)}
+    spec.expire(2.0)
+    assert not spec

@@ -75,6 +75,12 @@ from epp.scheduling.plugins import precise_llmd
 
 DEFAULT_BLOCK_SIZE: Final = 16  # vLLM's default --block-size on GPUs
 PREPARED_MAX: Final = 256  # keys computed ahead and not (yet) taken by `score`, oldest dropped
+# A routed prompt's keys are held speculatively in full up to DENSE_BLOCKS (32k tokens at 16 per
+# block), one in SPARSE_STRIDE past it. A 200k-token prompt's 12.5k keys cost ~1 ms to add and
+# ~0.7 ms to expire on the loop, every other request waiting (issue 19); kept sparse, ~0.2 ms. The
+# run found for a prompt that long is exact to SPARSE_STRIDE blocks, under 1% of it.
+DENSE_BLOCKS: Final = 2048
+SPARSE_STRIDE: Final = 16
 
 _Weight = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
@@ -349,6 +355,10 @@ class _Speculative:
     search (~13 lookups for 100k tokens) instead of a walk: 64 endpoints each walking a 4k-token
     prompt cost ~0.3 ms. (A 60-bit key collision could break the closure; it would skew one hint.)
 
+    Past DENSE_BLOCKS an entry keeps one key in SPARSE_STRIDE and its last (`_kept`): the same
+    positions for every chain, so what is kept stays prefix-closed, and the search looks only
+    there (`_position`).
+
     A deadline queue drops entries lazily (on `expire`): adding costs one dict update per key and
     nothing runs on a timer. Deadlines grow with time (one TTL), so the queue is in order; a key
     re-added by a later entry keeps the later deadline and the earlier entry leaves it.
@@ -367,8 +377,9 @@ class _Speculative:
         held = self._by_pod.get(pod)
         if held is None:
             held = self._by_pod[pod] = {}
-        held.update(dict.fromkeys(keys, deadline))
-        self._queue.append((deadline, pod, keys))
+        kept = _kept(keys)
+        held.update(dict.fromkeys(kept, deadline))
+        self._queue.append((deadline, pod, kept))
 
     def expire(self, now: float) -> None:
         queue = self._queue
@@ -389,20 +400,44 @@ class _Speculative:
         if not keys:
             return out
         first = keys[0]
+        n = len(keys)
+        # The positions looked at: those `_kept` keeps of any chain, and this prompt's last.
+        ranks = n
+        if n > DENSE_BLOCKS:
+            ranks = DENSE_BLOCKS + (n - DENSE_BLOCKS + SPARSE_STRIDE - 1) // SPARSE_STRIDE
         by_pod = self._by_pod
         for pod in pods:
             held = by_pod.get(pod)
             if held is None or first not in held:
                 continue
-            lo, hi = 1, len(keys)  # keys[:lo] held; keys[hi:] not known to be
+            lo, hi = 1, ranks  # ranks [0, lo) held; [hi, ranks) not known to be
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if keys[mid - 1] in held:
+                if keys[_position(mid - 1, n)] in held:
                     lo = mid
                 else:
                     hi = mid - 1
-            out[pod] = lo
+            out[pod] = _position(lo - 1, n) + 1
         return out
 
     def drop(self, pod: str) -> None:
         self._by_pod.pop(pod, None)
+
+
+def _kept(keys: list[BlockKey]) -> list[BlockKey]:
+    """The keys of a chain kept speculatively: the first DENSE_BLOCKS, then one in SPARSE_STRIDE,
+    and the last. Every chain keeps the same positions, so the kept ones stay prefix-closed."""
+    if len(keys) <= DENSE_BLOCKS:
+        return keys
+    kept = keys[:DENSE_BLOCKS]
+    kept += keys[DENSE_BLOCKS + SPARSE_STRIDE - 1 :: SPARSE_STRIDE]
+    if (len(keys) - DENSE_BLOCKS) % SPARSE_STRIDE:
+        kept.append(keys[-1])
+    return kept
+
+
+def _position(rank: int, n: int) -> int:
+    """The position in an `n`-key chain of the `rank`-th key `_kept` keeps."""
+    if rank < DENSE_BLOCKS:
+        return rank
+    return min(DENSE_BLOCKS + (rank - DENSE_BLOCKS + 1) * SPARSE_STRIDE - 1, n - 1)
