@@ -171,6 +171,45 @@ def test_a_hot_prefix_is_replicated_once_its_holders_decode_slowly(clock: Clock)
     assert used["(0.0, 0.0)"] <= 2
 
 
+@pytest.mark.parametrize(
+    ("queued", "ahead"),
+    [
+        ((16, 4_000), "a prefill queued on pod-1 only: 0.4 s, twice the first token on pod-0"),
+        ((300_000, 360_000), "past capacity: 30 s queued on pod-0, 36 s on pod-1"),
+    ],
+)
+def test_an_unseen_prompt_is_not_sent_home_behind_a_longer_queue(
+    clock: Clock, queued: tuple[int, int], ahead: str
+) -> None:
+    """A prompt no pod holds goes to its rendezvous home only among the pods within 20% of its
+    own first token (0.21 s here) of the best: 20% of the whole objective (20 s of its own decode
+    and 4x the TTFT with its queue) would admit pod-1 in both cases, and send half of the
+    prompts, by their hash, behind the longer queue."""
+    eps = builders.pool(2)
+
+    def stack(tokens: tuple[int, int]) -> Stack:
+        s = Stack(ttftWeight=4)
+        for i, n in enumerate(tokens):  # one request each: the same recent traffic
+            s.route(request(toks(n, start=10_000_000 * (i + 1)), rid=f"q{i}"), [eps[i]])
+        return s
+
+    idle, busy = stack((16, 16)), stack(queued)
+    homes = set()
+    for i in range(40):
+        prompt = toks(2000, start=10_000 * (i + 1))
+        _, cycle = idle.score(request(prompt, max_tokens=1000), eps)
+        homes.add(cycle["lat"].home)  # pods alike: the hash spreads homes over both
+        scores, cycle = busy.score(request(prompt, max_tokens=1000), eps)
+        assert scores[0] > scores[1], ahead
+        facts = busy.scorer.explain(cycle)
+        assert facts["request"]["ttft_home"] == "pod-0"
+        rows = facts["endpoints"]
+        own = rows["pod-0"]["overhead_s"] + rows["pod-0"]["prefill_s"]
+        assert rows["pod-1"]["objective_s"] - rows["pod-0"]["objective_s"] > 0.2 * 4 * own
+        assert rows["pod-1"]["objective_s"] < 1.2 * rows["pod-0"]["objective_s"]  # within 20% of it
+    assert homes == {"pod-0", "pod-1"}
+
+
 def test_a_queue_waiting_for_kv_blocks_drains_at_the_decode_rate(clock: Clock) -> None:
     """Past the KV soft limit, waiting requests are admitted as running ones finish: the wait is
     waiting x the mean decode time / running, which a prefill-rate queue estimate misses."""

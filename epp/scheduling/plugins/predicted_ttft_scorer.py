@@ -402,7 +402,7 @@ class PredictedTTFTScorer(registry.PluginBase):
     def _home(self, digest: int, endpoints: list[Endpoint], objectives: list[float], best: float) -> int:
         """Index of the rendezvous home of the prompt whose first block is `digest` among the
         near-minimum endpoints."""
-        limit = max(best * (1.0 + self._home_tol), best + self._home_slack)
+        limit = self._home_limit(endpoints, objectives, best)
         near = [i for i, objective in enumerate(objectives) if objective <= limit]
         traffic = self._traffic
         if traffic is not None and len(near) > 1:
@@ -425,6 +425,11 @@ class PredictedTTFTScorer(registry.PluginBase):
             if h > top:
                 top, home = h, i
         return home
+
+    def _home_limit(self, endpoints: list[Endpoint], objectives: list[float], best: float) -> float:
+        """The largest objective a rendezvous home may have: within `homeTolerance` (relative) or
+        `homeSlackSeconds` of the minimum."""
+        return max(best * (1.0 + self._home_tol), best + self._home_slack)
 
     def _rate(self, name: str) -> _Rate:
         rate = self._rates.get(name)

@@ -39,6 +39,13 @@ The objective, per candidate endpoint `e`, in seconds of someone's latency:
 - `decoding`: requests running there (not waiting), whose streams stall while a prefill shares
   their steps; `prefill(e)` is the uncached prefill time predicted-ttft-scorer prices.
 
+A prompt no endpoint holds goes to its rendezvous home (predicted-ttft-scorer) among the
+endpoints whose objective is within `homeTolerance` of the request's own first-token work on the
+best one (explain's `overhead_s` + `prefill_s`, at ttftWeight), or `homeSlackSeconds`, of the
+minimum. A share of the whole objective, or of its TTFT, grows with the decode and the queues:
+cold prompts then waited behind others' prefills, and past capacity the hash, not the queues,
+placed them.
+
 Hot prefixes replicate through this objective: the pods holding a hot prefix gather its requests
 and their batch and context grow, so their decode price rises until a miss elsewhere (one prefill,
 paid once per new replica) is cheaper; the next request seeds a new replica, which its successors
@@ -135,6 +142,8 @@ class _Scoring:
     terms: dict[str, dict[str, float]]
     slo: bool  # targets in play: the request's, or those of requests in flight
     verdicts: dict[str, slo_targets.Verdict]
+    # per endpoint: its first token had it no wait (overhead + uncached prefill, slowed by decodes)
+    own: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 class StepModel:
@@ -268,6 +277,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         slowdown = n * overlap * (after - before)
         prefill = p.uncached * self._rate(ep.name).cost * p.slowdown
         stall = self._stall_w * max(n - m.waiting, 0) * prefill
+        scoring.own[ep.name] = self._overhead * p.slowdown + prefill
         admission = 0.0
         if m.waiting > 0 and m.kv_usage >= self._kv_soft:
             # Requests wait for KV blocks, admitted one per finishing sequence: the queue ahead
@@ -306,6 +316,23 @@ class RequestLatencyScorer(PredictedTTFTScorer):
                 held,
             )
         return p
+
+    def _home_limit(self, endpoints: list[Endpoint], objectives: list[float], best: float) -> float:
+        """How far above the minimum a prompt no endpoint holds may go to its rendezvous home:
+        `homeTolerance` of the request's own first-token work on the best endpoint (overhead and
+        uncached prefill at its decode slowdown: explain's `overhead_s` + `prefill_s`), at
+        ttftWeight, or `homeSlackSeconds`.
+
+        Not a share of the whole objective, nor of its TTFT: those add the request's decode and
+        its waits, which grow with load, so 20% of them admitted homes whose queue alone was
+        longer than the whole first token elsewhere (BENCHMARKS.md section 7a): cold prompts
+        waited behind another's prefill, and past capacity the hash, not the queues, placed
+        nearly every request."""
+        scoring = self._scoring
+        own = scoring.own.get(endpoints[objectives.index(best)].name) if scoring is not None else None
+        if own is None:
+            return super()._home_limit(endpoints, objectives, best)
+        return best + max(self._home_tol * self._ttft_w * own, self._home_slack)
 
     # --- effects --------------------------------------------------------------------------------
 
