@@ -9,11 +9,17 @@ so their own CPU does not delay the probe, each send one largest-allowed chat bo
 per-message work epp accepts in one body). Phases, in one run: idle, loaded, idle again.
 
     .venv/bin/python -m tests.api.bench_big_bodies [--seconds 20] [--messages 10000] [--mib 16]
-        [--buffered] [--clients-nice 10] [--epp-arg=--large-body-rate=16Mi]
+        [--buffered] [--clients-nice 10] [--clients-idle] [--split] [--epp-arg=--large-body-rate=16Mi]
 
 Without `--buffered` the bodies come in 1 MiB chunks and epp sends each back in 62000-byte
 chunks (FULL_DUPLEX_STREAMED, GIE's config); with it, whole (BUFFERED, epp's own). Results:
 BENCHMARKS.md 1f.
+
+`--split` sends the heavy bodies to a second `epp serve` instead: the probed epp does none of
+their work, so what remains of the probe's tail is the machine's (the load sharing its cores).
+`--clients-idle` runs the heavy clients under SCHED_IDLE, as if on cores of their own; with
+`EPP_E2E_COMMAND="taskset -c 0 .venv/bin/python -P -m epp"` and the script under `taskset -c 1`,
+epp has a core to itself.
 
 Prints p50/p99/max of the probe per phase and the loaded/idle p99 ratio.
 """
@@ -74,9 +80,11 @@ async def one_request(stub: pb_grpc.ExternalProcessorStub, body: bytes, *, buffe
 
 
 def heavy_clients(
-    address: str, body: bytes, stop_at: float, n: int, done: Any, nice: int, buffered: bool
+    address: str, body: bytes, stop_at: float, n: int, done: Any, nice: int, idle: bool, buffered: bool
 ) -> None:
     os.nice(nice)
+    if idle:  # run only when nothing else wants a core (EEVDF lets a niced task finish its slice)
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
     async def run() -> None:
         async with grpc.aio.insecure_channel(
@@ -134,6 +142,12 @@ def main() -> None:
         help="run the heavy clients at this nice value: on a small machine their own CPU (16 MiB "
         "messages built and sent) competes with epp's, which clients elsewhere would not",
     )
+    ap.add_argument("--clients-idle", action="store_true", help="run the heavy clients under SCHED_IDLE")
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="send the heavy bodies to a second epp: the probe then measures the machine's floor",
+    )
     ap.add_argument(
         "--buffered",
         action="store_true",
@@ -156,6 +170,11 @@ def main() -> None:
         args_ = ["--kv-events", "connect", "--max-model-len", args.max_model_len, *args.epp_arg]
         epp = EppProcess(Path(tmp), endpoints=sims.addresses, extra_args=args_)
         epp.start(wait="serving")
+        other: EppProcess | None = None
+        if args.split:
+            (Path(tmp) / "other").mkdir()
+            other = EppProcess(Path(tmp) / "other", endpoints=sims.addresses, extra_args=args_, name="other")
+            other.start(wait="serving")
         try:
             time.sleep(1.0)
             asyncio.run(probe(epp.grpc_address, 2.0))  # warm-up
@@ -168,12 +187,13 @@ def main() -> None:
             worker = ctx.Process(
                 target=heavy_clients,
                 args=(
-                    epp.grpc_address,
+                    (other or epp).grpc_address,
                     body,
                     time.time() + args.seconds + 3,
                     args.clients,
                     done,
                     args.clients_nice,
+                    args.clients_idle,
                     args.buffered,
                 ),
             )
@@ -190,10 +210,13 @@ def main() -> None:
             phases["idle2"] = asyncio.run(probe(epp.grpc_address, args.seconds))
         finally:
             epp.stop()
+            if other is not None:
+                other.stop()
             sims.stop()
     print(f"heavy requests routed: {heavy % 1_000_000}, answered with an error: {heavy // 1_000_000}")
     n = (heavy1 - heavy0) % 1_000_000 + (heavy1 - heavy0) // 1_000_000
-    for name, (a, b) in {"epp": (cpu0[0], cpu1[0]), "its body parsers": (cpu0[1], cpu1[1])}.items():
+    cpus = {"epp": (cpu0[0], cpu1[0]), "its body parsers": (cpu0[1], cpu1[1])}
+    for name, (a, b) in cpus.items() if not args.split else ():  # the probed epp did none of it
         print(
             f"CPU of {name} while loaded: {1e3 * (b - a) / max(1, n):.1f} ms per heavy request ({n} answered)"
         )
