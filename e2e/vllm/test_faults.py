@@ -13,6 +13,7 @@ and vLLM's cached-token report for a re-sent prompt equals epp's prediction.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Any
 
@@ -150,41 +151,72 @@ def test_pod_killed_mid_stream(stack: VllmStack) -> None:
     end (not hang), epp's in-flight count must return to zero, and the pod must leave the pool:
     first as unroutable (its scrapes fail), then gone once the endpoints file no longer lists it."""
     client = stack.client(timeout=60)
-    stream = client.completions.create(
-        model=MODEL,
-        prompt="Tell a very long story about a garden rake.",
-        max_tokens=1500,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
+    first_chunk = threading.Event()
+    killed: list[Pod] = []
+    failed: list[BaseException] = []
+
+    def busy_pods() -> list[Pod]:
+        rows = stack.endpoints()
+        return [p for p in stack.pods if rows.get(p.address, {}).get("inflight_requests", 0) > 0]
+
+    def kill_the_busy_pod() -> None:
+        # Watch epp's booking, not the client's first chunk: under load the tiny model (~1k
+        # tokens/s) twice generated all 1500 tokens before the client saw one. Once booked, the
+        # kill waits for the first chunk or 0.1 s at most, then freezes every pod (generation
+        # halts at once) and kills the booked one.
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if busy_pods():
+                        break
+                except OSError as exc:  # epp's debug port slow to answer under load: ask again
+                    print(f"polling epp's endpoints: {exc!r}")
+                assert time.monotonic() < deadline, "epp never booked the request on a pod"
+                time.sleep(0.005)
+            first_chunk.wait(0.1)
+            for pod in stack.pods:
+                pod.server.freeze()
+            try:
+                busy = busy_pods()
+                assert len(busy) == 1, stack.endpoints()
+                busy[0].server.kill()
+                killed.append(busy[0])
+            finally:
+                for pod in stack.pods:
+                    pod.server.thaw()
+        except BaseException as exc:  # reported by the test's thread
+            failed.append(exc)
+
+    killer = threading.Thread(target=kill_the_busy_pod, name="killer", daemon=True)
+    killer.start()
     chunks = 0
-    victim: Pod | None = None
     ending = "completed"
     started = time.monotonic()
     try:
-        for _ in stream:
-            chunks += 1
-            if chunks == 1:
-                # Freeze every pod before asking epp which one is busy: the tiny model streams
-                # ~1k tokens/s, and CI once saw all 1500 generated before a plain kill landed.
-                for pod in stack.pods:
-                    pod.server.freeze()
-                try:
-                    rows = stack.endpoints()
-                    busy = [p for p in stack.pods if rows[p.address]["inflight_requests"] > 0]
-                    assert len(busy) == 1, rows
-                    victim = busy[0]
-                    victim.server.kill()
-                finally:
-                    for pod in stack.pods:
-                        pod.server.thaw()
-    except Exception as exc:  # what a truncated stream looks like to the client
+        # Killed before its response headers, the request is a 503 from Envoy; after, a
+        # truncated stream. Either way it must end.
+        stream = client.completions.create(
+            model=MODEL,
+            prompt="Tell a very long story about a garden rake.",
+            max_tokens=1500,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        try:
+            for _ in stream:
+                chunks += 1
+                first_chunk.set()
+        finally:
+            stream.close()  # the truncated response still holds its connection
+    except Exception as exc:  # what a truncated stream, or a 503, looks like to the client
         ending = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
-    finally:
-        stream.close()  # the truncated response still holds its connection
+    killer.join(timeout=60)
     elapsed = time.monotonic() - started
     print(f"stream of {chunks} chunks ended after {elapsed:.1f} s: {ending}")
-    assert victim is not None, f"the stream ended after {chunks} chunks, before the kill"
+    assert not failed, failed
+    assert killed, f"the stream ended after {chunks} chunks, before the kill"
+    victim = killed[0]
     assert chunks < 1500, "the stream went on after its pod was killed"
 
     def inflight() -> dict[str, float]:
