@@ -1,8 +1,7 @@
 """The `epp` command: `epp serve` (the Endpoint Picker), `epp envoy-config`, `epp demo`, `epp sim`,
 `epp bench ...`.
 
-`epp serve`'s flags are defined in epp.flags (GIE's EPP flags in epp.gie_flags); its argparse types are
-re-exported here for the subcommands that still import them from `epp.cli`.
+Every flag and argparse type lives in epp.flags; subcommands import them from there, never from here.
 """
 
 from __future__ import annotations
@@ -11,29 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from epp.flags import (
-    add_serve_arguments,
-    boolean,
-    byte_size,
-    duration,
-    non_negative_float,
-    port_number,
-    positive_float,
-    positive_int,
-)
-from epp.gie_flags import normalize_go_flags
-
-__all__ = [
-    "boolean",
-    "build_parser",
-    "byte_size",
-    "duration",
-    "main",
-    "non_negative_float",
-    "port_number",
-    "positive_float",
-    "positive_int",
-]
+from epp.flags import add_serve_arguments
+from epp.flags.compat import normalize_go_flags
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from epp import cli
+from epp import flags
 from epp.units import parse_duration
 
 
@@ -14,11 +14,11 @@ from epp.units import parse_duration
 )
 def test_go_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
-    assert cli.duration(text) == pytest.approx(seconds)
+    assert flags.duration(text) == pytest.approx(seconds)
 
 
 def test_a_bare_number_is_seconds_on_flags_only() -> None:
-    assert cli.duration("3") == 3.0
+    assert flags.duration("3") == 3.0
     assert parse_duration("0.25", bare_seconds=True) == 0.25
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration("3")
@@ -29,4 +29,4 @@ def test_garbage_is_refused_with_the_text(text: str) -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration(text)
     with pytest.raises(argparse.ArgumentTypeError):
-        cli.duration(text)
+        flags.duration(text)

@@ -51,7 +51,7 @@ class RequestLimits:
 
 DEFAULT_LIMITS = RequestLimits()
 
-# Flag names, for the messages (the flags are defined in epp.request_limit_flags).
+# Flag names, for the messages (the flags are defined in epp.flags.request_limits).
 FLAGS = {
     "max_messages": "--max-request-messages",
     "max_content_parts": "--max-request-content-parts",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from epp.argtypes import byte_size, duration, non_negative_int, positive_int
+from epp.flags.types import byte_size, duration, non_negative_int, positive_int
 
 
 def _json_depth(text: str) -> int:

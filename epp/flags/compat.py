@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from epp.argtypes import duration, go_bool
+from epp.flags.types import duration, go_bool
 
 # GIE's logging verbosity levels (its logutil): V(2) is the default, V(4) debug, V(5) trace.
 GIE_DEFAULT_VERBOSITY = 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from epp.argtypes import byte_size, port_number, positive_int
+from epp.flags.types import byte_size, port_number, positive_int
 from epp.kvcache.access import AccessPolicy
 
 KV_EVENTS_PORT_DEFAULT = 5557

@@ -1,7 +1,7 @@
 """argparse types every subcommand uses: Go-style durations and booleans, sizes, ports, counts.
 
 This module imports nothing of epp's but units, so every subcommand's flag module can use its types
-without importing `epp.cli` (which imports them all). epp.flags re-exports them.
+without importing `epp.cli` (which imports them all). `epp.flags` re-exports them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`epp serve`'s flags, GIE's EPP flags among them, and the argparse types every subcommand uses.
+"""`epp serve`'s flags, GIE's EPP flags among them.
 
 Flag names and defaults follow GIE's EPP (v1.0-v1.5, the last GIE release with its EPP) where it
 has them (--grpc-port 9002, --grpc-health-port 9003, --metrics-port 9090, --config-file/
@@ -9,31 +9,18 @@ deployment's arguments carry over. GIE's other flags (-v, --zap-*, --tracing,
 startup error where epp cannot do it yet, or is logged once as having no effect in epp
 (docs/kubernetes.md, "GIE flags"). Booleans take Go's forms: `--flag`, `--flag=false`.
 
-The argparse types are in epp.argtypes (re-exported here, where subcommands import them from); the
-request-limit flags are in epp.request_limit_flags, the KV-event flags in epp.kv_events_flags, GIE's
-flags that epp has no own name for in epp.gie_flags. None of them imports `epp.cli` (which imports
-them all).
+The request-limit flags are in epp.flags.request_limits, the KV-event flags in
+epp.flags.kv_events, GIE's flags that epp has no own name for in epp.flags.compat.
 """
 
 from __future__ import annotations
 
 import argparse
 
-# Subcommands take their argparse types from here (explicit re-exports).
-from epp.argtypes import boolean as boolean
-from epp.argtypes import byte_size as byte_size
-from epp.argtypes import duration as duration
-from epp.argtypes import go_bool as go_bool
-from epp.argtypes import model_length as model_length
-from epp.argtypes import non_negative_float as non_negative_float
-from epp.argtypes import port_number as port_number
-from epp.argtypes import positive_float as positive_float
-from epp.argtypes import positive_int as positive_int
-from epp.argtypes import ratio as ratio
-from epp.argtypes import workers_count as workers_count
-from epp.gie_flags import add_gie_arguments
-from epp.kv_events_flags import add_kv_events_arguments
-from epp.request_limit_flags import add_request_limit_arguments
+from epp.flags.compat import add_gie_arguments
+from epp.flags.kv_events import add_kv_events_arguments
+from epp.flags.request_limits import add_request_limit_arguments
+from epp.flags.types import byte_size, duration, go_bool, model_length, positive_int, ratio, workers_count
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from epp import cli, gie_flags
+from epp import cli
+from epp.flags import compat
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +72,7 @@ BOOLEANS = {
 
 
 def parse(*argv: str) -> object:
-    return cli.build_parser().parse_args(["serve", *gie_flags.normalize_go_flags(list(argv), serve_parser())])
+    return cli.build_parser().parse_args(["serve", *compat.normalize_go_flags(list(argv), serve_parser())])
 
 
 def serve_parser() -> object:
@@ -146,7 +147,7 @@ def test_go_flag_forms(argv: list[str], expected: tuple[int, int, bool]) -> None
     ],
 )
 def test_log_settings(argv: list[str], expected: tuple[str, str]) -> None:
-    assert gie_flags.log_settings(parse(*argv)) == expected
+    assert compat.log_settings(parse(*argv)) == expected
 
 
 @pytest.mark.parametrize("bad", ["--zap-log-level=verbose", "--zap-log-level=0", "--zap-encoder=xml", "-v=x"])
@@ -169,7 +170,7 @@ def test_bad_logging_flags_are_refused(bad: str, capsys: pytest.CaptureFixture[s
     ],
 )
 def test_what_epp_cannot_do_is_a_startup_error(argv: list[str], message: str) -> None:
-    errors, _ = gie_flags.gie_flag_problems(parse(*argv))
+    errors, _ = compat.gie_flag_problems(parse(*argv))
     assert len(errors) == 1 and message in errors[0], errors
 
 
@@ -177,7 +178,7 @@ def test_gie_defaults_and_false_values_start() -> None:
     argv = [
         f"--{name}=false" for name in sorted(BOOLEANS - {"disable-endpoint-subset-filter", "secure-serving"})
     ]
-    errors, notes = gie_flags.gie_flag_problems(parse(*argv, "--model-server-metrics-scheme=http"))
+    errors, notes = compat.gie_flag_problems(parse(*argv, "--model-server-metrics-scheme=http"))
     assert errors == []
     assert {n.split()[0] for n in notes} == {"--health-checking", "--enable-pprof"}
 
@@ -324,7 +325,7 @@ GIE_CHART_TAIL = ["--zap-encoder", "json", "--config-file", "/config/default-plu
     ],
 )
 def test_gies_chart_variants(name: str, argv: list[str], refused: str | None) -> None:
-    errors, _ = gie_flags.gie_flag_problems(parse(*argv))
+    errors, _ = compat.gie_flag_problems(parse(*argv))
     if refused is None:
         assert errors == [], name
     else:
@@ -336,6 +337,8 @@ def test_zap_stacktrace_level_adds_the_callers_stack() -> None:
     (line,) = done.stderr.splitlines()
     record = json.loads(line)
     assert record["level"] == "error"
-    assert "epp/serve.py" in record["stacktrace"] and "logging/__init__.py" not in record["stacktrace"]
+    assert (
+        "epp/serve/__init__.py" in record["stacktrace"] and "logging/__init__.py" not in record["stacktrace"]
+    )
     plain = json.loads(run_serve("--model-server-metrics-port=70000").stderr.splitlines()[0])
     assert "stacktrace" not in plain

@@ -1,0 +1,430 @@
+"""The parts of `epp serve`, built from its flags and config, started in order and stopped in reverse.
+
+See `epp.serve` for the start and stop order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+
+import grpc
+
+from epp import drain, tasks
+from epp.api.context_length import ContextLimits
+from epp.api.limits import RequestLimits
+from epp.datastore import standalone
+from epp.datastore.endpoints import Datastore, Endpoint
+from epp.datastore.scraper import MetricsScraper
+from epp.extproc import server as extproc_server
+from epp.extproc import tls
+from epp.extproc.limits import StreamGuard, StreamLimits
+from epp.k8s import connections as k8s_connections
+from epp.k8s import metricsauth as k8s_metricsauth
+from epp.k8s import objectives as k8s_objectives
+from epp.k8s.from_flags import kubernetes_source, leader_elector
+from epp.k8s.operator import PoolOperator
+from epp.kvcache.ingest import FeedSpec, KVEventIngester
+from epp.observability import http as obs_http
+from epp.observability import metrics
+from epp.observability.looplag import LoopLagMonitor
+from epp.requestcontrol import admission
+from epp.requestcontrol.director import Director, DirectorSettings
+from epp.requestcontrol.offload import BodyParsers
+from epp.rpc import http as rpc_http
+from epp.rpc import service as rpc_service
+from epp.scheduling import config as sched_config
+from epp.scheduling.interfaces import Handle
+from epp.tokenize import registry as tokenize_registry
+from epp.tokenize.registry import Tokenizers
+from epp.workers import worker as workers_worker
+
+log = logging.getLogger("epp")
+
+_warned_bind_ranks: list[bool] = []  # warn once per process
+
+
+def feed_spec(ep: Endpoint, args: argparse.Namespace) -> FeedSpec:
+    """Where `ep`'s KV events come from: its entry's kvEvents/kvReplay, else the default ports
+    offset by its data-parallel rank (vLLM's DP ranks publish on base port + rank)."""
+    spec = ep.spec
+    if args.kv_events == "bind" and spec.rank > 0 and not _warned_bind_ranks:
+        # vLLM offsets every rank's endpoint port, connect or bind: rank r dials <epp>:5557+r,
+        # and epp binds one port. Until it binds one per rank, DP servers need connect mode.
+        _warned_bind_ranks.append(True)
+        log.warning(
+            "kv events: bind mode receives only data-parallel rank 0 (rank %d of %s dials another "
+            "port); use --kv-events connect for data-parallel servers",
+            spec.rank,
+            ep.name,
+        )
+    host = f"[{spec.address}]" if ":" in spec.address else spec.address
+    events = None
+    if args.kv_events == "connect":
+        events = spec.kv_events or f"tcp://{host}:{args.kv_events_port + spec.rank}"
+    replay = spec.kv_replay
+    if replay is None and args.kv_replay_port is not None:
+        replay = f"tcp://{host}:{args.kv_replay_port + spec.rank}"
+    return FeedSpec(
+        pod=ep.name, model=spec.model, events=events, replay=replay, hostport=ep.hostport, rank=spec.rank
+    )
+
+
+async def run_until_stopped(
+    args: argparse.Namespace,
+    datastore: Datastore,
+    handle: Handle,
+    tokenizers: Tokenizers,
+    role: workers_worker.WorkerRole | None = None,
+    parsers: BodyParsers | None = None,
+) -> None:
+    """Build every part, start them in order, serve until a signal, then stop them in reverse
+    (an AsyncExitStack: a part that started is stopped, also when a later one fails to start)."""
+    config = _load_config(args, handle, tokenizers)
+    objective_store = k8s_objectives.ObjectiveStore()
+    director = _director(args, config, datastore, tokenizers, objective_store, parsers)
+    pool_label = args.pool_name or "standalone"
+    pool_gauge = metrics.ready_endpoints.labels(pool_label)
+    datastore.subscribe(lambda added, removed: pool_gauge.set(len(datastore.routable())))
+    ingester = _kv_ingester(args, handle, datastore)
+    endpoints_file, pool_operator = _endpoint_sources(args, datastore, tokenizers, config, objective_store)
+    elector: workers_worker.Lease | None = role.lease if role is not None else None
+    if role is None:
+        elector = leader_elector(args, pool_operator)
+    pool_gauge.set(len(datastore.routable()))
+    if ingester is not None:
+        ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
+    scraper = _scraper(args, datastore, pool_label)
+    health = extproc_server.Health()
+    grpc_server = _grpc_server(args, director, health, role)
+    # A worker's health port is its supervisor's.
+    health_server = (
+        extproc_server.build_health_server(health, bind=args.bind_address, port=args.grpc_health_port)
+        if role is None
+        else None
+    )
+    if args.enable_debug_api:  # the gRPC twin of /debug/*: UNIMPLEMENTED without the flag
+        rpc_service.add_to_server(grpc_server, director)
+
+    received: list[int] = []  # the first signal decides the drain delay (epp.drain)
+    async with contextlib.AsyncExitStack() as running:
+        if role is not None:
+            running.push_async_callback(role.close)  # last: the supervisor hears of the drain's end
+        await _start_http(args, director, role, running)
+        for part in (ingester, scraper, endpoints_file):
+            if part is not None:
+                await part.start()
+                running.push_async_callback(part.stop)
+        if pool_operator is not None:
+            await pool_operator.start()
+            running.push_async_callback(pool_operator.stop)
+            try:  # usually listed within milliseconds; if not, serve NOT_SERVING until it is
+                await asyncio.wait_for(pool_operator.wait_synced(), 5.0)
+            except TimeoutError:
+                log.warning("%s: not synced yet; health stays NOT_SERVING until it is", pool_operator.source)
+        loop_lag = LoopLagMonitor()
+        await loop_lag.start()
+        running.push_async_callback(loop_lag.stop)
+        await grpc_server.start()
+        if health_server is not None:
+            await health_server.start()
+            running.push_async_callback(health_server.stop, 0)
+
+        async def drain_streams() -> None:
+            delay = drain.delay_for(received[0] if received else None, args.drain_delay)
+            await drain.drain(grpc_server, args.drain_timeout, delay)
+
+        running.push_async_callback(drain_streams)
+        stop = asyncio.Event()
+        if role is not None:
+            await role.connect(on_lost=stop.set)
+            await role.report(started=True)
+        await _follow_readiness(datastore, pool_operator, elector, health, role, running)
+        _log_serving(args, datastore, config, tokenizers)
+
+        def on_signal(signum: int) -> None:
+            received.append(signum)
+            stop.set()
+
+        loop = asyncio.get_running_loop()
+        for sig in drain.SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+        await stop.wait()
+
+
+def _load_config(
+    args: argparse.Namespace, handle: Handle, tokenizers: Tokenizers
+) -> sched_config.SchedulerConfig:
+    if args.config_file:
+        config = sched_config.load_config_file(args.config_file, handle)
+    else:
+        config = sched_config.load_config(args.config_text, handle)
+    for warning in config.warnings:
+        log.warning("config: %s", warning)
+    if config.tokenizers:
+        tokenizers.load_models(tokenize_registry.CONFIG, config.tokenizers)
+    return config
+
+
+def _director(
+    args: argparse.Namespace,
+    config: sched_config.SchedulerConfig,
+    datastore: Datastore,
+    tokenizers: Tokenizers,
+    objective_store: k8s_objectives.ObjectiveStore,
+    parsers: BodyParsers | None,
+) -> Director:
+    return Director(
+        datastore=datastore,
+        scheduler=config.scheduler,
+        pre_request=config.pre_request,
+        response_complete=config.response_complete,
+        settings=DirectorSettings(
+            max_body_bytes=args.max_body_bytes,
+            limits=RequestLimits(
+                max_messages=args.max_request_messages,
+                max_content_parts=args.max_request_content_parts,
+                max_tools=args.max_request_tools,
+                max_json_depth=args.max_request_json_depth,
+            ),
+            disable_subset_filter=args.disable_endpoint_subset_filter,
+            response_sample_ratio=args.response_sample_ratio,
+            response_sample_min_interval=args.response_sample_min_interval,
+            trust_model_rewrite_header=bool(args.trust_model_name_rewrite_header),
+        ),
+        tokenizer=tokenizers,
+        admission_controller=admission.LegacyAdmissionController(config.saturation_detector),
+        objectives=objective_store,
+        context_limits=_context_limits(args, datastore, tokenizers),
+        body_parsers=parsers,
+    )
+
+
+def _kv_ingester(args: argparse.Namespace, handle: Handle, datastore: Datastore) -> KVEventIngester | None:
+    """The KV-event ingestion feeding `handle.kv_index`, following the pool's membership."""
+    if handle.kv_index is None:
+        return None
+    ingester = KVEventIngester(
+        handle.kv_index,
+        bind=args.kv_events_bind if args.kv_events == "bind" else None,
+        default_block_size=args.kv_block_size,
+        access=args.kv_events_allow,
+        max_message_bytes=args.kv_events_max_message_bytes,
+    )
+
+    def follow_membership(added: list[Endpoint], removed: list[Endpoint]) -> None:
+        # Every change re-states the whole set: the ingester reconciles (new, gone, moved).
+        ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
+
+    datastore.subscribe(follow_membership)
+    return ingester
+
+
+def _endpoint_sources(
+    args: argparse.Namespace,
+    datastore: Datastore,
+    tokenizers: Tokenizers,
+    config: sched_config.SchedulerConfig,
+    objective_store: k8s_objectives.ObjectiveStore,
+) -> tuple[standalone.EndpointsFile | None, PoolOperator | None]:
+    """The flag's endpoints (synced now), the endpoints file (loaded now) and the Kubernetes pool
+    operator (started later); the tokenizers they and the config name, epp-tiny if none."""
+    endpoints_file: standalone.EndpointsFile | None = None
+    if args.endpoints:
+        datastore.sync("flag", standalone.parse_endpoints_arg(args.endpoints))
+    if args.endpoints_file:
+        endpoints_file = standalone.EndpointsFile(
+            args.endpoints_file,
+            datastore,
+            tokenizers=tokenizers.source(
+                tokenize_registry.ENDPOINTS_FILE, origin=f"endpoints file {args.endpoints_file}"
+            ),
+        )
+        endpoints_file.load()
+    # llm-d's tokenizer plugin without a path names a model whose tokenizer llm-d downloads or asks
+    # a sidecar for; epp tokenizes in-process from files, so one of its sources must name them.
+    unnamed = [m for m in config.tokenizer_models if tokenizers.for_model(m) is None]
+    if unnamed:
+        raise ValueError(
+            "the config's tokenizer plugin names "
+            + ", ".join(repr(m) for m in unnamed)
+            + " without a path: give --tokenizer MODEL=PATH (a directory with tokenizer.json), "
+            "a `path` in the plugin's parameters, or a tokenizer in the endpoints file"
+        )
+    if not args.tokenizer and not tokenizers.models:
+        tokenizers.use_shipped_default()  # nothing named anywhere: epp-tiny for every model
+    pool_operator = kubernetes_source(args, datastore, objective_store)
+    if not args.endpoints and not args.endpoints_file and pool_operator is None:
+        raise ValueError(
+            "no endpoint source: give --pool-name, --endpoint-selector, --endpoints or --endpoints-file"
+        )
+    return endpoints_file, pool_operator
+
+
+def _scraper(args: argparse.Namespace, datastore: Datastore, pool_label: str) -> MetricsScraper:
+    return MetricsScraper(
+        datastore,
+        interval=args.refresh_metrics_interval,
+        staleness=args.metrics_staleness_threshold,
+        failure_threshold=args.scrape_failure_threshold,
+        pool_name=pool_label,
+        path=args.model_server_metrics_path.strip('"') or "/metrics",
+        scheme=args.model_server_metrics_scheme,
+        port=args.model_server_metrics_port or None,
+        # GIE's default is to skip verification (model servers' certificates are often self-signed).
+        insecure_skip_verify=args.model_server_metrics_https_insecure_skip_verify is not False,
+    )
+
+
+def _grpc_server(
+    args: argparse.Namespace,
+    director: Director,
+    health: extproc_server.Health,
+    role: workers_worker.WorkerRole | None,
+) -> grpc.aio.Server:
+    credentials: grpc.ServerCredentials | None = None
+    if args.secure_serving and role is not None and role.tls_pair is not None:
+        credentials = grpc.ssl_server_credentials([role.tls_pair])  # the pod's, from the supervisor
+    elif args.secure_serving:
+        credentials = tls.server_credentials(args.cert_path, reload=bool(args.enable_cert_reload))
+    return extproc_server.build_server(
+        director,
+        health,
+        bind=args.bind_address,
+        port=args.grpc_port,
+        credentials=credentials,
+        reuse_port=role is not None,
+        guard=StreamGuard(
+            StreamLimits(
+                max_buffered_body_bytes=args.max_buffered_body_bytes,
+                max_concurrent_streams=args.max_concurrent_streams,
+                request_body_timeout=args.request_body_timeout,
+                large_body_bytes=args.large_body_min_bytes,
+                large_body_lanes=args.max_concurrent_large_bodies,
+                large_body_rate=args.large_body_rate,
+            )
+        ),
+    )
+
+
+async def _start_http(
+    args: argparse.Namespace,
+    director: Director,
+    role: workers_worker.WorkerRole | None,
+    running: contextlib.AsyncExitStack,
+) -> None:
+    """The metrics port (/metrics, /debug/*): this process's own, or a worker's private one."""
+    app = obs_http.build_app()
+    rpc_http.add_routes(app, director, enabled=bool(args.enable_debug_api))
+    # GIE's: TokenReview + SubjectAccessReview per (cached) caller; a worker's port is private.
+    if args.metrics_endpoint_auth and role is None:
+        metrics_auth = k8s_metricsauth.ApiServerAuth(k8s_connections.load(args.kubeconfig))
+        await metrics_auth.start()
+        running.push_async_callback(metrics_auth.close)
+        app.middlewares.append(metrics_auth.middleware)
+    if role is None:
+        http_runner = await obs_http.start(app, host=args.bind_address, port=args.metrics_port)
+    else:
+        http_runner = await role.start_http(app)
+    running.push_async_callback(http_runner.cleanup)
+
+
+async def _follow_readiness(
+    datastore: Datastore,
+    pool_operator: PoolOperator | None,
+    elector: workers_worker.Lease | None,
+    health: extproc_server.Health,
+    role: workers_worker.WorkerRole | None,
+    running: contextlib.AsyncExitStack,
+) -> None:
+    """Readiness: the pool is listed (or the static endpoints are loaded) and, with leader
+    election, this replica holds the Lease (GIE: followers are NOT_SERVING, liveness stays up).
+    On the way out, before anything else stops, neither may turn health back on, and the Lease is
+    handed back before the drain, so a follower takes the traffic while this one's streams finish
+    (as GIE, which releases on cancel)."""
+    pool_ready = datastore.synced if pool_operator is None else pool_operator.ready
+
+    async def update_health() -> None:
+        await health.set(pool_ready and (elector is None or elector.leading))
+        if role is not None:
+            await role.report(ready=bool(health.serving))
+
+    await update_health()
+    ready_tasks: list[asyncio.Task[None]] = []
+    if pool_operator is not None:
+        operator = pool_operator
+
+        async def follow_pool() -> None:  # NOT_SERVING while the pool is missing, till listed
+            nonlocal pool_ready
+            async for ready in operator.readiness():
+                pool_ready = ready
+                await update_health()
+
+        ready_tasks.append(
+            tasks.create_guarded_task(follow_pool(), name="health follows the pool", logger=log)
+        )
+    if elector is not None:
+        campaign = elector
+
+        async def follow_leadership() -> None:
+            while True:
+                await campaign.wait_changed()
+                await update_health()
+
+        await campaign.start()
+        running.push_async_callback(campaign.stop, release=True)
+        ready_tasks.append(
+            tasks.create_guarded_task(follow_leadership(), name="health follows the lease", logger=log)
+        )
+
+    async def not_serving() -> None:
+        await tasks.cancel_and_wait(ready_tasks)
+        await health.set(False)
+
+    running.push_async_callback(not_serving)
+
+
+def _log_serving(
+    args: argparse.Namespace,
+    datastore: Datastore,
+    config: sched_config.SchedulerConfig,
+    tokenizers: Tokenizers,
+) -> None:
+    log.info(
+        "epp serving",
+        extra={
+            "grpc_port": args.grpc_port,
+            "health_port": args.grpc_health_port,
+            "metrics_port": args.metrics_port,
+            "tls": bool(args.secure_serving),
+            "endpoints": len(datastore.endpoints()),
+            "profiles": ",".join(config.scheduler.profile_names()),
+            "saturation_detector": config.saturation_detector.name,
+            "kv_events": args.kv_events,
+            "tokenizers": _tokenizer_names(tokenizers),
+        },
+    )
+
+
+def _context_limits(args: argparse.Namespace, datastore: Datastore, tokenizers: Tokenizers) -> ContextLimits:
+    """max_model_len per model: `--max-model-len`, else the pods' /v1/models, else the tokenizer's
+    `model_max_length` (docs/tokenization.md, "Context length")."""
+
+    def from_tokenizer(model: str) -> int | None:
+        tok = tokenizers.for_model(model, base_model=datastore.base_model)
+        return tok.model_max_length if tok is not None else None
+
+    return ContextLimits(
+        overrides=dict(args.max_model_len),
+        from_pods=datastore.max_model_len,
+        from_tokenizer=from_tokenizer,
+    )
+
+
+def _tokenizer_names(tokenizers: Tokenizers) -> str:
+    names = [f"{model}={tok.name}" for model, tok in sorted(tokenizers.models.items())]
+    if tokenizers.default is not None:
+        names.append(f"*={tokenizers.default.name}")
+    return ",".join(names) or "none"
