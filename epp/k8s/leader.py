@@ -20,6 +20,12 @@ Lease, so epp replicas (or an epp and a GIE EPP during a migration) agree on one
 
 Defaults are controller-runtime's: lease 15 s, renew deadline 10 s, retry period 2 s.
 RBAC: get, create, update on leases (coordination.k8s.io) in the pool's namespace.
+
+Why not kubernetes_asyncio's `leaderelection` (36.x): it cannot release the Lease on shutdown
+(there is no ReleaseOnCancel, so a follower would wait a whole lease duration after every
+rollout), its `acquire` only returns once leading (no way to stop a follower but cancelling it
+mid-request), and its LeaseLock writes local naive timestamps with a "Z" suffix, so on a node
+whose clock is not in UTC its renewTime disagrees with the GIE EPP sharing the Lease.
 """
 
 from __future__ import annotations
