@@ -8,7 +8,9 @@ systemd send):
    sends meanwhile to a server that already refuses them fails (Envoy answers 500: issue 19,
    ~25 requests per SIGTERM in the soak). Kubernetes' endpoint removal takes seconds too.
 2. the drain: new streams are refused, the in-flight ones (a long streamed response is one
-   stream) get `--drain-timeout` to end; the rest are cancelled.
+   stream) get `--drain-timeout` to end; the rest are cancelled. Requests flow control holds
+   are in-flight streams too, dispatched as capacity frees; a second before the drain ends,
+   `before_cut` (flow control's close) answers those still held 503 rather than cutting them.
 SIGINT (a terminal's Ctrl-C; no gateway withdraws traffic because of it) skips the delay. A
 second SIGTERM/SIGINT, in either phase, cancels every stream left at once.
 """
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 
 import grpc
 
@@ -38,8 +41,15 @@ def open_streams() -> int:
     return int(metrics.REGISTRY.get_sample_value("epp_extproc_active_streams") or 0)
 
 
-async def drain(server: grpc.aio.Server, grace: float, delay: float = 0.0) -> None:
-    """Keep serving for `delay` seconds, then refuse new streams and give in-flight ones `grace`."""
+CUT_NOTICE = 1.0
+"""Seconds before the drain's end at which `before_cut` runs (answers need a moment to go out)."""
+
+
+async def drain(
+    server: grpc.aio.Server, grace: float, delay: float = 0.0, before_cut: Callable[[], None] | None = None
+) -> None:
+    """Keep serving for `delay` seconds, then refuse new streams and give in-flight ones `grace`;
+    `before_cut` runs shortly before the streams left are cancelled."""
     loop = asyncio.get_running_loop()
     again = asyncio.Event()
     for sig in SIGNALS:
@@ -53,13 +63,15 @@ async def drain(server: grpc.aio.Server, grace: float, delay: float = 0.0) -> No
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(again.wait(), delay)
-        await _stop(server, grace, again)
+        await _stop(server, grace, again, before_cut)
     finally:
         for sig in SIGNALS:
             loop.remove_signal_handler(sig)
 
 
-async def _stop(server: grpc.aio.Server, grace: float, again: asyncio.Event) -> None:
+async def _stop(
+    server: grpc.aio.Server, grace: float, again: asyncio.Event, before_cut: Callable[[], None] | None
+) -> None:
     log.info(
         "stopping: refusing new ext-proc streams; %d in flight get up to %.0fs",
         open_streams(),
@@ -73,9 +85,15 @@ async def _stop(server: grpc.aio.Server, grace: float, again: asyncio.Event) -> 
     cut = 0
     # Polled, not awaited from gRPC, to know (and log) how many streams the deadline cuts.
     while not stopping.done() and open_streams() > 0 and not again.is_set():
+        if before_cut is not None and loop.time() - started >= grace - CUT_NOTICE:
+            before_cut()
+            before_cut = None
         if loop.time() - started >= grace - 0.05:
             cut = open_streams()
             break
+        await asyncio.sleep(0.05)
+    if before_cut is not None and not stopping.done():
+        before_cut()  # a second signal: the held requests are answered before the streams go
         await asyncio.sleep(0.05)
     if again.is_set() and not stopping.done():
         cut = open_streams()

@@ -7,7 +7,8 @@
       ├── NoCapacity           429  every endpoint filtered out, or a sheddable request shed
       └── ServiceUnavailable   503  no ready endpoint (empty pool, subset hint matched nothing)
 
-The reason is one line, safe to show to the client; it is also logged.
+The reason is one line, safe to show to the client; it is also logged. `headers` are added to
+the answer (flow control's `x-llm-d-request-dropped-reason`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class RequestError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.headers: dict[str, str] = {}
 
 
 class BadRequest(RequestError):

@@ -221,16 +221,32 @@ def response_headers_skip_body(request_body_mode: int, remove: Iterable[str] = (
     return response
 
 
-def immediate(status: int, body: bytes, *, content_type: str = "application/json") -> ProcessingResponse:
+def immediate(
+    status: int,
+    body: bytes,
+    *,
+    content_type: str = "application/json",
+    headers: Mapping[str, str] | None = None,
+) -> ProcessingResponse:
     """Answer the client directly (errors). Envoy sends it and ends the HTTP stream."""
+    extra = [("content-type", content_type), *(headers or {}).items()]
     return ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),
-            headers=pb.HeaderMutation(set_headers=_set_headers([("content-type", content_type)])),
+            headers=pb.HeaderMutation(set_headers=_set_headers(extra)),
             body=body,
             details="epp",
         )
     )
+
+
+def override_message_timeout(seconds: float) -> ProcessingResponse:
+    """Extend Envoy's `message_timeout` for the message being processed (BUFFERED and STREAMED
+    modes; Envoy caps it at the filter's `max_message_timeout`, and ignores it when that is unset).
+    Sent while flow control holds a request, so that Envoy keeps waiting for the answer."""
+    response = ProcessingResponse()
+    response.override_message_timeout.FromMilliseconds(int(seconds * 1000))
+    return response
 
 
 def metadata_string(request: ProcessingRequest, namespace: str, key: str) -> str | None:

@@ -42,12 +42,12 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         # read()/write() on the context rather than an async generator over request_iterator:
         # grpc.aio wraps both around the same calls, and the per-token path below is the one
         # that runs most often (one message each way per streamed chunk).
-        stream = Stream(self._director, self._guard)
+        read, write, eof = context.read, context.write, grpc.aio.EOF
+        stream = Stream(self._director, self._guard, write)
         metrics.extproc_streams.inc()
         failed = False
         tracer = tracing.TRACER  # None unless --tracing
         span: Span | None = None
-        read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
             while True:
                 msg = await read() if not stream.awaiting_body else await stream.read_body(read)

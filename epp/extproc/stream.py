@@ -16,6 +16,11 @@ FULL_DUPLEX_STREAMED (GIE's mode)              BUFFERED
 A header-only request (request_headers with end_of_stream) is routed at once. Errors become an
 ImmediateResponse with the HTTP status and an OpenAI-style JSON error body, and end the stream.
 Whatever ends the stream, `close()` releases the request's booking exactly once.
+
+Flow control (epp.flowcontrol) may hold a request: the routing answer is then simply not sent
+yet. In the modes where Envoy's `message_timeout` applies (all but FULL_DUPLEX_STREAMED), the
+stream first tells Envoy to wait up to the longest hold (`override_message_timeout`; the
+gateway's `max_message_timeout` must allow it, as `epp envoy-config` sets it).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -44,6 +49,11 @@ _NONE = processing_mode_pb2.ProcessingMode.NONE
 
 # A body chunk larger than this cost the loop a few ms to read and copy: the stream yields once.
 _YIELD_AFTER_BYTES = 1 << 20
+
+# A held request asks Envoy to wait for its answer this much past flow control's longest hold
+# (its own answer comes at the hold's end).
+HOLD_MARGIN = 5.0
+HOLD_LONGEST = 3600.0  # Envoy's largest max_message_timeout: a longer or unlimited hold asks this
 
 # While a limit of epp.extproc.limits holds, every request is answered 503: one warning per 5 s
 # per limit (with the count it swallowed) rather than one per request. Per process.
@@ -65,6 +75,7 @@ class Stream:
         "_reserved",
         "_response_mode",
         "_started",
+        "_write",
         "closed",
         "ctx",
         "headers",
@@ -72,8 +83,14 @@ class Stream:
         "response_started",
     )
 
-    def __init__(self, director: Director, guard: StreamGuard | None = None) -> None:
+    def __init__(
+        self,
+        director: Director,
+        guard: StreamGuard | None = None,
+        write: Callable[[m.ProcessingResponse], Awaitable[None]] | None = None,
+    ) -> None:
         self._director = director
+        self._write = write  # sends a message out of turn (the hold's timeout override)
         self._guard = guard  # epp.extproc.limits: shared bounds on streams and buffered bytes
         self._admitted = False
         self._reserved = 0
@@ -206,6 +223,7 @@ class Stream:
                 headers=self.headers,
                 body=body,
                 subset=m.subset_hint(msg),
+                on_hold=self._on_hold,
             )
         except errors.RequestError as exc:
             return self._fail(exc, counted=True)  # the director counted it, with the model
@@ -227,6 +245,13 @@ class Stream:
             (m.routed_headers(dest, extra),), m.streamed_request_body_wire(out_body, body_eos)
         )
 
+    async def _on_hold(self, max_wait: float) -> None:
+        """Flow control holds the request: make Envoy wait for the answer (see the module doc)."""
+        if self._write is not None and self._request_mode != _FULL_DUPLEX:
+            await self._write(
+                m.override_message_timeout(min((max_wait or HOLD_LONGEST) + HOLD_MARGIN, HOLD_LONGEST))
+            )
+
     def _fail(
         self, exc: errors.RequestError, *, counted: bool = False, throttle: Throttle | None = None
     ) -> Iterable[m.ProcessingResponse]:
@@ -240,7 +265,7 @@ class Stream:
             log.info("answering %d: %s", exc.status, exc.reason, extra=extra)
         if not counted:  # answered before (or instead of) parsing: no trustworthy model name
             metrics.request_errors_total.labels("-", "-", metrics.error_code(exc.status)).inc()
-        return [m.immediate(exc.status, errors.error_body(exc.status, exc.reason))]
+        return [m.immediate(exc.status, errors.error_body(exc.status, exc.reason), headers=exc.headers)]
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> Iterable[m.ProcessingResponse]:
         self.response_started = True

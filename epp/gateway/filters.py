@@ -43,6 +43,7 @@ def ext_proc_filter(params: GatewayParams) -> dict[str, Any]:
         },
         "failure_mode_allow": params.failure_mode_allow,
         "message_timeout": duration(params.message_timeout),
+        "max_message_timeout": duration(params.max_message_timeout),
         "processing_mode": mode,
         "metadata_options": metadata_options,
     }

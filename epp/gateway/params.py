@@ -84,6 +84,10 @@ class GatewayParams:
     epp_streams_per_connection: int = 16
     # 200 ms (Envoy's default) is too tight for a Python server under GC; FULL_DUPLEX ignores it.
     message_timeout: float = 5.0
+    # The most epp may extend message_timeout by for one message (override_message_timeout): flow
+    # control holds a request up to its queue-wait budget and asks Envoy to wait that long. The
+    # listener's request_timeout must exceed flowControl.defaultRequestTTL too (docs/flow-control.md).
+    max_message_timeout: float = 3600.0  # Envoy's upper bound
     failure_mode_allow: bool = False
     # CONTROL_HEADERS a client may send (e.g. a trusted proxy in front sets the model rewrite);
     # the others are removed from every request before Envoy routes it.

@@ -1,9 +1,11 @@
 """The Director owns one request's lifecycle, from the parsed body to the end of the response.
 
     route():   parse body, priority of its InferenceObjective -> candidate endpoints (subset hint)
-               -> admission (sheddable requests shed with 429 while saturated) -> token ids (when
-               a plugin consumes them) -> scheduler -> pre-request hooks -> book in-flight load on
-               the primary -> RequestContext
+               -> admission: flow control holds the request until it may go (epp.flowcontrol,
+               with `featureGates: [flowControl]`), else GIE's legacy admission (sheddable
+               requests shed with 429 while saturated) -> token ids (when a plugin consumes
+               them) -> scheduler -> pre-request hooks -> book in-flight load on the primary
+               -> RequestContext
     context:   on_response_headers / on_response_body (usage, model name rewritten back)
                -> finish(): release the booking, run response-complete hooks, record metrics
 
@@ -34,7 +36,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -49,6 +51,7 @@ from epp.api.requests import (
 )
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
+from epp.flowcontrol.controller import FlowController
 from epp.observability import metrics
 from epp.requestcontrol import admission
 from epp.requestcontrol.offload import BodyParsers, parse_here
@@ -177,10 +180,12 @@ class Director:
         objectives: admission.Objectives | None = None,
         context_limits: context_length.ContextLimits | None = None,
         body_parsers: BodyParsers | None = None,
+        flow_control: FlowController | None = None,
     ) -> None:
         """`admission_controller` None admits every request; `objectives` None makes every
         request's priority 0 (no InferenceObjectives: standalone mode); `context_limits` None
-        enforces no context length (the model servers do)."""
+        enforces no context length (the model servers do); `flow_control`, when given, replaces
+        `admission_controller` (llm-d: one or the other)."""
         self.datastore = datastore
         self.scheduler = scheduler
         self.settings = settings
@@ -189,6 +194,7 @@ class Director:
         self._pre_request = list(pre_request)
         self._response_complete = list(response_complete)
         self.admission_controller = admission_controller
+        self.flow_control = flow_control
         self.objectives = objectives
         # Token ids and context-length rules; bodies over the parsers' size are parsed and
         # rendered in their processes (epp.requestcontrol.offload).
@@ -228,21 +234,38 @@ class Director:
         return child
 
     async def route(
-        self, *, path: str, headers: Mapping[str, str], body: bytes | None, subset: list[str] | None
+        self,
+        *,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        subset: list[str] | None,
+        on_hold: Callable[[float], Awaitable[None]] | None = None,
     ) -> RequestContext:
         """Decide where the request goes. Raises `errors.RequestError` for an HTTP error answer.
 
-        `body` None means a header-only request (GET /v1/models): it is routed too.
+        `body` None means a header-only request (GET /v1/models): it is routed too. With flow
+        control, the call may wait until the request may be scheduled; `on_hold(max_wait)` is
+        awaited when it starts waiting (the gateway's message timeout must then be extended).
         """
         # Every error answer raised here is counted here, with the model once the body is parsed;
         # the ext-proc layer counts only the ones it raises itself.
+        held = self.flow_control is not None
         try:
-            request, candidates = await self._prepare(path=path, headers=headers, body=body, subset=subset)
+            request, candidates = await self._prepare(
+                path=path, headers=headers, body=body, subset=subset, hold=held
+            )
         except errors.RequestError as exc:
             self._count_error(("-", "-"), exc.status)
             raise
         try:
-            return await self._route(request, candidates, len(body) if body is not None else 0)
+            size = len(body) if body is not None else 0
+            if self.flow_control is not None:
+                await self.flow_control.admit(
+                    request, size, labels=self.model_labels(request), on_hold=on_hold
+                )
+                candidates = self._candidates(request.subset_ips)  # the pool as it is now
+            return await self._route(request, candidates, size)
         except errors.RequestError as exc:
             self._count_error(self.model_labels(request), exc.status)
             raise
@@ -250,7 +273,7 @@ class Director:
     async def _route(
         self, request: InferenceRequest, candidates: list[Endpoint], body_size: int
     ) -> RequestContext:
-        if self.admission_controller is not None:
+        if self.admission_controller is not None and self.flow_control is None:
             self.admission_controller.admit(request, candidates)
         await self.prompts.fill(request, self._tokenizer)
         if len(request.token_ids or ()) >= PREPARE_AHEAD_TOKENS and self.scheduler.preparers:
@@ -357,9 +380,16 @@ class Director:
         )
 
     async def _prepare(
-        self, *, path: str, headers: Mapping[str, str], body: bytes | None, subset: list[str] | None
+        self,
+        *,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        subset: list[str] | None,
+        hold: bool = False,
     ) -> tuple[InferenceRequest, list[Endpoint]]:
-        """Parse the request and find its candidate endpoints."""
+        """Parse the request and find its candidate endpoints (`hold`: flow control will wait for
+        them, so none is not an error yet)."""
         if MODEL_REWRITE_HEADER in headers and not self.settings.trust_model_rewrite_header:
             headers = {k: v for k, v in headers.items() if k != MODEL_REWRITE_HEADER}
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
@@ -389,6 +419,12 @@ class Director:
                 limits=self.settings.limits,
             )
         request.priority = admission.priority(self.objectives, headers.get(admission.OBJECTIVE_HEADER))
+        if hold:
+            return request, []
+        return request, self._candidates(subset_ips)
+
+    def _candidates(self, subset_ips: frozenset[str] | None) -> list[Endpoint]:
+        """The endpoints the request may go to; 503 when there are none."""
         # Every endpoint excluded for stale metrics: routed on what is known (degraded), not 503.
         candidates = self.datastore.pick_candidates(subset_ips)
         if subset_ips is not None:
@@ -399,7 +435,7 @@ class Director:
             raise errors.ServiceUnavailable(
                 f"no ready endpoints in the pool: {why}" if why else "no ready endpoints in the pool"
             )
-        return request, candidates
+        return candidates
 
     def finish(self, ctx: RequestContext, *, complete: bool) -> None:
         request = ctx.request
@@ -430,6 +466,8 @@ class Director:
                 hook.response_complete(request, outcome)
             except Exception:  # a plugin bug must not leak the booking or kill the stream
                 log.exception("response-complete hook %s failed", hook.name)
+        if self.flow_control is not None:
+            self.flow_control.completed(request, outcome)
         self._count_finished(ctx, outcome, complete=complete, now=now)
 
     def _count_finished(

@@ -96,6 +96,22 @@ class SchedulerConfig:
     tokenizer_models: list[str] = dataclasses.field(default_factory=list)
     # How llm-d's precise-prefix-cache-scorer parameters say KV events are consumed (None: flags).
     kv_events: precise_llmd.KVEventsSettings | None = None
+    # The flowControl section and flow-control plugins, for epp.flowcontrol.config.build.
+    flow_control: FlowControlSection | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FlowControlSection:
+    """What of the configuration is flow control's, undecoded: epp.flowcontrol.config (above this
+    package) decodes it, reporting errors through `where` with their lines."""
+
+    enabled: bool  # featureGates names flowControl
+    section: dict[str, Any] | None  # the flowControl mapping as written
+    plugins: list[
+        tuple[tuple[str | int, ...], str, str, dict[str, Any] | None]
+    ]  # (where, name, type, parameters)
+    top_level_detector: str  # the deprecated top-level saturationDetector.pluginRef ("" if none)
+    where: Any  # the document's locator: error(path, message), validation_error(err, prefix=, known=)
 
 
 # The document, decoded strictly: an unknown key anywhere epp acts on is an error.
@@ -208,6 +224,8 @@ class _Builder:
         self.used: set[str] = set()
         self.warnings: list[str] = []
         self._default_picker: interfaces.Picker | None = None
+        self.flow_enabled = False
+        self.flow_plugins: list[tuple[_Path, str, str, dict[str, Any] | None]] = []
 
     def build(self) -> SchedulerConfig:
         self._build_plugins()
@@ -239,6 +257,13 @@ class _Builder:
             tokenizers=self.tokenizers,
             tokenizer_models=self.tokenizer_models,
             kv_events=self.kv_events[1] if self.kv_events is not None else None,
+            flow_control=FlowControlSection(
+                self.flow_enabled,
+                self.doc.flowControl,
+                self.flow_plugins,
+                detector.pluginRef if detector is not None else "",
+                self.where,
+            ),
         )
 
     def _build_plugins(self) -> None:
@@ -247,10 +272,18 @@ class _Builder:
             if not spec.type:
                 raise self.where.error(path, "plugin type is empty")
             name = spec.name or spec.type
-            if name in self.plugins or name in self.ignored or name in self.tokenizer_plugins:
+            if (
+                name in self.plugins
+                or name in self.ignored
+                or name in self.tokenizer_plugins
+                or any(name == flow[1] for flow in self.flow_plugins)
+            ):
                 raise self.where.error(path, f"duplicate plugin name {name!r}")
             if spec.type in config_compat.TOKENIZER_TYPES:
                 self._read_tokenizer(path, name, spec.type, spec.parameters)
+                continue
+            if spec.type in config_compat.FLOW_CONTROL:  # built by epp.flowcontrol.config
+                self.flow_plugins.append((path, name, spec.type, spec.parameters))
                 continue
             refused = config_compat.REFUSED.get(spec.type)
             if refused is not None:
@@ -339,14 +372,18 @@ class _Builder:
 
     def _check_sections(self) -> None:
         doc = self.doc
-        for i, gate in enumerate(doc.featureGates):
-            note = config_compat.FEATURE_GATES.get(gate)
-            if note is None:
+        for i, entry in enumerate(doc.featureGates):
+            gate, _, value = entry.partition("=")  # llm-d: `name`, `name=true` or `name=false`
+            if gate not in config_compat.FEATURE_GATES or value not in ("", "true", "false"):
                 raise self.where.error(
                     ("featureGates", i),
-                    f"unknown feature gate {gate!r}; known gates: {', '.join(config_compat.FEATURE_GATES)}",
+                    f"unknown feature gate {entry!r}; known gates: {', '.join(config_compat.FEATURE_GATES)}",
                 )
-            self.warnings.append(f"featureGates {gate!r} has no effect: {note}")
+            note = config_compat.FEATURE_GATES[gate]
+            if gate == "flowControl":
+                self.flow_enabled = value != "false"
+            elif note is not None:
+                self.warnings.append(f"featureGates {gate!r} has no effect: {note}")
         if doc.dataLayer is not None:
             for i, source in enumerate(doc.dataLayer.sources):
                 where = ("dataLayer", "sources", i)
@@ -366,8 +403,6 @@ class _Builder:
                     ("notification source",),
                 )
             self.warnings.append(f"dataLayer is ignored: {_WHY['data source']}")
-        if doc.flowControl is not None:
-            self.warnings.append(f"flowControl is ignored: {_WHY['flow-control policy']}")
         if doc.parser is not None:
             self._check_ref(("parser", "pluginRef"), doc.parser.pluginRef, ("parser",))
             self.warnings.append(f"parser is ignored: {_WHY['parser']}")
@@ -448,6 +483,10 @@ class _Builder:
         seen: set[str] = set()
         for path, ref, weight in entries:
             plugin = self.plugins.get(ref)
+            if plugin is None and any(ref == flow[1] for flow in self.flow_plugins):
+                raise self.where.error(
+                    path, f"plugin {ref!r} is a flow-control policy, not a filter, scorer or picker"
+                )
             if plugin is None and ref in self.tokenizer_plugins:
                 continue  # llm-d lists its tokenizer in profiles; epp tokenizes before scheduling
             if plugin is None:

@@ -15,8 +15,8 @@ Three groups of plugin types:
 
 The inline sections are decoded as strictly as plugin parameters: `saturationDetector` (a
 `pluginRef`, or GIE v1.0-1.3's inline thresholds), `featureGates` (GIE's and llm-d's gate names),
-`dataLayer` and `parser`. `flowControl` is accepted as any mapping, with a warning: epp has no
-flow control, so there is nothing its content could configure.
+`dataLayer` and `parser`. `flowControl` and the flow-control plugin types (`FLOW_CONTROL`) are
+passed on undecoded to `epp.flowcontrol.config`, which decodes them as strictly.
 """
 
 from __future__ import annotations
@@ -41,17 +41,26 @@ GIE_ONLY = {
     "openai-parser": "parser",
     "approx-prefix-cache-producer": "data producer",
     "inflight-load-producer": "data producer",
-    "global-strict-fairness-policy": "flow-control policy",
-    "round-robin-fairness-policy": "flow-control policy",
-    "fcfs-ordering-policy": "flow-control policy",
-    "edf-ordering-policy": "flow-control policy",
-    "slo-deadline-ordering-policy": "flow-control policy",
-    "static-usage-limit-policy": "flow-control policy",
-    "eviction-sheddable-filter": "flow-control policy",
-    "sheddable-eviction-filter": "flow-control policy",
-    "eviction-priority-then-time-ordering": "flow-control policy",
-    "priority-then-time-eviction-order-policy": "flow-control policy",
 }
+# Flow-control plugin types: handed to epp.flowcontrol.config, which builds them (this package
+# sits below it, so it knows only their names; a test keeps the two lists equal).
+FLOW_CONTROL = frozenset(
+    {
+        "global-strict-fairness-policy",
+        "round-robin-fairness-policy",
+        "program-aware-fairness",
+        "fcfs-ordering-policy",
+        "edf-ordering-policy",
+        "slo-deadline-ordering-policy",
+        "static-usage-limit-policy",
+        "soft-reflective-ceiling-policy",
+        "priority-holdback-policy",
+        "eviction-sheddable-filter",
+        "sheddable-eviction-filter",
+        "eviction-priority-then-time-ordering",
+        "priority-then-time-eviction-order-policy",
+    }
+)
 WHY = {
     "data source": "epp scrapes model-server metrics itself",
     "extractor": "epp scrapes model-server metrics itself",
@@ -60,7 +69,6 @@ WHY = {
     "models extractor": "epp reads each server's /v1/models itself",
     "parser": "epp parses OpenAI request bodies itself",
     "data producer": "epp's scorers gather their own inputs",
-    "flow-control policy": "flow control is not implemented yet",
 }
 # What a dataLayer source's extractors may be, by the source's kind ("scorer": a built plugin).
 EXTRACTORS = {
@@ -119,11 +127,11 @@ STALE = {
     ),
 }
 
-# Feature gates: name -> what epp does about it (each is accepted with this note).
-FEATURE_GATES = {
+# Feature gates: name -> what epp does about it (each is accepted with this note; None: honoured).
+FEATURE_GATES: dict[str, str | None] = {
     "dataLayer": "epp's data layer (scraping, /v1/models) is always on",
     "enableLegacyMetrics": "epp always exports its metrics",
-    "flowControl": "flow control is not implemented yet",
+    "flowControl": None,  # epp.flowcontrol
     "prepareDataPlugins": "epp's scorers gather their own inputs",
 }
 

@@ -21,6 +21,7 @@ from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
 from epp.extproc.limits import StreamGuard, StreamLimits
+from epp.flowcontrol import controller as flowcontrol
 from epp.k8s import connections as k8s_connections
 from epp.k8s import metricsauth as k8s_metricsauth
 from epp.k8s import objectives as k8s_objectives
@@ -84,8 +85,9 @@ async def run_until_stopped(
     (an AsyncExitStack: a part that started is stopped, also when a later one fails to start)."""
     config = _load_config(args, handle, tokenizers)
     objective_store = k8s_objectives.ObjectiveStore()
-    director = _director(args, config, datastore, tokenizers, objective_store, parsers)
     pool_label = args.pool_name or "standalone"
+    director = _director(args, config, datastore, tokenizers, objective_store, parsers, pool_label)
+    flow = director.flow_control
     pool_gauge = metrics.ready_endpoints.labels(pool_label)
     datastore.subscribe(lambda added, removed: pool_gauge.set(len(datastore.routable())))
     ingester = _kv_ingester(args, handle, datastore)
@@ -134,15 +136,20 @@ async def run_until_stopped(
 
         async def drain_streams() -> None:
             delay = drain.delay_for(received[0] if received else None, args.drain_delay)
-            await drain.drain(grpc_server, args.drain_timeout, delay)
+            # Held requests keep being dispatched while streams drain; those still held when the
+            # drain ends are answered 503 (flow control closes) rather than cut.
+            await drain.drain(grpc_server, args.drain_timeout, delay, before_cut=flow.close if flow else None)
 
         running.push_async_callback(drain_streams)
+        if flow is not None:
+            flow.register_metrics()
+            running.callback(flow.unregister_metrics)
         stop = asyncio.Event()
         if role is not None:
             await role.connect(on_lost=stop.set)
             await role.report(started=True)
         await _follow_readiness(datastore, pool_operator, elector, health, role, running)
-        _log_serving(args, datastore, config, tokenizers)
+        _log_serving(args, datastore, config, tokenizers, director)
 
         def on_signal(signum: int) -> None:
             received.append(signum)
@@ -175,7 +182,21 @@ def _director(
     tokenizers: Tokenizers,
     objective_store: k8s_objectives.ObjectiveStore,
     parsers: BodyParsers | None,
+    pool_label: str,
 ) -> Director:
+    detector, flow, warnings = flowcontrol.from_scheduler_config(
+        config, datastore.candidates, pool_name=pool_label
+    )
+    for warning in warnings:
+        log.warning("config: %s", warning)
+    if flow is not None:
+        log.info(
+            "flow control on: defaultRequestTTL %gs, noEndpointRequestTTL %gs, usage limit %s, detector %s",
+            flow.config.default_request_ttl,
+            flow.config.no_endpoint_request_ttl,
+            flow.config.usage_limit.type,
+            detector.name,
+        )
     return Director(
         datastore=datastore,
         scheduler=config.scheduler,
@@ -195,10 +216,11 @@ def _director(
             trust_model_rewrite_header=bool(args.trust_model_name_rewrite_header),
         ),
         tokenizer=tokenizers,
-        admission_controller=admission.LegacyAdmissionController(config.saturation_detector),
+        admission_controller=admission.LegacyAdmissionController(detector),
         objectives=objective_store,
         context_limits=_context_limits(args, datastore, tokenizers),
         body_parsers=parsers,
+        flow_control=flow,
     )
 
 
@@ -391,7 +413,9 @@ def _log_serving(
     datastore: Datastore,
     config: sched_config.SchedulerConfig,
     tokenizers: Tokenizers,
+    director: Director,
 ) -> None:
+    detector = director.admission_controller.detector if director.admission_controller else None
     log.info(
         "epp serving",
         extra={
@@ -401,7 +425,8 @@ def _log_serving(
             "tls": bool(args.secure_serving),
             "endpoints": len(datastore.endpoints()),
             "profiles": ",".join(config.scheduler.profile_names()),
-            "saturation_detector": config.saturation_detector.name,
+            "saturation_detector": detector.name if detector is not None else "",
+            "flow_control": director.flow_control is not None,
             "kv_events": args.kv_events,
             "tokenizers": _tokenizer_names(tokenizers),
         },

@@ -511,6 +511,7 @@ def test_envoy_config_mirrors_epps_generator(name: str) -> None:
         "metadata_options",
         "failure_mode_allow",
         "message_timeout",
+        "max_message_timeout",
         "grpc_service",
         "allow_mode_override",
     ):

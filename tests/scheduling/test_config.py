@@ -232,7 +232,7 @@ def test_unused_scheduling_plugins_are_reported() -> None:
     ]
 
 
-def test_gie_sections_epp_does_not_implement_load_with_warnings() -> None:
+def test_gie_sections_load_with_warnings_and_flow_control_is_handed_on() -> None:
     # Shaped like GIE's Helm default-plugins.yaml plus the optional sections.
     cfg = load(
         """
@@ -281,13 +281,19 @@ def test_gie_sections_epp_does_not_implement_load_with_warnings() -> None:
         "plugin 'core-metrics-extractor' (type 'core-metrics-extractor') is ignored: epp scrapes "
         "model-server metrics itself",
         "plugin 'openai-parser' (type 'openai-parser') is ignored: epp parses OpenAI request bodies itself",
-        "plugin 'fcfs-ordering-policy' (type 'fcfs-ordering-policy') is ignored: flow control is not "
-        "implemented yet",
         "featureGates 'dataLayer' has no effect: epp's data layer (scraping, /v1/models) is always on",
-        "featureGates 'flowControl' has no effect: flow control is not implemented yet",
         "dataLayer is ignored: epp scrapes model-server metrics itself",
-        "flowControl is ignored: flow control is not implemented yet",
         "parser is ignored: epp parses OpenAI request bodies itself",
+    ]
+    # Flow control's part is handed on undecoded (epp.flowcontrol.config builds it: tests/flowcontrol).
+    flow = cfg.flow_control
+    assert flow is not None and flow.enabled
+    assert flow.section == {
+        "maxBytes": "1Gi",
+        "priorityBands": [{"priority": 0, "orderingPolicyRef": "fcfs-ordering-policy"}],
+    }
+    assert [(name, type_name) for _, name, type_name, _ in flow.plugins] == [
+        ("fcfs-ordering-policy", "fcfs-ordering-policy")
     ]
 
 

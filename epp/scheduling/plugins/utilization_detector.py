@@ -11,6 +11,9 @@ What it does (GIE's default saturation detector):
   `waiting < queueDepthThreshold * (1 + headroom)` and `kv_usage < kvCacheUtilThreshold * (1 +
   headroom)`; when none passes, all are kept (a filter must not turn load into an outage).
 
+`stale_count` says how many endpoints count as saturated for stale metrics alone: flow control
+reports a halt they cause as a metrics problem, not as load.
+
 Inputs consumed: `Endpoint.metrics.waiting`, `.kv_usage` and `.updated_at` (the scraper's).
 
 Parameters (GIE's names and defaults):
@@ -72,6 +75,15 @@ class UtilizationDetector(registry.PluginBase):
             else:
                 total += max(m.waiting / self.queue_threshold, m.kv_usage / self.kv_threshold)
         return total / len(endpoints)
+
+    def stale_count(self, endpoints: Sequence[Endpoint]) -> int:
+        """How many of `endpoints` count as saturated only because their metrics are missing or
+        stale (flow control tells a scrape problem from overload by it)."""
+        now = clock.now()
+        staleness = self.staleness
+        return sum(
+            1 for ep in endpoints if not ep.metrics.updated_at or now - ep.metrics.updated_at > staleness
+        )
 
     def filter(
         self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
