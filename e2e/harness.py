@@ -177,6 +177,8 @@ class StackOptions:
     pods_mode: PodsMode = PodsMode.ORIGINAL_DST
     # "flag": --endpoints; "file": --endpoints-file (YAML); "empty-file": `endpoints: []`.
     endpoints_source: str = "flag"
+    # The endpoints file's `objectives:` (InferenceObjective name -> priority); needs a file source.
+    objectives: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # Addresses given to epp (and to Envoy's STATIC clusters) besides the sims, e.g. dead ones.
     extra_endpoints: Sequence[str] = ()
     prepend_extra_endpoints: bool = True
@@ -265,7 +267,10 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         endpoints_file = workdir / "endpoints.yaml"
         # epp's YAML format; `endpoints: []` is a valid empty pool (a 0-byte file is rejected).
         listed = [] if opts.endpoints_source == "empty-file" else endpoints
-        endpoints_file.write_text(yaml.safe_dump({"endpoints": listed}))
+        document: dict[str, Any] = {"endpoints": listed}
+        if opts.objectives:
+            document["objectives"] = dict(opts.objectives)
+        endpoints_file.write_text(yaml.safe_dump(document))
     epps: list[EppProcess] = []
     for i in range(opts.epp_replicas):
         name = "epp" if i == 0 else f"epp-{i + 1}"

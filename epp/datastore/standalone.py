@@ -33,6 +33,13 @@ endpoints:
   - 10.0.0.2:8000             # a plain "host:port" string is an entry with only address and port
 ```
 
+```yaml
+objectives:                   # optional: InferenceObjective name -> priority, what a Kubernetes
+  chat: 10                    #   pool's InferenceObjectives say; a request names its objective in
+  batch: -1                   #   x-gateway-inference-objective (flow control and admission read
+                              #   its priority: negative is sheddable). Integers only.
+```
+
 The file may also be just a list (the value of `endpoints:` without the key). `endpoints: []`
 is a valid, empty pool; an empty file is rejected, because an editor that truncates the file
 before writing it would otherwise empty the pool for one poll.
@@ -107,6 +114,13 @@ class EndpointsDocument:
 
     endpoints: list[EndpointSpec]
     tokenizers: dict[str, str] = dataclasses.field(default_factory=dict)
+    objectives: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+class ObjectiveSink(Protocol):
+    """Where the file's objectives go (`epp.k8s.objectives.ObjectiveStore` has the same shape)."""
+
+    def replace(self, priorities: Mapping[str, int]) -> None: ...
 
 
 class TokenizerSink(Protocol):
@@ -325,12 +339,14 @@ def parse_endpoints_document(text: str) -> EndpointsDocument:
         raise ValueError(f"invalid YAML: {e}") from None
     if doc is None:
         raise ValueError("the file is empty (write `endpoints: []` for an empty pool)")
+    objectives: dict[str, int] = {}
     if isinstance(doc, Mapping):
-        extra = [k for k in doc if k != "endpoints"]
+        extra = [k for k in doc if k not in ("endpoints", "objectives")]
         if extra:
-            raise ValueError(f"unknown top-level key {extra[0]!r} (expected only 'endpoints')")
+            raise ValueError(f"unknown top-level key {extra[0]!r} (expected 'endpoints' and 'objectives')")
         if "endpoints" not in doc:
             raise ValueError("missing top-level key 'endpoints'")
+        objectives = _objectives(doc.get("objectives"))
         doc = doc["endpoints"] if doc["endpoints"] is not None else []
     if not isinstance(doc, list):
         raise ValueError("expected `endpoints:` with a list, or a list of endpoints")
@@ -362,7 +378,22 @@ def parse_endpoints_document(text: str) -> EndpointsDocument:
                 raise ValueError(f"{label}: {hp} is already listed by entry {hostports[hp]}")
             names[spec.name] = hostports[hp] = i
             specs.append(spec)
-    return EndpointsDocument(specs, {model: path for model, (path, _) in tokenizers.items()})
+    return EndpointsDocument(specs, {model: path for model, (path, _) in tokenizers.items()}, objectives)
+
+
+def _objectives(value: object) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("objectives: expected a mapping of objective name to priority")
+    out: dict[str, int] = {}
+    for name, priority in value.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"objectives: a name must be a non-empty string, got {name!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"objectives.{name}: the priority must be an integer, got {priority!r}")
+        out[name] = priority
+    return out
 
 
 _Signature = tuple[int, int, int, int]  # (mtime_ns, size, inode, device)
@@ -380,12 +411,14 @@ class EndpointsFile:
         *,
         poll_interval: float = 1.0,
         tokenizers: TokenizerSink | None = None,
+        objectives: ObjectiveSink | None = None,
     ) -> None:
         self.path = Path(path)
         self.source = f"file:{self.path}"
         self.poll_interval = poll_interval
         self._datastore = datastore
         self._tokenizers = tokenizers
+        self._objectives = objectives
         # Of the version last read (good or bad); None while the file is missing; _UNREAD
         # before the first read, so the first check always reads.
         self._signature: _Signature | None = _UNREAD
@@ -417,8 +450,11 @@ class EndpointsFile:
         """`doc`'s tokenizer paths, relative ones taken from this file's directory."""
         return {model: self.path.parent / Path(raw).expanduser() for model, raw in doc.tokenizers.items()}
 
-    def _apply(self, sig: _Signature, specs: list[EndpointSpec]) -> None:
+    def _apply(self, sig: _Signature, doc: EndpointsDocument) -> None:
         self._signature = sig
+        if self._objectives is not None:
+            self._objectives.replace(doc.objectives)
+        specs = doc.endpoints
         added, removed = self._datastore.sync(self.source, specs)
         log.info(
             "endpoints file %s: %d endpoints (%d added, %d removed)",
@@ -438,7 +474,7 @@ class EndpointsFile:
         sig, doc = self._read()
         if self._tokenizers is not None:
             self._tokenizers.load(self.tokenizer_paths(doc))
-        self._apply(sig, doc.endpoints)
+        self._apply(sig, doc)
         return doc.endpoints
 
     async def check(self) -> bool:
@@ -461,7 +497,7 @@ class EndpointsFile:
         except EndpointsFileError as e:
             log.error("%s; keeping the last good set of endpoints", e)
             return False
-        self._apply(new_sig, doc.endpoints)
+        self._apply(new_sig, doc)
         if self._tokenizers is not None:
             await self._tokenizers.reload(self.tokenizer_paths(doc))
         return True
@@ -478,7 +514,7 @@ class EndpointsFile:
             sig, doc = await asyncio.to_thread(self._read)
             if self._tokenizers is not None:
                 self._tokenizers.load(self.tokenizer_paths(doc))
-            self._apply(sig, doc.endpoints)
+            self._apply(sig, doc)
         self._task = tasks.create_guarded_task(self._watch(), name=f"watch {self.path}", logger=log)
 
     async def stop(self) -> None:

@@ -3,6 +3,9 @@
 - `POST /debug/score` takes an OpenAI request body (path from `?path=`, default by body shape:
   `messages` -> chat, else completions) and answers the `ExplainResponse` fields as JSON.
 - `GET /debug/endpoints` answers `ListEndpointsResponse` as JSON.
+- `GET /debug/flow-control` answers flow control's state: queued requests and bytes per band and
+  flow (the first 100 flows of a band), saturation, why dispatch is halted, outcomes so far
+  (`{"enabled": false}` without the flowControl feature gate).
 - `POST /debug/tokenize` takes an OpenAI request body (path as for /debug/score) and answers
   `{"model": ..., "token_ids": [...] | null, "count": n, "scored": bool}`: the token ids epp
   computes for it (null: none, e.g. no tokenizer for the model), and whether the configured
@@ -71,6 +74,13 @@ def add_routes(app: web.Application, director: Director, *, enabled: bool = True
     async def endpoints(_: web.Request) -> web.Response:
         return web.json_response(explain.list_endpoints(director.datastore))
 
+    async def flow_control(_: web.Request) -> web.Response:
+        flow = director.flow_control
+        if flow is None:
+            return web.json_response({"enabled": False})
+        return web.json_response({"enabled": True, **flow.snapshot()})
+
     app.router.add_post("/debug/score", score)
     app.router.add_post("/debug/tokenize", tokenize)
     app.router.add_get("/debug/endpoints", endpoints)
+    app.router.add_get("/debug/flow-control", flow_control)

@@ -263,6 +263,7 @@ def _endpoint_sources(
             tokenizers=tokenizers.source(
                 tokenize_registry.ENDPOINTS_FILE, origin=f"endpoints file {args.endpoints_file}"
             ),
+            objectives=objective_store,  # standalone: the file's `objectives:` give priorities
         )
         endpoints_file.load()
     # llm-d's tokenizer plugin without a path names a model whose tokenizer llm-d downloads or asks

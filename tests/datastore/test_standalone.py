@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from epp.datastore import standalone
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.datastore.standalone import (
     EndpointsFile,
@@ -316,3 +318,29 @@ async def test_start_after_load_only_starts_watching(tmp_path: Path, monkeypatch
         assert reads == [1]
     finally:
         await f.stop()
+
+
+def test_objectives_give_priorities_in_standalone_mode(tmp_path: Path) -> None:
+    doc = standalone.parse_endpoints_document(
+        "endpoints: [10.0.0.1:8000]\nobjectives: {chat: 10, batch: -1}\n"
+    )
+    assert doc.objectives == {"chat": 10, "batch": -1}
+    for bad, message in [
+        ("objectives: [chat]", "objectives: expected a mapping"),
+        ("objectives: {chat: high}", "objectives.chat: the priority must be an integer, got 'high'"),
+        ("objectives: {chat: true}", "objectives.chat: the priority must be an integer, got True"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            standalone.parse_endpoints_document("endpoints: []\n" + bad)
+
+    class Store:
+        priorities: dict[str, int] = {}
+
+        def replace(self, priorities: Mapping[str, int]) -> None:
+            self.priorities = dict(priorities)
+
+    path = tmp_path / "endpoints.yaml"
+    path.write_text("endpoints: [10.0.0.1:8000]\nobjectives: {chat: 3}\n")
+    store = Store()
+    standalone.EndpointsFile(path, Datastore(), objectives=store).load()
+    assert store.priorities == {"chat": 3}
