@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from epp.bench import fast, report
-from epp.bench.policies import POLICIES, Policy
+from epp.bench.policies import ADMISSION, POLICIES, Policy
 from epp.bench.progress import Progress
 from epp.bench.trace import Trace, TraceError
 from epp.bench.workload import Fleet, Workload
@@ -48,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{TRACE_PREFIX}<path.jsonl>, or all",
     )
     parser.add_argument(
-        "--policies", default="all", help=f"comma-separated (default all): {', '.join(POLICIES)}"
+        "--policies",
+        default="all",
+        help=f"comma-separated: {', '.join(POLICIES)}; `all` (the default): the routing policies; "
+        f"`admission`: {', '.join(ADMISSION)} (flow control and its peers, for overload workloads)",
     )
     parser.add_argument(
         "--mode",
@@ -341,6 +344,10 @@ def _builder(
         probe = build(scale)
     except TraceError as err:
         raise BenchConfigError(f"--workload: {err}") from None
+    if probe.pods_ready_at and (args.mode == "live" or args.replicas > 1):
+        raise BenchConfigError(
+            f"--workload {name}: a cold start from zero pods runs in --mode fast with one replica only"
+        )
     if args.duration is not None:
         scale = args.duration / probe.duration * scale
     return lambda: build(scale)
@@ -357,11 +364,13 @@ def _slo(args: argparse.Namespace, profile: Profile) -> report.Slo:
 def plan_policies(args: argparse.Namespace) -> list[Policy]:
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if names == ["all"] or not names:
-        return list(POLICIES.values())
+        return [p for name, p in POLICIES.items() if name not in ADMISSION or name == "gie-approx"]
+    if names == ["admission"]:
+        return [POLICIES[n] for n in ADMISSION]
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
         raise BenchConfigError(
-            f"--policies: unknown policy {unknown[0]!r}; allowed: {', '.join(POLICIES)}, all"
+            f"--policies: unknown policy {unknown[0]!r}; allowed: {', '.join(POLICIES)}, all, admission"
         )
     return [POLICIES[n] for n in dict.fromkeys(names)]
 

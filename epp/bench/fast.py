@@ -25,6 +25,14 @@ Closed-loop users send their next request when the previous one finished. Determ
 pickers' global `random` is seeded with the run's seed, workloads carry their own seeded streams,
 and ties in time are taken in the order events were scheduled.
 
+Flow control (a policy whose config has `featureGates: [flowControl]`): a request may wait before
+it is routed, so each arrival is a task; flow control's timers (its dispatch ticks, each request's
+queue-wait budget) are events of the same virtual clock, and after every event the loop lets the
+woken tasks run until each is done or held again. A prompt's `priority` is sent as an objective
+(`priority-<n>`, known to the Director's objectives) and its `fairness_id` as
+`x-llm-d-inference-fairness-id`. A workload with `pods_ready_at` starts with an empty pool and
+adds the pods then (a cold start). Each scrape tick records the requests queued per band.
+
 What is not modelled: network and decision latency (zero virtual time), per-pod scrape phases,
 and HTTP errors other than vLLM's 400s. A chat workload tells the engine which tokens to generate
 (`Prompt.output_token_ids`), so a reply's blocks can hit when the next turn carries it.
@@ -48,6 +56,7 @@ from epp.api.responses import Usage
 from epp.bench.policies import Policy
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
 from epp.datastore.endpoints import Datastore, EndpointSpec, ModelServerMetrics
+from epp.flowcontrol import controller as flowcontrol
 from epp.kvcache.events import EventBatch
 from epp.kvcache.index import BlockIndex
 from epp.requestcontrol import admission
@@ -61,7 +70,9 @@ MODEL = "bench-model"
 START = 1.0
 """Virtual time of the run's start. Not 0: `ModelServerMetrics.updated_at == 0` means never scraped."""
 
-_ARRIVE, _STEP_END, _KV, _SCRAPE = 0, 1, 2, 3
+_ARRIVE, _STEP_END, _KV, _SCRAPE, _TIMER, _PODS = 0, 1, 2, 3, 4, 5
+OBJECTIVE_PREFIX = "priority-"  # a prompt of priority n names objective "priority-n"
+FAIRNESS_HEADER = flowcontrol.FAIRNESS_HEADERS[0]
 _HEADERS = {":status": "200", "content-type": "text/event-stream"}
 _MAX_BODY_BYTES = 64 << 20  # encoded bodies kept for prompts sent again (llm-d's 750: ~30 MB)
 
@@ -90,6 +101,10 @@ class RequestRecord:
     held_best: int = 0
     held_chosen: int = 0
     isolated_prefill_s: float = 0.0  # the TTFT its uncached prompt takes on an idle pod
+    priority: int = 0
+    fairness_id: str = ""
+    routed: float | None = None  # when it was routed (later than `arrival` when flow control held it)
+    dropped: str = ""  # x-llm-d-request-dropped-reason of a 429/503
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,6 +115,7 @@ class Sample:
     waiting: list[int]
     running: list[int]
     kv_usage: list[float]
+    queued: dict[int, int] = dataclasses.field(default_factory=dict)  # flow control, per band
 
 
 @dataclasses.dataclass(slots=True)
@@ -159,17 +175,24 @@ class FastRun:
             )
             for i in range(pods)
         ]
-        self.datastore.sync("bench", specs)
+        self._specs = specs
+        cold = workload.pods_ready_at is not None and workload.pods_ready_at > 0
+        self.datastore.sync("bench", [] if cold else specs)
         self.endpoints = list(self.datastore.endpoints())  # in spec order
         self.index = BlockIndex() if policy.kv_events else None
         handle = Handle(datastore=self.datastore, kv_index=self.index)
         cfg = sched_config.load_config(policy.config_text(), handle)
+        detector, self.flow, _ = flowcontrol.from_scheduler_config(
+            cfg, self.datastore.candidates, timer=self, pool_name="bench"
+        )
         self.director = Director(
             datastore=self.datastore,
             scheduler=cfg.scheduler,
             pre_request=cfg.pre_request,
             response_complete=cfg.response_complete,
-            admission_controller=admission.LegacyAdmissionController(cfg.saturation_detector),
+            admission_controller=admission.LegacyAdmissionController(detector),
+            objectives=_Objectives(),
+            flow_control=self.flow,
         )
         self.engines = [
             core.Engine(profile, name=s.name, record_events=self.index is not None) for s in specs
@@ -185,6 +208,7 @@ class FastRun:
         self._inflight: dict[str, _InFlight] = {}
         self._arrivals: Iterator[tuple[float, Prompt]] | None = None
         self._pending_arrivals = 0  # arrival events in the heap
+        self._tasks = 0  # arrivals routing as tasks (flow control), not yet routed or refused
         self._next_id = 0
         self.result = RunResult(workload.name, policy.name, seed, pods, profile.name, [], [])
 
@@ -195,7 +219,23 @@ class FastRun:
         heapq.heappush(self._heap, (t, self._seq, kind, payload))
 
     def _busy(self) -> bool:
-        return bool(self._inflight) or self._pending_arrivals > 0
+        return bool(self._inflight) or self._pending_arrivals > 0 or self._tasks > 0
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> _TimerHandle:
+        """Flow control's timers, on the virtual clock (`flowcontrol.Timer`)."""
+        handle = _TimerHandle()
+        self._push(max(when, self.now), _TIMER, (handle, callback))
+        return handle
+
+    async def _settle(self) -> None:
+        """Let the arrivals flow control released run until each is routed, refused or held
+        again (virtual time stands still meanwhile)."""
+        flow = self.flow
+        assert flow is not None
+        spins = 0
+        while self._tasks > flow.registry.len:
+            await asyncio.sleep(0 if spins < 1000 else 0.001)  # a long prompt's prepare: a thread
+            spins += 1
 
     # --- the run ----------------------------------------------------------------------------------
 
@@ -221,6 +261,8 @@ class FastRun:
             self._arrivals = wl.arrivals()
             self._pull_arrival()
         self._push(START, _SCRAPE, None)
+        if self.workload.pods_ready_at:
+            self._push(START + self.workload.pods_ready_at, _PODS, None)
         # A safety net against a run that never drains (an engine bug): stop well past any
         # plausible drain and report what was unfinished.
         limit = START + wl.duration * 20 + 3600.0
@@ -244,15 +286,27 @@ class FastRun:
             elif kind == _KV:
                 assert self.index is not None
                 self.index.apply(payload[0], payload[1], model=MODEL)
+            elif kind == _TIMER:
+                handle, callback = payload
+                if not handle.cancelled:
+                    callback()
+            elif kind == _PODS:
+                self.datastore.sync("bench", self._specs)
+                self.endpoints = list(self.datastore.endpoints())
             elif self._busy():  # a scrape, while anything is left to measure
                 self._scrape()
                 self._push(t + self.scrape_interval_s, _SCRAPE, None)
+            if self.flow is not None:
+                await self._settle()
             if self.progress is not None and t >= next_report:
                 next_report = t + report_every
                 self.progress((t - START) / wl.duration if wl.duration else 1.0)
         self.result.end = self.now - START
         for flight in self._inflight.values():
             flight.ctx.finish(complete=False)  # stopped early: release, as a client reset would
+        if self.flow is not None:
+            self.flow.close()  # stopped early with requests held: answer them
+            await self._settle()
 
     def _pull_arrival(self) -> None:
         assert self._arrivals is not None
@@ -283,10 +337,29 @@ class FastRun:
             shared_tokens=prompt.shared_tokens,
             max_tokens=prompt.max_tokens,
         )
+        record.priority = prompt.priority
+        record.fairness_id = prompt.fairness_id
         self.result.records.append(record)
+        if self.flow is None:
+            await self._route(user, prompt, record)
+            return
+        self._tasks += 1
+        task = asyncio.ensure_future(self._route(user, prompt, record))
+        task.add_done_callback(self._routed)
+
+    def _routed(self, task: asyncio.Future[None]) -> None:
+        self._tasks -= 1
+        task.result()  # a bug in routing surfaces here rather than as a stalled run
+
+    async def _route(self, user: int, prompt: Prompt, record: RequestRecord) -> None:
         self._next_id += 1
         rid = f"r{self._next_id}"
         body = self._body(prompt)
+        headers = {**self.request_headers, "x-request-id": rid}
+        if prompt.priority:
+            headers[admission.OBJECTIVE_HEADER] = f"{OBJECTIVE_PREFIX}{prompt.priority}"
+        if prompt.fairness_id:
+            headers[FAIRNESS_HEADER] = prompt.fairness_id
         # The prompt's shared prefix is hashed once per group, not once per request.
         prefix = self._prefix_digests.prefix(prompt.group, prompt.token_ids, prompt.shared_tokens)
         bs = self.profile.block_size
@@ -296,16 +369,16 @@ class FastRun:
         record.held_best = max(held, default=0)
         try:
             ctx = await self.director_for_next().route(
-                path="/v1/completions",
-                headers={**self.request_headers, "x-request-id": rid},
-                body=body,
-                subset=None,
+                path="/v1/completions", headers=headers, body=body, subset=None
             )
         except errors.RequestError as exc:
             record.status = exc.status
-            record.finish = record.arrival
-            self._user_done(user, now)
+            record.finish = self.now - START
+            record.dropped = exc.headers.get("x-llm-d-request-dropped-reason", "")
+            self._user_done(user, self.now)
             return
+        now = self.now  # later than the arrival when flow control held it
+        record.routed = now - START
         pod = self._pod_of[ctx.booked.name]
         record.pod = pod
         record.held_chosen = held[pod] if held else 0
@@ -413,7 +486,8 @@ class FastRun:
         now = self.now
         p = self.profile
         waiting, running, usage = [], [], []
-        for ep, engine, finished in zip(self.endpoints, self.engines, self._finished, strict=True):
+        pods = self.endpoints  # none before a cold start's pods are up
+        for ep, engine, finished in zip(pods, self.engines[: len(pods)], self._finished, strict=False):
             m = ModelServerMetrics(
                 waiting=engine.num_waiting,
                 running=engine.num_running,
@@ -427,7 +501,30 @@ class FastRun:
             waiting.append(m.waiting)
             running.append(m.running)
             usage.append(m.kv_usage)
-        self.result.samples.append(Sample(now - START, waiting, running, usage))
+        queued = {b.priority: b.len for b in self.flow.registry.ordered} if self.flow is not None else {}
+        self.result.samples.append(Sample(now - START, waiting, running, usage, queued))
+
+
+class _TimerHandle:
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Objectives:
+    """The benchmark's InferenceObjectives: `priority-<n>` has priority n."""
+
+    def priority_of(self, name: str) -> int | None:
+        if name.startswith(OBJECTIVE_PREFIX):
+            try:
+                return int(name[len(OBJECTIVE_PREFIX) :])
+            except ValueError:
+                return None
+        return None
 
 
 def isolated_prefill_s(profile: Profile, prompt_tokens: int, cached_tokens: int) -> float:

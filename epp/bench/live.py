@@ -15,6 +15,10 @@ what a user deploys, on 127.0.0.1:
   usage, by an aiohttp client. A request's TTFT is the time to its first SSE data line; its cached
   tokens are what the pod reported in `usage.prompt_tokens_details.cached_tokens`.
 
+Priorities and tenants (`Prompt.priority`, `fairness_id`) travel as in fast mode: an objective
+named `priority-<n>` (the endpoints file lists them, `objectives:`) and the fairness-ID header.
+Each sample also reads how many requests epp's flow control holds per band, from its /metrics.
+
 Every time is reported in simulated seconds: a wall duration divided by `time_scale`, so the
 table compares with fast mode's. That also divides what is not simulated: epp's decision, Envoy's
 hops and the client's own latency (~1-3 ms of wall time a request here) are inflated by
@@ -38,9 +42,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from epp.bench.fast import MODEL, RequestRecord, RunResult, Sample
+from epp.bench.fast import FAIRNESS_HEADER, MODEL, OBJECTIVE_PREFIX, RequestRecord, RunResult, Sample
 from epp.bench.policies import Policy
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
+from epp.requestcontrol.admission import OBJECTIVE_HEADER
 from epp.sim.profiles import Profile
 
 if TYPE_CHECKING:
@@ -75,6 +80,10 @@ class LiveRun:
             raise ValueError(f"pods must be > 0, got {pods}")
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        if workload.pods_ready_at:
+            raise ValueError(
+                f"workload {workload.name!r} starts from zero pods, which live mode does not model"
+            )
         self.workload = workload
         self.policy = policy
         self.profile = profile
@@ -91,6 +100,7 @@ class LiveRun:
         self.pods_behind_s = 0.0
         self.client_behind_s = 0.0
         self._t0 = 0.0
+        self._metrics_url = ""  # epp's /metrics, once it runs
         # (id of token ids, max_tokens, id of output ids) -> (token ids, output ids, body): the
         # lists are kept with the body, so their ids cannot be reused while the entry lives.
         self._bodies: dict[tuple[int, int, int], tuple[Sequence[int], object, bytes]] = {}
@@ -133,7 +143,9 @@ class LiveRun:
         # File names for the configs and logs (a trace's workload name holds its path).
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.workload.name}-{self.policy.name}").strip("_")
         endpoints = self.workdir / f"endpoints-{name}.yaml"
-        endpoints.write_text(endpoints_yaml(fleet))
+        # The objectives `priority-<n>` fast mode's Director knows (epp.bench.fast._Objectives).
+        objectives = "objectives:\n" + "".join(f"  {OBJECTIVE_PREFIX}{n}: {n}\n" for n in range(-10, 11))
+        endpoints.write_text(endpoints_yaml(fleet) + objectives)
         extra = ["--log-level", "warning", "--config-text", self.policy.config_text()]
         if self.policy.kv_events:
             extra += ["--kv-events", "connect"]
@@ -152,6 +164,7 @@ class LiveRun:
                 epp_addresses=(epp.grpc_address,),
                 body_mode=BodyMode.FULL_DUPLEX_STREAMED,
                 route_timeout=REQUEST_TIMEOUT_S,
+                request_timeout=REQUEST_TIMEOUT_S,  # flow control may hold a request up to its budget
                 access_log_path=str(self.workdir / f"access-{name}.log"),
             )
             envoy = EnvoyServer(self.workdir, params, name=f"envoy-{name}")
@@ -161,6 +174,7 @@ class LiveRun:
             asyncio.run(wait_routable(base_url, within=30.0))
             # Start measuring from cold caches and zeroed counters (the probe touched no engine).
             fleet.reset()
+            self._metrics_url = f"http://{HOST}:{epp.metrics_port}/metrics"
             asyncio.run(self._drive(base_url, fleet))
             # epp's and Envoy's counters (decisions, stream errors, ext-proc failures) for whoever
             # reads the logs.
@@ -197,7 +211,7 @@ class LiveRun:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             self._t0 = time.perf_counter()
-            sampler = asyncio.create_task(self._sample(fleet))
+            sampler = asyncio.create_task(self._sample(fleet, session))
             try:
                 async with asyncio.TaskGroup() as group:
                     if isinstance(wl, ClosedLoop):
@@ -236,9 +250,17 @@ class LiveRun:
             shared_tokens=prompt.shared_tokens,
             max_tokens=prompt.max_tokens,
         )
+        record.priority = prompt.priority
+        record.fairness_id = prompt.fairness_id
         self.result.records.append(record)
         res = RequestResult(index=len(self.result.records), group=0)
-        await post_streaming(session, url, self._body(prompt), res)
+        headers = {}
+        if prompt.priority:
+            headers[OBJECTIVE_HEADER] = f"{OBJECTIVE_PREFIX}{prompt.priority}"
+        if prompt.fairness_id:
+            headers[FAIRNESS_HEADER] = prompt.fairness_id
+        await post_streaming(session, url, self._body(prompt), res, headers)
+        record.dropped = res.dropped
         if res.pod.startswith("pod-"):
             record.pod = int(res.pod[4:])
         if not math.isnan(res.ttft_s):
@@ -247,8 +269,10 @@ class LiveRun:
             record.status = 200
             record.finish = record.arrival + res.latency_s / self.time_scale
         elif res.status not in (0, 200):
-            record.status = res.status  # refused (epp's 429/503, vLLM's 400): over at once
-            record.finish = record.arrival
+            # Refused (epp's 429/503, vLLM's 400): when the answer came (flow control may have
+            # held the request first).
+            record.status = res.status
+            record.finish = self._virtual(time.perf_counter())
         # else: no answer or a broken stream; status 0 counts it as unfinished
         if res.error and len(self.errors) < 5:
             self.errors.append(res.error)
@@ -276,8 +300,9 @@ class LiveRun:
         self._bodies[key] = (prompt.token_ids, prompt.output_token_ids, encoded)
         return encoded
 
-    async def _sample(self, fleet: SimFleet) -> None:
-        """The fleet's queues and KV usage every SAMPLE_EVERY_S, read from the pods' state."""
+    async def _sample(self, fleet: SimFleet, session: aiohttp.ClientSession) -> None:
+        """The fleet's queues and KV usage every SAMPLE_EVERY_S, read from the pods' state, and
+        the requests epp's flow control holds per band, from its /metrics."""
         loop = asyncio.get_running_loop()
         while True:
             stats = await loop.run_in_executor(None, fleet.stats)
@@ -287,9 +312,25 @@ class LiveRun:
                     [int(s["waiting"]) for s in stats],
                     [int(s["running"]) for s in stats],
                     [float(s["kv_cache_usage_perc"]) for s in stats],
+                    await self._queued(session),
                 )
             )
             await asyncio.sleep(SAMPLE_EVERY_S)
+
+    async def _queued(self, session: aiohttp.ClientSession) -> dict[int, int]:
+        try:
+            async with session.get(self._metrics_url) as resp:
+                text = await resp.text()
+        except (OSError, TimeoutError) as exc:  # aiohttp.ClientError is an OSError
+            if len(self.errors) < 5:
+                self.errors.append(f"reading epp's /metrics: {exc}")
+            return {}
+        return {
+            int(m[1]): int(float(m[2]))
+            for m in re.finditer(
+                r'^epp_flow_control_queued_requests\{priority="(-?\d+)"\} (\S+)$', text, re.M
+            )
+        }
 
     @property
     def behind_s(self) -> float:

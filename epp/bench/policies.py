@@ -54,5 +54,17 @@ POLICIES: dict[str, Policy] = {
             "epp's default with KV events: predicted whole-request latency (default-precise-config.yaml)",
             True,
         ),
+        # Admission under overload, on GIE's default profile (gie-approx is the same without
+        # flow control: GIE's legacy admission, sheddable requests 429 while saturated).
+        Policy("smg-veto", "SGLang's overload veto (8 waiting / 80% KV), no priorities, GIE profile", False),
+        Policy("llm-d-flow-control", "llm-d's flow control with its defaults, GIE profile", False),
+        Policy(
+            "flow-control",
+            "epp's flow control for overload: concurrency limit, priority holdback, round-robin tenants",
+            False,
+        ),
     )
 }
+# The policies `epp bench` runs by default (`--policies all`): the routing comparison. The
+# admission ones above take part where a workload is about overload (`Workload.policies`).
+ADMISSION = ("gie-approx", "smg-veto", "llm-d-flow-control", "flow-control")

@@ -39,6 +39,15 @@ class ReplicatedRun(FastRun):
         if not 1 <= replicas <= MAX_REPLICAS:
             raise ValueError(f"replicas must be in [1, {MAX_REPLICAS}], got {replicas}")
         super().__init__(*args, **kwargs)
+        if self.flow is not None and replicas > 1:
+            raise ValueError(
+                f"policy {self.policy.name!r} has flow control, which --replicas does not model "
+                "(each replica would hold its own queue); run it with one replica"
+            )
+        if self.workload.pods_ready_at:
+            raise ValueError(
+                f"workload {self.workload.name!r} starts from zero pods, which --replicas does not model"
+            )
         self.replicas = replicas
         self.directors: list[Director] = [self.director]
         self.replica_endpoints: list[list[Endpoint]] = [self.endpoints]

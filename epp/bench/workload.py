@@ -44,6 +44,10 @@ class Prompt:
     # The tokens the engine is to generate (a chat turn's reply, which the next turn's prompt
     # carries); None = the engine's filler tokens.
     output_token_ids: Sequence[int] | None = None
+    # Its InferenceObjective's priority (sent as an objective named `priority-<n>`; negative is
+    # sheddable) and its flow-control fairness ID (a tenant, a program; "" = none).
+    priority: int = 0
+    fairness_id: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,6 +81,9 @@ class Workload(abc.ABC):  # noqa: B024  (abstract through OpenLoop / ClosedLoop)
     description: str = ""
     default_profile: str = ""
     default_pods: int = 0
+    # Seconds (of the workload's time) at which the fleet's pods come up; None: up from the start
+    # (a cold start from zero pods otherwise: requests before it find an empty pool).
+    pods_ready_at: float | None = None
 
     def __init__(self, *, seed: int, scale: float, fleet: Fleet) -> None:
         if scale <= 0:

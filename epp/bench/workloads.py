@@ -10,6 +10,9 @@
   a rate past the fleet's capacity.
 - `chat` (closed loop, 48 users): conversations growing turn by turn on one of 8 app system prompts.
 
+- `overload-3x`, `tenant-burst`, `tenant-steady`, `cold-start` (`epp.bench.overload`): overload,
+  priority classes and tenants, and a cold start, for flow control (`--policies admission`).
+
 `trace:<path.jsonl>` replays a user's own traffic (`epp.bench.trace`).
 
 Sizes scale with the fleet where the published setup did: `seed-stress` sizes its number of shared
@@ -24,6 +27,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from epp.bench.overload import OVERLOAD_WORKLOADS
 from epp.bench.workload import ClosedLoop, Fleet, OpenLoop, Prompt, Workload, poisson_times, token_ids
 
 
@@ -233,6 +237,6 @@ class Chat(ClosedLoop):
 
 
 WORKLOADS: dict[str, type[Workload]] = {
-    w.name: w for w in (SeedStress, LlmD, Hotspot, Unique, UniqueSaturating, Chat)
+    w.name: w for w in (SeedStress, LlmD, Hotspot, Unique, UniqueSaturating, Chat, *OVERLOAD_WORKLOADS)
 }
 """The synthetic workloads by name (`trace:<path>` is built by `epp.bench.trace`)."""

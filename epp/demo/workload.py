@@ -150,6 +150,7 @@ class RequestResult:
     cached_tokens: int = 0
     completion_tokens: int = 0
     pod: str = ""
+    dropped: str = ""  # x-llm-d-request-dropped-reason of a request epp answered itself
 
 
 async def _one_request(
@@ -162,7 +163,11 @@ async def _one_request(
 
 
 async def post_streaming(
-    session: aiohttp.ClientSession, url: str, body: bytes, result: RequestResult
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    result: RequestResult,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """POST one streaming OpenAI request and fill `result`: status, serving pod, TTFT (to the first
     SSE data line), end-to-end latency and the final usage chunk's token counts. Never raises for a
@@ -172,9 +177,11 @@ async def post_streaming(
 
     started = time.perf_counter()
     try:
-        async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+        sent = {"content-type": "application/json", **(headers or {})}
+        async with session.post(url, data=body, headers=sent) as resp:
             result.status = resp.status
             result.pod = resp.headers.get("x-sim-server", "")
+            result.dropped = resp.headers.get("x-llm-d-request-dropped-reason", "")
             if resp.status != 200:
                 result.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return

@@ -244,6 +244,9 @@ class _Builder:
         detector = self.doc.saturationDetector
         if detector is not None:
             self.used.add(detector.pluginRef)
+        flow_detector = (self.doc.flowControl or {}).get("saturationDetector")
+        if isinstance(flow_detector, dict) and isinstance(flow_detector.get("pluginRef"), str):
+            self.used.add(flow_detector["pluginRef"])  # checked by epp.flowcontrol.config
         for name, plugin in self.plugins.items():
             if _is_scheduling(plugin) and name not in self.used:
                 self.warnings.append(f"plugin {name!r} (type {plugin.type!r}) is not used by any profile")

@@ -34,6 +34,13 @@ SUMMED_GAUGES = frozenset(
         "epp_endpoint_inflight_requests",
         "epp_endpoint_inflight_prompt_tokens",
         "epp_extproc_active_streams",
+        # Each worker holds its own flow-control queues: the pod's are their sum.
+        "llm_d_epp_flow_control_queue_size",
+        "llm_d_epp_flow_control_queue_bytes",
+        "inference_extension_flow_control_queue_size",
+        "inference_extension_flow_control_queue_bytes",
+        "epp_flow_control_queued_requests",
+        "epp_flow_control_queued_bytes",
     }
 )
 MIN_GAUGES = frozenset({"process_start_time_seconds"})

@@ -8,6 +8,7 @@ import pytest
 
 from epp.bench.policies import POLICIES
 from epp.datastore.endpoints import Datastore
+from epp.flowcontrol import config as fc_config
 from epp.kvcache.index import BlockIndex
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
@@ -15,6 +16,7 @@ from epp.scheduling.interfaces import Handle
 NAMES = [
     "round-robin", "random", "least-request", "load-only", "gie-approx", "llm-d-precise",
     "sglang-cache-aware", "dynamo-cost", "ranvier-bounded", "epp-ttft", "epp",
+    "smg-veto", "llm-d-flow-control", "flow-control",
 ]  # fmt: skip
 
 
@@ -34,6 +36,10 @@ def test_policy_loads_without_warnings(name: str) -> None:
     index = BlockIndex() if policy.kv_events else None
     cfg = sched_config.load_config(policy.config_text(), Handle(datastore=Datastore(), kv_index=index))
     assert cfg.warnings == []
+    assert cfg.flow_control is not None
+    flow = fc_config.build(cfg.flow_control, cfg.plugins, cfg.saturation_detector)
+    assert flow.warnings == []
+    assert (flow.config is not None) == (name in ("llm-d-flow-control", "flow-control"))
     # A policy reading the KV index says so (the fast fleet then publishes events); one that does
     # not must load without an index.
     types = {p.type for p in cfg.plugins.values()}
@@ -42,3 +48,15 @@ def test_policy_loads_without_warnings(name: str) -> None:
 
 def test_epp_is_the_shipped_default_with_kv_events() -> None:
     assert POLICIES["epp"].config_text() == sched_config.default_config_text(precise=True)
+
+
+def test_all_is_the_routing_comparison_and_admission_the_overload_one() -> None:
+    from epp.bench.cli import plan_policies
+    from epp.bench.policies import ADMISSION
+
+    class Args:
+        policies = "all"
+
+    assert [p.name for p in plan_policies(Args())] == NAMES[:11]  # type: ignore[arg-type]
+    Args.policies = "admission"
+    assert [p.name for p in plan_policies(Args())] == list(ADMISSION)  # type: ignore[arg-type]
