@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import pytest
 
 from e2e.harness import E2E_SIM, Stack, StackOptions, eventually, request, wait_routable
 
@@ -116,6 +117,53 @@ async def test_a_critical_request_overtakes_a_queued_sheddable_one(
     state = flow_state(stack)
     assert state["queued_requests"] == 0
     assert state["outcomes"]["Dispatched"] >= 3
+    await eventually(
+        lambda: sum(stack.epp.inflight().values()) == 0, within=30, what="every booking released"
+    )
+
+
+EVICTING = CONFIG.replace(
+    "  saturationDetector: {pluginRef: concurrency-detector}\n",
+    "  saturationDetector: {pluginRef: concurrency-detector}\n  enableEviction: true\n",
+)
+
+
+@pytest.mark.parametrize("mode_override", [False, True], ids=["full-duplex", "mode-override"])
+async def test_eviction_cuts_an_in_flight_sheddable_request_for_a_critical_one(
+    stacks: StackFactory, session: aiohttp.ClientSession, mode_override: bool
+) -> None:
+    stack = stacks(
+        StackOptions(
+            n_backends=1,
+            sim_configs=[SLOW_SIM],
+            mode_override=mode_override,
+            endpoints_source="file",
+            objectives={"critical": 10, "batch": -1},
+            epp_args=["--config-text", EVICTING],
+        )
+    )
+    await wait_routable(session, stack.url)
+    url = stack.url + "/v1/completions"
+    batch_headers = {"x-gateway-inference-objective": "batch"}
+    # A long sheddable request (40 s of generation, not streamed) takes the pod's one place.
+    batch = asyncio.create_task(
+        request(session, "POST", url, body=body(2000), headers=batch_headers, total=120)
+    )
+    await eventually(
+        lambda: sum(stack.epp.inflight().values()) == 1, within=30, what="the sheddable request booked"
+    )
+    critical = await request(
+        session, "POST", url, body=body(5), headers={"x-gateway-inference-objective": "critical"}, total=120
+    )
+    assert critical.status == 200
+    cut = await asyncio.wait_for(batch, 60)
+    assert cut.status == 429
+    assert cut.headers.get("x-llm-d-request-dropped-reason") == "evicted"
+    metrics = stack.epp.metrics_text()
+    assert (
+        'llm_d_epp_flow_control_revocations_issued_total{inference_pool="standalone",priority="10"} 1.0'
+        in metrics
+    )
     await eventually(
         lambda: sum(stack.epp.inflight().values()) == 0, within=30, what="every booking released"
     )

@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from epp.extproc import messages as m
 from epp.extproc.limits import StreamGuard
 from epp.extproc.messages import DESTINATION_HEADER
-from epp.extproc.stream import Stream
+from epp.extproc.stream import EVICTED, Stream
 from epp.extproc.wire import RequestBody, decode_request
 from epp.observability import metrics, tracing
 from epp.requestcontrol.director import Director
@@ -50,7 +50,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         span: Span | None = None
         try:
             while True:
-                msg = await read() if not stream.awaiting_body else await stream.read_body(read)
+                if stream.evicted is not None:  # flow control may cut it: read while watching
+                    msg = await stream.read_or_evicted(read)
+                    if msg is EVICTED:
+                        for response in stream.evicted_answer():
+                            await write(response)
+                        return
+                else:
+                    msg = await read() if not stream.awaiting_body else await stream.read_body(read)
                 if msg is None:  # the body's deadline passed (epp.extproc.limits)
                     for response in stream.timed_out():
                         await write(response)

@@ -21,6 +21,11 @@ Flow control (epp.flowcontrol) may hold a request: the routing answer is then si
 yet. In the modes where Envoy's `message_timeout` applies (all but FULL_DUPLEX_STREAMED), the
 stream first tells Envoy to wait up to the longest hold (`override_message_timeout`; the
 gateway's `max_message_timeout` must allow it, as `epp envoy-config` sets it).
+
+Flow control's eviction (`enableEviction`) may cut a routed sheddable request while its response
+flows: the stream then answers 429 `x-llm-d-request-dropped-reason: evicted` at once, whatever
+message it was waiting for (the server reads with `read_or_evicted`), and ends. A response whose
+body skips epp (off-sample, mode override) cannot be cut: Envoy no longer expects an answer.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from epp.api import errors
 from epp.extproc import messages as m
 from epp.extproc.limits import StreamGuard
+from epp.flowcontrol.outcomes import evicted_error
 from epp.observability import metrics
 from epp.observability.logs import Throttle
 from epp.requestcontrol.director import Director, RequestContext
@@ -49,6 +55,8 @@ _NONE = processing_mode_pb2.ProcessingMode.NONE
 
 # A body chunk larger than this cost the loop a few ms to read and copy: the stream yields once.
 _YIELD_AFTER_BYTES = 1 << 20
+
+EVICTED = object()  # what `read_or_evicted` returns for a cut request
 
 # A held request asks Envoy to wait for its answer this much past flow control's longest hold
 # (its own answer comes at the hold's end).
@@ -78,6 +86,7 @@ class Stream:
         "_write",
         "closed",
         "ctx",
+        "evicted",
         "headers",
         "response_complete",
         "response_started",
@@ -103,6 +112,7 @@ class Stream:
         self._body_size = 0
         self.headers: dict[str, str] = {}
         self.ctx: RequestContext | None = None
+        self.evicted: asyncio.Future[None] | None = None  # set: flow control cut the request
         self.closed = False  # an immediate response was sent: nothing more to do
         self.response_complete = False
         self.response_started = False  # response headers seen
@@ -232,6 +242,9 @@ class Stream:
             metrics.extproc_stream_errors.labels("internal").inc()
             return self._fail(errors.RequestError("internal error while routing the request"))
         self.ctx = ctx
+        if ctx.inflight is not None:  # flow control may cut it (enableEviction)
+            self.evicted = asyncio.get_running_loop().create_future()
+            ctx.evict_hook = self._evict
         dest = ctx.destination
         metrics.decision_duration.observe(time.perf_counter() - t0)
         if reply == "headers":
@@ -244,6 +257,32 @@ class Stream:
         return itertools.chain(
             (m.routed_headers(dest, extra),), m.streamed_request_body_wire(out_body, body_eos)
         )
+
+    def _evict(self) -> bool:
+        ctx, evicted = self.ctx, self.evicted
+        if ctx is None or evicted is None or evicted.done() or self.closed or self.response_complete:
+            return False
+        if ctx.response_skipped:
+            return False  # the body skips epp: Envoy expects no answer it could act on
+        evicted.set_result(None)
+        return True
+
+    async def read_or_evicted(self, read: Any) -> Any:
+        """`read()`, or EVICTED as soon as flow control cuts the request (`evicted_answer`)."""
+        assert self.evicted is not None
+        if self.evicted.done():
+            return EVICTED
+        reading = asyncio.ensure_future(read())
+        await asyncio.wait((reading, self.evicted), return_when=asyncio.FIRST_COMPLETED)
+        if reading.done():
+            return reading.result()
+        # The stream ends right after the answer: the read is left to end with it.
+        reading.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return EVICTED
+
+    def evicted_answer(self) -> Iterable[m.ProcessingResponse]:
+        """The answer to a cut request: 429 with the reason, and the stream ends."""
+        return self._fail(evicted_error())
 
     async def _on_hold(self, max_wait: float) -> None:
         """Flow control holds the request: make Envoy wait for the answer (see the module doc)."""

@@ -54,6 +54,7 @@ from epp.datastore.endpoints import Endpoint
 from epp.flowcontrol import config as fc_config
 from epp.flowcontrol import metrics as fc_metrics
 from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.eviction import InFlight, Reclaimer
 from epp.flowcontrol.outcomes import Outcome, http_error
 from epp.flowcontrol.program_aware import ProgramAware
 from epp.flowcontrol.queues import DEFAULT_FLOW, Band, FlowItem, Registry
@@ -135,6 +136,15 @@ class FlowController:
         self._ceilings: list[float] = []
         self._gc_at = clock.now() + 60.0
         self._stale_count: Callable[[Sequence[Endpoint]], int] | None = getattr(detector, "stale_count", None)
+        # In-flight eviction: the wait before the next decision is how long the freed capacity
+        # takes to show in the detector's signal (llm-d derives it the same way).
+        self.reclaimer: Reclaimer | None = None
+        if config.enable_eviction:
+            if detector.type == "concurrency-detector":
+                grace = 0.01  # epp's own bookings: visible at the stream's end
+            else:  # a scrape (50 ms), its staleness window, the engine's abort
+                grace = 0.05 + float(getattr(detector, "staleness", 0.2)) + 0.25
+            self.reclaimer = Reclaimer(grace)
 
     # ---- the request path ---------------------------------------------------------------------
 
@@ -204,6 +214,17 @@ class FlowController:
         ttl, empty_ttl = self.config.default_request_ttl, self.config.no_endpoint_request_ttl
         return max(ttl, empty_ttl) if ttl > 0 and empty_ttl > 0 else 0.0
 
+    def track(self, priority: int, evict: Callable[[], bool]) -> InFlight | None:
+        """A dispatched request started (eviction on: None otherwise); `evict()` cuts its
+        stream, True if that was possible. `untrack` when its stream ends."""
+        if self.reclaimer is None:
+            return None
+        return self.reclaimer.track(priority, clock.now(), evict)
+
+    def untrack(self, entry: InFlight) -> None:
+        assert self.reclaimer is not None
+        self.reclaimer.untrack(entry, clock.now())
+
     def completed(self, request: InferenceRequest, outcome: RequestOutcome) -> None:
         """A dispatched request's stream ended (the Director's response-complete): programs count
         its tokens (program-aware-fairness)."""
@@ -252,6 +273,8 @@ class FlowController:
             for i, band in enumerate(self.registry.ordered):
                 if saturation >= ceilings[i]:
                     self._halt(saturation)
+                    if self.reclaimer is not None:
+                        self._maybe_reclaim(saturation, ceilings, i)
                     return False
                 if band.len == 0:
                     continue
@@ -266,6 +289,28 @@ class FlowController:
             return False
         finally:
             self.stats.cycles.observe(time.perf_counter() - t0)
+
+    def _maybe_reclaim(self, saturation: float, ceilings: list[float], start: int) -> None:
+        """Dispatch stopped at band `start`: cut sheddable requests in flight for the first band
+        from there that waits and ranks above them (`eviction.py`)."""
+        reclaimer = self.reclaimer
+        assert reclaimer is not None
+        now = clock.now()
+        if not reclaimer.gate_open(now):
+            return
+        victim = reclaimer.victim_priority()
+        if victim is None:
+            return
+        bands = self.registry.ordered
+        for j in range(start, len(bands)):
+            band = bands[j]
+            if band.priority <= victim:
+                return
+            # A zero ceiling never opens whatever is freed; an open band needs nothing cut.
+            if ceilings[j] <= 0 or saturation < ceilings[j] or band.len == 0:
+                continue
+            reclaimer.reclaim(saturation, ceilings[j], band.priority, now)
+            return
 
     def _gates(self, now: float) -> tuple[float, list[float]]:
         """(effective saturation, each band's ceiling) now."""

@@ -18,6 +18,8 @@ to plain dicts (`Stats`); `Collector` turns them into families when /metrics is 
     flow_control_global_capacity_utilization_requests, _bytes (llm-d; with a global limit)
     flow_control_dispatch_cycle_duration_seconds  (histogram)
     program_aware_jains_fairness_index, _avg_wait_time_milliseconds, _attained_service_tokens (llm-d)
+    flow_control_revocations_issued_total (llm-d)  priority, inference_pool (enableEviction)
+    flow_control_revocations_total (llm-d)        outcome: confirmed, timed_out
     epp_flow_control_queued_requests, _queued_bytes   priority (per band: what an autoscaler reads)
     epp_flow_control_dropped_total                priority, reason (x-llm-d-request-dropped-reason)
     epp_flow_control_dispatch_halted              cause: saturated, stale-metrics, no-endpoints (0/1)
@@ -280,7 +282,27 @@ class FlowCollector(Collector):
                     if program.wait_count:
                         avg_wait.add_metric([label], program.wait_ms)
                     service.add_metric([label], program.service)
+        issued = CounterMetricFamily(
+            LLMD + "flow_control_revocations_issued",
+            "In-flight sheddable requests cut for a higher band (enableEviction), by the waiting "
+            "band's priority.",
+            labels=["priority", "inference_pool"],
+        )
+        revocations = CounterMetricFamily(
+            LLMD + "flow_control_revocations",
+            "Cuts by how they ended: confirmed (the stream ended), timed_out (it had not after 10 s).",
+            labels=["outcome", "inference_pool"],
+        )
+        for fc in controllers:
+            reclaimer = fc.reclaimer
+            if reclaimer is None:
+                continue
+            for waiting, cut in reclaimer.issued.items():
+                issued.add_metric([str(waiting), fc.pool_name], cut)
+            revocations.add_metric(["confirmed", fc.pool_name], reclaimer.confirmed)
+            revocations.add_metric(["timed_out", fc.pool_name], reclaimer.timed_out)
         yield from (requests, stale, util_req, util_bytes, global_req, global_bytes, jains, avg_wait, service)
+        yield from (issued, revocations)
 
     @staticmethod
     def _epp(controllers: list[FlowController]) -> Iterator[Metric]:

@@ -99,6 +99,8 @@ class RequestContext:
         "_finished",
         "booked",
         "destination",
+        "evict_hook",
+        "inflight",
         "labels",
         "picked_at",
         "request",
@@ -128,6 +130,15 @@ class RequestContext:
         # the body of the others (`response_skipped`) where the gateway allows it.
         self.sampled = True
         self.response_skipped = False
+        # Flow control's eviction (enableEviction): its tracking entry, and how the ext-proc
+        # layer cuts the stream (None until set; returns False where it cannot).
+        self.inflight: Any = None
+        self.evict_hook: Callable[[], bool] | None = None
+
+    def evict(self) -> bool:
+        """Cut this request's stream (flow control frees its capacity for a higher priority)."""
+        hook = self.evict_hook
+        return hook is not None and not self._finished and hook()
 
     @property
     def body(self) -> bytes:
@@ -290,6 +301,8 @@ class Director:
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(request, result)
         primary.book(request.prompt_tokens_estimate)
+        if self.flow_control is not None:
+            ctx.inflight = self.flow_control.track(request.priority, ctx.evict)
         self._count_routed(ctx, body_size)
         return ctx
 
@@ -468,6 +481,8 @@ class Director:
                 log.exception("response-complete hook %s failed", hook.name)
         if self.flow_control is not None:
             self.flow_control.completed(request, outcome)
+            if ctx.inflight is not None:
+                self.flow_control.untrack(ctx.inflight)
         self._count_finished(ctx, outcome, complete=complete, now=now)
 
     def _count_finished(
