@@ -8,6 +8,9 @@ needs no timing luck on a loaded machine. A long request takes the one place; a 
 and then a critical one queue behind it (a third one, whose client leaves, gives its slot back);
 the long one's client leaves, which frees the place; the critical request goes first, and the
 sheddable one only once the critical one has finished.
+
+With `enableEviction` the critical request does not wait for the place: the sheddable request in
+flight is cut (429 `evicted`), in GIE's full-duplex gateway and in epp's mode-override one.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ to plain dicts (`Stats`); `Collector` turns them into families when /metrics is 
                                                   target_model_name
     flow_control_request_queue_duration_seconds   the same + outcome (histogram)
     flow_control_requests_total (llm-d)           outcome, priority, inference_pool
-    flow_control_pool_saturation                  inference_pool, stage (prefill, decode, effective)
+    flow_control_pool_saturation                  inference_pool, stage (prefill, decode, effective;
+                                                  GIE's: inference_pool, the effective value)
     flow_control_stale_endpoints (llm-d)          detector
     flow_control_capacity_utilization_requests,
       _bytes (llm-d)                              priority, inference_pool
@@ -189,11 +190,12 @@ class FlowCollector(Collector):
                 "(from enqueue to final outcome).",
                 labels=wait_labels,
             )
+            # GIE's has no stage: the effective value.
             saturation = GaugeMetricFamily(
                 prefix + "flow_control_pool_saturation",
                 "Pool saturation signal gating Flow Control dispatch, per stage (prefill, decode) and "
                 "effective (their max, the value used for gating). 1.0 is the gating set point.",
-                labels=["inference_pool", "stage"],
+                labels=["inference_pool", "stage"] if prefix == LLMD else ["inference_pool"],
             )
             cycles = HistogramMetricFamily(
                 prefix + "flow_control_dispatch_cycle_duration_seconds",
@@ -208,7 +210,10 @@ class FlowCollector(Collector):
                 for (flow, prio, outcome, model, target), hist in stats.waits.items():
                     waits.add_metric([flow, prio, outcome, pool, model, target], hist.buckets(), hist.total)
                 for stage, value in fc.saturations.items():
-                    saturation.add_metric([pool, stage], value)
+                    if prefix == LLMD:
+                        saturation.add_metric([pool, stage], value)
+                    elif stage == "effective":
+                        saturation.add_metric([pool], value)
                 cycles.add_metric([], stats.cycles.buckets(), stats.cycles.total)
             yield from (size, nbytes, waits, saturation, cycles)
         yield from self._llmd_only(controllers)

@@ -160,7 +160,10 @@ _PREDICTED_LATENCY = (
     "recorded only by GIE's predicted-latency plugins (their latency-predictor sidecar); epp's "
     "predicted-ttft-scorer predicts in-process and exports epp_predicted_ttft_*"
 )
-_FLOW_CONTROL = "epp has no flow-control layer (a GIE feature gate); a flowControl section is ignored"
+_FLOW_ENQUEUE = (
+    "GIE times the hand-off of a request to its flow-control processor goroutine; epp's flow control "
+    "enqueues inline in the request's own task (no hand-off): the time is in epp_decision_duration_seconds"
+)
 _PREFIX_INDEXER = (
     "recorded by GIE's approximate prefix-cache plugin; epp's prefix scorers report matches "
     "through /debug/score and the KV index through epp_kv_index_*"
@@ -175,12 +178,7 @@ NOT_EXPORTED: dict[str, str] = {
     "inference_extension_prefix_indexer_size": _PREFIX_INDEXER,
     "inference_extension_prefix_indexer_hit_ratio": _PREFIX_INDEXER,
     "inference_extension_prefix_indexer_hit_bytes": _PREFIX_INDEXER,
-    "inference_extension_flow_control_request_queue_duration_seconds": _FLOW_CONTROL,
-    "inference_extension_flow_control_dispatch_cycle_duration_seconds": _FLOW_CONTROL,
-    "inference_extension_flow_control_request_enqueue_duration_seconds": _FLOW_CONTROL,
-    "inference_extension_flow_control_queue_size": _FLOW_CONTROL,
-    "inference_extension_flow_control_queue_bytes": _FLOW_CONTROL,
-    "inference_extension_flow_control_pool_saturation": _FLOW_CONTROL,
+    "inference_extension_flow_control_request_enqueue_duration_seconds": _FLOW_ENQUEUE,
     "inference_extension_model_rewrite_decisions_total": "epp has no InferenceModelRewrite support",
 }
 

@@ -9,6 +9,7 @@ registered, so every family has samples and its label names can be read off them
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp import clock
 from epp.api import errors
 from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.flowcontrol import controller as flowcontrol
 from epp.observability import collectors, metrics
 from epp.observability import http as metrics_http
 from epp.requestcontrol.director import Director
@@ -144,10 +146,33 @@ def families(text: str) -> dict[str, Family]:
     return out
 
 
+FLOW_CONFIG = CONFIG + "featureGates: [flowControl]\n"
+
+
 @pytest.fixture
 async def exposed(sources: None) -> AsyncIterator[dict[str, Family]]:
     await drive(make_director())
-    yield families(await scrape())
+    # Flow control's series: one request held (the pod's metrics were never scraped: stale,
+    # saturated), one whose client left while held (a queue duration).
+    ds = Datastore()
+    ds.sync("t", [EndpointSpec(name="pod-b-rank-0", address="10.0.0.2", port=8000, pod="pod-b")])
+    cfg = sched_config.load_config(FLOW_CONFIG, Handle(datastore=ds))
+    _, flow, _ = flowcontrol.from_scheduler_config(cfg, ds.candidates, pool_name="pool")
+    assert flow is not None
+    flow.register_metrics()
+    director = Director(datastore=ds, scheduler=cfg.scheduler, flow_control=flow)
+    held = asyncio.create_task(director.route(path="/v1/completions", headers={}, body=BODY, subset=None))
+    left = asyncio.create_task(director.route(path="/v1/completions", headers={}, body=BODY, subset=None))
+    await asyncio.sleep(0.01)
+    left.cancel()
+    await asyncio.sleep(0.01)
+    try:
+        yield families(await scrape())
+    finally:
+        held.cancel()
+        flow.close()
+        flow.unregister_metrics()
+        await asyncio.gather(held, left, return_exceptions=True)
 
 
 # --- the series ----------------------------------------------------------------------------------
