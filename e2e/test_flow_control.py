@@ -10,13 +10,16 @@ the long one's client leaves, which frees the place; the critical request goes f
 sheddable one only once the critical one has finished.
 
 With `enableEviction` the critical request does not wait for the place: the sheddable request in
-flight is cut (429 `evicted`), in GIE's full-duplex gateway and in epp's mode-override one.
+flight is cut (429 `evicted`), in GIE's full-duplex gateway and in epp's mode-override one. On
+SIGTERM, a request still held when the drain ends is answered 503 `rejected-shutting-down`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -170,3 +173,36 @@ async def test_eviction_cuts_an_in_flight_sheddable_request_for_a_critical_one(
     await eventually(
         lambda: sum(stack.epp.inflight().values()) == 0, within=30, what="every booking released"
     )
+
+
+async def test_sigterm_answers_the_requests_still_held_at_the_end_of_the_drain(
+    stacks: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    stack = stacks(
+        StackOptions(
+            n_backends=1,
+            sim_configs=[SLOW_SIM],
+            endpoints_source="file",
+            objectives={"batch": -1},
+            epp_args=["--config-text", CONFIG, "--drain-delay", "0s", "--drain-timeout", "3s"],
+        )
+    )
+    await wait_routable(session, stack.url)
+    url = stack.url + "/v1/completions"
+    long_request = asyncio.create_task(request(session, "POST", url, body=body(2000), total=120))
+    await eventually(
+        lambda: sum(stack.epp.inflight().values()) == 1, within=30, what="the long request booked"
+    )
+    held = asyncio.create_task(
+        request(
+            session, "POST", url, body=body(5), headers={"x-gateway-inference-objective": "batch"}, total=120
+        )
+    )
+    await eventually(lambda: queued(stack) == {-1: 1}, within=30, what="the request held")
+    os.kill(stack.epp.process.pid, signal.SIGTERM)
+    # Held through the drain (no place freed), then answered before the streams are cut.
+    reply = await asyncio.wait_for(held, 60)
+    assert reply.status == 503
+    assert reply.headers.get("x-llm-d-request-dropped-reason") == "rejected-shutting-down"
+    long_request.cancel()
+    await asyncio.gather(long_request, return_exceptions=True)
