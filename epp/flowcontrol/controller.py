@@ -389,18 +389,16 @@ class FlowController:
     def _leave(self, item: FlowItem, outcome: Outcome, now: float) -> None:
         """`item` leaves flow control with `outcome`: out of its queue and counts, its timer
         stopped, its waiter woken."""
+        band = item.queue.band if item.queue is not None else self.registry.bands.get(item.priority)
         if item.queue is not None:
-            band = item.queue.band
             self.registry.remove(item, now)
             self.stats.dequeued(item.labels, item.size)
-        else:
-            band = self.registry.bands[item.priority]
         if item.timer is not None:
             item.timer.cancel()
             item.timer = None
         wait = now - item.enqueued
         self._count(item.labels, outcome, wait)
-        if outcome is Outcome.DISPATCHED:
+        if outcome is Outcome.DISPATCHED and band is not None:
             self._dispatched(band, item.flow, wait, now)
         if not item.future.done():
             item.future.set_result(outcome)
