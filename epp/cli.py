@@ -1,5 +1,5 @@
 """The `epp` command: `epp serve` (the Endpoint Picker), `epp envoy-config`, `epp demo`, `epp sim`,
-`epp bench ...`.
+`epp sidecar`, `epp bench ...`.
 
 Every flag and argparse type lives in epp.flags; subcommands import them from there, never from here.
 """
@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     from epp.sim import cli as sim_cli
 
     sim_cli.add_arguments(sim)
+    sidecar = sub.add_parser(
+        "sidecar", help="prefill/decode sidecar beside a decode pod (llm-d's routing-sidecar protocol)"
+    )
+    from epp.sidecar import cli as sidecar_cli
+
+    sidecar_cli.add_arguments(sidecar)
     bench = sub.add_parser(
         "bench",
         help="routing policies compared on a simulated fleet (epp bench --list), or `epp bench overhead`",
@@ -76,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from epp.sim import cli as sim_cli
 
         return sim_cli.run(args)
+    if args.command == "sidecar":
+        from epp.sidecar import cli as sidecar_cli
+
+        return sidecar_cli.run(args)
     if args.command == "bench" and args.bench == "overhead":
         from epp.bench import overhead
 
