@@ -15,7 +15,7 @@ import signal
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from epp import flags
+from epp.flags import types as flags
 from epp.sidecar import proxy
 
 CONNECTORS = ("nixlv2",)
