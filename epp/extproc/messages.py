@@ -78,13 +78,14 @@ def routed_headers(
 
 
 def routed_body_buffered(
-    destination: str, extra_headers: Mapping[str, str], body: bytes | None
+    destination: str, extra_headers: Mapping[str, str], body: bytes | None, *, remove: Iterable[str] = ()
 ) -> ProcessingResponse:
     """BUFFERED mode: the routing answer rides on the body response (Envoy holds the headers
     until it arrives); the body is replaced only when it was rewritten."""
     headers = [(DESTINATION_HEADER, destination), *extra_headers.items()]
     common = pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(set_headers=_set_headers(headers)), clear_route_cache=True
+        header_mutation=pb.HeaderMutation(set_headers=_set_headers(headers), remove_headers=remove),
+        clear_route_cache=True,
     )
     if body is not None:
         common.body_mutation.body = body

@@ -247,15 +247,20 @@ class Stream:
             ctx.evict_hook = self._evict
         dest = ctx.destination
         metrics.decision_duration.observe(time.perf_counter() - t0)
+        # The P/D stage headers (x-prefiller-host-port, ...) epp sets, and the ones a client sent
+        # that epp did not: a decode pod's sidecar would prefill wherever they point.
+        stage_headers, remove = ctx.headers, ctx.remove_headers
         if reply == "headers":
-            return [m.routed_headers(dest, {})]
+            return [m.routed_headers(dest, stage_headers, remove=remove)]
         out_body = ctx.body
-        extra = {"content-length": str(len(out_body))}
+        extra = {**stage_headers, "content-length": str(len(out_body))}
         if reply == "buffered":
-            return [m.routed_body_buffered(dest, extra, out_body if out_body is not body else None)]
+            return [
+                m.routed_body_buffered(dest, extra, out_body if out_body is not body else None, remove=remove)
+            ]
         # The body's chunks are serialized as they are written (a generator): not one long step.
         return itertools.chain(
-            (m.routed_headers(dest, extra),), m.streamed_request_body_wire(out_body, body_eos)
+            (m.routed_headers(dest, extra, remove=remove),), m.streamed_request_body_wire(out_body, body_eos)
         )
 
     def _evict(self) -> bool:

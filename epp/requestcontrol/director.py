@@ -58,6 +58,9 @@ from epp.requestcontrol.offload import BodyParsers, parse_here
 from epp.requestcontrol.prompt import Prompts, PromptTokenizer
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
+from epp.sidecar.protocol import ENCODER_HEADER, PREFILL_HEADER
+
+STAGE_HEADERS = (PREFILL_HEADER, ENCODER_HEADER)
 
 log = logging.getLogger("epp.director")
 # From this many prompt tokens the scorers' work that needs no shared state (block keys: ~250 ns a
@@ -100,9 +103,12 @@ class RequestContext:
         "booked",
         "destination",
         "evict_hook",
+        "headers",
+        "helpers",
         "inflight",
         "labels",
         "picked_at",
+        "remove_headers",
         "request",
         "response_bytes",
         "response_skipped",
@@ -120,6 +126,13 @@ class RequestContext:
         targets = result.targets
         self.destination = ",".join(ep.hostport for ep in targets)
         self.booked: Endpoint = targets[0]
+        # Disaggregation: the headers naming the other stages' pods to the decode pod's sidecar,
+        # the client's own copies of them to drop, and those pods, booked until the first byte.
+        self.headers = result.headers
+        self.remove_headers = tuple(
+            h for h in STAGE_HEADERS if h in request.headers and h not in result.headers
+        )
+        self.helpers: list[Endpoint] = [ep for pods in result.stages.values() for ep in pods]
         self.served: Endpoint | None = None
         self.picked_at = clock.now()
         self.tracker = ResponseTracker(incoming_model=request.model, target_model=request.target_model)
@@ -162,7 +175,19 @@ class RequestContext:
         if served_hostport:
             self.served = self._director.datastore.by_hostport(served_hostport)
 
+    def release_helpers(self) -> None:
+        """Release the other stages' bookings (prefill, encode): their work is done once the first
+        byte of the answer arrives, or the stream ended. Safe to call more than once."""
+        helpers = self.helpers
+        if helpers:
+            self.helpers = []
+            tokens = self.request.prompt_tokens_estimate
+            for ep in helpers:
+                ep.release(tokens)
+
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        if self.helpers and chunk:
+            self.release_helpers()
         if self.response_skipped:  # the gateway ignored the skip: account as usual
             self.response_skipped = False
             metrics.response_bodies_skipped.labels("ignored").inc()
@@ -301,6 +326,8 @@ class Director:
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(request, result)
         primary.book(request.prompt_tokens_estimate)
+        for ep in ctx.helpers:
+            ep.book(request.prompt_tokens_estimate)
         if self.flow_control is not None:
             ctx.inflight = self.flow_control.track(request.priority, ctx.evict)
         self._count_routed(ctx, body_size)
@@ -454,6 +481,7 @@ class Director:
         request = ctx.request
         ep = ctx.booked
         ep.release(request.prompt_tokens_estimate)
+        ctx.release_helpers()
         if self.datastore.get(ep.name) is ep:  # a removed endpoint's series stay dropped
             self._child(metrics.inflight_requests, ep.name).set(ep.inflight_requests)
         tracker = ctx.tracker

@@ -13,6 +13,7 @@ from typing import Any
 
 from epp.datastore.endpoints import Datastore
 from epp.requestcontrol.director import Director
+from epp.scheduling.interfaces import SchedulingResult
 
 
 async def explain(
@@ -20,10 +21,59 @@ async def explain(
 ) -> dict[str, Any]:
     """Raises `epp.api.errors.RequestError` exactly as routing the request would."""
     request, result = await director.explain(path=path, headers=headers, body=body)
-    profile_result = result.profiles[result.primary]
+    weights, rows, per_plugin, facts = _profile(director, result, result.primary)
+    targets = [ep.hostport for ep in result.targets]
+    about = facts.get("request", {})
+    payload: dict[str, Any] = {
+        "model": request.model,
+        "target_model": request.target_model,
+        "profile": result.primary,
+        "targets": targets,
+        "pick": targets[0] if targets else "",
+        "weights": weights,
+        "endpoints": rows,
+        "prompt_tokens_estimate": request.prompt_tokens_estimate,
+        "request_blocks": about.get("request_blocks", 0),
+        "request_tokens": about.get("request_tokens", 0),
+        "block_size": about.get("block_size", 0),
+        "request_terms": {plugin: own["request"] for plugin, own in per_plugin.items() if own.get("request")},
+    }
+    stages = []
+    for stage, pods in result.stages.items():
+        name = next(
+            (n for n, r in result.profiles.items() if n != result.primary and r.targets[:1] == pods[:1]), ""
+        )
+        if not name:
+            continue
+        s_weights, s_rows, s_plugins, _ = _profile(director, result, name)
+        hostports = [ep.hostport for ep in result.profiles[name].targets]
+        stages.append(
+            {
+                "stage": stage,
+                "profile": name,
+                "targets": hostports,
+                "pick": ",".join(ep.hostport for ep in pods),
+                "endpoints": s_rows,
+                "weights": s_weights,
+                "request_terms": {p: own["request"] for p, own in s_plugins.items() if own.get("request")},
+            }
+        )
+    if stages:
+        payload["stages"] = stages
+    decision = result.cycle.get("epp.disagg/decision")
+    if decision is not None:
+        payload["disaggregation"] = decision
+    return payload
+
+
+def _profile(
+    director: Director, result: SchedulingResult, name: str
+) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, dict[str, Any]], dict[str, Any]]:
+    """One profile's weights, per-endpoint rows (best total first), explainers and facts."""
+    profile_result = result.profiles[name]
     weights: dict[str, float] = {}
     for profile in director.scheduler.profiles:
-        if profile.name == result.primary:
+        if profile.name == name:
             weights = {scorer.name: weight for scorer, weight in profile.scorers}
     facts = profile_result.facts
     per_endpoint = facts.get("endpoints", {})
@@ -51,22 +101,7 @@ async def explain(
             }
         )
     rows.sort(key=lambda row: row["total"], reverse=True)
-    targets = [ep.hostport for ep in result.targets]
-    about = facts.get("request", {})
-    return {
-        "model": request.model,
-        "target_model": request.target_model,
-        "profile": result.primary,
-        "targets": targets,
-        "pick": targets[0] if targets else "",
-        "weights": weights,
-        "endpoints": rows,
-        "prompt_tokens_estimate": request.prompt_tokens_estimate,
-        "request_blocks": about.get("request_blocks", 0),
-        "request_tokens": about.get("request_tokens", 0),
-        "block_size": about.get("block_size", 0),
-        "request_terms": {plugin: own["request"] for plugin, own in per_plugin.items() if own.get("request")},
-    }
+    return weights, rows, per_plugin, facts
 
 
 def list_endpoints(datastore: Datastore) -> dict[str, Any]:

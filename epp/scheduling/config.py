@@ -60,7 +60,7 @@ from typing import Annotated, Any
 import msgspec
 import yaml
 
-from epp.scheduling import config_compat, framework, interfaces, registry
+from epp.scheduling import config_compat, disagg, framework, interfaces, registry
 from epp.scheduling.config_compat import GIE_ONLY as _GIE_ONLY
 from epp.scheduling.config_compat import WHY as _WHY
 from epp.scheduling.plugins import (
@@ -232,15 +232,41 @@ class _Builder:
         self._check_sections()
         profiles = self._build_profiles()
         plugins = list(self.plugins.values())
-        handlers = [p for p in plugins if isinstance(p, single_profile_handler.SingleProfileHandler)]
+        handlers = [p for p in plugins if isinstance(p, _HANDLERS)]
         if len(handlers) > 1:
             raise ConfigError(f"more than one profile handler: {', '.join(h.name for h in handlers)}")
-        if len(profiles) > 1:
+        scheduler: framework.Scheduler
+        split = (
+            handlers[0] if handlers and isinstance(handlers[0], disagg.handler.DisaggProfileHandler) else None
+        )
+        if split is not None:
+            try:
+                scheduler, notes = split.scheduler({p.name: p for p in profiles}, self.plugins)
+            except ConfigError as err:
+                raise self.where.error(
+                    ("plugins", self._plugin_names().index(split.name)), str(err)
+                ) from None
+            self.warnings.extend(notes)
+            self.used.update(
+                d.name for d in (scheduler.prefill_decider, scheduler.encode_decider) if d is not None
+            )
+        elif len(profiles) > 1:
             raise self.where.error(
                 ("schedulingProfiles",),
                 f"{len(profiles)} profiles ({', '.join(p.name for p in profiles)}) need a multi-profile "
-                "handler; multi-profile handlers are not supported yet",
+                "handler (disagg-profile-handler)",
             )
+        else:
+            scheduler = framework.Scheduler(profiles, profiles[0].name)
+        for name, plugin in self.plugins.items():
+            if isinstance(plugin, disagg.handler.DisaggHeadersHandler) and split is None:
+                raise self.where.error(
+                    ("plugins", self._plugin_names().index(name)),
+                    f"plugin {name!r} (type {plugin.type!r}) writes the P/D headers of a disaggregation "
+                    "handler; the configuration has none (add disagg-profile-handler)",
+                )
+            if isinstance(plugin, disagg.deciders.Decider) and name not in self.used:
+                self.warnings.append(f"decider {name!r} (type {plugin.type!r}) is not used by any handler")
         detector = self.doc.saturationDetector
         if detector is not None:
             self.used.add(detector.pluginRef)
@@ -251,7 +277,7 @@ class _Builder:
             if _is_scheduling(plugin) and name not in self.used:
                 self.warnings.append(f"plugin {name!r} (type {plugin.type!r}) is not used by any profile")
         return SchedulerConfig(
-            scheduler=framework.Scheduler(profiles, profiles[0].name),
+            scheduler=scheduler,
             plugins=self.plugins,
             pre_request=[p for p in plugins if isinstance(p, interfaces.PreRequest)],
             response_complete=[p for p in plugins if isinstance(p, interfaces.ResponseComplete)],
@@ -540,6 +566,7 @@ class _Builder:
         return self._default_picker
 
 
+_HANDLERS = (single_profile_handler.SingleProfileHandler, disagg.handler.DisaggProfileHandler)
 _PREFIX_SCORERS = (
     prefix_cache_scorer.PrefixCacheScorer,
     precise_prefix_cache_scorer.PrecisePrefixCacheScorer,

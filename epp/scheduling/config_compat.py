@@ -77,22 +77,11 @@ EXTRACTORS = {
     "notification source": ("scorer",),  # llm-d: the precise scorer follows pod changes
 }
 
-_PD = (
-    "P/D (prefill/decode) and E/P/D disaggregation are not supported: epp runs one scheduling "
-    "profile per request and has no prefill/decode sidecar protocol"
-)
 _PREDICTOR = (
     "GIE's latency predictor (a trained-model sidecar) is not supported; epp's in-process "
     "equivalent is predicted-ttft-scorer"
 )
 REFUSED = {
-    "disagg-profile-handler": _PD,
-    "pd-profile-handler": _PD,
-    "disagg-headers-handler": _PD,
-    "prefill-header-handler": _PD,
-    "prefix-based-pd-decider": _PD,
-    "always-disagg-pd-decider": _PD,
-    "always-disagg-multimodal-decider": _PD,
     "vllmgrpc-parser": "epp parses OpenAI HTTP request bodies only (no vLLM gRPC)",
     "passthrough-parser": "epp parses OpenAI HTTP request bodies only",
     "vertexai-parser": "epp parses OpenAI HTTP request bodies only (no Vertex AI)",

@@ -59,6 +59,11 @@ class SchedulingResult:
     primary: str  # the name of the profile whose targets are sent to the proxy
     profiles: dict[str, ProfileResult]
     cycle: CycleState = dataclasses.field(default_factory=dict)  # the plugins' scratch, for explainers
+    # Disaggregation (epp.scheduling.disagg): the endpoint that runs each earlier stage of the
+    # request ("prefill", "encode") before the primary decodes it, and the request headers that
+    # name them to the primary's sidecar (x-prefiller-host-port, x-encoder-hosts-ports).
+    stages: dict[str, list[Endpoint]] = dataclasses.field(default_factory=dict)
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def targets(self) -> list[Endpoint]:

@@ -207,6 +207,7 @@ class _Booked:
     decodes: int
     kv_wait: float
     kv_price: float
+    remote_prefill: bool = False  # another pod prefilled it (P/D): its TTFT is not this pod's rate
 
 
 @dataclasses.dataclass(slots=True)
@@ -450,10 +451,14 @@ class PredictedTTFTScorer(registry.PluginBase):
             return
         now = clock.now()
         rate = self._rate(primary)
+        # Split (P/D): the prefill pod computes the prompt, the decode pod receives its KV; the
+        # prefill is booked there (`book_prefill`, by the P/D decider), not here.
+        remote = bool(result.stages.get("prefill"))
         # The request's prefill joins the endpoint's fluid queue behind the work already booked,
         # 1/share times: other replicas book the rest of the fleet's work where this one cannot see.
         scale = self._share.book(now)
-        rate.busy_until = max(rate.busy_until, now) + p.uncached * rate.cost * p.slowdown * scale
+        if not remote:
+            rate.busy_until = max(rate.busy_until, now) + p.uncached * rate.cost * p.slowdown * scale
         self._mean_prefill += 0.05 * (p.uncached - self._mean_prefill)
         if self._popularity is not None and last[2] is not None:
             self._popularity.add(last[2], now)
@@ -461,7 +466,16 @@ class PredictedTTFTScorer(registry.PluginBase):
             self._traffic.add(primary, now)
         pending = self._pending
         pending[id(request)] = _Booked(
-            request, primary, p.ttft, p.queue_tokens, p.uncached, p.slowdown, p.decodes, p.kv_wait, p.kv_price
+            request,
+            primary,
+            p.ttft,
+            p.queue_tokens,
+            p.uncached,
+            p.slowdown,
+            p.decodes,
+            p.kv_wait,
+            p.kv_price,
+            remote,
         )
         while len(pending) > MAX_PENDING:
             pending.popitem(last=False)
@@ -479,6 +493,8 @@ class PredictedTTFTScorer(registry.PluginBase):
             self._decode_seen += 1.0
             weight = max(1.0 / (self._decode_seen + 1.0), self._min_rate)
             self._decode_s += weight * (outcome.duration_s - ttft - self._decode_s)
+        if booked.remote_prefill:
+            return  # its first token came from another pod's prefill and a KV transfer
         if booked.kv_price > 0.0:
             # What the wait for KV blocks turned out to be, as a share of its price.
             seen = max(ttft - (booked.predicted - booked.kv_wait), 0.01 * booked.kv_price) / booked.kv_price
@@ -536,6 +552,24 @@ class PredictedTTFTScorer(registry.PluginBase):
     def decode_seconds(self) -> float:
         """The mean time from first token to the end of a response, as learned so far."""
         return self._decode_s
+
+    def prefill_stage(self, ep: Endpoint, uncached: float, now: float) -> tuple[float, float, float]:
+        """A prefill-only stage of `uncached` tokens on `ep` (P/D's prefill pod), as `_predict`
+        prices it: (queue_s, overhead_s, prefill_s), no KV pressure or miss penalty."""
+        rate = self._rate(ep.name)
+        m = ep.metrics
+        slowdown = 1.0 + self._k_decode * max(m.running, ep.inflight_requests - m.waiting, 0)
+        cost = rate.cost * slowdown
+        queue_s = max(
+            max(0.0, rate.busy_until - now), self._queue_weight * m.waiting * self._mean_prefill * cost
+        )
+        return queue_s, self._overhead * slowdown, uncached * cost
+
+    def book_prefill(self, ep: Endpoint, uncached: float, now: float) -> None:
+        """Book a prefill-only stage on `ep` (the P/D decider does, for the prefill pod): its work
+        joins the fluid queue as a routed request's does."""
+        rate = self._rate(ep.name)
+        rate.busy_until = max(rate.busy_until, now) + uncached * rate.cost * self._share.scale
 
     def prefill_tokens_per_second(self, endpoint: str) -> float:
         """The learned prefill rate of `endpoint` (the prior until it has served requests)."""

@@ -67,6 +67,12 @@ def matched_key(name: str) -> str:
     return f"{name}/matched"
 
 
+def matches_key(name: str) -> str:
+    """The CycleState key under which scorer `name` leaves {endpoint: leading blocks held} for the
+    request (absent: nobody holds its first block), for the P/D deciders (epp.scheduling.disagg)."""
+    return f"{name}/matches"
+
+
 _Positive = Annotated[int, msgspec.Meta(gt=0)]
 
 
@@ -136,8 +142,14 @@ class PrefixCacheScorer(registry.PluginBase):
         if not matched:
             return [0.0] * len(endpoints)
         cycle[matched_key(self.name)] = sum(1 for ep in endpoints if ep in matched)
+        cycle[matches_key(self.name)] = matched
         inverse = 1.0 / len(hashes)
         return [matched.get(ep, 0) * inverse for ep in endpoints]
+
+    @property
+    def block_tokens(self) -> int:
+        """Tokens per hashed block (text is cut every 4x as many characters)."""
+        return self._block_tokens
 
     def block_hashes(self, request: InferenceRequest) -> list[int]:
         """The request's chained block hashes, at most `maxPrefixBlocksToMatch`; [] if < 1 block.

@@ -1,0 +1,159 @@
+"""llm-d's disaggregation deciders: whether a stage runs on its own pod for one request.
+
+- `prefix-based-pd-decider` (`nonCachedTokens`, `promptTokens`): split prefill from decode when the
+  prompt's tokens the chosen decode pod does not hold are at least `nonCachedTokens` (0: never),
+  and the prompt has at least `promptTokens` (0: any length). The held tokens come from the
+  decode profile's prefix scorer (`prefix-cache-scorer`'s approximate match, or
+  `precise-prefix-cache-scorer`'s), as llm-d reads `PrefixCacheMatchInfo`; a decode profile
+  without one never splits (llm-d logs an error per request and does not split either; epp says
+  so once, at start-up). The prompt's length is its token ids when a tokenizer is known, else
+  epp's estimate (llm-d's `estimate` token producer).
+- `always-disagg-pd-decider`: split every request.
+- `always-disagg-multimodal-decider`: an encode stage for chat requests carrying an image, video or
+  audio part (`image_url`, `video_url`, `input_audio`, `audio_url`); text-only requests have none.
+
+A decider answers `disaggregate(cycle, request, decode, prefill)`. llm-d's look at the decode pod
+only (`prices_prefill` False: the prefill profile runs after a yes); epp's `pd-latency-decider`
+prices the prefill profile's pick first (`prices_prefill` True).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Protocol, runtime_checkable
+
+import msgspec
+
+from epp.api.requests import InferenceRequest
+from epp.datastore.endpoints import Endpoint
+from epp.scheduling import interfaces, registry
+from epp.scheduling.plugins import precise_prefix_cache_scorer, prefix_cache_scorer
+
+
+@runtime_checkable
+class Decider(interfaces.Plugin, Protocol):
+    prices_prefill: ClassVar[bool]
+
+    def disaggregate(
+        self,
+        cycle: interfaces.CycleState,
+        request: InferenceRequest,
+        decode: Endpoint | None,
+        prefill: interfaces.ProfileResult | None,
+    ) -> bool:
+        """Whether the stage runs apart for `request`, `decode` being the chosen decode pod (None
+        in prefill-first order) and `prefill` the prefill profile's result when `prices_prefill`."""
+        ...
+
+
+def prompt_tokens(request: InferenceRequest) -> int:
+    """The prompt's length in tokens: its token ids when tokenized, else epp's estimate."""
+    return len(request.token_ids) if request.token_ids else request.prompt_tokens_estimate
+
+
+def cached_tokens(
+    cycle: interfaces.CycleState, scorers: Sequence[interfaces.Scorer], endpoint: Endpoint
+) -> int | None:
+    """The prompt tokens `endpoint` holds, as the first prefix scorer among `scorers` found when it
+    scored the request in `cycle`; None when there is no prefix scorer."""
+    for scorer in scorers:
+        if isinstance(scorer, precise_prefix_cache_scorer.PrecisePrefixCacheScorer):
+            found = cycle.get(scorer.name)
+            if not isinstance(found, precise_prefix_cache_scorer.PrefixMatch):
+                return 0
+            held = found.matches.get(endpoint.name)
+            size = found.block_sizes.get(endpoint.name, found.block_size)
+            return held.blocks * size if held is not None else 0
+        if isinstance(scorer, prefix_cache_scorer.PrefixCacheScorer):
+            matches: Mapping[Endpoint, int] = cycle.get(prefix_cache_scorer.matches_key(scorer.name), {})
+            return matches.get(endpoint, 0) * scorer.block_tokens
+    return None
+
+
+def prefix_scorer(scorers: Sequence[interfaces.Scorer]) -> interfaces.Scorer | None:
+    """The first prefix scorer among `scorers` (the one `cached_tokens` reads), if any."""
+    kinds = (precise_prefix_cache_scorer.PrecisePrefixCacheScorer, prefix_cache_scorer.PrefixCacheScorer)
+    return next((s for s in scorers if isinstance(s, kinds)), None)
+
+
+class _DeciderBase(registry.PluginBase):
+    prices_prefill: ClassVar[bool] = False
+    # Set by the scheduler: the decode profile's scorers (where the prefix match is read).
+    decode_scorers: Sequence[interfaces.Scorer] = ()
+
+
+@registry.register("prefix-based-pd-decider")
+class PrefixBasedPDDecider(_DeciderBase):
+    consumes_tokens: ClassVar[bool] = True
+
+    class Params(msgspec.Struct, forbid_unknown_fields=True):
+        nonCachedTokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+        promptTokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
+        self.name = name
+        self.non_cached = params.nonCachedTokens
+        self.min_prompt = params.promptTokens
+        self.config_notes: tuple[str, ...] = ()
+        if not self.non_cached:
+            self.config_notes = (f"plugin {name!r} (type {self.type!r}): nonCachedTokens 0 never splits",)
+
+    def disaggregate(
+        self,
+        cycle: interfaces.CycleState,
+        request: InferenceRequest,
+        decode: Endpoint | None,
+        prefill: interfaces.ProfileResult | None,
+    ) -> bool:
+        if not self.non_cached or decode is None:
+            return False
+        tokens = prompt_tokens(request)
+        if tokens < self.min_prompt or tokens < self.non_cached:
+            return False
+        held = cached_tokens(cycle, self.decode_scorers, decode)
+        if held is None:
+            return False
+        return tokens - held >= self.non_cached
+
+
+@registry.register("always-disagg-pd-decider")
+class AlwaysDisaggPDDecider(_DeciderBase):
+    def disaggregate(
+        self,
+        cycle: interfaces.CycleState,
+        request: InferenceRequest,
+        decode: Endpoint | None,
+        prefill: interfaces.ProfileResult | None,
+    ) -> bool:
+        return True
+
+
+MULTIMODAL_PARTS = frozenset({"image_url", "video_url", "input_audio", "audio_url"})
+
+
+@registry.register("always-disagg-multimodal-decider")
+class AlwaysDisaggMultimodalDecider(_DeciderBase):
+    def disaggregate(
+        self,
+        cycle: interfaces.CycleState,
+        request: InferenceRequest,
+        decode: Endpoint | None,
+        prefill: interfaces.ProfileResult | None,
+    ) -> bool:
+        return is_multimodal(request.body)
+
+
+def is_multimodal(body: Mapping[str, Any] | None) -> bool:
+    """Whether a chat body carries an image, video or audio content part."""
+    if not body:
+        return False
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in MULTIMODAL_PARTS:
+                    return True
+    return False
