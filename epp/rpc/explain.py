@@ -58,11 +58,8 @@ async def explain(
                 "request_terms": {p: own["request"] for p, own in s_plugins.items() if own.get("request")},
             }
         )
-    if stages:
-        payload["stages"] = stages
-    decision = result.cycle.get("epp.disagg/decision")
-    if decision is not None:
-        payload["disaggregation"] = decision
+    payload["stages"] = stages
+    payload["disaggregation"] = result.cycle.get("epp.disagg/decision") or {}
     return payload
 
 

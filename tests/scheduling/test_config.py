@@ -494,7 +494,7 @@ ERRORS: list[tuple[str, str, list[str]]] = [
         [
             "schedulingProfiles (line 4)",
             "2 profiles (prefill, decode)",
-            "multi-profile handlers are not supported yet",
+            "need a multi-profile handler (disagg-profile-handler)",
         ],
     ),
     (

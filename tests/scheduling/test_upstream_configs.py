@@ -7,6 +7,7 @@ gives."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -28,7 +29,6 @@ DATA = Path(__file__).parent / "data"
 FACTS = DATA / "upstream_configs.json"
 RECORDS: dict[str, dict[str, Any]] = {r["id"]: r for r in json.loads(FACTS.read_text("utf-8"))["configs"]}
 
-_PD = "is not supported: P/D (prefill/decode) and E/P/D disaggregation are not supported"
 _GRPC = "(type 'vllmgrpc-parser') is not supported: epp parses OpenAI HTTP request bodies only"
 _CEL = "(type 'request-attribute-reporter') is not supported: epp has no CEL request-attribute reporter"
 _STALE_TP = (
@@ -111,49 +111,33 @@ EXPECTED: dict[str, Refusal | None] = {
     ),
     "llm-d-guides-gaie-kv-events": None,
     "llm-d-guides-inference-scheduling": None,
-    "llm-d-guides-pd-disaggregation": ("plugins[0]", "plugin 'disagg-headers-handler'", _PD),
+    "llm-d-guides-pd-disaggregation": (
+        "plugins[8]",
+        "plugin 'active-request-scorer'",
+        "active-request-scorer is not implemented",
+    ),
     "llm-d-guides-precise-prefix-cache-aware-pod-discovery": None,
     "llm-d-guides-precise-prefix-cache-aware": None,
     "llm-d-router-HEAD-deploy__config__dp-epp-config": None,
     "llm-d-router-HEAD-deploy__config__epp-config": None,
     "llm-d-router-HEAD-deploy__config__epp-estimate-prefix-cache-config": None,
     "llm-d-router-HEAD-deploy__config__epp-precise-prefix-cache-config": None,
-    "llm-d-router-HEAD-deploy__config__pd-epp-config": (
-        "plugins[5]",
-        "plugin 'prefix-based-pd-decider'",
-        _PD,
-    ),
+    "llm-d-router-HEAD-deploy__config__pd-epp-config": None,
     "llm-d-router-HEAD-deploy__config__probabilistic-admitter-epp-config": (
         "plugins[0]",
         "plugin 'probabilistic-admitter'",
         "no admitter plugins",
     ),
-    "llm-d-router-HEAD-deploy__config__sim-e-p-d-epp-config": (
-        "plugins[4]",
-        "plugin 'always-disagg-multimodal-decider'",
-        _PD,
-    ),
-    "llm-d-router-HEAD-deploy__config__sim-e-pd-epp-config": (
-        "plugins[3]",
-        "plugin 'always-disagg-multimodal-decider'",
-        _PD,
-    ),
+    "llm-d-router-HEAD-deploy__config__sim-e-p-d-epp-config": None,
+    "llm-d-router-HEAD-deploy__config__sim-e-pd-epp-config": None,
     "llm-d-router-HEAD-deploy__config__sim-epp-config": None,
     "llm-d-router-HEAD-deploy__config__sim-epp-kvcache-config": None,
     "llm-d-router-HEAD-deploy__config__sim-epp-no-hit-lru": _STALE_KB,
     "llm-d-router-HEAD-deploy__config__sim-epp-tokenizer-vllm-http-config": None,
-    "llm-d-router-HEAD-deploy__config__sim-pd-epp-config": (
-        "plugins[5]",
-        "plugin 'prefix-based-pd-decider'",
-        _PD,
-    ),
+    "llm-d-router-HEAD-deploy__config__sim-pd-epp-config": None,
     "llm-d-router-HEAD-docs__architecture-2": _STALE_KB,
-    "llm-d-router-HEAD-docs__disaggregation-1": ("plugins[4]", "plugin 'prefix-based-pd-decider'", _PD),
-    "llm-d-router-HEAD-docs__disaggregation-2": (
-        "plugins[5]",
-        "plugin 'always-disagg-multimodal-decider'",
-        _PD,
-    ),
+    "llm-d-router-HEAD-docs__disaggregation-1": None,
+    "llm-d-router-HEAD-docs__disaggregation-2": None,
     "llm-d-router-HEAD-pkg__epp__framework__plugins__datalayer__source__models__README-1": (
         "data",
         "unknown key 'data'",
@@ -299,6 +283,10 @@ def test_rendering_says_what_the_record_says(name: str) -> None:
 def test_loads_and_routes(tmp_path: Path, name: str) -> None:
     cfg = _load(tmp_path, name)
     eps = [builders.endpoint("a", waiting=3), builders.endpoint("b", address="10.0.0.2")]
+    if name.startswith("llm-d-router-HEAD-docs__disaggregation"):
+        # Its label selectors keep pods labelled `role: decode` for decode (and prefill, encode).
+        for ep, role in zip(eps, ("decode", "prefill"), strict=True):
+            ep.spec = dataclasses.replace(ep.spec, labels={"role": role})
     result = cfg.scheduler.schedule(builders.request(), eps)
     assert result.targets  # a whole decision runs through the configured plugins
     _, text, _ = _write(tmp_path, name)

@@ -20,7 +20,7 @@ prices the prefill profile's pick first (`prices_prefill` True).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, ClassVar, Protocol, runtime_checkable
+from typing import Annotated, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
@@ -140,20 +140,38 @@ class AlwaysDisaggMultimodalDecider(_DeciderBase):
         decode: Endpoint | None,
         prefill: interfaces.ProfileResult | None,
     ) -> bool:
-        return is_multimodal(request.body)
+        return is_multimodal(request.body_bytes)
 
 
-def is_multimodal(body: Mapping[str, Any] | None) -> bool:
-    """Whether a chat body carries an image, video or audio content part."""
-    if not body:
+class _TypedPart(msgspec.Struct):
+    type: str = ""
+
+
+class _Message(msgspec.Struct):
+    content: str | list[_TypedPart | str] | None = None
+
+
+class _Chat(msgspec.Struct):
+    messages: list[_Message] = []
+
+
+_CHAT = msgspec.json.Decoder(_Chat)
+_MARKERS = tuple(f'"{t}"'.encode() for t in sorted(MULTIMODAL_PARTS))
+
+
+def is_multimodal(body: bytes) -> bool:
+    """Whether a chat body carries an image, video or audio content part. A byte search rules
+    out the common text-only body without decoding it; a candidate is decoded for its parts'
+    types only (msgspec skips the rest, base64 images included)."""
+    if not any(marker in body for marker in _MARKERS):
         return False
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    try:
+        chat = _CHAT.decode(body)
+    except msgspec.DecodeError:
         return False
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and part.get("type") in MULTIMODAL_PARTS:
-                    return True
-    return False
+    return any(
+        isinstance(part, _TypedPart) and part.type in MULTIMODAL_PARTS
+        for message in chat.messages
+        if isinstance(message.content, list)
+        for part in message.content
+    )

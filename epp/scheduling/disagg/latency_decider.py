@@ -85,7 +85,7 @@ class _Leg:
 @dataclasses.dataclass(slots=True)
 class _Pricing:
     request: InferenceRequest
-    decode: Endpoint
+    decode: Endpoint | None
     legs: dict[str, _Leg]
     local_ttft_s: float = 0.0
     local_stall_s: float = 0.0
@@ -181,6 +181,8 @@ class PDLatencyDecider(registry.PluginBase):
         decode = cycle.get(PEER_KEY)
         decided = cycle.get(latency.name) if latency is not None else None
         if latency is None or not isinstance(decode, Endpoint) or not isinstance(decided, TTFTDecision):
+            # Not in a P/D run (no decode pod chosen, or not priced): every candidate alike.
+            self._last = _Pricing(request, None, {}, reason="no decode pod priced")
             return [1.0] * len(endpoints)
         local = decided.terms.get(decode.name)
         tokens = deciders.prompt_tokens(request)
@@ -217,6 +219,9 @@ class PDLatencyDecider(registry.PluginBase):
         pricing = self._last
         if decode is None or prefill is None or pricing is None or pricing.request is not request:
             return False
+        if pricing.decode is not decode:
+            pricing.reason = "the prefill pods were not priced for this decode pod"
+            return False
         decided = cycle.get(self._latency.name) if self._latency is not None else None
         local = decided.terms.get(decode.name) if isinstance(decided, TTFTDecision) else None
         if local is None:
@@ -252,7 +257,7 @@ class PDLatencyDecider(registry.PluginBase):
             return
         pod = prefill[0]
         leg = pricing.legs.get(pod.name)
-        if leg is None:
+        if leg is None or pricing.decode is None:
             return
         self._latency.book_prefill(pod, leg.uncached, clock.now())
         pending = self._pending
@@ -296,6 +301,9 @@ class PDLatencyDecider(registry.PluginBase):
         pricing = self._last
         if pricing is None:
             return {}
+        if pricing.decode is None:
+            unpriced = {ep.name: {"priced": False} for ep in cycle.get(framework.CANDIDATES) or ()}
+            return {"request": {"reason": pricing.reason}, "endpoints": unpriced}
         endpoints = {
             name: {
                 "leg_s": leg.queue_s + leg.overhead_s + leg.prefill_s,

@@ -1,0 +1,272 @@
+"""Disaggregation (epp.scheduling.disagg): llm-d's P/D and E/P/D configurations through the real
+Director, the stage headers and bookings, the deciders, and epp's pd-latency-decider."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from epp.api import errors
+from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.requestcontrol.director import Director
+from epp.scheduling import config as sched_config
+from epp.scheduling.disagg import runner
+from epp.scheduling.interfaces import Handle
+from epp.sidecar.protocol import ENCODER_HEADER, PREFILL_HEADER
+
+LLMD = Path(__file__).parent / "data" / "llmd-pd"
+ROLE = "llm-d.ai/role"
+
+
+def pool(*roles: str) -> Datastore:
+    ds = Datastore()
+    ds.sync(
+        "t",
+        [
+            EndpointSpec(name=f"{r}-{i}", address=f"10.0.0.{i + 1}", port=8000, labels={ROLE: r} if r else {})
+            for i, r in enumerate(roles)
+        ],
+    )
+    return ds
+
+
+def director(text: str, ds: Datastore) -> tuple[Director, sched_config.SchedulerConfig]:
+    cfg = sched_config.load_config(text, Handle(datastore=ds))
+    d = Director(
+        datastore=ds,
+        scheduler=cfg.scheduler,
+        pre_request=cfg.pre_request,
+        response_complete=cfg.response_complete,
+    )
+    return d, cfg
+
+
+def body(tokens: int, start: int = 1) -> bytes:
+    return msgspec.json.encode({"model": "m", "prompt": list(range(start, start + tokens)), "max_tokens": 8})
+
+
+PD = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters: {blockSizeTokens: 16, autoTune: false}
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: prefix-based-pd-decider
+  parameters: {nonCachedTokens: 64}
+- type: disagg-profile-handler
+  parameters:
+    deciders: {prefill: prefix-based-pd-decider}
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker}, {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker}, {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer}]
+"""
+
+
+async def test_prefix_based_decider_splits_uncached_prompts_and_names_the_prefill_pod() -> None:
+    ds = pool("prefill", "decode", "decode")
+    d, cfg = director(PD, ds)
+    assert isinstance(cfg.scheduler, runner.DisaggScheduler)
+    ctx = await d.route(path="/v1/completions", headers={}, body=body(200), subset=None)
+    assert ctx.booked.spec.labels[ROLE] == "decode"
+    assert ctx.headers == {PREFILL_HEADER: "10.0.0.1:8000"}
+    prefill = ds.get("prefill-0")
+    assert prefill is not None and prefill.inflight_requests == 1  # booked until the first byte
+    ctx.on_response_body(b"data: {}\n\n", False)
+    assert prefill.inflight_requests == 0
+    ctx.finish(complete=True)
+    assert ctx.booked.inflight_requests == 0
+    # The same prompt again: its decode pod holds it (the approximate index learned it), so
+    # fewer than nonCachedTokens are left to prefill: decode only, no header.
+    again = await d.route(path="/v1/completions", headers={}, body=body(200), subset=None)
+    assert again.booked is ctx.booked and again.headers == {}
+    again.finish(complete=False)
+    assert prefill.inflight_requests == 0 and again.booked.inflight_requests == 0
+    # A short prompt is never split.
+    short = await d.route(path="/v1/completions", headers={}, body=body(30), subset=None)
+    assert short.headers == {}
+    short.finish(complete=True)
+
+
+async def test_client_sent_stage_headers_are_dropped() -> None:
+    ds = pool("prefill", "decode")
+    d, _ = director(PD, ds)
+    forged = {PREFILL_HEADER: "169.254.169.254:80", ENCODER_HEADER: "x:1"}
+    ctx = await d.route(path="/v1/completions", headers=forged, body=body(20), subset=None)
+    assert ctx.headers == {} and set(ctx.remove_headers) == {PREFILL_HEADER, ENCODER_HEADER}
+    split = await d.route(path="/v1/completions", headers=forged, body=body(300), subset=None)
+    assert split.headers == {PREFILL_HEADER: "10.0.0.1:8000"} and split.remove_headers == (ENCODER_HEADER,)
+    # A cancelled stream (finish without a byte) releases both stages' bookings.
+    split.finish(complete=False)
+    ctx.finish(complete=False)
+    assert all(ep.inflight_requests == 0 for ep in ds.endpoints())
+
+
+async def test_no_prefill_pod_left_means_decode_only() -> None:
+    ds = pool("decode", "decode")
+    d, _ = director(PD, ds)
+    ctx = await d.route(path="/v1/completions", headers={}, body=body(300), subset=None)
+    assert ctx.headers == {}
+    _, result = await d.explain(path="/v1/completions", headers={}, body=body(300, start=5000))
+    assert "skipped: no endpoints available" in result.cycle[runner.DECISION_KEY]["why"]["prefill"]
+
+
+EPD = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: encode-filter
+- type: prefill-filter
+- type: decode-filter
+- type: disagg-profile-handler
+  parameters:
+    deciders: {encode: always-disagg-multimodal-decider, prefill: always-disagg-pd-decider}
+- type: always-disagg-multimodal-decider
+- type: always-disagg-pd-decider
+schedulingProfiles:
+- name: encode
+  plugins: [{pluginRef: encode-filter}]
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: queue-scorer}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer}]
+"""
+
+
+async def test_epd_encodes_multimodal_requests_only() -> None:
+    ds = pool("encode", "prefill", "decode")
+    d, _ = director(EPD, ds)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    chat = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]}
+    ctx = await d.route(path="/v1/chat/completions", headers={}, body=msgspec.json.encode(chat), subset=None)
+    assert ctx.headers == {PREFILL_HEADER: "10.0.0.2:8000", ENCODER_HEADER: "10.0.0.1:8000"}
+    ctx.finish(complete=True)
+    text = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    ctx = await d.route(path="/v1/chat/completions", headers={}, body=msgspec.json.encode(text), subset=None)
+    assert ctx.headers == {PREFILL_HEADER: "10.0.0.2:8000"}
+    ctx.finish(complete=True)
+
+
+def test_prefill_first_and_refusals() -> None:
+    ds = pool("prefill", "decode")
+    first = PD.replace("deciders: {prefill: prefix-based-pd-decider}", "stageOrder: prefill-first")
+    _, cfg = director(first, ds)
+    assert isinstance(cfg.scheduler, runner.DisaggScheduler) and cfg.scheduler.order == "prefill-first"
+    both = PD.replace(
+        "deciders: {prefill: prefix-based-pd-decider}",
+        "{stageOrder: prefill-first, deciders: {prefill: prefix-based-pd-decider}}",
+    )
+    with pytest.raises(sched_config.ConfigError, match="not supported with stageOrder prefill-first"):
+        director(both.replace("parameters:\n    {", "parameters: {"), ds)
+    with pytest.raises(sched_config.ConfigError, match="is not a decider"):
+        director(PD.replace("prefill: prefix-based-pd-decider}", "prefill: queue-scorer}"), ds)
+    with pytest.raises(sched_config.ConfigError, match="need a multi-profile handler"):
+        director(
+            PD.replace(
+                "- type: disagg-profile-handler\n  parameters:\n    deciders: {prefill: prefix-based-pd-decider}\n",
+                "",
+            ),
+            ds,
+        )
+
+
+async def test_prefill_first_always_splits() -> None:
+    ds = pool("prefill", "decode")
+    first = PD.replace("deciders: {prefill: prefix-based-pd-decider}", "stageOrder: prefill-first")
+    d, _ = director(first, ds)
+    ctx = await d.route(path="/v1/completions", headers={}, body=body(5), subset=None)
+    assert ctx.headers == {PREFILL_HEADER: "10.0.0.1:8000"}
+
+
+LATENCY = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefill-filter
+- type: decode-filter
+- {type: request-latency-scorer, parameters: {prefixScorer: ""}}
+- type: pd-latency-decider
+  parameters: {kvBytesPerToken: 1000, bandwidthBytesPerSecond: 1000000000.0}
+- type: disagg-profile-handler
+  parameters: {deciders: {prefill: pd-latency-decider}}
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: pd-latency-decider}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: request-latency-scorer}]
+"""
+
+
+async def test_latency_decider_splits_where_the_transfer_is_cheaper_than_a_local_prefill() -> None:
+    ds = pool("prefill", "decode")
+    d, _ = director(LATENCY, ds)
+    # 10,000 uncached tokens at the prior 10,000 tokens/s: 1 s of prefill on either pod; moving
+    # them costs 10 MB at 1 GB/s = 10 ms, and the decode pod is busy decoding (its prefill would
+    # stall its streams): split.
+    dec = ds.get("decode-1")
+    assert dec is not None
+    dec.metrics = dataclasses.replace(dec.metrics, running=8, updated_at=1.0)
+    ctx = await d.route(path="/v1/completions", headers={}, body=body(10000), subset=None)
+    assert ctx.headers == {PREFILL_HEADER: "10.0.0.1:8000"}
+    _, result = await d.explain(path="/v1/completions", headers={}, body=body(10000))
+    decision = result.profiles["prefill"].facts["request"]
+    assert decision["split"] is True and decision["local_s"] > decision["best_split_s"]
+    terms = result.profiles["prefill"].facts["endpoints"]["prefill-0"]
+    # The prefill pod's fluid queue holds the booked prefill (about 1 s), which explain prices.
+    assert terms["queue_s"] > 0.5 and terms["transfer_bytes"] == pytest.approx(10000 * 1000)
+    ctx.finish(complete=False)
+
+
+async def test_latency_decider_keeps_short_prompts_on_the_decode_pod() -> None:
+    ds = pool("prefill", "decode")
+    d, _ = director(
+        LATENCY.replace("bandwidthBytesPerSecond: 1000000000.0", "bandwidthBytesPerSecond: 100000.0"), ds
+    )
+    # 100 tokens: 10 ms of prefill locally, 1 s to move 100 KB at 100 KB/s: keep it.
+    ctx = await d.route(path="/v1/completions", headers={}, body=body(100), subset=None)
+    assert ctx.headers == {}
+
+
+def test_latency_decider_needs_its_scorers() -> None:
+    ds = pool("prefill", "decode")
+    with pytest.raises(sched_config.ConfigError, match="list it as a scorer of the prefill profile"):
+        director(
+            LATENCY.replace(
+                "{pluginRef: prefill-filter}, {pluginRef: pd-latency-decider}", "{pluginRef: prefill-filter}"
+            ),
+            ds,
+        )
+    with pytest.raises(sched_config.ConfigError, match="has no a request-latency-scorer"):
+        director(
+            LATENCY.replace(
+                "{pluginRef: decode-filter}, {pluginRef: request-latency-scorer}",
+                "{pluginRef: decode-filter}",
+            ),
+            ds,
+        )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["pd-epp-config.yaml", "sim-pd-epp-config.yaml", "sim-e-pd-epp-config.yaml", "sim-e-p-d-epp-config.yaml"],
+)
+async def test_llm_d_pd_configs_load_and_route(name: str) -> None:
+    text = (LLMD / name).read_text()
+    ds = pool("encode", "prefill", "decode", "prefill-decode")
+    d, cfg = director(text, ds)
+    assert isinstance(cfg.scheduler, runner.DisaggScheduler)
+    ctx = await d.route(path="/v1/completions", headers={}, body=body(400), subset=None)
+    assert ctx.booked.spec.labels[ROLE] in ("decode", "prefill-decode")
+    ctx.finish(complete=True)
+    with pytest.raises(errors.NoCapacity):  # no decode pod: the request fails, as llm-d's
+        d2, _ = director(text, pool("prefill", "encode"))
+        await d2.route(path="/v1/completions", headers={}, body=body(400), subset=None)
