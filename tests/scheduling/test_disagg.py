@@ -65,9 +65,17 @@ plugins:
     deciders: {prefill: prefix-based-pd-decider}
 schedulingProfiles:
 - name: prefill
-  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker}, {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer}]
+  plugins:
+  - {pluginRef: prefill-filter}
+  - {pluginRef: max-score-picker}
+  - {pluginRef: prefix-cache-scorer, weight: 2}
+  - {pluginRef: queue-scorer}
 - name: decode
-  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker}, {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer}]
+  plugins:
+  - {pluginRef: decode-filter}
+  - {pluginRef: max-score-picker}
+  - {pluginRef: prefix-cache-scorer, weight: 2}
+  - {pluginRef: queue-scorer}
 """
 
 
@@ -172,7 +180,8 @@ def test_prefill_first_and_refusals() -> None:
     with pytest.raises(sched_config.ConfigError, match="need a multi-profile handler"):
         director(
             PD.replace(
-                "- type: disagg-profile-handler\n  parameters:\n    deciders: {prefill: prefix-based-pd-decider}\n",
+                "- type: disagg-profile-handler\n  parameters:\n"
+                "    deciders: {prefill: prefix-based-pd-decider}\n",
                 "",
             ),
             ds,
