@@ -55,8 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     from epp.bench import overhead
 
     bench_cli.add_arguments(bench)
-    bench_sub = bench.add_subparsers(dest="bench", metavar="overhead")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="overhead | pd")
     overhead.add_arguments(bench_sub.add_parser("overhead", help="Envoy alone vs Envoy + epp"))
+    from epp.bench import pd as bench_pd
+
+    bench_pd.add_arguments(bench_sub.add_parser("pd", help="prefill/decode disaggregation, fast mode"))
     return parser
 
 
@@ -86,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from epp.sidecar import cli as sidecar_cli
 
         return sidecar_cli.run(args)
+    if args.command == "bench" and args.bench == "pd":
+        from epp.bench import pd as bench_pd
+
+        return bench_pd.run(args)
     if args.command == "bench" and args.bench == "overhead":
         from epp.bench import overhead
 

@@ -105,6 +105,7 @@ class RequestRecord:
     fairness_id: str = ""
     routed: float | None = None  # when it was routed (later than `arrival` when flow control held it)
     dropped: str = ""  # x-llm-d-request-dropped-reason of a 429/503
+    prefill_pod: int = -1  # P/D (epp.bench.pd): the pod that prefilled it when split, else -1
 
 
 @dataclasses.dataclass(slots=True)
@@ -169,12 +170,7 @@ class FastRun:
         self.request_headers = dict(request_headers or {})
         self.now = START
         self.datastore = Datastore()
-        specs = [
-            EndpointSpec(
-                name=f"pod-{i}", address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", port=8000, model=MODEL
-            )
-            for i in range(pods)
-        ]
+        specs = self.specs(pods)
         self._specs = specs
         cold = workload.pods_ready_at is not None and workload.pods_ready_at > 0
         self.datastore.sync("bench", [] if cold else specs)
@@ -211,6 +207,19 @@ class FastRun:
         self._tasks = 0  # arrivals routing as tasks (flow control), not yet routed or refused
         self._next_id = 0
         self.result = RunResult(workload.name, policy.name, seed, pods, profile.name, [], [])
+
+    def specs(self, pods: int) -> list[EndpointSpec]:
+        """The fleet's endpoints (`epp.bench.pd` labels their roles)."""
+        return [
+            EndpointSpec(
+                name=f"pod-{i}", address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", port=8000, model=MODEL
+            )
+            for i in range(pods)
+        ]
+
+    def on_event(self, kind: int, payload: Any) -> None:
+        """An event of a kind a subclass pushed (`kind` > the base kinds)."""
+        raise RuntimeError(f"unknown event kind {kind}")
 
     # --- event queue ------------------------------------------------------------------------------
 
@@ -293,6 +302,8 @@ class FastRun:
             elif kind == _PODS:
                 self.datastore.sync("bench", self._specs)
                 self.endpoints = list(self.datastore.endpoints())
+            elif kind != _SCRAPE:
+                self.on_event(kind, payload)
             elif self._busy():  # a scrape, while anything is left to measure
                 self._scrape()
                 self._push(t + self.scrape_interval_s, _SCRAPE, None)
@@ -382,27 +393,41 @@ class FastRun:
         pod = self._pod_of[ctx.booked.name]
         record.pod = pod
         record.held_chosen = held[pod] if held else 0
-        engine = self.engines[pod]
+        self._inflight[rid] = _InFlight(ctx, record, user)
+        self.dispatch(rid, prompt, prefix, pod)
+
+    def dispatch(
+        self, rid: str, prompt: Prompt, prefix: Sequence[Any], pod: int, *, remote_tokens: int = 0
+    ) -> None:
+        """Hand routed request `rid` to `pod`'s engine (`epp.bench.pd` first sends a split
+        request's prefill elsewhere, then calls this with the tokens whose KV was received)."""
+        flight = self._inflight[rid]
+        ctx, record, now = flight.ctx, flight.record, self.now
         try:
-            engine.add_request(
+            self.engines[pod].add_request(
                 core.EngineRequest(
                     rid,
                     prompt.token_ids,
                     prompt.max_tokens,
                     output_token_ids=prompt.output_token_ids,
                     prefix_digests=prefix,
+                    remote_tokens=remote_tokens,
                 ),
                 now,
             )
         except core.RequestRejected:
+            del self._inflight[rid]
             ctx.on_response_headers({":status": "400"}, ctx.booked.hostport)
             ctx.finish(complete=True)
             record.status = 400
-            record.finish = record.arrival
-            self._user_done(user, now)
+            record.finish = now - START
+            self._user_done(flight.user, now)
             return
         ctx.on_response_headers(_HEADERS, ctx.booked.hostport)
-        self._inflight[rid] = _InFlight(ctx, record, user)
+        self.wake(pod)
+
+    def wake(self, pod: int) -> None:
+        """Start `pod`'s next step unless it is stepping."""
         if not self._stepping[pod]:
             self._start_step(pod)
 

@@ -135,6 +135,7 @@ class EngineRequest:
         "num_preemptions",
         "output_token_ids",
         "prompt_token_ids",
+        "remote_tokens",
         "request_id",
     )
 
@@ -149,8 +150,15 @@ class EngineRequest:
         lora_id: int | None = None,
         output_token_ids: Sequence[int] | None = None,
         prefix_digests: Sequence[blocks.Digest] = (),
+        remote_tokens: int = 0,
     ) -> None:
-        """`prefix_digests`: the hashes of the prompt's first full blocks when the caller already has
+        """`remote_tokens`: leading prompt tokens whose KV another pod computed and this one
+        received (a P/D decode: vLLM's NixlConnector loads them before the request runs); at its
+        admission they count as computed at no step cost, beyond the local cache hit, and are
+        not reported as cached tokens (vLLM reports the local hit only). At most the prompt minus
+        its last token; a preempted request recomputes them.
+
+        `prefix_digests`: the hashes of the prompt's first full blocks when the caller already has
         them (`blocks.block_digests` of a shared system prompt, computed once per tenant), so only
         the rest of the prompt is hashed; trusted, not checked."""
         self.request_id = request_id
@@ -160,6 +168,7 @@ class EngineRequest:
         self.cache_salt = cache_salt
         self.lora_id = lora_id  # vLLM's int adapter id in BlockStored (deprecated field)
         self._script = output_token_ids  # the tokens to "generate"; None = default_output_token
+        self.remote_tokens = remote_tokens
         # Filled in by the engine.
         self.arrival_time = 0.0
         self.first_scheduled_time: float | None = None  # first admission (queue time ends)
@@ -439,6 +448,9 @@ class Engine:
                 total = req._num_prompt + req.num_output_tokens
                 hit = pool.lookup(req._digests, (total - 1) // bs)
                 c = len(hit) * bs
+                local = c
+                if req.remote_tokens and req.num_preemptions == 0:  # KV received: no compute
+                    c = max(c, min(req.remote_tokens, total - 1))
                 n = total - c
                 if n > budget:
                     n = budget
@@ -459,9 +471,9 @@ class Engine:
                 req._num_computed = c
                 req._num_cached_blocks = len(hit)
                 if req.num_preemptions == 0:
-                    req.num_cached_tokens = c
+                    req.num_cached_tokens = local
                     self.prefix_cache_queries += total
-                    self.prefix_cache_hits += c
+                    self.prefix_cache_hits += local
                 req._state = _RUNNING
                 running.append(req)
                 if need > 0:

@@ -9,6 +9,9 @@
   so once, at start-up). The prompt's length is its token ids when a tokenizer is known, else
   epp's estimate (llm-d's `estimate` token producer).
 - `always-disagg-pd-decider`: split every request.
+- `dynamo-pd-decider` (epp's rendering of Dynamo's conditional disaggregation, for the benchmark's
+  peer policies): split when more than `maxLocalPrefillLength` tokens are uncached on the decode
+  pod and the prefill queue is short.
 - `always-disagg-multimodal-decider`: an encode stage for chat requests carrying an image, video or
   audio part (`image_url`, `video_url`, `input_audio`, `audio_url`); text-only requests have none.
 
@@ -28,6 +31,9 @@ from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces, registry
 from epp.scheduling.plugins import precise_prefix_cache_scorer, prefix_cache_scorer
+from epp.scheduling.plugins.role_filter import ROLE_LABEL, PrefillFilter
+
+PREFILL_ROLES = PrefillFilter.roles
 
 
 @runtime_checkable
@@ -175,3 +181,46 @@ def is_multimodal(body: bytes) -> bool:
         if isinstance(message.content, list)
         for part in message.content
     )
+
+
+@registry.register("dynamo-pd-decider")
+class DynamoPDDecider(_DeciderBase):
+    """Dynamo's conditional disaggregation (its `DisaggregatedRouter`), as a decider: prefill
+    remotely when the prompt's tokens the decode pod does not hold exceed
+    `maxLocalPrefillLength` (Dynamo's default 1000) and the prefill queue is shorter than
+    `maxPrefillQueueDepth` (the prefill pods' scraped waiting requests, summed; 0: no limit).
+    A peer's rule, for `epp bench pd` to compare against."""
+
+    consumes_tokens: ClassVar[bool] = True
+
+    class Params(msgspec.Struct, forbid_unknown_fields=True):
+        maxLocalPrefillLength: Annotated[int, msgspec.Meta(ge=0)] = 1000
+        maxPrefillQueueDepth: Annotated[int, msgspec.Meta(ge=0)] = 8
+
+    def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
+        self.name = name
+        self.max_local = params.maxLocalPrefillLength
+        self.max_queue = params.maxPrefillQueueDepth
+        self._datastore = handle.datastore
+
+    def disaggregate(
+        self,
+        cycle: interfaces.CycleState,
+        request: InferenceRequest,
+        decode: Endpoint | None,
+        prefill: interfaces.ProfileResult | None,
+    ) -> bool:
+        if decode is None:
+            return False
+        held = cached_tokens(cycle, self.decode_scorers, decode) or 0
+        if prompt_tokens(request) - held <= self.max_local:
+            return False
+        if self.max_queue:
+            queued = sum(
+                ep.metrics.waiting
+                for ep in self._datastore.endpoints()
+                if ep.spec.labels.get(ROLE_LABEL) in PREFILL_ROLES
+            )
+            if queued >= self.max_queue:
+                return False
+        return True

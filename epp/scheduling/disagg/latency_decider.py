@@ -17,6 +17,7 @@ the latency scorer's objective:
     local(D) = ttftWeight * ttft(D)                     queue + overhead + uncached prefill on D
              + othersWeight * stall(D)                  D's running streams stalled by that prefill
     split(P) = ttftWeight * (max(leg(P) + transfer(P, D), queue(D)) + overhead(D))
+             + othersWeight * stall(P)                  P's own running streams, when it decodes too
     leg(P)   = queue(P) + overhead(P) + prefill(P)      P's learned rate and fluid queue
     transfer(P, D) = kvBytesPerToken * uncached(D) / bandwidth(P, D)
 
@@ -79,6 +80,7 @@ class _Leg:
     transfer_s: float
     transfer_bytes: float
     bandwidth: float
+    stall_s: float
     split_s: float
 
 
@@ -132,6 +134,7 @@ class PDLatencyDecider(registry.PluginBase):
         self._latency: PredictedTTFTScorer | None = None
         self._ttft_w = 1.0
         self._others_w = 1.0
+        self._stall_w = 1.0
         self._prefix = ""  # the prefill profile's prefix scorer (P's cached tokens)
         self._bandwidth: dict[tuple[str, str], float] = {}
         self._samples: dict[tuple[str, str], int] = collections.Counter()
@@ -158,6 +161,7 @@ class PDLatencyDecider(registry.PluginBase):
         self._latency = found[0]
         self._ttft_w = float(getattr(found[0], "_ttft_w", 1.0))
         self._others_w = float(getattr(found[0], "_others_w", 1.0))
+        self._stall_w = float(getattr(found[0], "_stall_w", 1.0))
         scorers = [s for s, _ in prefill.scorers]
         if self not in scorers:
             raise registry.ConfigError(
@@ -200,8 +204,11 @@ class PDLatencyDecider(registry.PluginBase):
             nbytes = moved * self._kv_bytes if ep is not decode else 0.0
             transfer = nbytes / bw
             leg = queue_s + overhead_s + prefill_s
-            split = self._ttft_w * (max(leg + transfer, d_queue) + d_overhead)
-            legs[ep.name] = _Leg(queue_s, overhead_s, prefill_s, uncached, transfer, nbytes, bw, split)
+            # A prefill pod that also decodes (role prefill-decode) stalls its own streams.
+            m = ep.metrics
+            stall = self._stall_w * max(m.running - m.waiting, 0) * prefill_s
+            split = self._ttft_w * (max(leg + transfer, d_queue) + d_overhead) + self._others_w * stall
+            legs[ep.name] = _Leg(queue_s, overhead_s, prefill_s, uncached, transfer, nbytes, bw, stall, split)
             costs.append(split)
         self._last = _Pricing(request, decode, legs)
         best = min(costs)
@@ -315,6 +322,7 @@ class PDLatencyDecider(registry.PluginBase):
                 "transfer_bytes": leg.transfer_bytes,
                 "bandwidth_bytes_per_s": leg.bandwidth,
                 "bandwidth_samples": self._samples.get((name, pricing.decode.name), 0),
+                "stall_others_s": leg.stall_s,
                 "split_s": leg.split_s,
             }
             for name, leg in pricing.legs.items()

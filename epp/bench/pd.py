@@ -1,0 +1,496 @@
+"""`epp bench pd`: prefill/decode disaggregation in fast mode (virtual time, one process).
+
+Each policy is an EndpointPickerConfig run by epp's real Director and disaggregation scheduler
+(`epp.scheduling.disagg`) over a simulated fleet (`epp.sim.core` engines) whose pods carry llm-d's
+role label: `xpyd` (half `prefill`, half `decode`: llm-d's P/D guide), `flex` (every pod
+`prefill-decode`: it may prefill for others, decode, or both) or `agg` (no roles: aggregated
+serving on the same pods). A split request runs as llm-d's sidecar runs it:
+
+1. the prefill pod's engine gets the prompt with `max_tokens` 1 (its own queue, batch and prefix
+   cache);
+2. when that step ends, the KV of the prompt tokens the decode pod does not hold moves:
+   `TRANSFER_LATENCY_S + tokens x kv_bytes_per_token / link_bytes_per_s` (NIXL pulls only the
+   blocks the decode pod lacks);
+3. then the decode pod's engine gets the request with those tokens already computed
+   (`EngineRequest.remote_tokens`: admitted without their prefill cost, published as stored
+   blocks, so the decode pod's prefix cache and the KV-event index learn them); its first token
+   is the client's. The prefill pod's booking is released when its leg ends.
+
+A split whose prefill pod is the decode pod runs locally (a sidecar prefilling on its own vLLM
+gains nothing). Everything else is `epp.bench.fast`.
+
+Workloads (`PD_WORKLOADS`): long prompts with short answers, long answers from short prompts, and
+a mix with shared prefixes. Policies (`PD_POLICIES`): aggregated (epp's default), llm-d's P/D
+default (`deploy/config/pd-epp-config.yaml`), Dynamo's conditional disaggregation, fixed
+`nonCachedTokens` thresholds, and epp's `pd-latency-decider` on `xpyd` and `flex` pools.
+BENCHMARKS.md ("Prefill/decode disaggregation") has the runs and the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import statistics
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from epp.bench import fast
+from epp.bench.policies import Policy
+from epp.bench.report import percentile
+from epp.bench.workload import Fleet, OpenLoop, Prompt, Workload, poisson_times, token_ids
+from epp.datastore.endpoints import EndpointSpec
+from epp.observability import metrics
+from epp.scheduling import config as sched_config
+from epp.scheduling.plugins.role_filter import ROLE_LABEL
+from epp.sim import core
+from epp.sim.profiles import Profile, get_profile
+
+PROFILE: Final = "llama-3.1-70b-h100"
+KV_BYTES_PER_TOKEN: Final = 327680  # Llama-3.1-70B, bf16: 80 layers x 2 x 8 KV heads x 128 x 2
+LINK_BYTES_PER_S: Final = 50e9  # one 400 Gb/s RDMA NIC per pod pair
+TRANSFER_LATENCY_S: Final = 0.001  # NIXL's handshake and notification per transfer
+PODS: Final = 8
+SLO_TTFT_S: Final = 2.0
+SLO_TPOT_S: Final = 0.08
+_TRANSFER: Final = 10  # event kind (above epp.bench.fast's)
+
+
+# --- workloads --------------------------------------------------------------------------------
+
+
+class _PDWorkload(OpenLoop):
+    default_profile = PROFILE
+    default_pods = PODS
+    qps = 1.0
+    seconds = 120.0
+
+    def __init__(self, *, seed: int, scale: float, fleet: Fleet, load: float = 1.0) -> None:
+        super().__init__(seed=seed, scale=scale, fleet=fleet)
+        qps = self.qps * load
+        self.stages = self.scaled_stages([(f"qps={qps:g}", self.seconds, qps, None)])
+        rng = self.rng("prefixes")
+        self.prefixes = [token_ids(rng, 4096) for _ in range(8)]
+
+    def arrivals(self) -> Iterator[tuple[float, Prompt]]:
+        rng = self.rng("prompts")
+        for t, stage in poisson_times(self.rng("arrivals"), self.stages):
+            yield t, self.prompt(rng, stage)
+
+    def prompt(self, rng: random.Random, stage: int) -> Prompt:
+        raise NotImplementedError
+
+    def long_prompt(self, rng: random.Random, stage: int, shared: float) -> Prompt:
+        """3k-8k tokens, 16-128 out; a `shared` share starts with one of 8 4k-token prefixes."""
+        if rng.random() < shared:
+            g = rng.randrange(len(self.prefixes))
+            prefix = self.prefixes[g]
+            tail = token_ids(rng, rng.randint(256, 4096))
+            return Prompt([*prefix, *tail], rng.randint(16, 128), f"prefix-{g}", len(prefix), stage)
+        return Prompt(token_ids(rng, rng.randint(3072, 8192)), rng.randint(16, 128), "", 0, stage)
+
+    def long_answer(self, rng: random.Random, stage: int) -> Prompt:
+        """256-1k tokens, 512-1,536 out."""
+        return Prompt(token_ids(rng, rng.randint(256, 1024)), rng.randint(512, 1536), "", 0, stage)
+
+
+class LongPrompt(_PDWorkload):
+    name = "pd-long-prompt"
+    description = "3k-8k-token prompts (20% on 8 shared 4k prefixes), 16-128 tokens out; Poisson"
+    qps = 7.0
+
+    def prompt(self, rng: random.Random, stage: int) -> Prompt:
+        return self.long_prompt(rng, stage, 0.2)
+
+
+class LongAnswer(_PDWorkload):
+    name = "pd-long-answer"
+    description = "256-1k-token prompts, 512-1,536 tokens out; Poisson"
+    qps = 6.0
+
+    def prompt(self, rng: random.Random, stage: int) -> Prompt:
+        return self.long_answer(rng, stage)
+
+
+class Mixed(_PDWorkload):
+    name = "pd-mixed"
+    description = "half long prompts (50% on 8 shared 4k prefixes), half long answers; Poisson"
+    qps = 5.0
+
+    def prompt(self, rng: random.Random, stage: int) -> Prompt:
+        if rng.random() < 0.5:
+            return self.long_prompt(rng, stage, 0.5)
+        return self.long_answer(rng, stage)
+
+
+PD_WORKLOADS: Final[dict[str, type[_PDWorkload]]] = {w.name: w for w in (LongPrompt, LongAnswer, Mixed)}
+
+
+# --- policies -----------------------------------------------------------------------------------
+
+_LLMD_PD = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters: {maxPrefixTokensToMatch: 16384, lruCapacityPerServer: 31250}
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: prefix-based-pd-decider
+  parameters: {nonCachedTokens: NONCACHED}
+- type: disagg-profile-handler
+  parameters: {deciders: {prefill: DECIDER}}
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - {pluginRef: prefill-filter}
+  - {pluginRef: max-score-picker}
+  - {pluginRef: prefix-cache-scorer, weight: 2}
+  - {pluginRef: queue-scorer, weight: 1}
+- name: decode
+  plugins:
+  - {pluginRef: decode-filter}
+  - {pluginRef: max-score-picker}
+  - {pluginRef: prefix-cache-scorer, weight: 2}
+  - {pluginRef: queue-scorer, weight: 1}
+"""
+
+_EPP_PD = f"""\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-scorer
+- type: request-latency-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: pd-latency-decider
+  parameters: {{kvBytesPerToken: {KV_BYTES_PER_TOKEN}, bandwidthBytesPerSecond: {LINK_BYTES_PER_S:.1f}}}
+- type: disagg-profile-handler
+  parameters: {{deciders: {{prefill: pd-latency-decider}}}}
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - {{pluginRef: prefill-filter}}
+  - {{pluginRef: precise-prefix-cache-scorer, weight: 0}}
+  - {{pluginRef: pd-latency-decider}}
+- name: decode
+  plugins:
+  - {{pluginRef: decode-filter}}
+  - {{pluginRef: precise-prefix-cache-scorer, weight: 0}}
+  - {{pluginRef: request-latency-scorer}}
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PDPolicy:
+    name: str
+    description: str
+    topology: str  # "agg", "xpyd" or "flex"
+    text: str
+    kv_events: bool
+
+    def policy(self) -> Policy:
+        text = self.text
+
+        class _Inline(Policy):
+            def config_text(self) -> str:
+                return text
+
+        return _Inline(self.name, self.description, self.kv_events)
+
+
+def _llmd(threshold: int, decider: str = "prefix-based-pd-decider") -> str:
+    return _LLMD_PD.replace("NONCACHED", str(threshold)).replace("DECIDER", decider)
+
+
+_DYNAMO = _llmd(16, "dynamo-pd-decider").replace(
+    "- type: disagg-profile-handler", "- type: dynamo-pd-decider\n- type: disagg-profile-handler"
+)
+
+PD_POLICIES: Final[dict[str, PDPolicy]] = {
+    p.name: p
+    for p in (
+        PDPolicy("aggregated", "no P/D: epp's default (request-latency-scorer) on the same pods", "agg",
+                 sched_config.default_config_text(precise=True), True),
+        PDPolicy("llm-d-pd", "llm-d's P/D default: prefix 2 + queue 1, nonCachedTokens 16 (xPyD)", "xpyd",
+                 _llmd(16), False),
+        PDPolicy("dynamo-pd", "Dynamo's bypass: remote prefill past 1,000 uncached tokens, prefill queue < 8",
+                 "xpyd", _DYNAMO, False),
+        PDPolicy("threshold-512", "llm-d's P/D, nonCachedTokens 512 (xPyD)", "xpyd", _llmd(512), False),
+        PDPolicy("threshold-2048", "llm-d's P/D, nonCachedTokens 2048 (xPyD)", "xpyd", _llmd(2048), False),
+        PDPolicy("threshold-8192", "llm-d's P/D, nonCachedTokens 8192 (xPyD)", "xpyd", _llmd(8192), False),
+        PDPolicy("epp-pd", "epp's pd-latency-decider on the same xPyD pods", "xpyd", _EPP_PD, True),
+        PDPolicy("epp-pd-flex", "epp's pd-latency-decider, every pod prefill-decode", "flex", _EPP_PD, True),
+    )
+}  # fmt: skip
+
+
+def roles(topology: str, pods: int) -> list[str | None]:
+    if topology == "agg":
+        return [None] * pods
+    if topology == "flex":
+        return ["prefill-decode"] * pods
+    if topology == "xpyd":
+        prefill = max(1, pods // 2)
+        return [*(["prefill"] * prefill), *(["decode"] * (pods - prefill))]
+    raise ValueError(f"unknown topology {topology!r}: agg, xpyd or flex")
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+class PDFastRun(fast.FastRun):
+    """`fast.FastRun` with split requests: prefill leg, KV transfer, then decode (see the module)."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: PDPolicy,
+        *,
+        profile: Profile,
+        pods: int,
+        seed: int,
+        link_bytes_per_s: float = LINK_BYTES_PER_S,
+        kv_bytes_per_token: float = KV_BYTES_PER_TOKEN,
+    ) -> None:
+        self._roles = roles(policy.topology, pods)
+        self.link_bytes_per_s = link_bytes_per_s
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self._legs: dict[str, tuple[str, Prompt, Sequence[Any], int]] = {}
+        self.transfers: list[tuple[float, float]] = []  # (bytes, seconds) of every transfer
+        super().__init__(workload, policy.policy(), profile=profile, pods=pods, seed=seed)
+
+    def specs(self, pods: int) -> list[EndpointSpec]:
+        return [
+            dataclasses.replace(spec, labels={ROLE_LABEL: role}) if role else spec
+            for spec, role in zip(super().specs(pods), self._roles, strict=True)
+        ]
+
+    def dispatch(
+        self, rid: str, prompt: Prompt, prefix: Sequence[Any], pod: int, *, remote_tokens: int = 0
+    ) -> None:
+        flight = self._inflight[rid]
+        stage = flight.ctx.result.stages.get("prefill")
+        if remote_tokens or not stage or stage[0] is flight.ctx.booked:
+            super().dispatch(rid, prompt, prefix, pod, remote_tokens=remote_tokens)
+            return
+        p = self._pod_of[stage[0].name]
+        leg = rid + "#prefill"
+        try:
+            self.engines[p].add_request(
+                core.EngineRequest(leg, prompt.token_ids, 1, prefix_digests=prefix), self.now
+            )
+        except core.RequestRejected:
+            super().dispatch(rid, prompt, prefix, pod)
+            return
+        flight.record.prefill_pod = p
+        self._legs[leg] = (rid, prompt, prefix, pod)
+        self.wake(p)
+
+    def _step_end(self, payload: tuple[int, core.StepResult]) -> None:
+        pod, res = payload
+        legs = self._legs
+        done = [r for r in res.finished if r.request_id in legs]
+        if done:
+            res = core.StepResult(
+                res.duration,
+                [r for r in res.first_tokens if r.request_id not in legs],
+                [r for r in res.finished if r.request_id not in legs],
+                res.num_prefill_tokens,
+                res.num_decode_seqs,
+            )
+        super()._step_end((pod, res))
+        bs = self.profile.block_size
+        for leg in done:
+            rid, prompt, prefix, decode = legs.pop(leg.request_id)
+            flight = self._inflight.get(rid)
+            if flight is None:
+                continue
+            flight.ctx.release_helpers()  # the prefill pod's work is done
+            held = self.engines[decode].cached_digest_blocks(prefix) * bs if prefix else 0
+            moved = max(len(prompt.token_ids) - held, 0)
+            nbytes = moved * self.kv_bytes_per_token
+            seconds = TRANSFER_LATENCY_S + nbytes / self.link_bytes_per_s
+            self.transfers.append((nbytes, seconds))
+            self._push(self.now + seconds, _TRANSFER, (rid, prompt, prefix, decode))
+
+    def on_event(self, kind: int, payload: Any) -> None:
+        if kind != _TRANSFER:
+            super().on_event(kind, payload)
+            return
+        rid, prompt, prefix, decode = payload
+        if rid in self._inflight:
+            self.dispatch(rid, prompt, prefix, decode, remote_tokens=len(prompt.token_ids))
+
+    def _busy(self) -> bool:
+        return super()._busy() or bool(self._legs)
+
+
+# --- summary --------------------------------------------------------------------------------------
+
+
+def summarize(run: PDFastRun, result: fast.RunResult, scheduler_s: float) -> dict[str, Any]:
+    served = [r for r in result.records if r.status == 200 and r.finish is not None]
+    ttft = sorted(r.first_token - r.arrival for r in served if r.first_token is not None)
+    e2e = sorted(r.finish - r.arrival for r in served if r.finish is not None)
+    tpots = sorted(
+        (r.finish - r.first_token) / (r.output_tokens - 1)
+        for r in served
+        if r.first_token is not None and r.finish is not None and r.output_tokens > 1
+    )
+    span = max((r.finish for r in served if r.finish is not None), default=0.0) or 1.0
+    good = 0
+    for r in served:
+        assert r.first_token is not None and r.finish is not None
+        t = r.first_token - r.arrival
+        tp = (r.finish - r.first_token) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+        good += t <= SLO_TTFT_S and tp <= SLO_TPOT_S
+    split = sum(1 for r in result.records if r.prefill_pod >= 0)
+    moved = sum(b for b, _ in run.transfers)
+    return {
+        "requests": len(result.records),
+        "served": len(served),
+        "unfinished": sum(1 for r in result.records if r.status == 0),
+        "errors": sum(1 for r in result.records if r.status not in (0, 200)),
+        "split_share": split / len(result.records) if result.records else 0.0,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "tpot_p50_s": percentile(tpots, 50),
+        "tpot_p99_s": percentile(tpots, 99),
+        "e2e_p50_s": percentile(e2e, 50),
+        "e2e_p99_s": percentile(e2e, 99),
+        "output_tok_per_s": sum(r.output_tokens for r in served) / span,
+        "goodput_req_per_s": good / span,
+        "kv_moved_gb": moved / 1e9,
+        "scheduler_us_per_request": 1e6 * scheduler_s / max(len(result.records), 1),
+        "wall_s": result.wall_s,
+    }
+
+
+def run_one(
+    workload: str,
+    policy: str,
+    seed: int,
+    *,
+    scale: float,
+    pods: int,
+    link_bytes_per_s: float,
+    load: float = 1.0,
+) -> dict[str, Any]:
+    profile = get_profile(PROFILE)
+    fleet = Fleet(pods, profile.kv_capacity_tokens, profile.max_model_len)
+    wl = PD_WORKLOADS[workload](seed=seed, scale=scale, fleet=fleet, load=load)
+    run = PDFastRun(
+        wl, PD_POLICIES[policy], profile=profile, pods=pods, seed=seed, link_bytes_per_s=link_bytes_per_s
+    )
+    before = _scheduler_seconds()
+    result = run.run()
+    out = summarize(run, result, _scheduler_seconds() - before)
+    leaked = [ep.name for ep in run.datastore.endpoints() if ep.inflight_requests]
+    out["leaked_bookings"] = len(leaked)
+    return out
+
+
+def _scheduler_seconds() -> float:
+    """The sum of inference_extension_scheduler_e2e_duration_seconds so far (CPU of the decisions)."""
+    for family in metrics.scheduler_duration.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_sum"):
+                return float(sample.value)
+    return 0.0
+
+
+KEYS: Final = ("ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s", "output_tok_per_s",
+               "goodput_req_per_s", "split_share")  # fmt: skip
+
+
+def targets(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
+    """The issue's targets, checked on the means over seeds: lines of text."""
+    lines = []
+
+    def mean(w: str, p: str, k: str) -> float:
+        return statistics.fmean(r[k] for r in results[w][p])
+
+    for w, by_policy in results.items():
+        if "epp-pd" in by_policy and "llm-d-pd" in by_policy:
+            parts = []
+            for k, better in (("e2e_p50_s", "low"), ("e2e_p99_s", "low"), ("ttft_p99_s", "low"),
+                              ("output_tok_per_s", "high"), ("goodput_req_per_s", "high")):  # fmt: skip
+                ratio = mean(w, "epp-pd", k) / max(mean(w, "llm-d-pd", k), 1e-12)
+                ok = ratio <= 1.0 if better == "low" else ratio >= 1.0
+                parts.append(f"{k} {ratio:.3f}x {'ok' if ok else 'MISS'}")
+            lines.append(f"{w}: epp-pd / llm-d-pd: " + ", ".join(parts))
+        if "epp-pd-flex" in by_policy and "aggregated" in by_policy:
+            e2e = mean(w, "epp-pd-flex", "e2e_p99_s") / max(mean(w, "aggregated", "e2e_p99_s"), 1e-12)
+            good = mean(w, "epp-pd-flex", "goodput_req_per_s") / max(
+                mean(w, "aggregated", "goodput_req_per_s"), 1e-12
+            )
+            lines.append(f"{w}: epp-pd-flex / aggregated: e2e_p99 {e2e:.3f}x, goodput {good:.3f}x")
+    return lines
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workloads", default="all", help=f"comma-separated or all: {', '.join(PD_WORKLOADS)}"
+    )
+    parser.add_argument(
+        "--pd-policies", default="all", help=f"comma-separated or all: {', '.join(PD_POLICIES)}"
+    )
+    parser.add_argument("--seeds", default="1-5", help="seeds: 1-5 or 1,3,7 (default 1-5)")
+    parser.add_argument("--scale", type=float, default=1.0, help="share of each workload's 120 s to run")
+    parser.add_argument("--pods", type=int, default=PODS, help=f"pods in every fleet (default {PODS})")
+    parser.add_argument("--link-gbps", type=float, default=LINK_BYTES_PER_S * 8 / 1e9,
+                        help="KV transfer bandwidth of a pod pair, Gb/s (default 400)")  # fmt: skip
+    parser.add_argument("--load", type=float, default=1.0, help="multiply every workload's QPS (default 1)")
+    parser.add_argument("--out", default="", help="write results.json here")
+
+
+def _names(text: str, known: dict[str, Any], what: str) -> list[str]:
+    names = list(known) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(unknown)}; known: {', '.join(known)}")
+    return names
+
+
+def _seeds(text: str) -> list[int]:
+    if "-" in text:
+        lo, hi = text.split("-", 1)
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in text.split(",") if s.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    workloads = _names(args.workloads, PD_WORKLOADS, "workload")
+    policies = _names(args.pd_policies, PD_POLICIES, "policy")
+    seeds = _seeds(args.seeds)
+    link = args.link_gbps * 1e9 / 8
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for w in workloads:
+        print(f"\n{w}: {PD_WORKLOADS[w].description} ({PROFILE}, {args.pods} pods, seeds {args.seeds})")
+        print(f"{'policy':<15}" + "".join(f"{k:>19}" for k in KEYS))
+        for p in policies:
+            runs = [
+                run_one(w, p, s, scale=args.scale, pods=args.pods, link_bytes_per_s=link, load=args.load)
+                for s in seeds
+            ]
+            results.setdefault(w, {})[p] = runs
+            means = [statistics.fmean(r[k] for r in runs if not math.isnan(r[k])) for k in KEYS]
+            print(f"{p:<15}" + "".join(f"{m:>19.4f}" for m in means), flush=True)
+            leaked = sum(r["leaked_bookings"] for r in runs)
+            if leaked:
+                print(f"  {leaked} bookings left after the runs", file=sys.stderr)
+    print()
+    for line in targets(results):
+        print(line)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    return 0
