@@ -226,7 +226,8 @@ PD_POLICIES: Final[dict[str, PDPolicy]] = {
         PDPolicy("threshold-2048", "llm-d's P/D, nonCachedTokens 2048 (xPyD)", "xpyd", _llmd(2048), False),
         PDPolicy("threshold-8192", "llm-d's P/D, nonCachedTokens 8192 (xPyD)", "xpyd", _llmd(8192), False),
         PDPolicy("epp-pd", "epp's pd-latency-decider on the same xPyD pods", "xpyd", _EPP_PD, True),
-        PDPolicy("epp-pd-flex", "epp's pd-latency-decider, every pod prefill-decode", "flex", _EPP_PD, True),
+        PDPolicy("epp-pd-flex", "epp's pd-latency-decider, marginRatio 0.5, every pod prefill-decode", "flex",
+                 _EPP_PD.replace("kvBytesPerToken:", "marginRatio: 0.5, kvBytesPerToken:"), True),
     )
 }  # fmt: skip
 

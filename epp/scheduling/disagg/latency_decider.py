@@ -21,8 +21,8 @@ the latency scorer's objective:
     leg(P)   = queue(P) + overhead(P) + prefill(P)      P's learned rate and fluid queue
     transfer(P, D) = kvBytesPerToken * uncached(D) / bandwidth(P, D)
 
-and splits when `split(P) + marginSeconds < local(D)` and the prompt has `minPromptTokens`. `D`'s
-own decode is the same either way and is left out of both. `uncached(D)` is what D does not hold:
+and splits when `split(P) + marginSeconds < local(D) x (1 - marginRatio)` and the prompt has
+`minPromptTokens`. `D`'s own decode is the same either way and is left out of both. `uncached(D)` is what D does not hold:
 only those blocks move (vLLM's NixlConnector pulls the blocks the decode pod lacks).
 
 `bandwidth(P, D)` starts at `bandwidthBytesPerSecond` and is learned per pod pair from the TTFTs of
@@ -43,7 +43,8 @@ Parameters:
   bytes; 131072 is Llama-3-8B in bf16).
 - `bandwidthBytesPerSecond` (1.25e10, > 0): the prior transfer rate of every pod pair (100 Gb/s).
 - `bandwidthLearningRate` (0.2, (0, 1]).
-- `marginSeconds` (0, >= 0): what a split must save.
+- `marginSeconds` (0, >= 0), `marginRatio` (0, [0, 1)): what a split must save, in seconds and as
+  a share of the local price.
 - `minPromptTokens` (0): shorter prompts never split.
 """
 
@@ -117,6 +118,7 @@ class PDLatencyDecider(registry.PluginBase):
         bandwidthBytesPerSecond: Annotated[float, msgspec.Meta(gt=0.0)] = 1.25e10
         bandwidthLearningRate: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.2
         marginSeconds: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+        marginRatio: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.0
         minPromptTokens: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
@@ -130,6 +132,7 @@ class PDLatencyDecider(registry.PluginBase):
         self._prior_bw = params.bandwidthBytesPerSecond
         self._learn_w = params.bandwidthLearningRate
         self._margin = params.marginSeconds
+        self._ratio = params.marginRatio
         self._min_prompt = params.minPromptTokens
         self._latency: PredictedTTFTScorer | None = None
         self._ttft_w = 1.0
@@ -247,7 +250,7 @@ class PDLatencyDecider(registry.PluginBase):
             pricing.reason = f"prompt under minPromptTokens {self._min_prompt}"
         elif prefill.targets[0] is decode:
             pricing.reason = "the best prefill pod is the decode pod"
-        elif leg.split_s + self._margin < pricing.local_s:
+        elif leg.split_s + self._margin < pricing.local_s * (1.0 - self._ratio):
             pricing.split = True
             pricing.reason = f"saves {pricing.local_s - leg.split_s:.4f} s"
         else:
