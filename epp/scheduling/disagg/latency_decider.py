@@ -22,8 +22,9 @@ the latency scorer's objective:
     transfer(P, D) = kvBytesPerToken * uncached(D) / bandwidth(P, D)
 
 and splits when `split(P) + marginSeconds < local(D) x (1 - marginRatio)` and the prompt has
-`minPromptTokens`. `D`'s own decode is the same either way and is left out of both. `uncached(D)` is what D does not hold:
-only those blocks move (vLLM's NixlConnector pulls the blocks the decode pod lacks).
+`minPromptTokens`. `D`'s own decode is the same either way and is left out of both.
+`uncached(D)` is what D does not hold: only those blocks move (vLLM's NixlConnector pulls the
+blocks the decode pod lacks).
 
 `bandwidth(P, D)` starts at `bandwidthBytesPerSecond` and is learned per pod pair from the TTFTs of
 the requests split over that pair: the part of a TTFT the predicted prefill leg and D's step do
