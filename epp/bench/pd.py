@@ -34,7 +34,6 @@ import json
 import math
 import random
 import statistics
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -57,7 +56,7 @@ TRANSFER_LATENCY_S: Final = 0.001  # NIXL's handshake and notification per trans
 PODS: Final = 8
 SLO_TTFT_S: Final = 2.0
 SLO_TPOT_S: Final = 0.08
-_TRANSFER: Final = 10  # event kind (above epp.bench.fast's)
+_TRANSFER, _CANCEL = 10, 11  # event kinds (above epp.bench.fast's)
 
 
 # --- workloads --------------------------------------------------------------------------------
@@ -259,8 +258,17 @@ class PDFastRun(fast.FastRun):
         seed: int,
         link_bytes_per_s: float = LINK_BYTES_PER_S,
         kv_bytes_per_token: float = KV_BYTES_PER_TOKEN,
+        faults: float = 0.0,
     ) -> None:
+        """`faults`: the share of split requests whose prefill pod dies mid-transfer (the
+        sidecar then prefills on the decode pod: `fallbacks`), and, apart, the share of requests
+        whose client goes away at a random moment of its first 10 s (`cancelled`: both stages'
+        engine requests are aborted and epp's stream ends)."""
         self._roles = roles(policy.topology, pods)
+        self.faults = faults
+        self._fault_rng = random.Random(f"pd-faults:{seed}")
+        self.fallbacks = 0
+        self.cancelled = 0
         self.link_bytes_per_s = link_bytes_per_s
         self.kv_bytes_per_token = kv_bytes_per_token
         self._legs: dict[str, tuple[str, Prompt, Sequence[Any], int]] = {}
@@ -274,11 +282,20 @@ class PDFastRun(fast.FastRun):
         ]
 
     def dispatch(
-        self, rid: str, prompt: Prompt, prefix: Sequence[Any], pod: int, *, remote_tokens: int = 0
+        self,
+        rid: str,
+        prompt: Prompt,
+        prefix: Sequence[Any],
+        pod: int,
+        *,
+        remote_tokens: int = 0,
+        local: bool = False,
     ) -> None:
         flight = self._inflight[rid]
         stage = flight.ctx.result.stages.get("prefill")
-        if remote_tokens or not stage or stage[0] is flight.ctx.booked:
+        if remote_tokens or local or not stage or stage[0] is flight.ctx.booked:
+            if not remote_tokens and not local:
+                self._arrive_faults(rid)
             super().dispatch(rid, prompt, prefix, pod, remote_tokens=remote_tokens)
             return
         p = self._pod_of[stage[0].name]
@@ -293,19 +310,21 @@ class PDFastRun(fast.FastRun):
         flight.record.prefill_pod = p
         self._legs[leg] = (rid, prompt, prefix, pod)
         self.wake(p)
+        self._arrive_faults(rid)
+
+    def _arrive_faults(self, rid: str) -> None:
+        if self.faults and self._fault_rng.random() < self.faults:
+            self._push(self.now + self._fault_rng.uniform(0.0, 10.0), _CANCEL, rid)
 
     def _step_end(self, payload: tuple[int, core.StepResult]) -> None:
         pod, res = payload
-        legs = self._legs
+        legs, inflight = self._legs, self._inflight
         done = [r for r in res.finished if r.request_id in legs]
-        if done:
-            res = core.StepResult(
-                res.duration,
-                [r for r in res.first_tokens if r.request_id not in legs],
-                [r for r in res.finished if r.request_id not in legs],
-                res.num_prefill_tokens,
-                res.num_decode_seqs,
-            )
+        # Only requests still in flight: a leg's own, or one cancelled during the step, are not.
+        first = [r for r in res.first_tokens if r.request_id in inflight]
+        finished = [r for r in res.finished if r.request_id in inflight]
+        if len(first) != len(res.first_tokens) or len(finished) != len(res.finished):
+            res = core.StepResult(res.duration, first, finished, res.num_prefill_tokens, res.num_decode_seqs)
         super()._step_end((pod, res))
         bs = self.profile.block_size
         for leg in done:
@@ -314,6 +333,12 @@ class PDFastRun(fast.FastRun):
             if flight is None:
                 continue
             flight.ctx.release_helpers()  # the prefill pod's work is done
+            if self.faults and self._fault_rng.random() < self.faults:
+                # The prefill pod died after its answer: the KV pull fails at once and the
+                # sidecar prefills on the decode pod (epp.sidecar's --prefill-fallback local).
+                self.fallbacks += 1
+                self.dispatch(rid, prompt, prefix, decode, remote_tokens=0, local=True)
+                continue
             held = self.engines[decode].cached_digest_blocks(prefix) * bs if prefix else 0
             moved = max(len(prompt.token_ids) - held, 0)
             nbytes = moved * self.kv_bytes_per_token
@@ -322,12 +347,30 @@ class PDFastRun(fast.FastRun):
             self._push(self.now + seconds, _TRANSFER, (rid, prompt, prefix, decode))
 
     def on_event(self, kind: int, payload: Any) -> None:
+        if kind == _CANCEL:
+            self._cancel(payload)
+            return
         if kind != _TRANSFER:
             super().on_event(kind, payload)
             return
         rid, prompt, prefix, decode = payload
         if rid in self._inflight:
             self.dispatch(rid, prompt, prefix, decode, remote_tokens=len(prompt.token_ids))
+
+    def _cancel(self, rid: str) -> None:
+        """The client of `rid` went away: every engine drops its part, epp's stream ends."""
+        flight = self._inflight.pop(rid, None)
+        if flight is None:
+            return  # it finished first
+        self.cancelled += 1
+        leg = rid + "#prefill"
+        if self._legs.pop(leg, None) is not None:
+            self.engines[flight.record.prefill_pod].abort(leg)
+        self.engines[self._pod_of[flight.ctx.booked.name]].abort(rid)
+        flight.record.status = 499
+        flight.record.finish = self.now - fast.START
+        flight.ctx.finish(complete=False)
+        self._user_done(flight.user, self.now)
 
     def _busy(self) -> bool:
         return super()._busy() or bool(self._legs)
@@ -383,18 +426,27 @@ def run_one(
     pods: int,
     link_bytes_per_s: float,
     load: float = 1.0,
+    faults: float = 0.0,
 ) -> dict[str, Any]:
     profile = get_profile(PROFILE)
     fleet = Fleet(pods, profile.kv_capacity_tokens, profile.max_model_len)
     wl = PD_WORKLOADS[workload](seed=seed, scale=scale, fleet=fleet, load=load)
     run = PDFastRun(
-        wl, PD_POLICIES[policy], profile=profile, pods=pods, seed=seed, link_bytes_per_s=link_bytes_per_s
+        wl,
+        PD_POLICIES[policy],
+        profile=profile,
+        pods=pods,
+        seed=seed,
+        link_bytes_per_s=link_bytes_per_s,
+        faults=faults,
     )
     before = _scheduler_seconds()
     result = run.run()
     out = summarize(run, result, _scheduler_seconds() - before)
     leaked = [ep.name for ep in run.datastore.endpoints() if ep.inflight_requests]
     out["leaked_bookings"] = len(leaked)
+    out["cancelled"] = run.cancelled
+    out["prefill_fallbacks"] = run.fallbacks
     return out
 
 
@@ -449,6 +501,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link-gbps", type=float, default=LINK_BYTES_PER_S * 8 / 1e9,
                         help="KV transfer bandwidth of a pod pair, Gb/s (default 400)")  # fmt: skip
     parser.add_argument("--load", type=float, default=1.0, help="multiply every workload's QPS (default 1)")
+    parser.add_argument(
+        "--faults",
+        type=float,
+        default=0.0,
+        help="share of split requests whose prefill pod dies mid-transfer, and of requests whose "
+        "client cancels (default 0); the run then reports fallbacks, cancels and leaked bookings",
+    )
     parser.add_argument("--out", default="", help="write results.json here")
 
 
@@ -478,15 +537,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'policy':<15}" + "".join(f"{k:>19}" for k in KEYS))
         for p in policies:
             runs = [
-                run_one(w, p, s, scale=args.scale, pods=args.pods, link_bytes_per_s=link, load=args.load)
+                run_one(
+                    w,
+                    p,
+                    s,
+                    scale=args.scale,
+                    pods=args.pods,
+                    link_bytes_per_s=link,
+                    load=args.load,
+                    faults=args.faults,
+                )
                 for s in seeds
             ]
             results.setdefault(w, {})[p] = runs
             means = [statistics.fmean(r[k] for r in runs if not math.isnan(r[k])) for k in KEYS]
             print(f"{p:<15}" + "".join(f"{m:>19.4f}" for m in means), flush=True)
             leaked = sum(r["leaked_bookings"] for r in runs)
-            if leaked:
-                print(f"  {leaked} bookings left after the runs", file=sys.stderr)
+            if args.faults or leaked:
+                n = sum(r["requests"] for r in runs)
+                cancels = sum(r["cancelled"] for r in runs)
+                fallbacks = sum(r["prefill_fallbacks"] for r in runs)
+                print(
+                    f"  {n} requests, {cancels} cancelled, {fallbacks} local fallbacks, "
+                    f"{leaked} leaked bookings"
+                )
     print()
     for line in targets(results):
         print(line)

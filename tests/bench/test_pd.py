@@ -1,0 +1,66 @@
+"""`epp bench pd`: split requests in the fast simulator (prefill leg, KV transfer, decode with the
+received tokens), the P/D policies, and faults that must leave no booking behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.bench import pd
+from epp.bench.workload import Fleet
+from epp.sim.profiles import get_profile
+
+
+def _run(
+    workload: str, policy: str, *, faults: float = 0.0, scale: float = 0.08, load: float = 1.0
+) -> pd.PDFastRun:
+    profile = get_profile(pd.PROFILE)
+    fleet = Fleet(pd.PODS, profile.kv_capacity_tokens, profile.max_model_len)
+    wl = pd.PD_WORKLOADS[workload](seed=3, scale=scale, fleet=fleet, load=load)
+    run = pd.PDFastRun(wl, pd.PD_POLICIES[policy], profile=profile, pods=pd.PODS, seed=3, faults=faults)
+    run.run()
+    return run
+
+
+def test_llm_d_default_splits_every_long_prompt_onto_a_prefill_pod() -> None:
+    run = _run("pd-long-prompt", "llm-d-pd")
+    records = [r for r in run.result.records if r.status == 200]
+    assert records and all(r.prefill_pod >= 0 for r in records)
+    roles = pd.roles("xpyd", pd.PODS)
+    assert all(roles[r.prefill_pod] == "prefill" and roles[r.pod] == "decode" for r in records)
+    # The decode pods computed no prompt token of a split request but its last: their prefill
+    # work is a token per request, the prefill pods' the prompts.
+    decode_work = sum(run.engines[i].prompt_tokens_total for i, role in enumerate(roles) if role == "decode")
+    prefill_work = sum(
+        run.engines[i].prompt_tokens_total for i, role in enumerate(roles) if role == "prefill"
+    )
+    assert decode_work <= 2 * len(records) and prefill_work > 1000 * len(records)
+    # Each transfer moved the prompt's KV at the link's rate.
+    nbytes, seconds = run.transfers[0]
+    assert seconds == pytest.approx(pd.TRANSFER_LATENCY_S + nbytes / pd.LINK_BYTES_PER_S)
+    # At least a prompt's uncached tail (256+ tokens past a shared prefix the decode pod holds).
+    assert all(b >= 256 * pd.KV_BYTES_PER_TOKEN for b, _ in run.transfers)
+
+
+def test_aggregated_never_splits() -> None:
+    agg = _run("pd-long-answer", "aggregated")
+    assert all(r.prefill_pod < 0 for r in agg.result.records)
+    assert not agg.transfers
+
+
+@pytest.mark.parametrize("policy", ["llm-d-pd", "epp-pd"])
+def test_faults_leave_no_booking(policy: str) -> None:
+    run = _run("pd-mixed", policy, faults=0.2, scale=0.15)
+    assert run.cancelled > 0 and run.fallbacks > 0
+    assert not any(ep.inflight_requests or ep.inflight_tokens for ep in run.datastore.endpoints())
+    served = [r for r in run.result.records if r.status == 200]
+    assert len(served) + run.cancelled == len(run.result.records)
+
+
+def test_summary_and_targets_read_the_runs() -> None:
+    out = pd.run_one(
+        "pd-long-prompt", "epp-pd", 1, scale=0.05, pods=pd.PODS, link_bytes_per_s=pd.LINK_BYTES_PER_S
+    )
+    assert out["served"] == out["requests"] and out["leaked_bookings"] == 0
+    assert 0.0 <= out["split_share"] <= 1.0 and out["ttft_p99_s"] >= out["ttft_p50_s"] > 0
+    lines = pd.targets({"w": {"epp-pd": [out], "llm-d-pd": [out]}})
+    assert lines and "1.000x ok" in lines[0]
