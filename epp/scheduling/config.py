@@ -12,7 +12,8 @@ Strictness is the design goal: a configuration epp would run differently from wh
 `ConfigError` at start-up, with the location (`schedulingProfiles[0].plugins[2] (line 14)`) and
 the name of the culprit. That covers unknown keys, unknown plugin types and parameters (see
 `registry`), undefined or duplicate names, weights on non-scorers, two pickers in a profile and
-more than one profile (multi-profile handlers are not supported yet).
+more than one profile without a disaggregation handler (`disagg-profile-handler`: then
+`disagg.handler` builds a `DisaggScheduler` over the profiles).
 
 `saturationDetector: {pluginRef}` names the plugin admission asks how saturated the pool is
 (`utilization-detector` or `concurrency-detector`); without the section, a `utilization-detector`

@@ -23,9 +23,9 @@ costs about 1.5 µs here, more than the observation itself), totals are built wi
 comprehension per scorer, and the explain breakdown, a dict per endpoint, is only built when asked
 for. `tests/scheduling/bench_scheduler.py` measures a whole decision.
 
-Profile handlers: only GIE's `single-profile-handler` exists so far, so `Scheduler` takes exactly
-one profile, which is primary. A `ProfileHandler` contract arrives with the first multi-profile
-handler.
+Profile handlers: `Scheduler` is GIE's `single-profile-handler` (one profile, primary);
+disaggregation's several profiles per request run in `epp.scheduling.disagg.runner.DisaggScheduler`,
+a subclass.
 """
 
 from __future__ import annotations

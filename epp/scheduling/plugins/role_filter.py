@@ -10,9 +10,9 @@ is an ordinary, aggregated server that decodes). The values are llm-d's:
 - `encode-filter`: `encode`, `encode-prefill`, `encode-prefill-decode`.
 
 In a pool without roles (every pod unlabelled) `decode-filter` keeps every endpoint, which is why
-llm-d's single-profile configurations list it. `prefill-filter` and `encode-filter` only make sense
-in llm-d's disaggregated multi-profile configurations, which epp refuses at load time (see
-docs/configs.md); they exist so that a profile may still name them.
+llm-d's single-profile configurations list it. `prefill-filter` and `encode-filter` select the
+pods of the prefill and encode stages of llm-d's disaggregated configurations
+(`epp.scheduling.disagg`, docs/disaggregation.md).
 
 Inputs consumed: `Endpoint.spec.labels` (the pod's labels, from the InferencePool's pods or the
 endpoints file).
