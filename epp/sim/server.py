@@ -182,7 +182,43 @@ async def _inference(request: web.Request, api: str) -> web.StreamResponse:
     except BadRequest as exc:
         state.stats.errors += 1
         return _error(400, exc.reason)
-    req = SimRequest(state, api, body, ids, n_out, cache_salt=parsed.cache_salt, output_token_ids=out_ids)
+    # P/D (NixlConnector's protocol): a prefill for a remote decode keeps its KV for the pull; a
+    # decode with a remote prefill pulls it first (the transfer's time), or fails with a 500 as
+    # vLLM does when the prefill pod is gone.
+    params = body.get("kv_transfer_params")
+    remote = 0
+    if isinstance(params, dict) and params.get("do_remote_prefill") is True:
+        transfer = state.pull(str(params.get("remote_engine_id")), str(params.get("remote_request_id")), ids)
+        if transfer is None:
+            state.stats.errors += 1
+            return _error(500, "Internal server error", "InternalServerError")
+        await state.delay(transfer)
+        remote = len(ids)
+    req = SimRequest(
+        state,
+        api,
+        body,
+        ids,
+        n_out,
+        cache_salt=parsed.cache_salt,
+        output_token_ids=out_ids,
+        remote_tokens=remote,
+    )
+    if isinstance(params, dict) and params.get("do_remote_decode") is True:
+        host, _, port = request.host.rpartition(":")
+        req.kv_transfer_params = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [
+                list(range(1, (len(ids) + state.profile.block_size - 1) // state.profile.block_size + 1))
+            ],
+            "remote_engine_id": state.engine_id,
+            "remote_request_id": req.id,
+            "remote_host": host,
+            "remote_port": int(port) if port.isdigit() else 0,
+            "remote_num_tokens": len(ids),
+            "tp_size": 1,
+        }
 
     await state.delay(cfg.base_latency)
     try:
@@ -248,6 +284,9 @@ async def _complete(req: SimRequest, started: float) -> web.Response:
         }
     else:
         payload = _response_object(req, text, "completed")
+    if req.kv_transfer_params is not None:
+        req.state.keep_for_decode(req.id, req.token_ids)
+        payload["kv_transfer_params"] = req.kv_transfer_params
     return web.json_response(payload)
 
 
