@@ -166,6 +166,7 @@ kind: EndpointPickerConfig
 plugins:
 - type: precise-prefix-cache-scorer
 - type: request-latency-scorer
+  parameters: {{ttftWeight: 4}}
 - type: prefill-filter
 - type: decode-filter
 - type: pd-latency-decider
