@@ -22,7 +22,8 @@ the latency scorer's objective:
     transfer(P, D) = kvBytesPerToken * uncached(D) / bandwidth(P, D)
 
 (`ttftWeight`, `othersWeight`: this plugin's) and splits when
-`split(P) + marginSeconds < local(D) x (1 - marginRatio)` and the prompt has `minPromptTokens`. `D`'s own decode is the same either way and is left out of both.
+`split(P) + marginSeconds < local(D) x (1 - marginRatio)` and the prompt has `minPromptTokens`.
+`D`'s own decode is the same either way and is left out of both.
 `uncached(D)` is what D does not hold: only those blocks move (vLLM's NixlConnector pulls the
 blocks the decode pod lacks).
 
