@@ -279,3 +279,38 @@ async def test_llm_d_pd_configs_load_and_route(name: str) -> None:
     with pytest.raises(errors.NoCapacity):  # no decode pod: the request fails, as llm-d's
         d2, _ = director(text, pool("prefill", "encode"))
         await d2.route(path="/v1/completions", headers={}, body=body(400), subset=None)
+
+
+async def test_debug_score_explains_each_stage_and_the_decision() -> None:
+    from epp.rpc import explain
+
+    ds = pool("prefill", "decode")
+    d, _ = director(LATENCY, ds)
+    dec = ds.get("decode-1")
+    assert dec is not None
+    dec.metrics = dataclasses.replace(dec.metrics, running=8, updated_at=1.0)
+    payload = await explain.explain(d, path="/v1/completions", headers={}, body=body(10000))
+    assert payload["profile"] == "decode" and payload["pick"] == "10.0.0.2:8000"
+    (stage,) = payload["stages"]
+    assert stage["stage"] == "prefill" and stage["pick"] == "10.0.0.1:8000"
+    (row,) = stage["endpoints"]
+    terms = row["terms"]["pd-latency-decider"]
+    assert {
+        "leg_s",
+        "queue_s",
+        "prefill_s",
+        "transfer_s",
+        "transfer_bytes",
+        "bandwidth_bytes_per_s",
+        "split_s",
+    } <= set(terms)
+    decision = stage["request_terms"]["pd-latency-decider"]
+    assert decision["split"] is True and decision["decode_pod"] == "decode-1"
+    assert payload["disaggregation"]["stages"] == ["prefill"]
+    # The gRPC twin parses the same dict (ExplainResponse.stages, .disaggregation).
+    from google.protobuf import json_format
+
+    from epp.rpc.v1 import endpoint_picker_pb2 as pb
+
+    message = json_format.ParseDict(payload, pb.ExplainResponse())
+    assert message.stages[0].pick == "10.0.0.1:8000"
