@@ -126,6 +126,7 @@ class Sidecar:
         self.settings = settings
         self.decoder = settings.decoder_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
+        self._warned_encode = False
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 << 20)
@@ -152,6 +153,14 @@ class Sidecar:
         headers = _forwarded(request.headers)
         target = protocol.prefiller(request.headers.getall(protocol.PREFILL_HEADER, []))
         headers.popall(protocol.PREFILL_HEADER, None)
+        if headers.popall(protocol.ENCODER_HEADER, None) and not self._warned_encode:
+            # E/P/D's encode stage needs vLLM's EC connectors, which this sidecar does not speak.
+            self._warned_encode = True
+            log.warning(
+                "%s names encode pods; epp sidecar runs no encode stage (the prefilling vLLM "
+                "encodes): run llm-d's routing sidecar with --ec-connector for E/P/D",
+                protocol.ENCODER_HEADER,
+            )
         if target is None or request.method != "POST" or request.path not in SPLIT_PATHS:
             if target is None and request.path in SPLIT_PATHS:
                 REQUESTS.labels("aggregated").inc()
