@@ -8,10 +8,14 @@ What vLLM's block pool (`vllm/v1/core/block_pool.py`) does and this module does 
 * **Block hashes.** Only full blocks are hashed, each over (parent hash, its token ids, its extra
   keys), so a hash stands for the whole prefix up to its block. Extra keys are the LoRA adapter's
   name on every block and the request's `cache_salt` on the first one (vLLM 0.19-0.30 order), so
-  adapters and salts never share blocks. The hash is this simulator's own (blake2b, 16 bytes, a
-  fixed root like vLLM >= 0.29's sha256 default, so every replica hashes the same content alike);
-  events carry its low 64 bits as vLLM does by default. It is deliberately not epp's key scheme:
-  epp keys blocks from the events' token ids and treats these hashes as opaque.
+  adapters and salts never share blocks. Two kinds of hash (`BlockHasher`): vLLM's own
+  (`sha256`, its default, and `sha256_cbor`, with vLLM 0.32's seed and extra-key rules), which
+  `epp sim` uses so that a router recomputing vLLM's hashes from a prompt (vllm-router's
+  `kv_aware`) finds the blocks the events announce; and this simulator's fast one (blake2b, 16
+  bytes, the default of the in-process benchmark, where nothing outside reads hashes). Events carry
+  a hash's low 64 bits, as vLLM does by default, or, for vLLM's hashes, the whole digest
+  (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`: `BlockPool.digest_for`). epp itself keys blocks from
+  the events' token ids and treats these hashes as opaque.
 * **The null block.** vLLM takes block 0 out of the pool at start as a placeholder
   (`BlockPool.__init__`: `self.null_block = self.free_block_queue.popleft()`), so a pool of
   `num_blocks` (vLLM's `num_gpu_blocks`, what `--num-gpu-blocks-override` sets) has
@@ -50,16 +54,20 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import os
+import pickle
 from array import array
 from collections.abc import Sequence
-from typing import Final, NewType
+from typing import Any, Final, Literal, NewType
+
+import cbor2
 
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 Digest = NewType("Digest", bytes)
-"""A block hash: 16 bytes of blake2b over parent digest, extra keys and token ids."""
+"""A block hash: 16 bytes of blake2b (the fast hasher), or vLLM's 32-byte SHA-256 digest."""
 
 _PERSON: Final = b"epp-sim-block"
 # The parent of a sequence's first block: fixed, as vLLM >= 0.29's NONE_HASH for sha256.
@@ -146,6 +154,92 @@ def extend_digests(
     return last - first
 
 
+HashAlgo = Literal["epp-sim", "sha256", "sha256_cbor"]
+VLLM_HASH_ALGOS: Final = ("sha256", "sha256_cbor")
+"""vLLM 0.32's `--prefix-caching-hash-algo` values the simulator computes (the xxhash ones need a
+random seed unless PYTHONHASHSEED is set, and no router recomputes them)."""
+VLLM_NONE_HASH_SEED: Final = "vllm-none-hash"
+"""vLLM >= 0.29's seed of NONE_HASH for the cryptographic algorithms when PYTHONHASHSEED is unset."""
+
+
+def _sha256_pickle(obj: object) -> bytes:
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def _sha256_cbor(obj: object) -> bytes:
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+class BlockHasher:
+    """How a block's hash is computed from its parent's, its token ids and its extra keys.
+
+    `epp-sim` is `extend_digests` (blake2b over the raw ids: fast, and nobody outside the process
+    reads it). `sha256` and `sha256_cbor` are vLLM 0.32's `hash_block_tokens`: the hash function
+    over the tuple `(parent or NONE_HASH, tuple(block token ids), extra keys)`, pickled (protocol 5)
+    or canonical CBOR, where NONE_HASH is the function of the seed string (`$PYTHONHASHSEED`, else
+    "vllm-none-hash") and the extra keys are `(("lora", name, path),)` on every block of an adapter's
+    request plus `("cache_salt", salt)` on block 0, or None. Equal to real vLLM's hashes:
+    tests/sim/test_vllm_hashes.py checks them against vectors computed by vLLM 0.32 itself.
+    """
+
+    def __init__(self, algo: HashAlgo = "epp-sim", *, seed: str | None = None) -> None:
+        if algo not in ("epp-sim", *VLLM_HASH_ALGOS):
+            raise ValueError(f"unknown hash algorithm {algo!r}; known: epp-sim, {', '.join(VLLM_HASH_ALGOS)}")
+        self.algo = algo
+        self._fn = _sha256_cbor if algo == "sha256_cbor" else _sha256_pickle
+        if seed is None:
+            seed = os.environ.get("PYTHONHASHSEED", VLLM_NONE_HASH_SEED)
+        self.seed = seed
+        self.none_hash = NONE_HASH if algo == "epp-sim" else Digest(self._fn(seed))
+
+    def extend(
+        self,
+        digests: list[Digest],
+        token_ids: Sequence[int],
+        block_size: int,
+        *,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int:
+        """`extend_digests` with this hasher; returns how many digests were added."""
+        if self.algo == "epp-sim":
+            return extend_digests(digests, token_ids, block_size, lora_name=lora_name, cache_salt=cache_salt)
+        first = len(digests)
+        last = len(token_ids) // block_size
+        if last <= first:
+            return 0
+        lora: list[Any] = [("lora", lora_name, lora_path or lora_name)] if lora_name else []
+        rest = tuple(lora) or None
+        parent = digests[-1] if digests else self.none_hash
+        fn = self._fn
+        for i in range(first, last):
+            extra = rest
+            if i == 0 and cache_salt:
+                extra = (*lora, ("cache_salt", cache_salt))
+            parent = Digest(fn((parent, tuple(token_ids[i * block_size : (i + 1) * block_size]), extra)))
+            digests.append(parent)
+        return last - first
+
+    def digests(
+        self,
+        token_ids: Sequence[int],
+        block_size: int,
+        *,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
+        cache_salt: str | None = None,
+    ) -> list[Digest]:
+        out: list[Digest] = []
+        self.extend(
+            out, token_ids, block_size, lora_name=lora_name, lora_path=lora_path, cache_salt=cache_salt
+        )
+        return out
+
+
+FAST_HASHER: Final = BlockHasher()
+
+
 class PrefixDigests:
     """Block hashes of shared prompt prefixes, remembered by a label (a tenant, a system prompt, a
     conversation), so a driver sending many prompts that share a prefix hashes it once.
@@ -221,8 +315,12 @@ class BlockPool:
     Single-threaded: callers are the simulator's coroutines, on one event loop.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, *, record_events: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, record_events: bool = False, keep_digests: bool = False
+    ) -> None:
         """`num_blocks`: vLLM's `num_gpu_blocks`, the null block included (so one fewer is usable).
+        `keep_digests`: remember each event hash's whole digest (`digest_for`), for a publisher
+        that sends digests rather than their low 64 bits.
 
         Raises:
             ValueError: `block_size` < 1 or `num_blocks` < 1 (vLLM asserts both).
@@ -252,6 +350,12 @@ class BlockPool:
         self._by_digest: dict[Digest, Block | dict[int, Block]] = {}
         self._events: list[Event] = []
         self._outside_ids = 0
+        # Event hash -> whole digest, for every digest cached now, and for the ones that left the
+        # cache until the events announcing it were taken and published (`_forget`: the digests
+        # that left since the last `take_events`, `_forgetting`: those of the batch before).
+        self._book: dict[int, Digest] | None = {} if keep_digests else None
+        self._forget: list[Digest] = []
+        self._forgetting: list[Digest] = []
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -414,6 +518,8 @@ class BlockPool:
         for hit in self._by_digest.values():
             for b in (hit,) if isinstance(hit, Block) else hit.values():
                 b.digest = None
+        if self._book is not None:
+            self._forget.extend(self._by_digest)
         self._by_digest.clear()
         self.cached = 0
         if self.record_events:
@@ -423,11 +529,31 @@ class BlockPool:
     def take_events(self) -> list[Event]:
         """The events since the last call, oldest first (the list is handed over, not copied)."""
         events, self._events = self._events, []
+        if self._book is not None:
+            # The batch before this one has been published: its departed digests may go, unless
+            # cached again since.
+            for digest in self._forgetting:
+                if digest not in self._by_digest:
+                    self._book.pop(wire_hash(digest), None)
+            self._forgetting, self._forget = self._forget, []
         return events
+
+    def digest_for(self, event_hash: int) -> bytes:
+        """The whole digest of a hash in the events `take_events` returned last (or in the
+        batch before): what vLLM sends with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`.
+
+        Raises:
+            KeyError: the pool keeps no digests (`keep_digests=False`), or never announced it.
+        """
+        if self._book is None:
+            raise KeyError(event_hash)
+        return self._book[event_hash]
 
     # --- internals ------------------------------------------------------------------------------
 
     def _index(self, block: Block, digest: Digest) -> None:
+        if self._book is not None:
+            self._book[wire_hash(digest)] = digest
         known = self._by_digest.get(digest)
         if known is None:
             self._by_digest[digest] = block
@@ -444,6 +570,8 @@ class BlockPool:
         known = self._by_digest[digest]
         if isinstance(known, Block):
             del self._by_digest[digest]
+            if self._book is not None:
+                self._forget.append(digest)
         else:
             del known[block.id]
             if len(known) == 1:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -93,6 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-model-len", type=flags.positive_int, default=None, help="prompt + output tokens at most"
+    )
+    g.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=["sha256", "sha256_cbor"],
+        default="sha256",
+        help="how block hashes are computed, as vLLM 0.32's flag (default sha256, vLLM's; seeded from "
+        "$PYTHONHASHSEED, else vLLM's fixed seed). KV events carry each hash's low 64 bits, or the "
+        "whole digest with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 in the environment, as vLLM's do",
     )
     g.add_argument(
         "--time-scale",
@@ -186,6 +195,8 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
     profile = build_profile(args)
     events, replay, topic = _kv_endpoints(args)
     adapters = tuple(dict.fromkeys(m.partition("=")[0] for m in args.lora_modules))
+    # vLLM's environment variable, read as vLLM reads it (an integer; non-zero means int hashes).
+    int_hashes = bool(int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
     return [
         SimConfig.from_profile(
             profile,
@@ -200,6 +211,8 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
             kv_replay=nth_endpoint(replay, i),
             kv_topic=topic,
             kv_encoding=args.kv_events_encoding,
+            hash_algo=args.prefix_caching_hash_algo,
+            kv_int_hashes=int_hashes,
         )
         for i in range(args.pods)
     ]

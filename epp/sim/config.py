@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from epp.sim.blocks import HashAlgo
 from epp.sim.profiles import Profile
 
 
@@ -64,6 +65,12 @@ class SimConfig:
     kv_replay: str | None = None
     kv_topic: str | None = None
     kv_encoding: Literal["map", "array"] = "map"
+    # vLLM's --prefix-caching-hash-algo (its default, sha256, seeded as vLLM seeds it: from
+    # $PYTHONHASHSEED, else vLLM's fixed seed), so routers that recompute vLLM's hashes match the
+    # events; and whether events carry each hash's low 64 bits (vLLM's default) or the whole
+    # digest (vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
+    hash_algo: HashAlgo = "sha256"
+    kv_int_hashes: bool = True
     # P/D (vLLM's NixlConnector protocol, `kv_transfer_params`): KV bytes a token and the rate a
     # decode pod pulls them from a prefill pod of the same `epp sim` process.
     kv_bytes_per_token: int = 131072

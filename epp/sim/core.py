@@ -228,18 +228,25 @@ class Engine:
         name: str = "",
         record_events: bool = False,
         record_schedule: bool = False,
+        hasher: blocks.BlockHasher = blocks.FAST_HASHER,
+        keep_digests: bool = False,
     ) -> None:
         """`record_schedule`: keep what each step scheduled (`last_scheduled`, `last_preempted`),
-        as vLLM's SchedulerOutput has it; for conformance tests against real captures."""
+        as vLLM's SchedulerOutput has it; for conformance tests against real captures. `hasher`:
+        how block hashes are computed (vLLM's, for a simulator others read the events of);
+        `keep_digests`: the pool keeps whole digests for events sent with them (`digest_for`)."""
         self.profile = profile
         self.name = name
+        self.hasher = hasher
         # request id -> tokens the last step scheduled, in vLLM's order (running, then admitted),
         # and the ids preempted since the step before it (a forced reset's too, as vLLM's
         # preempted_req_ids); None unless record_schedule.
         self.last_scheduled: dict[str, int] | None = {} if record_schedule else None
         self.last_preempted: list[str] | None = [] if record_schedule else None
         self._preempted_log: list[str] | None = [] if record_schedule else None
-        self._pool = blocks.BlockPool(profile.num_gpu_blocks, profile.block_size, record_events=record_events)
+        self._pool = blocks.BlockPool(
+            profile.num_gpu_blocks, profile.block_size, record_events=record_events, keep_digests=keep_digests
+        )
         self._waiting: collections.deque[EngineRequest] = collections.deque()
         self._running: list[EngineRequest] = []
         self._requests: dict[str, EngineRequest] = {}
@@ -287,7 +294,7 @@ class Engine:
         self, token_ids: Sequence[int], *, lora_name: str | None = None, cache_salt: str | None = None
     ) -> int:
         """How many leading full blocks of `token_ids` are cached now (nothing is touched)."""
-        digests = blocks.block_digests(
+        digests = self.hasher.digests(
             token_ids, self.profile.block_size, lora_name=lora_name, cache_salt=cache_salt
         )
         return len(self._pool.lookup(digests))
@@ -320,7 +327,7 @@ class Engine:
             )
         if req._state != _NEW or req.request_id in self._requests:
             raise ValueError(f"request {req.request_id!r} was already added")
-        blocks.extend_digests(
+        self.hasher.extend(
             req._digests,
             req.prompt_token_ids,
             prof.block_size,
@@ -362,6 +369,10 @@ class Engine:
     def take_events(self) -> list[Event]:
         """KV events since the last call, in order (empty unless `record_events`)."""
         return self._pool.take_events()
+
+    def digest_for(self, event_hash: int) -> bytes:
+        """The whole digest behind a hash of the last events taken (needs `keep_digests`)."""
+        return self._pool.digest_for(event_hash)
 
     # --- the step -----------------------------------------------------------------------------------
 
@@ -538,7 +549,7 @@ class Engine:
     def _hash_generated_block(self, req: EngineRequest) -> None:
         """The token just sampled completes a block: hash it now, once; it is cached when the step
         computing that token is scheduled."""
-        blocks.extend_digests(
+        self.hasher.extend(
             req._digests,
             req._tokens,
             self.profile.block_size,

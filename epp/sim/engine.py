@@ -50,6 +50,7 @@ from typing import Any
 
 from epp.api.requests import Api, InferenceRequest, plain_prompt
 from epp.sim import core
+from epp.sim.blocks import BlockHasher
 from epp.sim.config import SimConfig as SimConfig
 from epp.sim.kvpublisher import KVEventPublisher
 from epp.tokenize.registry import Tokenizers
@@ -243,7 +244,13 @@ class SimState:
         self.config = config
         self.name = config.name
         self.profile = config.engine_profile()
-        self.engine = core.Engine(self.profile, name=config.name, record_events=config.kv_events is not None)
+        self.engine = core.Engine(
+            self.profile,
+            name=config.name,
+            record_events=config.kv_events is not None,
+            hasher=BlockHasher(config.hash_algo),
+            keep_digests=not config.kv_int_hashes,
+        )
         # One worker: long prompts are encoded off the loop (the encode releases the GIL), and a
         # fleet of replicas in one process should not start a pool of threads each.
         self.tokenizers = Tokenizers(default=load_tokenizer(config.tokenizer), max_chars=_NO_CUT, workers=1)
@@ -276,7 +283,12 @@ class SimState:
             return
         topic = cfg.kv_topic if cfg.kv_topic is not None else f"kv@{address}@{cfg.served_model}"
         self.publisher = KVEventPublisher(
-            cfg.kv_events, replay_endpoint=cfg.kv_replay, topic=topic, encoding=cfg.kv_encoding
+            cfg.kv_events,
+            replay_endpoint=cfg.kv_replay,
+            topic=topic,
+            encoding=cfg.kv_encoding,
+            hash_form="int" if cfg.kv_int_hashes else "bytes",
+            digest_of=None if cfg.kv_int_hashes else self.engine.digest_for,
         )
 
     @property

@@ -51,7 +51,7 @@ import hashlib
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
@@ -132,6 +132,8 @@ class KVEventPublisher:
         encoding: "map" (vLLM >= 0.24) or "array" (<= 0.23, fields of `array_version`).
         replay_style: "current" (0.26+, replies carry the topic) or "legacy" (0.9-0.25).
         hash_form: "int" (uint64, vLLM's default) or "bytes" (32-byte digests).
+        digest_of: with "bytes", the whole digest of an event's hash (the simulator's block pool
+            keeps them: `BlockPool.digest_for`); None derives a digest-looking one from the hash.
         data_parallel_rank: third element of every batch; None writes 0.9.0's `[ts, events]`.
         buffer_steps: batches kept for replay.
         hwm: send high-water mark per subscriber (vLLM's default 100,000; 0 = unbounded).
@@ -153,6 +155,7 @@ class KVEventPublisher:
         hwm: int = 100_000,
         kv_cache_spec_kind: str | None = "full_attention",
         array_version: ArrayVersion = "0.22",
+        digest_of: Callable[[int], bytes] | None = None,
     ) -> None:
         if encoding not in ("map", "array") or replay_style not in ("current", "legacy"):
             raise ValueError(f"unknown encoding {encoding!r} or replay style {replay_style!r}")
@@ -164,6 +167,7 @@ class KVEventPublisher:
         self._map = encoding == "map"
         self._legacy = replay_style == "legacy"
         self._digests = hash_form == "bytes"
+        self._digest_of = digest_of or _digest
         self._rank = data_parallel_rank
         self._spec_kind = kv_cache_spec_kind
         self._stored_fields, self._removed_fields = ARRAY_FIELDS[array_version]
@@ -276,10 +280,10 @@ class KVEventPublisher:
         return self._encode(batch)
 
     def _hashes(self, hashes: list[int]) -> list[int | bytes]:
-        return [_digest(h) for h in hashes] if self._digests else list(hashes)
+        return [self._digest_of(h) for h in hashes] if self._digests else list(hashes)
 
     def _parent(self, parent: int | None) -> int | bytes | None:
-        return _digest(parent) if self._digests and parent is not None else parent
+        return self._digest_of(parent) if self._digests and parent is not None else parent
 
     def _map_event(self, e: Event) -> _MapStored | _MapRemoved | _MapCleared:
         if isinstance(e, BlockStored):

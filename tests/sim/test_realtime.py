@@ -18,11 +18,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 import zmq
 
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from epp.sim import core
+from epp.sim.blocks import BlockHasher
 from epp.sim.engine import SimConfig, SimState
 from epp.sim.profiles import Profile, get_profile
 from epp.sim.server import bound_address, sim_state, start_sim_server
@@ -304,7 +306,7 @@ async def test_kv_events_equal_the_cores(
         wire.append(normal(decode_batch(payload).events))
     sub.close(linger=0)
 
-    engine = core.Engine(pod.state.profile, record_events=True)
+    engine = core.Engine(pod.state.profile, record_events=True, hasher=BlockHasher(cfg.hash_algo))
     expected: list[list[tuple[Any, ...]]] = []
     now = 0.0
     for i, step in enumerate(SCENARIO):
@@ -325,3 +327,44 @@ async def test_kv_events_equal_the_cores(
     kinds = {e[0] for batch in wire for e in batch}
     assert kinds == {"stored", "removed", "cleared"}
     assert any(e[0] == "stored" and e[4] == "ad" and e[5] == 1 for batch in wire for e in batch)
+
+
+async def test_kv_events_can_carry_vllms_whole_digests(
+    pods: Any, http: aiohttp.ClientSession, zctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """As vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: the 32-byte digests a router recomputing
+    vLLM's sha256_cbor hashes from the prompt finds, also for blocks that were evicted since."""
+    cfg = SimConfig(
+        block_size=16,
+        num_gpu_blocks=5,  # 4 usable: the second prompt evicts the first one's blocks
+        time_scale=0.01,
+        kv_events="tcp://127.0.0.1:0",
+        hash_algo="sha256_cbor",
+        kv_int_hashes=False,
+    )
+    pod = await pods(cfg)
+    sub = zctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pod.state.kv_endpoint)
+    publisher = pod.state.publisher
+    assert publisher is not None
+    deadline = time.monotonic() + 5
+    while publisher.subscriptions < 1:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.005)
+    prompts = [list(range(1, 50)), list(range(100, 149))]
+    for prompt in prompts:
+        async with http.post(pod.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}) as r:
+            assert r.status == 200
+    stored: list[bytes] = []
+    removed: list[bytes] = []
+    for _ in range(pod.state.kv_last_seq + 1):
+        assert sub.poll(5000), "a KV-event batch did not arrive"
+        payload = msgspec.msgpack.decode(sub.recv_multipart()[2])
+        for event in payload[1]:
+            (stored if event["type"] == "BlockStored" else removed).extend(event["block_hashes"])
+    sub.close(linger=0)
+    hasher = BlockHasher("sha256_cbor")
+    wanted = [d for p in prompts for d in hasher.digests(p, 16)]
+    assert stored == wanted  # 3 full blocks each (48 of 49 tokens)
+    assert removed and set(removed) <= set(wanted[:3])  # the first prompt's, as whole digests too
