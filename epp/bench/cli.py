@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from epp.bench import fast, report
+from epp.bench.peers import PEERS, Peer, peers_dir
 from epp.bench.policies import ADMISSION, POLICIES, Policy
 from epp.bench.progress import Progress
 from epp.bench.trace import Trace, TraceError
@@ -73,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="live mode: wall seconds per simulated second (default 1; 0.5 runs twice as fast, and "
         "inflates epp's and Envoy's own milliseconds 2x in the report)",
+    )
+    parser.add_argument(
+        "--peers-dir",
+        default=None,
+        help="live mode: where scripts/peers-env built the peer routers' environments (default "
+        "$EPP_PEERS_DIR, else .venv-peers)",
     )
     parser.add_argument("--list", action="store_true", help="list workloads and policies, then exit")
     size = parser.add_mutually_exclusive_group()
@@ -138,6 +145,9 @@ def listing() -> str:
     lines.append("policies:")
     for name, p in POLICIES.items():
         lines.append(f"  {name:<20} {p.description}")
+    lines.append("real routers (--mode live; `peers` names them all):")
+    for name, peer in PEERS.items():
+        lines.append(f"  {name:<20} {peer.description}")
     lines.append("profiles:")
     for name, prof in PROFILES.items():
         lines.append(f"  {name:<20} {prof.description}")
@@ -174,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"epp bench: {name} / {policy.name}: {exc}", file=sys.stderr)
                     return 1
             else:
+                assert isinstance(policy, Policy)  # plan_policies: peers run in live mode only
                 result = _run_fast(args, workload, policy, profile, pods, progress)
                 progress.finish(f"({result.steps:,} engine steps, {len(result.records):,} requests)")
             runs[policy.name] = report.summarize(result, workload.stages, _slo(args, profile))
@@ -227,19 +238,24 @@ def _run_fast(
 def _run_live(
     args: argparse.Namespace,
     workload: Workload,
-    policy: Policy,
+    policy: Policy | Peer,
     profile: Profile,
     pods: int,
     progress: Progress,
 ) -> tuple[fast.RunResult, float]:
-    """One policy through Envoy and epp serve (`epp.bench.live`); process logs under --out/logs.
-    Returns the result and how many wall seconds the stack fell behind the workload's clock."""
+    """One arm (`epp.bench.live`): epp with a policy behind Envoy, or a peer's router; process logs
+    under --out/logs. Returns the result and how many wall seconds the stack fell behind the
+    workload's clock."""
     from epp.bench import live
+    from epp.bench.gateways import EppGateway, Gateway, PeerGateway
     from epp.gateway.processes import log_tails
 
     workdir = Path(args.out) / "logs"
+    gateway: Gateway = (
+        PeerGateway(policy, peers_dir(args.peers_dir)) if isinstance(policy, Peer) else EppGateway(policy)
+    )
     run = live.LiveRun(
-        workload, policy, profile=profile, pods=pods, seed=args.seed, time_scale=args.time_scale,
+        workload, gateway, profile=profile, pods=pods, seed=args.seed, time_scale=args.time_scale,
         workdir=workdir, progress=progress.update,
     )  # fmt: skip
     try:
@@ -361,18 +377,25 @@ def _slo(args: argparse.Namespace, profile: Profile) -> report.Slo:
     )
 
 
-def plan_policies(args: argparse.Namespace) -> list[Policy]:
+def plan_policies(args: argparse.Namespace) -> list[Policy | Peer]:
+    """The arms to run: epp's policies, and in live mode the real peer routers (`peers` names them
+    all: epp.bench.peers)."""
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if names == ["all"] or not names:
         return [p for name, p in POLICIES.items() if name not in ADMISSION or name == "gie-approx"]
     if names == ["admission"]:
         return [POLICIES[n] for n in ADMISSION]
-    unknown = [n for n in names if n not in POLICIES]
+    names = [m for n in names for m in (PEERS if n == "peers" else [n])]
+    unknown = [n for n in names if n not in POLICIES and n not in PEERS]
     if unknown:
         raise BenchConfigError(
-            f"--policies: unknown policy {unknown[0]!r}; allowed: {', '.join(POLICIES)}, all, admission"
+            f"--policies: unknown policy {unknown[0]!r}; allowed: {', '.join(POLICIES)}, all, admission, "
+            f"and in live mode the real routers {', '.join(PEERS)} (or peers, all of them)"
         )
-    return [POLICIES[n] for n in dict.fromkeys(names)]
+    peers = [n for n in names if n in PEERS]
+    if peers and getattr(args, "mode", "fast") != "live":
+        raise BenchConfigError(f"--policies: {peers[0]} is a real router, which runs in --mode live only")
+    return [PEERS[n] if n in PEERS else POLICIES[n] for n in dict.fromkeys(names)]
 
 
 def _allowed_workloads() -> str:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import heapq
+import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -132,6 +133,12 @@ class RunResult:
     end: float = 0.0  # virtual time of the last event, from the start of the run
     steps: int = 0
     stopped_early: bool = False  # the safety limit on virtual time ended the run
+    # Live mode: the router's CPU seconds over the measured stretch, and the fleet's own
+    # prefix-cache counters (tokens) and completed requests per pod, read from the pods.
+    router_cpu_s: float = math.nan
+    fleet_prefix_hits: int = 0
+    fleet_prefix_queries: int = 0
+    fleet_requests_per_pod: list[int] | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -259,6 +266,8 @@ class FastRun:
         finally:
             random.setstate(state)
         self.result.wall_s = time.perf_counter() - started
+        self.result.fleet_prefix_hits = sum(e.prefix_cache_hits for e in self.engines)
+        self.result.fleet_prefix_queries = sum(e.prefix_cache_queries for e in self.engines)
         return self.result
 
     async def _loop(self) -> None:

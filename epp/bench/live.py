@@ -1,4 +1,4 @@
-"""Live mode: one workload, one policy, through a real Envoy and `epp serve`, in real time.
+"""Live mode: one workload, one arm (epp with a policy, or a real peer router), in real time.
 
 Where fast mode (`epp.bench.fast`) runs the scheduler in-process in virtual time, live mode runs
 what a user deploys, on 127.0.0.1:
@@ -6,14 +6,20 @@ what a user deploys, on 127.0.0.1:
 - a fleet of simulated vLLM pods (`epp.sim.fleet.SimFleet`, one HTTP server per pod on this
   process's background thread) running the workload's engine profile in real time, multiplied by
   `time_scale`; they publish vLLM KV events when the policy reads them;
-- `epp serve` as a subprocess with the policy's EndpointPickerConfig (`--config-text`), an
-  endpoints file naming each pod (and its KV-event publisher, with `--kv-events connect`, when the
-  policy needs events), scraping the pods' /metrics as in production;
-- a real Envoy in front (ext-proc FULL_DUPLEX_STREAMED to epp, ORIGINAL_DST to the pod it picks);
-- the workload's requests, the same seeded token-id prompts as in fast mode, sent at their
-  arrival times (open loop) or by their users (closed loop) as streaming `/v1/completions` with
-  usage, by an aiohttp client. A request's TTFT is the time to its first SSE data line; its cached
-  tokens are what the pod reported in `usage.prompt_tokens_details.cached_tokens`.
+- the arm's router in front (`epp.bench.gateways`): `epp serve` as a subprocess with the policy's
+  EndpointPickerConfig behind a real Envoy (ext-proc FULL_DUPLEX_STREAMED, ORIGINAL_DST to the pod
+  epp picks), as users run it; or a peer's own binary (`epp.bench.peers`) with the pods as its
+  workers;
+- the workload's requests, the same seeded prompts as in fast mode, as text that the pods
+  tokenize back to the workload's token ids (`epp.bench.words`: routers that match text need
+  text), sent at their arrival times (open loop) or by their users (closed loop) as streaming
+  `/v1/completions` with usage, by an aiohttp client. A request's TTFT is the time to its first SSE
+  data line; its cached tokens are what the pod reported in
+  `usage.prompt_tokens_details.cached_tokens`.
+
+Besides the requests, a run records the router's CPU seconds over the measured stretch (from the
+fleet's reset to the drain's end) and the fleet's own prefix-cache counters (hits and queries, in
+tokens, summed over the pods), so that every arm's hit rate comes from the same place.
 
 Priorities and tenants (`Prompt.priority`, `fairness_id`) travel as in fast mode: an objective
 named `priority-<n>` (the endpoints file lists them, `objectives:`) and the fairness-ID header.
@@ -43,7 +49,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from epp.bench.fast import FAIRNESS_HEADER, MODEL, OBJECTIVE_PREFIX, RequestRecord, RunResult, Sample
-from epp.bench.policies import Policy
+from epp.bench.gateways import HOST, REQUEST_TIMEOUT_S, EppGateway, Gateway
+from epp.bench.words import WordCodec
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
 from epp.requestcontrol.admission import OBJECTIVE_HEADER
 from epp.sim.profiles import Profile
@@ -53,21 +60,18 @@ if TYPE_CHECKING:
 
     from epp.sim.fleet import SimFleet
 
-HOST = "127.0.0.1"
 SAMPLE_EVERY_S = 0.1
 """Wall seconds between two samples of the fleet's queues and KV usage (for the report's mean queue
 depth and load spread; epp scrapes on its own, every 50 ms)."""
-REQUEST_TIMEOUT_S = 3600.0
-"""Wall seconds one request may take, in Envoy's route and in the client."""
 
 
 class LiveRun:
-    """One policy over one workload through Envoy and epp; `run()` once."""
+    """One arm over one workload through its router; `run()` once."""
 
     def __init__(
         self,
         workload: Workload,
-        policy: Policy,
+        gateway: Gateway,
         *,
         profile: Profile,
         pods: int,
@@ -85,14 +89,14 @@ class LiveRun:
                 f"workload {workload.name!r} starts from zero pods, which live mode does not model"
             )
         self.workload = workload
-        self.policy = policy
+        self.gateway = gateway
         self.profile = profile
         self.pods = pods
         self.time_scale = time_scale
         self.workdir = workdir
         self.progress = progress
-        self.logs: list[tuple[str, Path]] = []  # (what, log file) of every process started
-        self.result = RunResult(workload.name, policy.name, seed, pods, profile.name, [], [])
+        self.logs = gateway.logs  # (what, log file) of every process started
+        self.result = RunResult(workload.name, gateway.name, seed, pods, profile.name, [], [])
         self.errors: list[str] = []  # the first few failed requests' errors, for the log
         self.preemptions = 0  # the fleet's total (per-request counts are not visible over HTTP)
         # How far this machine fell behind the workload's clock (wall seconds): the pods' step
@@ -100,7 +104,7 @@ class LiveRun:
         self.pods_behind_s = 0.0
         self.client_behind_s = 0.0
         self._t0 = 0.0
-        self._metrics_url = ""  # epp's /metrics, once it runs
+        self._codec = WordCodec()
         # (id of token ids, max_tokens, id of output ids) -> (token ids, output ids, body): the
         # lists are kept with the body, so their ids cannot be reused while the entry lives.
         self._bodies: dict[tuple[int, int, int], tuple[Sequence[int], object, bytes]] = {}
@@ -112,7 +116,7 @@ class LiveRun:
         from epp.sim.engine import SimConfig
         from epp.sim.fleet import SimFleet
 
-        kv = f"tcp://{HOST}:0" if self.policy.kv_events else None
+        kv = f"tcp://{HOST}:0" if self.gateway.kv_events else None
         configs = [
             SimConfig.from_profile(
                 self.profile,
@@ -135,58 +139,22 @@ class LiveRun:
         return self.result
 
     def _run_on(self, fleet: SimFleet) -> None:
-        from epp.demo.arms import endpoints_yaml, wait_subscribed
-        from epp.demo.workload import wait_routable
-        from epp.gateway.envoy import BodyMode, GatewayParams
-        from epp.gateway.processes import EnvoyServer, EppServer, free_ports
-
         # File names for the configs and logs (a trace's workload name holds its path).
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.workload.name}-{self.policy.name}").strip("_")
-        endpoints = self.workdir / f"endpoints-{name}.yaml"
-        # The objectives `priority-<n>` fast mode's Director knows (epp.bench.fast._Objectives).
-        objectives = "objectives:\n" + "".join(f"  {OBJECTIVE_PREFIX}{n}: {n}\n" for n in range(-10, 11))
-        endpoints.write_text(endpoints_yaml(fleet) + objectives)
-        extra = ["--log-level", "warning", "--config-text", self.policy.config_text()]
-        if self.policy.kv_events:
-            extra += ["--kv-events", "connect"]
-        subscribed = fleet.kv_subscriptions()
-        epp = EppServer(self.workdir / f"epp-{name}.log", endpoints_file=endpoints, extra_args=extra)
-        envoy: EnvoyServer | None = None
-        self.logs.append((f"epp ({name})", epp.process.log_path))
+        label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.workload.name}-{self.gateway.name}").strip("_")
         try:
-            epp.start(timeout=60.0)
-            if self.policy.kv_events:
-                wait_subscribed(fleet, subscribed, within=30.0)
-            listen, admin = free_ports(2)
-            params = GatewayParams(
-                listen_port=listen,
-                admin_port=admin,
-                epp_addresses=(epp.grpc_address,),
-                body_mode=BodyMode.FULL_DUPLEX_STREAMED,
-                route_timeout=REQUEST_TIMEOUT_S,
-                request_timeout=REQUEST_TIMEOUT_S,  # flow control may hold a request up to its budget
-                access_log_path=str(self.workdir / f"access-{name}.log"),
-            )
-            envoy = EnvoyServer(self.workdir, params, name=f"envoy-{name}")
-            self.logs.append((f"envoy ({name})", envoy.log_path))
-            envoy.start()
-            base_url = f"http://{HOST}:{listen}"
-            asyncio.run(wait_routable(base_url, within=30.0))
+            base_url = self.gateway.start(fleet, self.workdir, label)
             # Start measuring from cold caches and zeroed counters (the probe touched no engine).
             fleet.reset()
-            self._metrics_url = f"http://{HOST}:{epp.metrics_port}/metrics"
+            cpu_before = self.gateway.cpu_seconds()
             asyncio.run(self._drive(base_url, fleet))
-            # epp's and Envoy's counters (decisions, stream errors, ext-proc failures) for whoever
-            # reads the logs.
-            (self.workdir / f"epp-{name}.metrics").write_text(epp.metrics_text())
-            stats = envoy.admin_stats()
-            (self.workdir / f"envoy-{name}.stats").write_text(
-                "".join(f"{k}: {v}\n" for k, v in stats.items())
-            )
+            self.result.router_cpu_s = self.gateway.cpu_seconds() - cpu_before
+            stats = fleet.stats()
+            self.result.fleet_prefix_hits = sum(int(s["prefix_cache_hits"]) for s in stats)
+            self.result.fleet_prefix_queries = sum(int(s["prefix_cache_queries"]) for s in stats)
+            self.result.fleet_requests_per_pod = [int(s["completed"]) for s in stats]
+            self.gateway.save(self.workdir, label)
         finally:
-            if envoy is not None:
-                envoy.stop()
-            epp.stop()
+            self.gateway.stop()
 
     # --- the load ---------------------------------------------------------------------------------
 
@@ -287,13 +255,13 @@ class LiveRun:
             return known[2]
         body: dict[str, Any] = {
             "model": MODEL,
-            "prompt": prompt.token_ids,
+            "prompt": self._codec.text(prompt.token_ids),
             "max_tokens": prompt.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
         if prompt.output_token_ids is not None:
-            body["sim_output_token_ids"] = prompt.output_token_ids
+            body["sim_output_token_ids"] = self._codec.pod_ids(prompt.output_token_ids)
         encoded = msgspec.json.encode(body)
         if len(self._bodies) > 4096:  # bounded: the oldest first
             del self._bodies[next(iter(self._bodies))]
@@ -318,8 +286,10 @@ class LiveRun:
             await asyncio.sleep(SAMPLE_EVERY_S)
 
     async def _queued(self, session: aiohttp.ClientSession) -> dict[int, int]:
+        if not isinstance(self.gateway, EppGateway):
+            return {}  # flow control is epp's; a peer's page is not read (it would cost it CPU)
         try:
-            async with session.get(self._metrics_url) as resp:
+            async with session.get(self.gateway.metrics_url) as resp:
                 text = await resp.text()
         except (OSError, TimeoutError) as exc:  # aiohttp.ClientError is an OSError
             if len(self.errors) < 5:

@@ -21,7 +21,14 @@ Definitions (all from the requests served, status 200):
   decides. Unavoidable cold prefills do not count in it, unlike TTFT p99.
 - `slo_met`: the share of requests meeting both latency targets, TTFT <= `slo_ttft_s` and TPOT <=
   `slo_tpot_s` (`Slo`: per profile, `--slo-ttft` / `--slo-tpot`).
+- `goodput`: the share of all requests sent (refused and failed ones included) served within both
+  targets; `goodput_req_per_s` the same requests per second of the makespan.
 - `req_per_s`, `output_tok_per_s`: over the makespan, from the start to the last finish.
+- `fleet_hit_rate`: the pods' own prefix-cache hits over queries (tokens), summed over the fleet:
+  the same counters for every arm, a peer's included.
+- `router_cpu_ms_per_request` (live mode): CPU milliseconds the router's processes used from the
+  fleet's reset to the drain's end (epp's workers and its Envoy for epp; the peer's process tree
+  for a peer), over the requests sent.
 - `mean_queue`: vLLM's waiting requests per pod, averaged over the scrape ticks (every 50 ms).
 - `load_spread`: requests served by the busiest pod / the mean per pod (1.0 = even).
 - `points`: the same per stage (a QPS step, a sharing ratio), for requests arriving in it;
@@ -137,8 +144,10 @@ def _rates(records: Sequence[RequestRecord], slo: Slo | None = None) -> dict[str
         "ttft_p90_s": percentile(ttft, 90),
         "ttft_p99_s": percentile(ttft, 99),
         "e2e_p50_s": percentile(e2e, 50),
+        "e2e_p90_s": percentile(e2e, 90),
         "e2e_p99_s": percentile(e2e, 99),
         "tpot_p50_s": percentile(tpots, 50),
+        "tpot_p90_s": percentile(tpots, 90),
         "tpot_p99_s": percentile(tpots, 99),
         "queueing_p90_s": percentile(queueing, 90),
         "queueing_p99_s": percentile(queueing, 99),
@@ -176,17 +185,34 @@ def summarize(result: RunResult, stages: Sequence[Stage], slo: Slo | None = None
     for r in served:
         per_pod[r.pod] += 1
     mean_per_pod = len(served) / result.pods if result.pods else 0.0
+    rates = _rates(served, slo)
+    met = rates["slo_met"] * len(served) if served else 0.0
     out: dict[str, Any] = {
         "requests": len(result.records),
         "served": len(served),
         "failed": sum(1 for r in result.records if r.status not in (0, 200)),
         "unfinished": sum(1 for r in result.records if r.status == 0),
-        **_rates(served, slo),
+        **rates,
+        # Served within both latency targets, over every request sent (refused ones count as
+        # missed), and the same per second of the run.
+        "goodput": met / len(result.records) if result.records else math.nan,
         "req_per_s": len(served) / span if span else math.nan,
+        # Requests that met the latency target, per second of the run: goodput as a rate.
+        "goodput_req_per_s": met / span if span else math.nan,
         "output_tok_per_s": sum(r.output_tokens for r in served) / span if span else math.nan,
         "mean_queue": _mean_queue(result.samples),
         "load_spread": max(per_pod) / mean_per_pod if mean_per_pod else math.nan,
-        "requests_per_pod": per_pod,
+        "requests_per_pod": result.fleet_requests_per_pod or per_pod,
+        # The pods' own prefix-cache counters (tokens): the same source for every arm.
+        "fleet_hit_rate": (
+            result.fleet_prefix_hits / result.fleet_prefix_queries
+            if result.fleet_prefix_queries
+            else math.nan
+        ),
+        # The router's own CPU (live mode: epp with its Envoy, or the peer's process), per request.
+        "router_cpu_ms_per_request": (
+            result.router_cpu_s * 1000 / len(result.records) if result.records else math.nan
+        ),
         "preemptions": sum(r.preemptions for r in served),
         "makespan_s": span,
         "wall_s": result.wall_s,
