@@ -197,7 +197,10 @@ def run(args: argparse.Namespace) -> int:
                 runs[policy.name]["slo_headers"] = True
             ttfts[policy.name] = report.ttft_values(result)
             # Written after every policy: a long run keeps what it finished.
-            results[name] = report.workload_entry(workload, profile.name, pods, runs)
+            mixed = _pod_profiles(args, workload)
+            results[name] = report.workload_entry(
+                workload, profile.name, pods, runs, [p.name for p in mixed] if mixed else None
+            )
             report.write_results(path, seed=args.seed, mode=args.mode, workloads=results)
         print(report.table(name, results[name]), end="\n\n", flush=True)
         if not args.no_plots:
@@ -228,11 +231,22 @@ def _run_fast(
             "x-slo-ttft-ms": f"{slo.ttft_s * 1000:.6g}",
             "x-slo-tpot-ms": f"{slo.tpot_s * 1000:.6g}",
         }
+    mixed = _pod_profiles(args, workload)
+    if mixed is not None:
+        kwargs["pod_profiles"] = mixed
     if args.replicas > 1:
         from epp.bench import replicas
 
         return replicas.ReplicatedRun(workload, policy, replicas=args.replicas, **kwargs).run()
     return fast.FastRun(workload, policy, **kwargs).run()
+
+
+def _pod_profiles(args: argparse.Namespace, workload: Workload) -> list[Profile] | None:
+    """A mixed fleet's profiles, pod by pod (a workload's `pod_profiles`), unless --profile or
+    --pods asks for a uniform fleet."""
+    if workload.pod_profiles is None or args.profile or args.pods:
+        return None
+    return [get_profile(name) for name in workload.pod_profiles]
 
 
 def _run_live(
@@ -256,7 +270,7 @@ def _run_live(
     )
     run = live.LiveRun(
         workload, gateway, profile=profile, pods=pods, seed=args.seed, time_scale=args.time_scale,
-        workdir=workdir, progress=progress.update,
+        workdir=workdir, progress=progress.update, pod_profiles=_pod_profiles(args, workload),
     )  # fmt: skip
     try:
         result = run.run()
@@ -341,7 +355,9 @@ def _plan(args: argparse.Namespace) -> _Plan:
             profile = get_profile(args.profile or cls.default_profile)
         except ValueError as err:
             raise BenchConfigError(f"--profile: {err}") from None
-        pods = args.pods or cls.default_pods
+        pods = args.pods or (
+            len(cls.pod_profiles) if cls.pod_profiles and not args.profile else cls.default_pods
+        )
         fleet = Fleet(pods, profile.num_gpu_blocks * profile.block_size, profile.max_model_len)
         plan.append((name, _builder(name, cls, args, fleet), profile, pods))
     return plan

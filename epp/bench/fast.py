@@ -163,12 +163,16 @@ class FastRun:
         scrape_interval_s: float = 0.05,
         progress: Callable[[float], None] | None = None,
         request_headers: Mapping[str, str] | None = None,
+        pod_profiles: Sequence[Profile] | None = None,
     ) -> None:
+        """`pod_profiles`: each pod's profile, for a mixed fleet (the same block size in all; a
+        workload's `pod_profiles`); None = `profile` for every pod."""
         if pods <= 0:
             raise ValueError(f"pods must be > 0, got {pods}")
         self.workload = workload
         self.policy = policy
         self.profile = profile
+        self.profiles = pod_profiles_of(profile, pods, pod_profiles)
         self.seed = seed
         self.kv_delay_s = kv_delay_s
         self.scrape_interval_s = scrape_interval_s
@@ -198,7 +202,8 @@ class FastRun:
             flow_control=self.flow,
         )
         self.engines = [
-            core.Engine(profile, name=s.name, record_events=self.index is not None) for s in specs
+            core.Engine(prof, name=s.name, record_events=self.index is not None)
+            for prof, s in zip(self.profiles, specs, strict=True)
         ]
         self._pod_of = {s.name: i for i, s in enumerate(specs)}
         self._prefix_digests = blocks.PrefixDigests(profile.block_size)
@@ -491,7 +496,7 @@ class FastRun:
             record.output_tokens = req.num_output_tokens
             record.preemptions = req.num_preemptions
             record.isolated_prefill_s = isolated_prefill_s(
-                self.profile, record.prompt_tokens, req.num_cached_tokens
+                self.profiles[pod], record.prompt_tokens, req.num_cached_tokens
             )
             flight.ctx.tracker.usage = Usage(
                 record.prompt_tokens, req.num_output_tokens, req.num_cached_tokens
@@ -518,7 +523,6 @@ class FastRun:
 
     def _scrape(self) -> None:
         now = self.now
-        p = self.profile
         waiting, running, usage = [], [], []
         pods = self.endpoints  # none before a cold start's pods are up
         for ep, engine, finished in zip(pods, self.engines[: len(pods)], self._finished, strict=False):
@@ -526,8 +530,8 @@ class FastRun:
                 waiting=engine.num_waiting,
                 running=engine.num_running,
                 kv_usage=engine.kv_usage,
-                block_size=p.block_size,
-                num_gpu_blocks=p.num_gpu_blocks,
+                block_size=engine.profile.block_size,
+                num_gpu_blocks=engine.profile.num_gpu_blocks,
                 updated_at=now,
                 requests_total=float(finished),
             )
@@ -559,6 +563,17 @@ class _Objectives:
             except ValueError:
                 return None
         return None
+
+
+def pod_profiles_of(profile: Profile, pods: int, pod_profiles: Sequence[Profile] | None) -> list[Profile]:
+    """Each pod's profile: `pod_profiles` (one per pod, one block size) or `profile` for all."""
+    if pod_profiles is None:
+        return [profile] * pods
+    if len(pod_profiles) != pods:
+        raise ValueError(f"{len(pod_profiles)} pod profiles for {pods} pods")
+    if len({p.block_size for p in pod_profiles}) > 1:
+        raise ValueError("a mixed fleet needs one block size (the prefix digests are shared)")
+    return list(pod_profiles)
 
 
 def isolated_prefill_s(profile: Profile, prompt_tokens: int, cached_tokens: int) -> float:

@@ -48,7 +48,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from epp.bench.fast import FAIRNESS_HEADER, MODEL, OBJECTIVE_PREFIX, RequestRecord, RunResult, Sample
+from epp.bench.fast import (
+    FAIRNESS_HEADER,
+    MODEL,
+    OBJECTIVE_PREFIX,
+    RequestRecord,
+    RunResult,
+    Sample,
+    pod_profiles_of,
+)
 from epp.bench.gateways import HOST, REQUEST_TIMEOUT_S, EppGateway, Gateway
 from epp.bench.words import WordCodec
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
@@ -79,6 +87,7 @@ class LiveRun:
         time_scale: float,
         workdir: Path,
         progress: Callable[[float], None] | None = None,
+        pod_profiles: Sequence[Profile] | None = None,
     ) -> None:
         if pods <= 0:
             raise ValueError(f"pods must be > 0, got {pods}")
@@ -91,6 +100,7 @@ class LiveRun:
         self.workload = workload
         self.gateway = gateway
         self.profile = profile
+        self.profiles = pod_profiles_of(profile, pods, pod_profiles)
         self.pods = pods
         self.time_scale = time_scale
         self.workdir = workdir
@@ -119,14 +129,14 @@ class LiveRun:
         kv = f"tcp://{HOST}:0" if self.gateway.kv_events else None
         configs = [
             SimConfig.from_profile(
-                self.profile,
+                prof,
                 name=f"pod-{i}",
                 served_model=MODEL,
                 time_scale=self.time_scale,
                 kv_events=kv,
                 max_output_tokens=1 << 20,  # the workload says how many; never cut
             )
-            for i in range(self.pods)
+            for i, prof in enumerate(self.profiles)
         ]
         started = time.perf_counter()
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -243,13 +243,27 @@ def _point(
     }
 
 
+def _fleet(entry: Mapping[str, Any]) -> str:
+    mix = entry.get("pod_profiles")
+    if not mix:
+        return f"{entry['pods']} pods x {entry['profile']}"
+    counts = {name: mix.count(name) for name in dict.fromkeys(mix)}
+    return " + ".join(f"{n} pods x {name}" for name, n in counts.items())
+
+
 def workload_entry(
-    workload: Workload, profile: str, pods: int, runs: Mapping[str, dict[str, Any]]
+    workload: Workload,
+    profile: str,
+    pods: int,
+    runs: Mapping[str, dict[str, Any]],
+    pod_profiles: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     return {
         "description": workload.description,
         "profile": profile,
         "pods": pods,
+        # A mixed fleet's profiles, pod by pod (None: `profile` on every pod).
+        "pod_profiles": list(pod_profiles) if pod_profiles else None,
         "duration_s": workload.duration,
         "scale": workload.scale,
         "stages": [
@@ -325,7 +339,7 @@ def table(name: str, entry: Mapping[str, Any]) -> str:
     """The workload's comparison as a Markdown table (times in seconds), plus per-stage p90 TTFT."""
     lines = [
         f"### {name}: {entry['description']}",
-        f"{entry['pods']} pods x {entry['profile']}, {entry['duration_s']:.0f} s of arrivals; "
+        f"{_fleet(entry)}, {entry['duration_s']:.0f} s of arrivals; "
         "TPOT in ms, other times in s; " + _slo_note(entry),
         "",
         "| " + " | ".join(c[0] for c in _COLUMNS) + " |",

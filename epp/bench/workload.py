@@ -84,6 +84,9 @@ class Workload(abc.ABC):  # noqa: B024  (abstract through OpenLoop / ClosedLoop)
     # Seconds (of the workload's time) at which the fleet's pods come up; None: up from the start
     # (a cold start from zero pods otherwise: requests before it find an empty pool).
     pods_ready_at: float | None = None
+    # A mixed fleet: each pod's profile name (one block size for all), unless --profile or --pods
+    # asks for a uniform one; `default_profile` is then the first of them, for sizing and the SLO.
+    pod_profiles: tuple[str, ...] | None = None
 
     def __init__(self, *, seed: int, scale: float, fleet: Fleet) -> None:
         if scale <= 0:

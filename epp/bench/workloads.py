@@ -10,6 +10,9 @@
   a rate past the fleet's capacity.
 - `chat` (closed loop, 48 users): conversations growing turn by turn on one of 8 app system prompts.
 
+- `kv-pressure`, `rag`, `agentic`, `bursty`, `mixed-fleet` (`epp.bench.hard`): where routing is
+  hard, each after a published trace or user report.
+
 - `overload-3x`, `tenant-burst`, `tenant-steady`, `cold-start` (`epp.bench.overload`): overload,
   priority classes and tenants, and a cold start, for flow control (`--policies admission`).
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from epp.bench.hard import HARD_WORKLOADS
 from epp.bench.overload import OVERLOAD_WORKLOADS
 from epp.bench.workload import ClosedLoop, Fleet, OpenLoop, Prompt, Workload, poisson_times, token_ids
 
@@ -237,6 +241,7 @@ class Chat(ClosedLoop):
 
 
 WORKLOADS: dict[str, type[Workload]] = {
-    w.name: w for w in (SeedStress, LlmD, Hotspot, Unique, UniqueSaturating, Chat, *OVERLOAD_WORKLOADS)
+    w.name: w
+    for w in (SeedStress, LlmD, Hotspot, Unique, UniqueSaturating, Chat, *HARD_WORKLOADS, *OVERLOAD_WORKLOADS)
 }
 """The synthetic workloads by name (`trace:<path>` is built by `epp.bench.trace`)."""

@@ -139,6 +139,24 @@ def _profiles() -> dict[str, Profile]:
         kv_read_token_s=4.73e-7,
         description="CodeLlama-13B, bf16, one A100-80GB (Ranvier's benchmark model)",
     )
+    codellama_h100 = Profile(
+        name="codellama-13b-h100",
+        # The same model on one H100-80GB SXM, from hardware specs as llama-3.1-70b-h100 (no
+        # published latency): the same KV room as on the A100 (80 GiB either way), weights read at
+        # 3.35 TB/s x 0.85, linear layers at 989 TFLOPS x 0.6, attention at 989 x 0.4. For a mixed
+        # fleet beside codellama-13b-a100 pods: ~1.6x faster decode, ~2.4x faster prefill.
+        block_size=16,
+        num_gpu_blocks=3650,
+        max_num_seqs=256,
+        max_num_batched_tokens=2048,
+        max_model_len=16384,
+        step_overhead_s=0.003,
+        weights_read_s=0.00913,  # 26.0 GB at 2.85 TB/s
+        token_s=4.38e-5,  # 26.0 GFLOPs a token at 989 TFLOPS x 0.6
+        attention_pair_s=2.07e-9,  # 819,200 FLOPs a pair at 989 TFLOPS x 0.4
+        kv_read_token_s=2.88e-7,  # 819,200 bytes a token at 2.85 TB/s
+        description="CodeLlama-13B, bf16, one H100-80GB; from hardware specs (for mixed fleets)",
+    )
     llama70 = Profile(
         name="llama-3.1-70b-h100",
         # 4 x H100-80GB SXM, bf16, TP4: 4 x 72 GiB - 131.5 GiB weights - ~12 GiB = ~144 GiB of KV
@@ -171,7 +189,7 @@ def _profiles() -> dict[str, Profile]:
         kv_read_token_s=4.6e-8,  # 262,144 bytes a token over 2 GPUs
         description="Qwen3-32B, bf16, 2 x H100-80GB (TP2): llm-d's precise prefix-cache benchmark pod",
     )
-    return {p.name: p for p in (tiny, codellama, llama70, qwen3)}
+    return {p.name: p for p in (tiny, codellama, codellama_h100, llama70, qwen3)}
 
 
 PROFILES: Mapping[str, Profile] = MappingProxyType(_profiles())
