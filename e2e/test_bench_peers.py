@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from epp import cli
+from epp.bench import inference_perf
 from epp.bench.peers import PEERS, peers_dir
 
 pytestmark = pytest.mark.e2e
@@ -66,3 +67,30 @@ def test_live_bench_runs_real_peer_routers(
         assert 0 < run["fleet_hit_rate"] < 0.95, (name, run)
         assert run["router_cpu_ms_per_request"] > 0, (name, run)
     assert (out / "logs" / "trace-smg.log").exists() or any((out / "logs").glob("*smg*.log"))
+
+
+def test_inference_perf_sends_the_load(
+    e2e_prerequisites: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kubernetes-sigs' inference-perf as the client: its own shared-prefix prompts through epp and
+    smg, its per-request report as the records."""
+    where = peers_dir()
+    if not (PEERS["smg"].installed(where) and inference_perf.installed(where)):
+        message = f"no smg or inference-perf venv at {where}: run `bash scripts/peers-env` first"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    out = tmp_path / "out"
+    status = cli.main([
+        "bench", "--mode", "live", "--workload", "shared-prefix", "--client", "inference-perf",
+        "--policies", "epp,smg", "--pods", "2", "--duration", "2", "--out", str(out), "--no-plots",
+    ])  # fmt: skip
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-3000:]
+    (entry,) = json.loads((out / "results.json").read_text())["workloads"].values()
+    for name, run in entry["policies"].items():
+        # ~20 req/s for 2 s, Poisson: over 20 requests, every one answered.
+        assert run["requests"] > 20 and run["served"] == run["requests"], (name, run)
+        assert 0 < run["ttft_p50_s"] <= run["ttft_p99_s"], (name, run)
+        # Every tenant's system prompt is cached after its first request on a pod.
+        assert run["fleet_hit_rate"] > 0.3, (name, run)

@@ -76,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "inflates epp's and Envoy's own milliseconds 2x in the report)",
     )
     parser.add_argument(
+        "--client",
+        choices=["epp", "inference-perf"],
+        default="epp",
+        help="live mode: who sends the load: epp's own client with the workload's seeded prompts "
+        "(default), or kubernetes-sigs' inference-perf (scripts/peers-env) generating the "
+        "workload's inference-perf form (shared-prefix)",
+    )
+    parser.add_argument(
         "--peers-dir",
         default=None,
         help="live mode: where scripts/peers-env built the peer routers' environments (default "
@@ -271,6 +279,7 @@ def _run_live(
     run = live.LiveRun(
         workload, gateway, profile=profile, pods=pods, seed=args.seed, time_scale=args.time_scale,
         workdir=workdir, progress=progress.update, pod_profiles=_pod_profiles(args, workload),
+        client=args.client, peers_dir=peers_dir(args.peers_dir),
     )  # fmt: skip
     try:
         result = run.run()
@@ -343,6 +352,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise BenchConfigError(f"--kv-delay must be >= 0, got {args.kv_delay}")
     if args.slo_headers and args.mode != "fast":
         raise BenchConfigError("--slo-headers is for --mode fast")
+    if args.client != "epp" and args.mode != "live":
+        raise BenchConfigError("--client is for --mode live")
     plan: _Plan = []
     for name in dict.fromkeys(names):
         if name.startswith(TRACE_PREFIX):
@@ -359,7 +370,13 @@ def _plan(args: argparse.Namespace) -> _Plan:
             len(cls.pod_profiles) if cls.pod_profiles and not args.profile else cls.default_pods
         )
         fleet = Fleet(pods, profile.num_gpu_blocks * profile.block_size, profile.max_model_len)
-        plan.append((name, _builder(name, cls, args, fleet), profile, pods))
+        build = _builder(name, cls, args, fleet)
+        if args.client == "inference-perf":
+            try:
+                build().inference_perf_form()
+            except NotImplementedError as err:
+                raise BenchConfigError(f"--client inference-perf: {err}") from None
+        plan.append((name, build, profile, pods))
     return plan
 
 

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from epp.bench import inference_perf
 from epp.bench.fast import (
     FAIRNESS_HEADER,
     MODEL,
@@ -88,7 +89,12 @@ class LiveRun:
         workdir: Path,
         progress: Callable[[float], None] | None = None,
         pod_profiles: Sequence[Profile] | None = None,
+        client: str = "epp",
+        peers_dir: Path | None = None,
     ) -> None:
+        """`client`: "epp" (this module's aiohttp client, the workload's own prompts) or
+        "inference-perf" (`epp.bench.inference_perf`: the workload's inference-perf form, run by
+        the binary under `peers_dir`)."""
         if pods <= 0:
             raise ValueError(f"pods must be > 0, got {pods}")
         if not time_scale > 0:
@@ -101,6 +107,10 @@ class LiveRun:
         self.gateway = gateway
         self.profile = profile
         self.profiles = pod_profiles_of(profile, pods, pod_profiles)
+        if client not in ("epp", "inference-perf"):
+            raise ValueError(f"unknown client {client!r}; allowed: epp, inference-perf")
+        self.client = client
+        self.peers_dir = peers_dir or Path(".venv-peers")
         self.pods = pods
         self.time_scale = time_scale
         self.workdir = workdir
@@ -156,7 +166,10 @@ class LiveRun:
             # Start measuring from cold caches and zeroed counters (the probe touched no engine).
             fleet.reset()
             cpu_before = self.gateway.cpu_seconds()
-            asyncio.run(self._drive(base_url, fleet))
+            if self.client == "inference-perf":
+                asyncio.run(self._drive_inference_perf(base_url, fleet, label))
+            else:
+                asyncio.run(self._drive(base_url, fleet))
             self.result.router_cpu_s = self.gateway.cpu_seconds() - cpu_before
             stats = fleet.stats()
             self.result.fleet_prefix_hits = sum(int(s["prefix_cache_hits"]) for s in stats)
@@ -203,6 +216,30 @@ class LiveRun:
             finally:
                 sampler.cancel()
                 await asyncio.gather(sampler, return_exceptions=True)
+        self.result.end = self._virtual(time.perf_counter())
+
+    async def _drive_inference_perf(self, base_url: str, fleet: SimFleet, label: str) -> None:
+        """inference-perf sends the load (its own prompts); its per-request report is the record."""
+        import aiohttp
+
+        form = self.workload.inference_perf_form()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            self._t0 = time.perf_counter()
+            sampler = asyncio.create_task(self._sample(fleet, session))
+            try:
+                out = await asyncio.to_thread(
+                    inference_perf.run,
+                    self.peers_dir,
+                    form,
+                    base_url,
+                    self.workdir,
+                    label,
+                    time_scale=self.time_scale,
+                )
+            finally:
+                sampler.cancel()
+                await asyncio.gather(sampler, return_exceptions=True)
+        self.result.records = inference_perf.records(out, time_scale=self.time_scale)
         self.result.end = self._virtual(time.perf_counter())
 
     async def _user(self, session: aiohttp.ClientSession, url: str, user: int) -> None:

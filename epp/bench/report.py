@@ -181,10 +181,15 @@ def summarize(result: RunResult, stages: Sequence[Stage], slo: Slo | None = None
     slo = slo or slo_for(result.profile)
     served = [r for r in result.records if r.status == 200]
     span = max((r.finish for r in served if r.finish is not None), default=0.0)
-    per_pod = [0] * result.pods
-    for r in served:
-        per_pod[r.pod] += 1
-    mean_per_pod = len(served) / result.pods if result.pods else 0.0
+    per_pod = (
+        result.fleet_requests_per_pod
+    )  # live mode: the pods' own counts (a proxy may hide which pod served)
+    if per_pod is None:
+        per_pod = [0] * result.pods
+        for r in served:
+            if r.pod >= 0:
+                per_pod[r.pod] += 1
+    mean_per_pod = sum(per_pod) / result.pods if result.pods else 0.0
     rates = _rates(served, slo)
     met = rates["slo_met"] * len(served) if served else 0.0
     out: dict[str, Any] = {
@@ -202,7 +207,7 @@ def summarize(result: RunResult, stages: Sequence[Stage], slo: Slo | None = None
         "output_tok_per_s": sum(r.output_tokens for r in served) / span if span else math.nan,
         "mean_queue": _mean_queue(result.samples),
         "load_spread": max(per_pod) / mean_per_pod if mean_per_pod else math.nan,
-        "requests_per_pod": result.fleet_requests_per_pod or per_pod,
+        "requests_per_pod": per_pod,
         # The pods' own prefix-cache counters (tokens): the same source for every arm.
         "fleet_hit_rate": (
             result.fleet_prefix_hits / result.fleet_prefix_queries

@@ -27,6 +27,10 @@ import dataclasses
 import random
 import sys
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epp.bench.inference_perf import InferencePerfForm
 
 VOCAB = 32_000
 """Synthetic token ids lie in [0, VOCAB) (CodeLlama's and Llama-2's vocabulary size)."""
@@ -95,6 +99,11 @@ class Workload(abc.ABC):  # noqa: B024  (abstract through OpenLoop / ClosedLoop)
         self.scale = scale
         self.fleet = fleet
         self.stages: list[Stage] = []
+
+    def inference_perf_form(self) -> InferencePerfForm:
+        """The workload as kubernetes-sigs' inference-perf generates it (`--client
+        inference-perf`); only workloads with such a form override this."""
+        raise NotImplementedError(f"workload {self.name!r} has no inference-perf form")
 
     def rng(self, *names: object) -> random.Random:
         """An independent random stream for `names` (str seeds hash with SHA-512: the same in
