@@ -569,13 +569,15 @@ def _encode_cached(
     return ids
 
 
-COMMIT_NICENESS = 10
+COMMIT_NICENESS = 10  # added to the process's own niceness (Linux caps the sum at 19)
 
 
 def _lower_priority() -> None:
-    """Run this thread at COMMIT_NICENESS (Linux schedules threads by their own nice value)."""
+    """Run this thread COMMIT_NICENESS below the process's priority (Linux schedules threads by
+    their own nice value). Relative, so a process started niced keeps its commits below it."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMMIT_NICENESS)
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + COMMIT_NICENESS))
     except (AttributeError, OSError) as e:  # not Linux, or a sandbox that forbids it
         log.debug("commit thread keeps its priority: %s", e)
 

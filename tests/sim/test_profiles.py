@@ -96,12 +96,15 @@ def test_lookup_and_validation() -> None:
     assert set(profiles.PROFILES) == {
         "tiny",
         "codellama-13b-a100",
+        "codellama-13b-h100",
         "llama-3.1-70b-h100",
         "qwen3-32b-tp2-h100",
     }
     with pytest.raises(
         ValueError,
-        match=re.escape("allowed: codellama-13b-a100, llama-3.1-70b-h100, qwen3-32b-tp2-h100, tiny"),
+        match=re.escape(
+            "allowed: codellama-13b-a100, codellama-13b-h100, llama-3.1-70b-h100, qwen3-32b-tp2-h100, tiny"
+        ),
     ):
         profiles.get_profile("gpt-5")
     tiny = profiles.get_profile("tiny")
@@ -112,3 +115,11 @@ def test_lookup_and_validation() -> None:
         tiny.replace(num_gpu_blocks=10)
     with pytest.raises(ValueError, match="token_s must be >= 0"):
         tiny.replace(token_s=-1.0)
+
+
+def test_the_h100_pod_is_faster_by_its_hardware_ratios() -> None:
+    a100, h100 = profiles.get_profile("codellama-13b-a100"), profiles.get_profile("codellama-13b-h100")
+    assert (a100.num_gpu_blocks, a100.max_model_len) == (h100.num_gpu_blocks, h100.max_model_len)
+    prefill = a100.step_time(4096, 4096 * 4097 // 2, 0, 0) / h100.step_time(4096, 4096 * 4097 // 2, 0, 0)
+    decode = a100.step_time(0, 0, 32, 32 * 2000) / h100.step_time(0, 0, 32, 32 * 2000)
+    assert 2.2 < prefill < 2.8 and 1.4 < decode < 1.8
