@@ -1,6 +1,7 @@
 """InferenceObjectives: the priority of each named objective of our pool.
 
-InferenceObjective `inference.networking.x-k8s.io/v1alpha2` (GIE's API), in the pool's namespace:
+InferenceObjective `v1alpha2`, in the pool's namespace, read from `llm-d.ai` (llm-d Router's
+group) or `inference.networking.x-k8s.io` (GIE's, legacy) by llm-d's rule (`epp.k8s.groups`):
 
 - `spec.poolRef {group, kind, name}`: the pool it belongs to. Only objectives naming our pool
   count (group `inference.networking.k8s.io` and kind `InferencePool`, their defaults when left
@@ -8,11 +9,12 @@ InferenceObjective `inference.networking.x-k8s.io/v1alpha2` (GIE's API), in the 
 - `spec.priority`: an integer, higher is more important, negative is "sheddable" (refused with 429
   while the pool is saturated); unset is 0.
 
-A request names its objective in the header `x-gateway-inference-objective`; an unknown name (or
-none) is priority 0, as in GIE. The `PoolOperator` (pool mode only: pool-less mode has no
-objectives, as GIE's) watches the objectives and replaces the store's contents on every change;
-the data path reads `ObjectiveStore.priority_of` through a Protocol of its own, so it never
-imports this package.
+A request names its objective in the header `x-llm-d-inference-objective` (llm-d v0.10) or
+`x-gateway-inference-objective` (GIE's name, which llm-d still reads); an unknown name (or none)
+is priority 0, as in both. The `PoolOperator` (pool mode only: pool-less mode has no
+objectives, as GIE's and llm-d's) watches the objectives and replaces the store's contents on
+every change; the data path reads `ObjectiveStore.priority_of` through a Protocol of its own, so
+it never imports this package.
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from typing import Any
 
 from epp.k8s import pools
 
-GROUP = "inference.networking.x-k8s.io"
-VERSION = "v1alpha2"
-PLURAL = "inferenceobjectives"
 POOL_KIND = "InferencePool"
 
 
-def objectives_path(namespace: str) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+def belongs_to(spec: Mapping[str, Any], pool_name: str) -> bool:
+    """Whether `spec.poolRef` names our pool (group and kind defaulted as their CRDs do)."""
+    ref = spec.get("poolRef") or {}
+    return (
+        ref.get("name") == pool_name
+        and (ref.get("group") or pools.GROUP) == pools.GROUP
+        and (ref.get("kind") or POOL_KIND) == POOL_KIND
+    )
 
 
 def parse_objective(obj: Mapping[str, Any], pool_name: str) -> int | None:
@@ -37,12 +42,7 @@ def parse_objective(obj: Mapping[str, Any], pool_name: str) -> int | None:
 
     Raises ValueError when it names our pool but its priority is not an integer."""
     spec = obj.get("spec") or {}
-    ref = spec.get("poolRef") or {}
-    if (
-        ref.get("name") != pool_name
-        or (ref.get("group") or pools.GROUP) != pools.GROUP
-        or (ref.get("kind") or POOL_KIND) != POOL_KIND
-    ):
+    if not belongs_to(spec, pool_name):
         return None
     priority = spec.get("priority")
     if priority is None:

@@ -18,10 +18,12 @@ sorted) and, when it differs from the last one, replaces the source's endpoints 
 `Datastore.sync("k8s:<namespace>/<pool>", ...)`. Events reach the datastore as soon as they
 arrive on the watch (there is no batching window).
 
-InferenceObjectives (pool mode, when given an `objectives.ObjectiveStore`): a third reflector on
-the namespace's objectives; every change replaces the store's name -> priority map with those
-naming our pool (`objectives.priorities`). It does not gate readiness: without the CRD (or RBAC
-for it) the reflector retries with warnings and every request keeps priority 0.
+InferenceObjectives and InferenceModelRewrites (pool mode, when given an
+`objectives.ObjectiveStore` / a `ModelRewriteStore`): one watch each on the namespace's objects,
+in the API group llm-d's rule picks (`groups`: llm-d.ai, else the legacy
+inference.networking.x-k8s.io); every change replaces the store's contents with those naming
+our pool (`objectives.priorities`, `rewrites.rewrites`). They do not gate readiness: without the
+CRDs (or RBAC for them) every request keeps priority 0 and its model name.
 
 Readiness: `wait_synced()` returns once endpoints were derived from a listed pool and a listed
 set of pods; while the pool does not exist, it does not return (GIE's EPP is not ready then).
@@ -34,13 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import aiohttp
 
 from epp import tasks
 from epp.datastore import endpoints
-from epp.k8s import connections, events, objectives, pools, watching
+from epp.datastore.model_rewrites import ModelRewriteStore
+from epp.k8s import connections, events, groups, objectives, pools, rewrites, watching
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,8 @@ class PoolOperator:
         pool: pools.PoolSpec | None = None,
         settings: watching.WatchSettings = watching.DEFAULT_SETTINGS,
         objective_store: objectives.ObjectiveStore | None = None,
+        rewrite_store: ModelRewriteStore | None = None,
+        recheck: float = groups.RECHECK_SECONDS,
     ) -> None:
         if (pool_name is None) == (pool is None):
             raise ValueError("give exactly one of pool_name (a pool object) or pool (pool-less mode)")
@@ -77,8 +83,12 @@ class PoolOperator:
         self._problems: set[str] = set()
         self._synced = asyncio.Event()
         self._objective_store = objective_store
-        self._objectives: watching.Reflector | None = None
+        self._objectives: groups.GroupWatch | None = None
         self._objective_problems: set[str] = set()
+        self._rewrite_store = rewrite_store
+        self._rewrites: groups.GroupWatch | None = None
+        self._rewrite_problems: set[str] = set()
+        self._recheck = recheck
         self._ready = False
         self.reason = "not listed yet"
         """Why the source is not ready (meaningless while `ready`)."""
@@ -103,17 +113,25 @@ class PoolOperator:
             settings=self._settings,
             name=f"inferencepool {self.namespace}/{self.pool_name}",
         )
-        self._spawn("pool", self._pool_reflector)
+        self._spawn("pool", self._pool_reflector.run(), self._pool_reflector.name)
         if self._objective_store is not None:
-            self._objectives = watching.Reflector(
-                session=self._session,
-                connection=self._conn,
-                path=objectives.objectives_path(self.namespace),
-                on_change=self._on_objectives_change,
-                settings=self._settings,
-                name=f"inferenceobjectives {self.namespace}",
-            )
-            self._spawn("objectives", self._objectives)
+            self._objectives = self._group_watch(groups.OBJECTIVES, self._on_objectives_change)
+            self._spawn("objectives", self._objectives.run(), "inferenceobjectives")
+        if self._rewrite_store is not None:
+            self._rewrites = self._group_watch(groups.MODEL_REWRITES, self._on_rewrites_change)
+            self._spawn("rewrites", self._rewrites.run(), "inferencemodelrewrites")
+
+    def _group_watch(self, kind: groups.Kind, on_change: Callable[[], None]) -> groups.GroupWatch:
+        assert self._session is not None
+        return groups.GroupWatch(
+            session=self._session,
+            connection=self._conn,
+            kind=kind,
+            namespace=self.namespace,
+            on_change=on_change,
+            settings=self._settings,
+            recheck=self._recheck,
+        )
 
     async def stop(self) -> None:
         running, self._tasks = [*self._tasks.values(), *self._event_tasks], {}
@@ -162,12 +180,11 @@ class PoolOperator:
         changed, self._ready_changed = self._ready_changed, asyncio.Event()
         changed.set()
 
-    def _spawn(self, key: str, reflector: watching.Reflector) -> None:
+    def _spawn(self, key: str, loop: Coroutine[Any, Any, None], name: str) -> None:
         old = self._tasks.pop(key, None)
         if old is not None:
             old.cancel()  # the guard keeps it referenced until its cancellation completes
-        name = f"watch {reflector.name}"
-        self._tasks[key] = tasks.create_guarded_task(reflector.run(), name=name, logger=log)
+        self._tasks[key] = tasks.create_guarded_task(loop, name=f"watch {name}", logger=log)
 
     def _start_pods(self) -> None:
         assert self._session is not None and self._pool is not None
@@ -181,7 +198,7 @@ class PoolOperator:
             settings=self._settings,
             name=f"pods {self.namespace} {selector}",
         )
-        self._spawn("pods", self._pods)
+        self._spawn("pods", self._pods.run(), self._pods.name)
 
     def _stop_pods(self) -> None:
         task = self._tasks.pop("pods", None)
@@ -243,14 +260,11 @@ class PoolOperator:
             self._derive()
 
     def _on_objectives_change(self) -> None:
-        reflector, store = self._objectives, self._objective_store
-        if reflector is None or store is None or self.pool_name is None:
+        watch, store = self._objectives, self._objective_store
+        if watch is None or store is None or self.pool_name is None:
             return
-        found, problems = objectives.priorities(reflector.objects.values(), self.pool_name)
-        for problem in problems:
-            if problem not in self._objective_problems:
-                log.warning("%s: %s", self.source, problem)
-        self._objective_problems = set(problems)
+        found, problems = objectives.priorities(watch.objects.values(), self.pool_name)
+        self._objective_problems = self._log_new(problems, self._objective_problems)
         if found != store.snapshot():
             store.replace(found)
             log.info(
@@ -259,6 +273,28 @@ class PoolOperator:
                 len(found),
                 ", ".join(f"{name}={priority}" for name, priority in sorted(found.items())),
             )
+
+    def _on_rewrites_change(self) -> None:
+        watch, store = self._rewrites, self._rewrite_store
+        if watch is None or store is None or self.pool_name is None:
+            return
+        found, problems = rewrites.rewrites(watch.objects.values(), self.pool_name)
+        self._rewrite_problems = self._log_new(problems, self._rewrite_problems)
+        if tuple(sorted(found, key=lambda r: (r.created, r.name))) != store.rewrites:
+            store.replace(found)
+            log.info(
+                "%s: %d InferenceModelRewrites (%s)",
+                self.source,
+                len(found),
+                ", ".join(r.name for r in store.rewrites),
+            )
+
+    def _log_new(self, problems: list[str], logged: set[str]) -> set[str]:
+        """Log the problems not logged at the previous change; the set to pass next time."""
+        for problem in problems:
+            if problem not in logged:
+                log.warning("%s: %s", self.source, problem)
+        return set(problems)
 
     def _on_pods_change(self) -> None:
         self._derive()

@@ -3,10 +3,14 @@
 It speaks the parts of the real protocol that epp's reflector uses, with the real semantics:
 
 - `GET /api/v1/namespaces/{ns}/pods`,
-  `GET /apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools` and
-  `GET /apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{ns}/inferenceobjectives`: a List whose
-  `metadata.resourceVersion` is the store's current version. `limit` is ignored (all items, no
-  `continue`), which the API allows a server to do.
+  `GET /apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools` and the
+  InferenceObjectives and InferenceModelRewrites of both groups
+  (`/apis/{llm-d.ai,inference.networking.x-k8s.io}/v1alpha2/namespaces/{ns}/<plural>`): a List
+  whose `metadata.resourceVersion` is the store's current version. `limit` is ignored (all items,
+  no `continue`), which the API allows a server to do. A kind whose CRD is not `installed` is a
+  404, as on a real server.
+- Discovery, `GET /apis/{group}/{version}`: an APIResourceList of the installed kinds of that
+  group version; 404 when it has none.
 - `?labelSelector=` (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`) and
   `?fieldSelector=` (`metadata.name`, `metadata.namespace`; any other field is a 400, as for
   custom resources).
@@ -49,11 +53,29 @@ from aiohttp import web
 
 Object = dict[str, Any]
 
+# Resource key (as tests name it) -> (apiVersion, kind). Keys without a group suffix are the
+# core pods, GIE's InferencePool v1 and GIE's legacy inference.networking.x-k8s.io kinds.
 KINDS = {
     "pods": ("v1", "Pod"),
     "inferencepools": ("inference.networking.k8s.io/v1", "InferencePool"),
     "inferenceobjectives": ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"),
+    "inferencemodelrewrites": ("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite"),
+    "inferenceobjectives.llm-d.ai": ("llm-d.ai/v1alpha2", "InferenceObjective"),
+    "inferencemodelrewrites.llm-d.ai": ("llm-d.ai/v1alpha2", "InferenceModelRewrite"),
 }
+CUSTOM = {key for key in KINDS if key not in ("pods", "inferencepools")}
+
+
+def plural(key: str) -> str:
+    return key.split(".", 1)[0]
+
+
+def _key_for(group_version: str, plural_name: str) -> str | None:
+    for key, (api_version, _) in KINDS.items():
+        if api_version == group_version and plural(key) == plural_name:
+            return key
+    return None
+
 
 _REQUIREMENT = re.compile(
     r"\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9./_-]+)\s*"
@@ -164,6 +186,7 @@ class FakeApiServer:
         self._failures: list[int] = []
         self._runner: web.AppRunner | None = None
         self._watch_tasks: set[asyncio.Task[Any]] = set()
+        self.installed: set[str] = set(KINDS)  # keys whose CRDs exist (pods and pools: always)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -174,10 +197,8 @@ class FakeApiServer:
         app.router.add_get(
             "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools", self._handle_pools
         )
-        app.router.add_get(
-            "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{ns}/inferenceobjectives",
-            self._handle_objectives,
-        )
+        app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/{plural}", self._handle_custom)
+        app.router.add_get("/apis/{group}/{version}", self._handle_discovery)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._handle_event_post)
         app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._handle_review)
         app.router.add_post("/apis/authorization.k8s.io/v1/subjectaccessreviews", self._handle_review)
@@ -262,10 +283,15 @@ class FakeApiServer:
         self._failures.extend([status] * n)
 
     def count(self, kind: str, *, watch: bool) -> int:
+        """Lists (or watches) of resource key `kind` asked for."""
+        api_version = KINDS[kind][0]
+        prefix = "/api/v1/" if api_version == "v1" else f"/apis/{api_version}/"
         return sum(
             1
             for path, q in self.requests
-            if path.endswith("/" + kind) and (q.get("watch") == "true") == watch
+            if path.startswith(prefix)
+            and path.endswith("/" + plural(kind))
+            and (q.get("watch") == "true") == watch
         )
 
     @property
@@ -280,8 +306,36 @@ class FakeApiServer:
     async def _handle_pools(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "inferencepools")
 
-    async def _handle_objectives(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, "inferenceobjectives")
+    async def _handle_custom(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        key = _key_for(f"{info['group']}/{info['version']}", info["plural"])
+        if key not in CUSTOM or key not in self.installed:
+            self.requests.append((request.path, dict(request.query)))
+            return self._error(404, "NotFound", "the server could not find the requested resource")
+        return await self._handle(request, key)
+
+    async def _handle_discovery(self, request: web.Request) -> web.Response:
+        self.requests.append((request.path, {"method": "GET"}))
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return self._error(401, "Unauthorized", "Unauthorized")
+        if self._failures:
+            return self._error(self._failures.pop(0), "InternalError", "injected failure")
+        group_version = f"{request.match_info['group']}/{request.match_info['version']}"
+        resources = [
+            {"name": plural(key), "namespaced": True, "kind": kind, "verbs": ["get", "list", "watch"]}
+            for key, (api_version, kind) in KINDS.items()
+            if api_version == group_version and key in self.installed
+        ]
+        if not resources:
+            return self._error(404, "NotFound", "the server could not find the requested resource")
+        return web.json_response(
+            {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": group_version,
+                "resources": resources,
+            }
+        )
 
     async def _handle_event_post(self, request: web.Request) -> web.Response:
         self.requests.append((request.path, {"method": "POST"}))
@@ -547,6 +601,36 @@ def objective(
     if priority is not None:
         spec["priority"] = priority
     return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def rewrite(
+    name: str,
+    rules: list[Object],
+    *,
+    pool: str = "pool",
+    created: str = "2026-01-01T00:00:00Z",
+    namespace: str = "default",
+) -> Object:
+    """An InferenceModelRewrite for `pool` with these `rules` (as the API would store them)."""
+    return {
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+        "spec": {
+            "poolRef": {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool},
+            "rules": rules,
+        },
+    }
+
+
+def rule(*models: str, targets: dict[str, int | None]) -> Object:
+    """A rewrite rule matching `models` exactly (none: every model), to `targets` (model -> weight)."""
+    out: Object = {
+        "targets": [
+            {"modelRewrite": m} if w is None else {"modelRewrite": m, "weight": w} for m, w in targets.items()
+        ]
+    }
+    if models:
+        out["matches"] = [{"model": {"type": "Exact", "value": m}} for m in models]
+    return out
 
 
 def kubeconfig(url: str, token: str | None = None) -> str:

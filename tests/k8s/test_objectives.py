@@ -1,4 +1,5 @@
-"""InferenceObjectives: parsing, and the operator's watch keeping the priority store current."""
+"""InferenceObjectives: parsing, and the operator's watch keeping the priority store current, in
+either API group (llm-d.ai or GIE's legacy inference.networking.x-k8s.io) by llm-d's rule."""
 
 from __future__ import annotations
 
@@ -56,9 +57,21 @@ def test_store() -> None:
 # ---- the watch through the operator ----------------------------------------------------------------
 
 
+LLMD = "inferenceobjectives.llm-d.ai"
+LEGACY = "inferenceobjectives"
+
+
+@pytest.fixture(params=[LLMD, LEGACY])
+def group(request: pytest.FixtureRequest, api: fake.FakeApiServer) -> str:
+    """The resource key objectives are created in; the other group is not installed."""
+    key: str = request.param
+    api.installed.discard(LEGACY if key == LLMD else LLMD)
+    return key
+
+
 @pytest.fixture
 async def watched(
-    api: fake.FakeApiServer, connection: connections.Connection
+    api: fake.FakeApiServer, connection: connections.Connection, group: str
 ) -> AsyncIterator[objectives.ObjectiveStore]:
     api.create("inferencepools", fake.pool())
     api.create("pods", fake.pod("vllm-0", "10.0.0.1"))
@@ -78,47 +91,50 @@ async def watched(
 
 
 async def test_objectives_are_added_changed_and_deleted(
-    api: fake.FakeApiServer, watched: objectives.ObjectiveStore
+    api: fake.FakeApiServer, watched: objectives.ObjectiveStore, group: str
 ) -> None:
     store = watched
-    api.create("inferenceobjectives", fake.objective("critical", 10))
-    api.create("inferenceobjectives", fake.objective("batch", -1))
+    api.create(group, fake.objective("critical", 10))
+    api.create(group, fake.objective("batch", -1))
     await wait_for(lambda: store.snapshot() == {"critical": 10, "batch": -1})
     assert store.priority_of("batch") == -1
 
     def lower(obj: dict[str, Any]) -> None:
         obj["spec"]["priority"] = -5
 
-    api.update("inferenceobjectives", "critical", lower)
+    api.update(group, "critical", lower)
     await wait_for(lambda: store.priority_of("critical") == -5)
-    api.delete("inferenceobjectives", "batch")
+    api.delete(group, "batch")
     await wait_for(lambda: store.snapshot() == {"critical": -5})
 
 
 async def test_objectives_of_another_pool_are_ignored(
-    api: fake.FakeApiServer, watched: objectives.ObjectiveStore
+    api: fake.FakeApiServer, watched: objectives.ObjectiveStore, group: str
 ) -> None:
     store = watched
-    api.create("inferenceobjectives", fake.objective("theirs", -1, pool="other-pool"))
-    api.create("inferenceobjectives", fake.objective("ours", 1))
+    api.create(group, fake.objective("theirs", -1, pool="other-pool"))
+    api.create(group, fake.objective("ours", 1))
     await wait_for(lambda: store.snapshot() == {"ours": 1})
     assert store.priority_of("theirs") is None
 
     def move(obj: dict[str, Any]) -> None:
         obj["spec"]["poolRef"]["name"] = "other-pool"
 
-    api.update("inferenceobjectives", "ours", move)  # moved to another pool: gone for us
+    api.update(group, "ours", move)  # moved to another pool: gone for us
     await wait_for(lambda: store.snapshot() == {})
 
 
 async def test_objectives_listed_before_start_and_bad_ones_logged(
-    api: fake.FakeApiServer, connection: connections.Connection, caplog: pytest.LogCaptureFixture
+    api: fake.FakeApiServer,
+    connection: connections.Connection,
+    caplog: pytest.LogCaptureFixture,
+    group: str,
 ) -> None:
     api.create("inferencepools", fake.pool())
-    api.create("inferenceobjectives", fake.objective("early", 4))
+    api.create(group, fake.objective("early", 4))
     bad = fake.objective("bad")
     bad["spec"]["priority"] = 1.5
-    api.create("inferenceobjectives", bad)
+    api.create(group, bad)
     store = objectives.ObjectiveStore()
     op = operator.PoolOperator(
         endpoints.Datastore(),
@@ -154,4 +170,98 @@ async def test_pool_less_mode_does_not_watch_objectives(
         await asyncio.wait_for(op.wait_synced(), 2.0)
     finally:
         await op.stop()
-    assert api.count("inferenceobjectives", watch=False) == 0
+    assert api.count(LLMD, watch=False) == api.count(LEGACY, watch=False) == 0
+    assert not [path for path, _ in api.requests if path.startswith("/apis/llm-d.ai")]
+
+
+# ---- llm-d's rule when both groups are installed (PR #1449) ----------------------------------------
+
+
+async def start(
+    connection: connections.Connection, store: objectives.ObjectiveStore, recheck: float = 60.0
+) -> operator.PoolOperator:
+    op = operator.PoolOperator(
+        endpoints.Datastore(),
+        connection=connection,
+        namespace="default",
+        pool_name="pool",
+        settings=FAST,
+        objective_store=store,
+        recheck=recheck,
+    )
+    await op.start()
+    await asyncio.wait_for(op.wait_synced(), 2.0)
+    return op
+
+
+async def test_both_groups_installed_reads_only_llm_d_ai(
+    api: fake.FakeApiServer, connection: connections.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.create("inferencepools", fake.pool())
+    api.create(LEGACY, fake.objective("legacy-only", -3))
+    api.create(LEGACY, fake.objective("both", -3))
+    api.create(LLMD, fake.objective("both", 7))
+    store = objectives.ObjectiveStore()
+    with caplog.at_level(logging.INFO, logger="epp.k8s.groups"):
+        op = await start(connection, store)
+        try:
+            await wait_for(lambda: store.snapshot() == {"both": 7})
+            api.create(LEGACY, fake.objective("later", 1))  # still ignored
+            api.create(LLMD, fake.objective("new", 2))
+            await wait_for(lambda: store.snapshot() == {"both": 7, "new": 2})
+        finally:
+            await op.stop()
+    assert api.count(LEGACY, watch=False) == api.count(LEGACY, watch=True) == 0
+    assert "epp reads llm-d.ai only and IGNORES the inference.networking.x-k8s.io objects" in caplog.text
+
+
+async def test_legacy_group_alone_is_read_with_a_deprecation_note(
+    api: fake.FakeApiServer, connection: connections.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.installed.discard(LLMD)
+    api.create("inferencepools", fake.pool())
+    api.create(LEGACY, fake.objective("old", -1))
+    store = objectives.ObjectiveStore()
+    with caplog.at_level(logging.INFO, logger="epp.k8s.groups"):
+        op = await start(connection, store)
+        try:
+            await wait_for(lambda: store.snapshot() == {"old": -1})
+        finally:
+            await op.stop()
+    assert (
+        "DEPRECATION: inference.networking.x-k8s.io/v1alpha2 InferenceObjective is deprecated; "
+        "replacement: llm-d.ai/v1alpha2 InferenceObjective" in caplog.text
+    )
+
+
+async def test_no_crd_is_warned_once_and_found_once_installed(
+    api: fake.FakeApiServer, connection: connections.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.installed -= {LLMD, LEGACY}
+    api.create("inferencepools", fake.pool())
+    store = objectives.ObjectiveStore()
+    with caplog.at_level(logging.WARNING, logger="epp.k8s.groups"):
+        op = await start(connection, store, recheck=0.05)
+        try:
+            await wait_for(lambda: sum(p == "/apis/llm-d.ai/v1alpha2" for p, _ in api.requests) >= 3)
+            assert caplog.text.count("InferenceObjective is not installed") == 1
+            api.installed.add(LLMD)  # the CRD is applied while epp runs
+            api.create(LLMD, fake.objective("late", 5))
+            await wait_for(lambda: store.snapshot() == {"late": 5})
+        finally:
+            await op.stop()
+
+
+async def test_discovery_errors_are_retried(
+    api: fake.FakeApiServer, connection: connections.Connection
+) -> None:
+    api.installed.discard(LEGACY)
+    api.create("inferencepools", fake.pool())
+    api.create(LLMD, fake.objective("x", 1))
+    store = objectives.ObjectiveStore()
+    api.fail_next(2, 503)  # the pool's list and the first discovery (or both discoveries)
+    op = await start(connection, store)
+    try:
+        await wait_for(lambda: store.snapshot() == {"x": 1})
+    finally:
+        await op.stop()
