@@ -2,7 +2,8 @@
 
 Role: the first thing done with every request body. It picks the API from the path (as GIE's
 openai-parser does), validates the handful of fields the scheduler needs, estimates the prompt size,
-and applies the `x-gateway-model-name-rewrite` header to the body. Every failure is a one-line
+and applies the model-name rewrite header to the body (`retarget`, which the Director also uses for
+InferenceModelRewrites). Every failure is a one-line
 `BadRequest` (400) that names the offending field.
 
 Design (hot path, so the costs are deliberate):
@@ -34,7 +35,18 @@ from epp.api import slo as _slo
 from epp.api.errors import BadRequest
 from epp.api.limits import DEFAULT_LIMITS, RequestLimits
 
-MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"  # GIE's name, which llm-d still reads
+LLMD_MODEL_REWRITE_HEADER = "x-llm-d-model-name-rewrite"  # llm-d Router v0.10's
+MODEL_REWRITE_HEADERS = (LLMD_MODEL_REWRITE_HEADER, MODEL_REWRITE_HEADER)  # the first present wins
+
+
+def rewrite_header(headers: Mapping[str, str]) -> str:
+    """The model named by a model-name rewrite header ("" when none), llm-d's name first."""
+    for name in MODEL_REWRITE_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return ""
 
 
 class Api(enum.Enum):
@@ -54,7 +66,7 @@ class InferenceRequest:
     path: str
     headers: Mapping[str, str]  # lower-case names, as received
     model: str = ""  # the model name the client asked for ("" for header-only requests)
-    target_model: str = ""  # after x-gateway-model-name-rewrite; what the model server sees
+    target_model: str = ""  # after the rewrite header or an InferenceModelRewrite; what the pod sees
     stream: bool = False
     # The prompt in the forms available: text (completions string / chat rendered later by the
     # tokenizer component), token ids (completions given as ids). Batched prompts keep all items.
@@ -211,9 +223,10 @@ def parse_request(
     `limits` (epp's own, `epp.api.limits`) bound the messages, content parts and tools of a body
     before anything renders it.
 
-    `body_bytes` is `body` itself unless `x-gateway-model-name-rewrite` names another model, in which
-    case it is the body re-encoded with its top-level "model" replaced (the caller must then fix
-    Content-Length). `body` of the result is left None: later components decode what they need.
+    `body_bytes` is `body` itself unless a rewrite header (`x-llm-d-model-name-rewrite`, or GIE's
+    `x-gateway-model-name-rewrite`) names another model, in which case it is the body re-encoded
+    with its top-level "model" replaced (`retarget`; the caller must then fix Content-Length).
+    `body` of the result is left None: later components decode what they need.
     """
     if not body:
         raise BadRequest("empty request body")
@@ -282,11 +295,20 @@ def parse_request(
             n += len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         req.prompt_tokens_estimate = (n + 3) // 4  # ~4 bytes per token, rounded up
 
-    target = headers.get(MODEL_REWRITE_HEADER)
+    target = rewrite_header(headers)
     if target and target != model:
-        req.target_model = target
-        req.body_bytes = _rewrite_model(body, target)
+        retarget(req, target)
     return req
+
+
+def retarget(req: InferenceRequest, target: str) -> None:
+    """Send `req` to model `target`: `target_model` set and the body's top-level "model" replaced
+    (the response's is set back to `model` by `epp.api.responses`). Decodes the whole body: a
+    large one belongs off the event loop (`epp.requestcontrol.offload`)."""
+    if target == req.target_model:
+        return
+    req.target_model = target
+    req.body_bytes = with_model(req.body_bytes, target)
 
 
 def _fill_lengths(req: InferenceRequest, parsed: _LengthFields) -> None:
@@ -364,7 +386,7 @@ def header_only_request(
     subset_ips: frozenset[str] | None = None,
 ) -> InferenceRequest:
     """A request without a body (e.g. GET /v1/models): nothing to parse, the model comes from the header."""
-    model = headers.get(MODEL_REWRITE_HEADER) or ""
+    model = rewrite_header(headers)
     return InferenceRequest(
         request_id=request_id,
         api=Api.OTHER,
@@ -510,7 +532,7 @@ def _fill_polymorphic(req: InferenceRequest, raw: msgspec.Raw, field: str) -> No
         raise BadRequest("request body is not valid UTF-8") from None
 
 
-def _rewrite_model(body: bytes, target: str) -> bytes:
+def with_model(body: bytes, target: str) -> bytes:
     """The body with its top-level "model" set to `target`; key order and number spellings kept."""
     try:
         obj = _GENERIC_DECODER.decode(body)

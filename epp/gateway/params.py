@@ -10,9 +10,17 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
-# GIE's "system owned" request headers that steer routing or rewriting. The two other inputs,
-# x-gateway-inference-objective and -fairness-id, are the client's to choose, as in GIE.
-CONTROL_HEADERS = (DESTINATION_HEADER, SERVED_KEY, SUBSET_HEADER, MODEL_REWRITE_HEADER)
+LLMD_MODEL_REWRITE_HEADER = "x-llm-d-model-name-rewrite"  # llm-d v0.10's name for the one above
+# GIE's "system owned" request headers that steer routing or rewriting, and llm-d's new name of
+# the rewrite. The other inputs, the inference objective and fairness id (x-gateway-* and
+# x-llm-d-*), are the client's to choose, as in GIE and llm-d.
+CONTROL_HEADERS = (
+    DESTINATION_HEADER,
+    SERVED_KEY,
+    SUBSET_HEADER,
+    MODEL_REWRITE_HEADER,
+    LLMD_MODEL_REWRITE_HEADER,
+)
 LB_NAMESPACE = "envoy.lb"
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 

@@ -11,6 +11,7 @@ import argparse
 import os
 
 from epp.datastore.endpoints import Datastore
+from epp.datastore.model_rewrites import ModelRewriteStore
 from epp.k8s import connections as k8s_connections
 from epp.k8s import leader as k8s_leader
 from epp.k8s import objectives as k8s_objectives
@@ -49,6 +50,7 @@ def kubernetes_source(
     args: argparse.Namespace,
     datastore: Datastore,
     objective_store: k8s_objectives.ObjectiveStore | None = None,
+    rewrite_store: ModelRewriteStore | None = None,
 ) -> k8s_operator.PoolOperator | None:
     """The Kubernetes endpoint source the flags ask for (GIE's), or None.
 
@@ -76,4 +78,5 @@ def kubernetes_source(
         pool_name=None if pool is not None else args.pool_name,
         pool=pool,
         objective_store=objective_store,
+        rewrite_store=rewrite_store,
     )

@@ -190,6 +190,18 @@ plugin_duration = Histogram(
     buckets=SCHEDULING_BUCKETS,
     registry=REGISTRY,
 )
+model_rewrite_decisions = Counter(
+    "inference_extension_model_rewrite_decisions_total",
+    "Requests an InferenceModelRewrite sent to another model, by rewrite, requested and target model.",
+    ["model_rewrite_name", "model_name", "target_model"],
+    registry=REGISTRY,
+)
+llmd_model_rewrite_decisions = Counter(  # llm-d v0.10's name for the series above (both exported)
+    "llm_d_epp_model_rewrite_decisions_total",
+    "Requests an InferenceModelRewrite sent to another model, by rewrite, requested and target model.",
+    ["model_rewrite_name", "model_name", "target_model"],
+    registry=REGISTRY,
+)
 build_info = Gauge(
     "inference_extension_info",
     "1, labelled with the build: commit (unknown for a build without one) and build_ref (epp's version).",

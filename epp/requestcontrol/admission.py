@@ -2,8 +2,9 @@
 
 This is GIE's legacy admission controller (the one GIE runs while flow control is off):
 
-- a request's priority comes from its InferenceObjective (header `x-gateway-inference-objective`;
-  none named, or an unknown name, is priority 0);
+- a request's priority comes from its InferenceObjective (header `x-llm-d-inference-objective`,
+  llm-d's, or `x-gateway-inference-objective`, GIE's; none named, or an unknown name, is
+  priority 0);
 - priority >= 0 is always admitted: saturation is the scheduler's problem then, not a refusal;
 - priority < 0 ("sheddable") is refused with 429 "system saturated, sheddable request dropped"
   while the saturation detector reports the candidates as saturated (>= 1.0). No candidates
@@ -14,7 +15,7 @@ Nothing is queued: a refused request is answered at once and the client may retr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from epp.api import errors
@@ -22,7 +23,8 @@ from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces
 
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
+OBJECTIVE_HEADER = "x-gateway-inference-objective"  # GIE's name, which llm-d still reads
+OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", OBJECTIVE_HEADER)  # the first present wins
 SHED_REASON = "system saturated, sheddable request dropped"
 
 
@@ -32,6 +34,15 @@ class Objectives(Protocol):
     def priority_of(self, name: str) -> int | None:
         """The priority of the objective called `name` in the pool; None when there is none."""
         ...
+
+
+def objective(headers: Mapping[str, str]) -> str | None:
+    """The InferenceObjective a request names, llm-d's header first."""
+    for name in OBJECTIVE_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return None
 
 
 def priority(objectives: Objectives | None, objective: str | None) -> int:

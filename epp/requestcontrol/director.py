@@ -1,6 +1,7 @@
 """The Director owns one request's lifecycle, from the parsed body to the end of the response.
 
-    route():   parse body, priority of its InferenceObjective -> candidate endpoints (subset hint)
+    route():   parse body, its InferenceModelRewrite (the model the pod is sent), priority of its
+               InferenceObjective -> candidate endpoints (subset hint)
                -> admission: flow control holds the request until it may go (epp.flowcontrol,
                with `featureGates: [flowControl]`), else GIE's legacy admission (sheddable
                requests shed with 429 while saturated) -> token ids (when a plugin consumes
@@ -45,12 +46,14 @@ from epp import clock
 from epp.api import context_length, errors
 from epp.api.limits import DEFAULT_LIMITS, RequestLimits
 from epp.api.requests import (
-    MODEL_REWRITE_HEADER,
+    MODEL_REWRITE_HEADERS,
     InferenceRequest,
     header_only_request,
+    retarget,
 )
 from epp.api.responses import ResponseTracker
 from epp.datastore.endpoints import Datastore, Endpoint
+from epp.datastore.model_rewrites import ModelRewriteStore
 from epp.flowcontrol.controller import FlowController
 from epp.observability import metrics
 from epp.requestcontrol import admission
@@ -84,8 +87,9 @@ class DirectorSettings:
     response started for this long (0: the ratio alone), so every endpoint keeps feeding the
     learned rates. Costs at most endpoints / interval extra sampled streams a second."""
     trust_model_rewrite_header: bool = False
-    """Honour x-gateway-model-name-rewrite (GIE always does). Off: the header is ignored, since a
-    client can send it and the gateway in front may not strip it (docs/security.md)."""
+    """Honour x-llm-d-model-name-rewrite and GIE's x-gateway-model-name-rewrite (GIE and llm-d
+    always do). Off: the headers are ignored, since a client can send them and the gateway in
+    front may not strip them (docs/security.md). InferenceModelRewrites apply either way."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.response_sample_ratio <= 1.0:
@@ -217,11 +221,13 @@ class Director:
         context_limits: context_length.ContextLimits | None = None,
         body_parsers: BodyParsers | None = None,
         flow_control: FlowController | None = None,
+        rewrites: ModelRewriteStore | None = None,
     ) -> None:
         """`admission_controller` None admits every request; `objectives` None makes every
         request's priority 0 (no InferenceObjectives: standalone mode); `context_limits` None
         enforces no context length (the model servers do); `flow_control`, when given, replaces
-        `admission_controller` (llm-d: one or the other)."""
+        `admission_controller` (llm-d: one or the other); `rewrites` None (or empty) sends every
+        request to the model it names (no InferenceModelRewrites: standalone mode)."""
         self.datastore = datastore
         self.scheduler = scheduler
         self.settings = settings
@@ -232,6 +238,7 @@ class Director:
         self.admission_controller = admission_controller
         self.flow_control = flow_control
         self.objectives = objectives
+        self.rewrites = rewrites
         # Token ids and context-length rules; bodies over the parsers' size are parsed and
         # rendered in their processes (epp.requestcontrol.offload).
         self.prompts = Prompts(datastore, settings.limits, context_limits, body_parsers)
@@ -430,8 +437,8 @@ class Director:
     ) -> tuple[InferenceRequest, list[Endpoint]]:
         """Parse the request and find its candidate endpoints (`hold`: flow control will wait for
         them, so none is not an error yet)."""
-        if MODEL_REWRITE_HEADER in headers and not self.settings.trust_model_rewrite_header:
-            headers = {k: v for k, v in headers.items() if k != MODEL_REWRITE_HEADER}
+        if not self.settings.trust_model_rewrite_header and any(h in headers for h in MODEL_REWRITE_HEADERS):
+            headers = {k: v for k, v in headers.items() if k not in MODEL_REWRITE_HEADERS}
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
         subset_ips = None
         if subset is not None and not self.settings.disable_subset_filter:
@@ -458,10 +465,36 @@ class Director:
                 subset_ips=subset_ips,
                 limits=self.settings.limits,
             )
-        request.priority = admission.priority(self.objectives, headers.get(admission.OBJECTIVE_HEADER))
+            if self.rewrites and request.model:
+                await self._rewrite(request)
+        request.priority = admission.priority(self.objectives, admission.objective(headers))
         if hold:
             return request, []
         return request, self._candidates(subset_ips)
+
+    async def _rewrite(self, request: InferenceRequest) -> None:
+        """Apply the InferenceModelRewrite rule for the request's model, if one matches (it wins
+        over a rewrite header, as in llm-d). A large body is re-encoded in a body parser."""
+        assert self.rewrites is not None
+        decision = self.rewrites.decide(request.model)
+        if decision is None:
+            return
+        target = decision.model
+        if not target:
+            raise errors.BadRequest(
+                f"InferenceModelRewrite {decision.rewrite} has a rule for model {request.model!r} "
+                "without targets"
+            )
+        if target != request.target_model:
+            parsers = self.prompts.body_parsers
+            if parsers is not None and parsers.wants(len(request.body_bytes)):
+                request.body_bytes = await parsers.with_model(request.body_bytes, target)
+                request.target_model = target
+            else:
+                retarget(request, target)
+        model, target_label = self.model_labels(request)
+        self._child(metrics.model_rewrite_decisions, decision.rewrite, model, target_label).inc()
+        self._child(metrics.llmd_model_rewrite_decisions, decision.rewrite, model, target_label).inc()
 
     def _candidates(self, subset_ips: frozenset[str] | None) -> list[Endpoint]:
         """The endpoints the request may go to; 503 when there are none."""

@@ -5,13 +5,15 @@ rendering a 10,000-message chat is ~60 ms of Python. In a thread either one stil
 from the event loop, a switch interval (5 ms) or a whole decode at a time: with eight clients
 sending 16 MiB chat bodies, other requests' routing p99 went from 3 ms to ~500 ms (issue 19,
 `tests/api/bench_big_bodies.py`). Here a body over `min_bytes` is parsed by a small pool of
-worker processes instead, in two steps:
+worker processes instead, in up to three steps:
 
 1. `parse`: the request's fields (`epp.api.requests.parse_request`: limits, model, prompt texts);
    its target model, and so the chat template, is known only after this step;
 2. `prepare_chat`: a chat body decoded whole, depth-checked and rendered with the template of the
    model it is routed to (`epp.tokenize.chat.prepare_chat`); also for a small body whose chat has
    more messages than the loop renders inline.
+3. `with_model`: the body re-encoded with another top-level "model", for an InferenceModelRewrite
+   decided after step 1 (a rewrite header's is done within step 1).
 
 A large body crosses without being pickled: the parent writes it to a memfd in a worker thread
 (`os.write` releases the GIL; pickling copied it with the GIL held, 2-5 ms per 16 MiB, in the
@@ -50,7 +52,7 @@ from typing import Any
 
 from epp.api import errors
 from epp.api.limits import RequestLimits, decode_body
-from epp.api.requests import Api, InferenceRequest, parse_request
+from epp.api.requests import Api, InferenceRequest, parse_request, with_model
 from epp.observability import metrics
 from epp.tokenize.chat import ChatPrompt, ChatTemplated, add_special_tokens, forwards_ids, prepare_chat
 
@@ -133,6 +135,23 @@ class BodyParsers:
         if not rewritten:
             request.body_bytes = body
         return request
+
+    async def with_model(self, body: bytes, target: str) -> bytes:
+        """`body` with its top-level "model" set to `target` (`epp.api.requests.with_model`, the
+        InferenceModelRewrite of a large body), in a worker. Raises `errors.ServiceUnavailable` if
+        the worker died."""
+        shared = await self._share(body)
+        if shared is not None:
+            try:
+                rewritten: bytes = await self._run(_model_job, shared, target)
+                return rewritten
+            except _Unshared as exc:
+                log.warning("body parsers cannot read epp's memfds (%s); bodies are pickled", exc)
+                self._memfd = False
+            finally:
+                _close_soon(shared.fd)
+        pickled: bytes = await self._run(_model_job, body, target)
+        return pickled
 
     async def _share(self, body: bytes) -> SharedBody | None:
         """`body` in a memfd the workers can open, or None (small, or memfds unavailable)."""
@@ -337,6 +356,10 @@ def _parse_job(args: dict[str, Any]) -> tuple[InferenceRequest, bool]:
         request.body_bytes = b""  # the parent has it
     request.prompt_texts = _cut_texts(request.prompt_texts, TEXT_CHARS)
     return request, rewritten
+
+
+def _model_job(body: bytes | SharedBody, target: str) -> bytes:
+    return with_model(body.read() if isinstance(body, SharedBody) else body, target)
 
 
 def _cut_texts(texts: list[str], limit: int) -> list[str]:

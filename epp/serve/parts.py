@@ -17,6 +17,7 @@ from epp.api.context_length import ContextLimits
 from epp.api.limits import RequestLimits
 from epp.datastore import standalone
 from epp.datastore.endpoints import Datastore, Endpoint
+from epp.datastore.model_rewrites import ModelRewriteStore
 from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
@@ -85,13 +86,18 @@ async def run_until_stopped(
     (an AsyncExitStack: a part that started is stopped, also when a later one fails to start)."""
     config = _load_config(args, handle, tokenizers)
     objective_store = k8s_objectives.ObjectiveStore()
+    rewrite_store = ModelRewriteStore()  # filled by the pool operator (Kubernetes only, as llm-d)
     pool_label = args.pool_name or "standalone"
-    director = _director(args, config, datastore, tokenizers, objective_store, parsers, pool_label)
+    director = _director(
+        args, config, datastore, tokenizers, (objective_store, rewrite_store), parsers, pool_label
+    )
     flow = director.flow_control
     pool_gauge = metrics.ready_endpoints.labels(pool_label)
     datastore.subscribe(lambda added, removed: pool_gauge.set(len(datastore.routable())))
     ingester = _kv_ingester(args, handle, datastore)
-    endpoints_file, pool_operator = _endpoint_sources(args, datastore, tokenizers, config, objective_store)
+    endpoints_file, pool_operator = _endpoint_sources(
+        args, datastore, tokenizers, config, objective_store, rewrite_store
+    )
     elector: workers_worker.Lease | None = role.lease if role is not None else None
     if role is None:
         elector = leader_elector(args, pool_operator)
@@ -180,10 +186,11 @@ def _director(
     config: sched_config.SchedulerConfig,
     datastore: Datastore,
     tokenizers: Tokenizers,
-    objective_store: k8s_objectives.ObjectiveStore,
+    stores: tuple[k8s_objectives.ObjectiveStore, ModelRewriteStore],
     parsers: BodyParsers | None,
     pool_label: str,
 ) -> Director:
+    objective_store, rewrite_store = stores
     detector, flow, warnings = flowcontrol.from_scheduler_config(
         config, datastore.candidates, pool_name=pool_label
     )
@@ -221,6 +228,7 @@ def _director(
         context_limits=_context_limits(args, datastore, tokenizers),
         body_parsers=parsers,
         flow_control=flow,
+        rewrites=rewrite_store,
     )
 
 
@@ -250,6 +258,7 @@ def _endpoint_sources(
     tokenizers: Tokenizers,
     config: sched_config.SchedulerConfig,
     objective_store: k8s_objectives.ObjectiveStore,
+    rewrite_store: ModelRewriteStore,
 ) -> tuple[standalone.EndpointsFile | None, PoolOperator | None]:
     """The flag's endpoints (synced now), the endpoints file (loaded now) and the Kubernetes pool
     operator (started later); the tokenizers they and the config name, epp-tiny if none."""
@@ -278,7 +287,7 @@ def _endpoint_sources(
         )
     if not args.tokenizer and not tokenizers.models:
         tokenizers.use_shipped_default()  # nothing named anywhere: epp-tiny for every model
-    pool_operator = kubernetes_source(args, datastore, objective_store)
+    pool_operator = kubernetes_source(args, datastore, objective_store, rewrite_store)
     if not args.endpoints and not args.endpoints_file and pool_operator is None:
         raise ValueError(
             "no endpoint source: give --pool-name, --endpoint-selector, --endpoints or --endpoints-file"

@@ -179,7 +179,6 @@ NOT_EXPORTED: dict[str, str] = {
     "inference_extension_prefix_indexer_hit_ratio": _PREFIX_INDEXER,
     "inference_extension_prefix_indexer_hit_bytes": _PREFIX_INDEXER,
     "inference_extension_flow_control_request_enqueue_duration_seconds": _FLOW_ENQUEUE,
-    "inference_extension_model_rewrite_decisions_total": "epp has no InferenceModelRewrite support",
 }
 
 # The EPP series GIE's guide documents (site-src/guides/metrics-and-observability.md, same tag):

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp import clock
 from epp.api import errors
 from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.datastore.model_rewrites import ModelRewrite, ModelRewriteStore, Rule, Target
 from epp.flowcontrol import controller as flowcontrol
 from epp.observability import collectors, metrics
 from epp.observability import http as metrics_http
@@ -73,7 +74,11 @@ def make_director() -> Director:
     ds = Datastore()
     ds.sync("t", [EndpointSpec(name="pod-a-rank-0", address="10.0.0.1", port=8000, pod="pod-a")])
     cfg = sched_config.load_config(CONFIG, Handle(datastore=ds))
-    return Director(datastore=ds, scheduler=cfg.scheduler)
+    rewrites = ModelRewriteStore()
+    rewrites.replace(
+        [ModelRewrite("alias-m", "2026-01-01T00:00:00Z", (Rule(frozenset({"alias"}), (Target("m-v2"),)),))]
+    )
+    return Director(datastore=ds, scheduler=cfg.scheduler, rewrites=rewrites)
 
 
 async def drive(director: Director) -> None:
@@ -91,6 +96,9 @@ async def drive(director: Director) -> None:
     ctx.finish(complete=True)
     with pytest.raises(errors.BadRequest):
         await director.route(path="/v1/completions", headers={}, body=b"{not json", subset=None)
+    aliased = msgspec.json.encode({"model": "alias", "prompt": "hello", "max_tokens": 5})
+    ctx = await director.route(path="/v1/completions", headers={}, body=aliased, subset=None)
+    ctx.finish(complete=False)
 
 
 def pool_source() -> collectors.PoolSnapshot:
@@ -234,6 +242,11 @@ async def test_per_request_values(exposed: dict[str, Family]) -> None:
             port="8000",
         ),
     }
+    for name in (
+        "inference_extension_model_rewrite_decisions_total",
+        "llm_d_epp_model_rewrite_decisions_total",
+    ):
+        before[name] = value(name, model_rewrite_name="alias-m", model_name="alias", target_model="m-v2")
     await drive(make_director())
     assert value(
         "inference_objective_request_total", model_name="m", target_model_name="m", priority="0"
@@ -274,6 +287,12 @@ async def test_per_request_values(exposed: dict[str, Family]) -> None:
         == before["success"] + 10
     )
     assert value("inference_objective_running_requests", model_name="m") == 0  # every stream ended
+    for name in (
+        "inference_extension_model_rewrite_decisions_total",
+        "llm_d_epp_model_rewrite_decisions_total",
+    ):
+        labels = {"model_rewrite_name": "alias-m", "model_name": "alias", "target_model": "m-v2"}
+        assert value(name, **labels) == before[name] + 1
 
 
 async def test_a_stream_runs_until_finished_and_its_pace_is_measured() -> None:

@@ -173,3 +173,19 @@ async def test_without_objectives_every_request_is_priority_zero() -> None:
     assert [c.request.priority for c in ctxs] == [0, 0, 0]  # never shed, even past capacity
     for c in ctxs:
         c.finish(complete=True)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"x-llm-d-inference-objective": "chat"}, 2),  # llm-d v0.10's header
+        ({"x-gateway-inference-objective": "chat"}, 2),  # GIE's, which llm-d still reads
+        ({"x-llm-d-inference-objective": "batch", "x-gateway-inference-objective": "chat"}, -1),
+        ({"x-llm-d-inference-objective": "", "x-gateway-inference-objective": "chat"}, 2),
+        ({}, 0),
+    ],
+)
+def test_the_objective_header_llm_d_name_first(headers: dict[str, str], expected: int) -> None:
+    store = objectives.ObjectiveStore()
+    store.replace({"batch": -1, "chat": 2})
+    assert admission.priority(store, admission.objective(headers)) == expected
