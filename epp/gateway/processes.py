@@ -210,7 +210,8 @@ class EppPorts:
 class EppServer:
     """`epp serve` as a subprocess on fixed ports (picked free once), so it can be restarted in place.
 
-    Exactly one endpoint source: `endpoints` (the --endpoints flag) or `endpoints_file`. The
+    At most one endpoint source: `endpoints` (the --endpoints flag) or `endpoints_file`; with
+    neither, `extra_args` must name one (a Kubernetes pool: --pool-name and --kubeconfig). The
     scheduling config, log level and any other flag go in `extra_args`.
     """
 
@@ -226,8 +227,8 @@ class EppServer:
         host: str = HOST,
         name: str = "epp",
     ) -> None:
-        if (endpoints is None) == (endpoints_file is None):
-            raise ValueError("give exactly one of endpoints / endpoints_file")
+        if endpoints is not None and endpoints_file is not None:
+            raise ValueError("give at most one of endpoints / endpoints_file")
         self.host = host
         self.ports = EppPorts.free(host)
         self.secure = secure
@@ -244,7 +245,7 @@ class EppServer:
         ]  # fmt: skip
         if endpoints is not None:
             args += ["--endpoints", ",".join(endpoints)]
-        else:
+        elif endpoints_file is not None:
             args += ["--endpoints-file", str(endpoints_file)]
         prefix = list(command) if command is not None else epp_command()
         self.process = ManagedProcess(name, [*prefix, *args, *extra_args], log_path)

@@ -130,6 +130,7 @@ class SimStats:
     lag_dropped_s: float = 0.0
     by_path: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     destinations: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    models: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # as received
 
 
 class SimRequest:
@@ -504,6 +505,7 @@ class SimState:
             "kv_events_seq": self.kv_last_seq,
             "by_path": dict(s.by_path),
             "destinations": dict(s.destinations),
+            "models": dict(s.models),
         }
 
 

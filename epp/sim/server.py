@@ -9,7 +9,8 @@ and starts and addresses the server. A client that disconnects aborts its reques
 Every response carries `x-sim-server` (this replica's name, by default `host:port`) and
 `x-sim-received-destination` (the `x-gateway-destination-endpoint` request header it got, or ""),
 so a test can tell which backend served and what the gateway told it. GET /sim/stats returns
-counters as JSON; POST /sim/reset clears them and the cache (even while requests run).
+counters as JSON (`models`: the model names the inference requests carried, as received);
+POST /sim/reset clears them and the cache (even while requests run).
 
 Requests are parsed by epp's own parser (`epp.api.requests.parse_request`), so what epp accepts
 and how it renders a prompt for tokenizing is what this server does; vLLM's own routes beside the
@@ -165,6 +166,7 @@ async def _inference(request: web.Request, api: str) -> web.StreamResponse:
     except _BadRequest as exc:
         state.stats.errors += 1
         return _error(400, str(exc))
+    state.stats.models[parsed.model] += 1
     if cfg.strict_models and parsed.model not in (cfg.served_model, *cfg.lora_adapters):
         state.stats.errors += 1
         return _error(404, f"The model `{parsed.model}` does not exist.", "NotFoundError")

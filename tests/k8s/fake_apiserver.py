@@ -99,43 +99,48 @@ def _split_top(text: str) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
+def _label_holds(op: str, key: str, values: frozenset[str], labels: dict[str, str]) -> bool:
+    if op == "exists":
+        return key in labels
+    if op == "!exists":
+        return key not in labels
+    if op in ("=", "in"):
+        return labels.get(key) in values
+    return labels.get(key) not in values  # != and notin
+
+
 def label_matcher(text: str) -> Callable[[dict[str, str]], bool]:
     """A label selector string as a predicate; ValueError if it does not parse."""
-    checks: list[Callable[[dict[str, str]], bool]] = []
+    requirements: list[tuple[str, str, frozenset[str]]] = []
     for part in _split_top(text):
         m = _REQUIREMENT.fullmatch(part)
         if m is None or (m["neg"] and (m["op"] or m["setop"])):
             raise ValueError(f"unable to parse requirement: {part!r}")
         key = m["key"]
         if m["neg"]:
-            checks.append(lambda labels, k=key: k not in labels)
+            requirements.append(("!exists", key, frozenset()))
         elif m["op"] in ("=", "=="):
-            checks.append(lambda labels, k=key, v=m["value"]: labels.get(k) == v)
+            requirements.append(("=", key, frozenset([m["value"]])))
         elif m["op"] == "!=":
-            checks.append(lambda labels, k=key, v=m["value"]: labels.get(k) != v)
+            requirements.append(("!=", key, frozenset([m["value"]])))
         elif m["setop"]:
-            values = {v.strip() for v in m["values"].split(",")}
-            if m["setop"] == "in":
-                checks.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
-            else:
-                checks.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+            requirements.append((m["setop"], key, frozenset(v.strip() for v in m["values"].split(","))))
         else:
-            checks.append(lambda labels, k=key: k in labels)
-    return lambda labels: all(c(labels) for c in checks)
+            requirements.append(("exists", key, frozenset()))
+    return lambda labels: all(_label_holds(op, k, vs, labels) for op, k, vs in requirements)
 
 
 def field_matcher(text: str) -> Callable[[Object], bool]:
-    checks: list[Callable[[Object], bool]] = []
+    requirements: list[tuple[str, str, str]] = []  # (field, op, value)
     for part in _split_top(text):
         key, op, value = re.split(r"(==|!=|=)", part.strip(), maxsplit=1) if "=" in part else (part, "", "")
         if key not in ("metadata.name", "metadata.namespace") or not op:
             raise ValueError(f"field label not supported: {key}")
-        field = key.split(".")[1]
-        if op == "!=":
-            checks.append(lambda o, f=field, v=value: o["metadata"].get(f) != v)
-        else:
-            checks.append(lambda o, f=field, v=value: o["metadata"].get(f) == v)
-    return lambda obj: all(c(obj) for c in checks)
+        requirements.append((key.split(".")[1], op, value))
+    return lambda obj: all(
+        (obj["metadata"].get(f) != v) if op == "!=" else (obj["metadata"].get(f) == v)
+        for f, op, v in requirements
+    )
 
 
 @dataclasses.dataclass
