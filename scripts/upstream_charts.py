@@ -1,0 +1,261 @@
+"""Render llm-d Router's and GIE's Helm charts with the real Helm SDK and record what their EPP
+pod runs, for tests/deploy/test_upstream_charts.py (CI has no network and keeps no copies of
+their charts: only these facts).
+
+    .venv/bin/python scripts/upstream_charts.py --llm-d PATH --gie PATH [--out FILE]
+
+PATH is a git repository (a clone, bare or not) of llm-d/llm-d-router and of
+kubernetes-sigs/gateway-api-inference-extension; the charts are taken from the tags below
+(`git archive`), their `file://` library dependency vendored by Helm's own `dependency update`,
+and each case of CASES rendered as `helm install vllm-llama --namespace llm` would. For every
+case the file records the EPP container (image, command, args, ports, probes, environment
+names), the scheduling config the args name (from the chart's ConfigMap), and the RBAC rules the
+chart grants its service account. To follow a new release, change the tag and run this again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "tests" / "deploy" / "upstream" / "charts.json"
+
+SOURCES = {
+    "llm-d": ("llm-d/llm-d-router", "v0.10.0"),
+    "gie": ("kubernetes-sigs/gateway-api-inference-extension", "v1.5.0"),
+}
+RELEASE, NAMESPACE = "vllm-llama", "llm"
+MODEL_SERVERS = {"matchLabels": {"app": "vllm-llama"}}
+
+# (case name, source, chart directory under config/charts, values): the defaults, then the
+# values that change the EPP's arguments (replicas -> leader election, flags, auth, tracing,
+# pool-less mode, the proxy's modes) and the image override the README gives.
+CASES: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("llm-d-gateway", "llm-d", "llm-d-router-gateway", {"router": {"modelServers": MODEL_SERVERS}}),
+    (
+        "llm-d-gateway-ha-flags",
+        "llm-d",
+        "llm-d-router-gateway",
+        {
+            "router": {
+                "modelServers": MODEL_SERVERS,
+                "epp": {
+                    "replicas": 2,
+                    "flags": {"v": 2, "kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc"},
+                },
+                "monitoring": {"prometheus": {"auth": {"enabled": False}}},
+                "tracing": {"enabled": True},
+            }
+        },
+    ),
+    (
+        "llm-d-gateway-image",
+        "llm-d",
+        "llm-d-router-gateway",
+        {
+            "router": {
+                "modelServers": MODEL_SERVERS,
+                "epp": {"image": {"registry": "REGISTRY", "repository": "epp", "tag": "0.1.0"}},
+            }
+        },
+    ),
+    ("llm-d-standalone", "llm-d", "llm-d-router-standalone", {"router": {"modelServers": MODEL_SERVERS}}),
+    (
+        "llm-d-standalone-selector",
+        "llm-d",
+        "llm-d-router-standalone",
+        {
+            "router": {
+                "inferencePool": {"create": False},
+                "modelServers": {**MODEL_SERVERS, "targetPorts": [{"number": 8000}, {"number": 8001}]},
+            }
+        },
+    ),
+    (
+        "llm-d-standalone-service-proxy",
+        "llm-d",
+        "llm-d-router-standalone",
+        {
+            "router": {
+                "inferencePool": {"create": False},
+                "modelServers": MODEL_SERVERS,
+                "proxy": {"mode": "service"},
+            }
+        },
+    ),
+    (
+        "llm-d-standalone-agentgateway",
+        "llm-d",
+        "llm-d-router-standalone",
+        {
+            "router": {
+                "inferencePool": {"create": False},
+                "modelServers": MODEL_SERVERS,
+                "proxy": {"proxyType": "agentgateway"},
+            }
+        },
+    ),
+    ("gie-inferencepool", "gie", "inferencepool", {"inferencePool": {"modelServers": MODEL_SERVERS}}),
+    (
+        "gie-inferencepool-ha-flags",
+        "gie",
+        "inferencepool",
+        {
+            "inferencePool": {"modelServers": MODEL_SERVERS},
+            "inferenceExtension": {
+                "replicas": 2,
+                "flags": {"v": 3},
+                "monitoring": {"prometheus": {"auth": {"enabled": False}}},
+                "tracing": {"enabled": True},
+            },
+        },
+    ),
+    (
+        "gie-inferencepool-image",
+        "gie",
+        "inferencepool",
+        {
+            "inferencePool": {"modelServers": MODEL_SERVERS},
+            "inferenceExtension": {"image": {"registry": "REGISTRY", "repository": "epp", "tag": "0.1.0"}},
+        },
+    ),
+    (
+        "gie-standalone-selector",
+        "gie",
+        "standalone",
+        {
+            "inferenceExtension": {
+                "endpointsServer": {"createInferencePool": False, "endpointSelector": "app=vllm-llama"}
+            }
+        },
+    ),
+]
+
+
+def export(repo: Path, tag: str, into: Path) -> tuple[Path, str]:
+    """The tag's config/charts in `into`, and the tag's commit."""
+    commit = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", f"{tag}^{{commit}}"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    archive = into / "charts.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", "-C", str(repo), "archive", tag, "config/charts"], check=True, stdout=out)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    return into / "config" / "charts", commit
+
+
+def render(chart: Path, values: dict[str, Any]) -> list[dict[str, Any]]:
+    with helm_python.Chart.load(chart) as loaded:
+        files = loaded.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(files.items()):
+        if not path.endswith("NOTES.txt"):
+            docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def probe(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if spec is None else spec.get("grpc")
+
+
+def facts(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (pod,) = [
+        d
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"].endswith("-epp")
+    ]
+    spec = pod["spec"]["template"]["spec"]
+    (epp,) = [c for c in spec["containers"] if c["name"] == "epp"]
+    args = [str(a) for a in epp.get("args", [])]
+    config_file = ""
+    for i, arg in enumerate(args):
+        if arg == "--config-file":
+            config_file = args[i + 1]
+        elif arg.startswith("--config-file="):
+            config_file = arg.split("=", 1)[1]
+    config_text = None
+    if config_file:
+        mount = next(
+            m for m in epp["volumeMounts"] if config_file.startswith(m["mountPath"].rstrip("/") + "/")
+        )
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        config_map = next(
+            d
+            for d in docs
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"]
+        )
+        config_text = config_map["data"][config_file.rsplit("/", 1)[1]]
+    rules = sorted(
+        {
+            (group, resource, verb)
+            for d in docs
+            if d["kind"] in ("Role", "ClusterRole")
+            for rule in d.get("rules", [])
+            for group in rule.get("apiGroups", [])
+            for resource in rule.get("resources", [])
+            for verb in rule.get("verbs", [])
+        }
+    )
+    return {
+        "kind": pod["kind"],
+        "image": epp["image"],
+        "command": epp.get("command"),
+        "args": args,
+        "ports": {p["name"]: p["containerPort"] for p in epp.get("ports", [])},
+        "readiness": probe(epp.get("readinessProbe")),
+        "liveness": probe(epp.get("livenessProbe")),
+        "env": sorted(e["name"] for e in epp.get("env", [])),
+        "config_file": config_file,
+        "config": config_text,
+        "rbac": [list(r) for r in rules],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--llm-d", type=Path, required=True, help="a git clone of llm-d/llm-d-router")
+    parser.add_argument("--gie", type=Path, required=True, help="a git clone of GIE")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    repos = {"llm-d": args.llm_d, "gie": args.gie}
+    out: dict[str, Any] = {"helm_sdk": helm_python.helm_sdk_version(), "sources": {}, "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        charts: dict[str, Path] = {}
+        for key, (name, tag) in SOURCES.items():
+            into = Path(tmp) / key
+            into.mkdir()
+            charts[key], commit = export(repos[key], tag, into)
+            out["sources"][key] = {"repository": name, "tag": tag, "commit": commit}
+        vendored: set[Path] = set()
+        for case, source, chart_name, values in CASES:
+            chart = charts[source] / chart_name
+            if chart not in vendored:
+                helm_python.dependency_update(chart)  # the file:// library chart, as `helm dep up`
+                vendored.add(chart)
+            out["cases"][case] = {
+                "source": source,
+                "chart": chart_name,
+                "values": values,
+                **facts(render(chart, values)),
+            }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"{len(out['cases'])} cases -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
