@@ -231,8 +231,8 @@ EXPECTED_RULES = [
         "verbs": ["get", "list", "watch"],
     },
     {
-        "apiGroups": ["inference.networking.x-k8s.io"],
-        "resources": ["inferenceobjectives"],
+        "apiGroups": ["llm-d.ai", "inference.networking.x-k8s.io"],
+        "resources": ["inferenceobjectives", "inferencemodelrewrites"],
         "verbs": ["get", "list", "watch"],
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},

@@ -1,13 +1,17 @@
-"""crds/ installs on a real API server and accepts and rejects what GIE's released CRD does.
+"""crds/ installs on a real API server and accepts and rejects what the released CRDs do.
 
-GIE's InferencePool CRD (v1.6.0, descriptions removed) is in gie/; ours must carry the same
-schema, defaults and CEL rules, verbatim, and pass the API server's create-time checks
-(admission.py): the protected-group approval annotation and the structural-schema rules.
+GIE's InferencePool CRD (v1.6.0, descriptions removed) is in gie/; the InferenceObjective and
+InferenceModelRewrite CRDs of llm-d.ai (llm-d Router v0.10.0) and of the legacy
+inference.networking.x-k8s.io (GIE v1.5.0) are in upstream/crds.json (scripts/upstream_facts.py).
+Ours must carry the same schemas, defaults and CEL rules, verbatim, and pass the API server's
+create-time checks (admission.py): the protected-group approval annotation and the
+structural-schema rules.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,10 @@ from . import admission, chart
 POOL_FILE = "inference.networking.k8s.io_inferencepools.yaml"
 OBJECTIVE_FILE = "inference.networking.x-k8s.io_inferenceobjectives.yaml"
 GIE_POOL = yaml.safe_load((Path(__file__).parent / "gie" / "inferencepools-v1.6.0.yaml").read_text())
+UPSTREAM_CRDS: dict[str, Any] = json.loads((Path(__file__).parent / "upstream" / "crds.json").read_text())[
+    "crds"
+]
+ALL_FILES = [POOL_FILE, *sorted(UPSTREAM_CRDS)]
 
 
 def strip_descriptions(node: Any) -> Any:
@@ -43,7 +51,11 @@ def cel_rules(node: Any, path: str = "") -> list[tuple[str, str, str]]:
     return found
 
 
-@pytest.mark.parametrize("filename", [POOL_FILE, OBJECTIVE_FILE])
+def test_crds_ships_exactly_these() -> None:
+    assert sorted(p.name for p in chart.CRDS.glob("*.yaml")) == sorted(ALL_FILES)
+
+
+@pytest.mark.parametrize("filename", ALL_FILES)
 def test_an_api_server_would_create_our_crds(filename: str) -> None:
     assert admission.admission_errors(chart.crd(filename)) == []
 
@@ -252,3 +264,100 @@ def test_defaults_are_gies() -> None:
         "kind": "Service",
         "failureMode": "FailClose",
     }
+
+
+# --- InferenceObjective and InferenceModelRewrite, both groups -----------------------------------
+
+
+@pytest.mark.parametrize("filename", sorted(UPSTREAM_CRDS))
+def test_the_schema_and_names_are_the_released_ones(filename: str) -> None:
+    theirs = UPSTREAM_CRDS[filename]
+    crd = chart.crd(filename)
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == f"{theirs['names']['plural']}.{theirs['group']}"
+    assert (spec["group"], spec["names"], spec["scope"]) == (
+        theirs["group"],
+        theirs["names"],
+        theirs["scope"],
+    )
+    (version,) = spec["versions"]
+    assert {k: version[k] for k in theirs["version"]} == theirs["version"]
+    assert version["additionalPrinterColumns"] == theirs["printerColumns"]
+    assert strip_descriptions(chart.crd_schema(crd)) == theirs["openAPIV3Schema"]
+    assert cel_rules(theirs["openAPIV3Schema"]) == []  # nothing to translate: jsonschema decides
+
+
+def _rewrite(group: str, *rules: dict[str, Any], pool_ref: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{group}/v1alpha2",
+        "kind": "InferenceModelRewrite",
+        "metadata": {"name": "canary"},
+        "spec": {"poolRef": pool_ref or {"name": "vllm-llama3-8b-instruct"}, "rules": list(rules)},
+    }
+
+
+def _target(model: str, weight: Any = None) -> dict[str, Any]:
+    return {"modelRewrite": model} if weight is None else {"modelRewrite": model, "weight": weight}
+
+
+ALIAS = {"matches": [{"model": {"value": "llama"}}], "targets": [_target("meta-llama/Llama-3.1-8B-Instruct")]}
+REWRITES: list[tuple[str, list[dict[str, Any]], bool]] = [
+    ("alias", [ALIAS], True),
+    ("weighted", [{"matches": ALIAS["matches"], "targets": [_target("v1", 90), _target("v2", 10)]}], True),
+    ("generic", [{"targets": [_target("base")]}], True),
+    ("no rules", [], True),
+    ("no targets", [{"matches": ALIAS["matches"]}], True),
+    ("empty targets", [{"matches": ALIAS["matches"], "targets": []}], False),
+    ("weight 0", [{"targets": [_target("a", 0)]}], False),
+    ("weight too big", [{"targets": [_target("a", 1_000_001)]}], False),
+    ("weight not an integer", [{"targets": [_target("a", "heavy")]}], False),
+    (
+        "prefix match",
+        [{"matches": [{"model": {"type": "Prefix", "value": "l"}}], "targets": [_target("a")]}],
+        False,
+    ),
+    ("empty model", [{"matches": [{"model": {"value": ""}}], "targets": [_target("a")]}], False),
+    ("match without model", [{"matches": [{}], "targets": [_target("a")]}], False),
+    ("target without model", [{"targets": [{"weight": 3}]}], False),
+]
+
+
+@pytest.mark.parametrize(("name", "rules", "accepted"), REWRITES, ids=[r[0] for r in REWRITES])
+@pytest.mark.parametrize("group", ["llm-d.ai", "inference.networking.x-k8s.io"])
+def test_rewrites_are_admitted_and_defaulted_as_released(
+    group: str, name: str, rules: list[dict[str, Any]], accepted: bool
+) -> None:
+    filename = f"{group}_inferencemodelrewrites.yaml"
+    manifest = _rewrite(group, *copy.deepcopy(rules))
+    ours = admission.apply_defaults(chart.crd_schema(chart.crd(filename)), copy.deepcopy(manifest))
+    theirs = admission.apply_defaults(UPSTREAM_CRDS[filename]["openAPIV3Schema"], copy.deepcopy(manifest))
+    assert ours == theirs
+    assert jsonschema.Draft4Validator(chart.crd_schema(chart.crd(filename))).is_valid(ours) is accepted, name
+
+
+def test_rewrite_defaults_are_exact_and_gies_pool_group() -> None:
+    filename = "llm-d.ai_inferencemodelrewrites.yaml"
+    stored = admission.apply_defaults(chart.crd_schema(chart.crd(filename)), _rewrite("llm-d.ai", ALIAS))
+    assert stored["spec"]["poolRef"] == {
+        "name": "vllm-llama3-8b-instruct",
+        "group": "inference.networking.k8s.io",
+        "kind": "InferencePool",
+    }
+    assert stored["spec"]["rules"][0]["matches"][0]["model"]["type"] == "Exact"
+
+
+@pytest.mark.parametrize("group", ["llm-d.ai", "inference.networking.x-k8s.io"])
+def test_objectives_are_admitted_as_released(group: str) -> None:
+    filename = f"{group}_inferenceobjectives.yaml"
+    schema = chart.crd_schema(chart.crd(filename))
+    good = {
+        "apiVersion": f"{group}/v1alpha2",
+        "kind": "InferenceObjective",
+        "metadata": {"name": "batch"},
+        "spec": {"poolRef": {"name": "pool"}, "priority": -1},
+    }
+    stored = admission.apply_defaults(schema, copy.deepcopy(good))
+    assert jsonschema.Draft4Validator(schema).is_valid(stored)
+    assert stored["spec"]["poolRef"]["group"] == "inference.networking.k8s.io"
+    for bad in ({"poolRef": {"name": "pool"}, "priority": "high"}, {"priority": 1}):
+        assert not jsonschema.Draft4Validator(schema).is_valid({**good, "spec": bad})

@@ -1,4 +1,5 @@
-"""crds/: valid CustomResourceDefinitions with GIE's names, accepting the documented samples."""
+"""crds/: valid CustomResourceDefinitions with GIE's and llm-d's names, accepting the documented
+samples."""
 
 from __future__ import annotations
 
@@ -34,7 +35,16 @@ def rules(schema: dict[str, Any]) -> list[str]:
     return [r["rule"] for r in schema.get("x-kubernetes-validations", [])]
 
 
-@pytest.mark.parametrize("filename", [POOL_FILE, OBJECTIVE_FILE])
+@pytest.mark.parametrize(
+    "filename",
+    [
+        POOL_FILE,
+        OBJECTIVE_FILE,
+        "inference.networking.x-k8s.io_inferencemodelrewrites.yaml",
+        "llm-d.ai_inferenceobjectives.yaml",
+        "llm-d.ai_inferencemodelrewrites.yaml",
+    ],
+)
 def test_crd_validates_as_a_kubernetes_object(filename: str) -> None:
     kubernetes_validate.validate(chart.crd(filename), chart.KUBE_VERSION, strict=True)
 

@@ -1,7 +1,7 @@
 """epp's image, unchanged, in llm-d Router's charts (v0.10: llm-d-router-gateway and
 llm-d-router-standalone) and in GIE's (v1.5: inferencepool and standalone).
 
-What those charts run was rendered with the real Helm SDK by scripts/upstream_charts.py and kept
+What those charts run was rendered with the real Helm SDK by scripts/upstream_facts.py and kept
 in upstream/charts.json (no copies of their charts here; CI has no network). For every rendered
 case: the EPP container sets no command, so the image's entrypoint (`epp serve`) runs with the
 chart's args; `epp serve` accepts every one of those args and finds nothing it cannot honour;

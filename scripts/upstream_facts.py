@@ -1,16 +1,23 @@
-"""Render llm-d Router's and GIE's Helm charts with the real Helm SDK and record what their EPP
-pod runs, for tests/deploy/test_upstream_charts.py (CI has no network and keeps no copies of
-their charts: only these facts).
+"""The facts epp's deploy tests keep of llm-d Router's and GIE's releases (CI has no network and
+keeps no copies of their charts or CRDs: only these facts).
 
-    .venv/bin/python scripts/upstream_charts.py --llm-d PATH --gie PATH [--out FILE]
+    .venv/bin/python scripts/upstream_facts.py --llm-d PATH --gie PATH
 
 PATH is a git repository (a clone, bare or not) of llm-d/llm-d-router and of
-kubernetes-sigs/gateway-api-inference-extension; the charts are taken from the tags below
-(`git archive`), their `file://` library dependency vendored by Helm's own `dependency update`,
-and each case of CASES rendered as `helm install vllm-llama --namespace llm` would. For every
-case the file records the EPP container (image, command, args, ports, probes, environment
-names), the scheduling config the args name (from the chart's ConfigMap), and the RBAC rules the
-chart grants its service account. To follow a new release, change the tag and run this again.
+kubernetes-sigs/gateway-api-inference-extension; files are taken from the tags in SOURCES (`git
+archive`). Two files are written under tests/deploy/upstream/:
+
+- charts.json (tests/deploy/test_upstream_charts.py): each case of CASES rendered with the real
+  Helm SDK as `helm install vllm-llama --namespace llm` would, after Helm's own `dependency
+  update` vendors the charts' `file://` library chart. Per case: the EPP container (image,
+  command, args, ports, probes, environment names), the scheduling config the args name (from
+  the chart's ConfigMap) and the RBAC rules the chart grants.
+- crds.json (tests/deploy/test_crd_admission.py): the InferenceObjective and
+  InferenceModelRewrite CRDs of both API groups (llm-d.ai from llm-d, the legacy
+  inference.networking.x-k8s.io from GIE v1.5): names, version flags, printer columns and the
+  schema with every `description` removed.
+
+To follow a new release, change the tag and run this again.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import helm_python
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "tests" / "deploy" / "upstream" / "charts.json"
+OUT = REPO / "tests" / "deploy" / "upstream"
 
 SOURCES = {
     "llm-d": ("llm-d/llm-d-router", "v0.10.0"),
@@ -142,14 +149,47 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
 ]
 
 
+CRDS = {
+    "llm-d": ["llm-d.ai_inferenceobjectives.yaml", "llm-d.ai_inferencemodelrewrites.yaml"],
+    "gie": [
+        "inference.networking.x-k8s.io_inferenceobjectives.yaml",
+        "inference.networking.x-k8s.io_inferencemodelrewrites.yaml",
+    ],
+}
+
+
+def strip_descriptions(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: strip_descriptions(v) for k, v in node.items() if k != "description"}
+    if isinstance(node, list):
+        return [strip_descriptions(v) for v in node]
+    return node
+
+
+def crd_facts(path: Path) -> dict[str, Any]:
+    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    spec = crd["spec"]
+    (version,) = spec["versions"]
+    return {
+        "group": spec["group"],
+        "names": spec["names"],
+        "scope": spec["scope"],
+        "version": {k: version[k] for k in ("name", "served", "storage", "subresources")},
+        "printerColumns": version.get("additionalPrinterColumns", []),
+        "openAPIV3Schema": strip_descriptions(version["schema"]["openAPIV3Schema"]),
+    }
+
+
 def export(repo: Path, tag: str, into: Path) -> tuple[Path, str]:
-    """The tag's config/charts in `into`, and the tag's commit."""
+    """The tag's config/ in `into` (charts and CRDs), and the tag's commit."""
     commit = subprocess.run(
         ["git", "-C", str(repo), "rev-parse", f"{tag}^{{commit}}"], check=True, capture_output=True, text=True
     ).stdout.strip()
     archive = into / "charts.tar"
     with archive.open("wb") as out:
-        subprocess.run(["git", "-C", str(repo), "archive", tag, "config/charts"], check=True, stdout=out)
+        subprocess.run(
+            ["git", "-C", str(repo), "archive", tag, "config/charts", "config/crd/bases"], check=True, stdout=out
+        )
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
     return into / "config" / "charts", commit
@@ -228,10 +268,11 @@ def main() -> int:
     )
     parser.add_argument("--llm-d", type=Path, required=True, help="a git clone of llm-d/llm-d-router")
     parser.add_argument("--gie", type=Path, required=True, help="a git clone of GIE")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=OUT, help="the directory to write to")
     args = parser.parse_args()
     repos = {"llm-d": args.llm_d, "gie": args.gie}
     out: dict[str, Any] = {"helm_sdk": helm_python.helm_sdk_version(), "sources": {}, "cases": {}}
+    crds: dict[str, Any] = {"sources": out["sources"], "crds": {}}
     with tempfile.TemporaryDirectory() as tmp:
         charts: dict[str, Path] = {}
         for key, (name, tag) in SOURCES.items():
@@ -239,6 +280,8 @@ def main() -> int:
             into.mkdir()
             charts[key], commit = export(repos[key], tag, into)
             out["sources"][key] = {"repository": name, "tag": tag, "commit": commit}
+            for filename in CRDS[key]:
+                crds["crds"][filename] = crd_facts(charts[key].parent / "crd" / "bases" / filename)
         vendored: set[Path] = set()
         for case, source, chart_name, values in CASES:
             chart = charts[source] / chart_name
@@ -251,9 +294,10 @@ def main() -> int:
                 "values": values,
                 **facts(render(chart, values)),
             }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    print(f"{len(out['cases'])} cases -> {args.out}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "charts.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    (args.out / "crds.json").write_text(json.dumps(crds, indent=1, sort_keys=True) + "\n")
+    print(f"{len(out['cases'])} chart cases, {len(crds['crds'])} CRDs -> {args.out}")
     return 0
 
 
