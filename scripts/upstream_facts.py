@@ -187,9 +187,8 @@ def export(repo: Path, tag: str, into: Path) -> tuple[Path, str]:
     ).stdout.strip()
     archive = into / "charts.tar"
     with archive.open("wb") as out:
-        subprocess.run(
-            ["git", "-C", str(repo), "archive", tag, "config/charts", "config/crd/bases"], check=True, stdout=out
-        )
+        paths = ["config/charts", "config/crd/bases"]
+        subprocess.run(["git", "-C", str(repo), "archive", tag, *paths], check=True, stdout=out)
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
     return into / "config" / "charts", commit
