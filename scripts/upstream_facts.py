@@ -9,9 +9,10 @@ archive`). Two files are written under tests/deploy/upstream/:
 
 - charts.json (tests/deploy/test_upstream_charts.py): each case of CASES rendered with the real
   Helm SDK as `helm install vllm-llama --namespace llm` would, after Helm's own `dependency
-  update` vendors the charts' `file://` library chart. Per case: the EPP container (image,
-  command, args, ports, probes, environment names), the scheduling config the args name (from
-  the chart's ConfigMap) and the RBAC rules the chart grants.
+  update` vendors the charts' `file://` library chart. Per case: the EPP pod's containers, the
+  Deployments and Services (ports), the EPP container (image, command, args, ports, probes,
+  environment names), the scheduling config the args name (from the chart's ConfigMap), the
+  RBAC rules the chart grants, and the InferencePool and InferenceObjectives it creates.
 - crds.json (tests/deploy/test_crd_admission.py): the InferenceObjective and
   InferenceModelRewrite CRDs of both API groups (llm-d.ai from llm-d, the legacy
   inference.networking.x-k8s.io from GIE v1.5): names, version flags, printer columns and the
@@ -48,7 +49,17 @@ MODEL_SERVERS = {"matchLabels": {"app": "vllm-llama"}}
 # values that change the EPP's arguments (replicas -> leader election, flags, auth, tracing,
 # pool-less mode, the proxy's modes) and the image override the README gives.
 CASES: list[tuple[str, str, str, dict[str, Any]]] = [
-    ("llm-d-gateway", "llm-d", "llm-d-router-gateway", {"router": {"modelServers": MODEL_SERVERS}}),
+    (
+        "llm-d-gateway",
+        "llm-d",
+        "llm-d-router-gateway",
+        {
+            "router": {
+                "modelServers": MODEL_SERVERS,
+                "inferenceObjectives": [{"name": "batch", "priority": -1}],
+            }
+        },
+    ),
     (
         "llm-d-gateway-ha-flags",
         "llm-d",
@@ -112,7 +123,13 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
             }
         },
     ),
-    ("gie-inferencepool", "gie", "inferencepool", {"inferencePool": {"modelServers": MODEL_SERVERS}}),
+    (
+        "gie-inferencepool",
+        "gie",
+        "inferencepool",
+        # not inferenceObjectives: v1.5's template for them fails to render (a nil .Values in a range)
+        {"inferencePool": {"modelServers": MODEL_SERVERS}},
+    ),
     (
         "gie-inferencepool-ha-flags",
         "gie",
@@ -246,7 +263,23 @@ def facts(docs: list[dict[str, Any]]) -> dict[str, Any]:
             for verb in rule.get("verbs", [])
         }
     )
+    pools = [d["spec"] for d in docs if d["kind"] == "InferencePool"]
+    objectives = [
+        {"apiVersion": d["apiVersion"], "name": d["metadata"]["name"], "spec": d["spec"]}
+        for d in docs
+        if d["kind"] == "InferenceObjective"
+    ]
+    services = {
+        d["metadata"]["name"]: sorted((p.get("name", ""), p["port"]) for p in d["spec"]["ports"])
+        for d in docs
+        if d["kind"] == "Service"
+    }
     return {
+        "containers": [c["name"] for c in spec["containers"]],
+        "deployments": sorted(d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"),
+        "services": services,
+        "pool": pools[0] if pools else None,
+        "objectives": objectives,
         "kind": pod["kind"],
         "image": epp["image"],
         "command": epp.get("command"),

@@ -2,9 +2,9 @@
 
 Rendering goes through helm-python-sdk (Helm's own Go engine via its C library: no helm binary,
 no cluster). Kubernetes kinds are checked with kubernetes-validate against the 1.30 schemas in
-strict mode (unknown fields fail); InferencePools against our own CRD's openAPIV3Schema; the
-kinds of optional integrations (Istio, Gateway API, Prometheus Operator) have no schema here
-and get a structural check only.
+strict mode (unknown fields fail); InferencePools and InferenceObjectives against our own CRDs'
+openAPIV3Schema; the kinds of optional integrations (Istio, Gateway API, Prometheus Operator)
+have no schema here and get a structural check only.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ FOREIGN_KINDS = {
 }
 
 
-def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def render(values: dict[str, Any] | None = None, *, name: str = RELEASE) -> list[dict[str, Any]]:
     """The chart's manifests for `values` (NOTES.txt excluded), as parsed YAML documents."""
     with helm_python.Chart.load(CHART) as chart:
         chart.validate_schema(values)
-        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        rendered = chart.render(values, name=name, namespace=NAMESPACE, is_install=True)
     docs: list[dict[str, Any]] = []
     for path, text in sorted(rendered.items()):
         if path.endswith("NOTES.txt"):
@@ -71,6 +71,10 @@ def crd_validator(filename: str) -> jsonschema.protocols.Validator:
 
 
 POOL_VALIDATOR = crd_validator("inference.networking.k8s.io_inferencepools.yaml")
+OBJECTIVE_VALIDATORS = {
+    f"{group}/v1alpha2": crd_validator(f"{group}_inferenceobjectives.yaml")
+    for group in ("llm-d.ai", "inference.networking.x-k8s.io")
+}
 
 
 def validate(doc: dict[str, Any]) -> None:
@@ -82,6 +86,9 @@ def validate(doc: dict[str, Any]) -> None:
         return
     if (api_version, kind) == ("inference.networking.k8s.io/v1", "InferencePool"):
         POOL_VALIDATOR.validate(doc)
+        return
+    if kind == "InferenceObjective":
+        OBJECTIVE_VALIDATORS[api_version].validate(doc)
         return
     kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
 

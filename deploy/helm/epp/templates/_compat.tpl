@@ -1,0 +1,270 @@
+{{/*
+Values of llm-d Router's and GIE's charts, translated into epp's own (docs/migrate.md, "Helm
+values"). Every template includes "epp.compat" first; it rewrites .Values once (a marker key
+makes it idempotent, whichever template Helm renders first), so the rest of the chart reads
+only epp's keys:
+
+- llm-d Router v0.10's `llm-d-router-gateway` and `llm-d-router-standalone` charts: `router.*`
+  (the EPP, its pool, proxy, monitoring, tracing, objectives), `provider.name` and the llm-d
+  names under `httpRoute`;
+- GIE v1.5's `inferencepool` chart: `inferenceExtension.*` (the same EPP keys as router.epp,
+  with monitoring and tracing inside) and `inferencePool.{targetPorts: [{number}],
+  modelServers.matchLabels, modelServerType}`.
+
+With router.* or inferenceExtension.*, the defaults of those charts apply where they differ
+from epp's: one replica (leader election from two), the pool created with failureMode
+FailOpen, their approximate-prefix scoring (no KV events) and metrics authentication on. A
+value that epp's chart cannot honour fails the install with what to use instead.
+*/}}
+{{- define "epp.compat" -}}
+{{- if not (hasKey .Values "__translated") -}}
+{{- $_ := set .Values "__translated" true -}}
+{{- include "epp.compat.httpRoute" . -}}
+{{- $r := .Values.router | default dict -}}
+{{- $ie := .Values.inferenceExtension | default dict -}}
+{{- if and $r $ie -}}
+{{- fail "give llm-d's router.* or GIE's inferenceExtension.*, not both" -}}
+{{- end -}}
+{{- if $r -}}
+{{- include "epp.compat.router" . -}}
+{{- end -}}
+{{- if $ie -}}
+{{- include "epp.compat.gie" . -}}
+{{- end -}}
+{{- include "epp.compat.provider" . -}}
+{{- include "epp.compat.pool" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* inferencePool: GIE's targetPorts [{number}] and modelServers.matchLabels; epp's own forms. */}}
+{{- define "epp.compat.pool" -}}
+{{- $p := .Values.inferencePool -}}
+{{- $ports := list -}}
+{{- range $p.targetPorts -}}
+{{- if kindIs "map" . -}}
+{{- $ports = append $ports (int .number) -}}
+{{- else -}}
+{{- $ports = append $ports (int .) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $p "targetPorts" $ports -}}
+{{- $labels := (($p.modelServers | default dict).matchLabels) | default dict -}}
+{{- if $labels -}}
+{{- if and $p.selector (ne (toJson $p.selector) (toJson $labels)) -}}
+{{- fail "inferencePool.selector and inferencePool.modelServers.matchLabels differ: give one" -}}
+{{- end -}}
+{{- $_ := set $p "selector" $labels -}}
+{{- end -}}
+{{- if and $p.modelServerType (ne $p.modelServerType "vllm") -}}
+{{- fail (printf "inferencePool.modelServerType=%s: epp's chart configures vLLM pools only (its engines are chosen in the scheduling config; docs/migrate.md)" $p.modelServerType) -}}
+{{- end -}}
+{{- if and $p.modelServerProtocol (ne $p.modelServerProtocol "http") -}}
+{{- fail (printf "inferencePool.modelServerProtocol=%s: epp routes HTTP model servers only (the vllmgrpc-parser is not built)" $p.modelServerProtocol) -}}
+{{- end -}}
+{{- if $p.parser -}}
+{{- fail (printf "inferencePool.parser=%s: put requestHandler.parsers in the scheduling config instead" $p.parser) -}}
+{{- end -}}
+{{- if and $p.apiVersion (ne $p.apiVersion "inference.networking.k8s.io/v1") -}}
+{{- fail (printf "inferencePool.apiVersion=%s: epp serves InferencePool inference.networking.k8s.io/v1 only" $p.apiVersion) -}}
+{{- end -}}
+{{- if and .Values.pool.endpointSelector $p.create -}}
+{{- fail "pool.endpointSelector (pool-less mode) and inferencePool.create exclude each other" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* httpRoute: llm-d's create / inferenceGatewayName / inferenceGatewayNamespace; GIE's
+experimentalHttpRoute (enabled, inferenceGatewayName, requestTimeout). */}}
+{{- define "epp.compat.httpRoute" -}}
+{{- $h := .Values.httpRoute -}}
+{{- with .Values.experimentalHttpRoute -}}
+{{- if hasKey . "enabled" }}{{ $_ := set $h "create" .enabled }}{{ end -}}
+{{- with .inferenceGatewayName }}{{ $_ := set $h "inferenceGatewayName" . }}{{ end -}}
+{{- with .requestTimeout }}{{ $_ := set $h "requestTimeout" . }}{{ end -}}
+{{- end -}}
+{{- if hasKey $h "create" -}}{{- $_ := set $h "enabled" $h.create -}}{{- end -}}
+{{- with $h.inferenceGatewayName -}}{{- $_ := set $h "gatewayName" . -}}{{- end -}}
+{{- with $h.inferenceGatewayNamespace -}}{{- $_ := set $h "gatewayNamespace" . -}}{{- end -}}
+{{- end -}}
+
+{{/* provider.name (llm-d's gateway chart): none, or istio (the DestinationRule epp needs). */}}
+{{- define "epp.compat.provider" -}}
+{{- $p := .Values.provider | default dict -}}
+{{- $name := $p.name | default "none" -}}
+{{- if eq $name "istio" -}}
+{{- $_ := set .Values.istio.destinationRule "enabled" true -}}
+{{- $dr := (($p.istio | default dict).destinationRule) | default dict -}}
+{{- if or $dr.host $dr.trafficPolicy -}}
+{{- fail "provider.istio.destinationRule.host/trafficPolicy: epp's chart writes its own DestinationRule (TLS to epp without verification); edit it after install or set istio.destinationRule.enabled=false and bring yours" -}}
+{{- end -}}
+{{- else if eq $name "gke" -}}
+{{- fail "provider.name=gke: epp's chart has no GKE HealthCheckPolicy/GCPBackendPolicy; apply them yourself (llm-d's chart templates/gke.yaml lists them) with provider.name=none" -}}
+{{- else if ne $name "none" -}}
+{{- fail (printf "provider.name=%s: one of none, istio" $name) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The EPP keys llm-d's router.epp and GIE's inferenceExtension share (both come from GIE's
+epplib), with their monitoring and tracing blocks. `where` names the block in messages. */}}
+{{- define "epp.compat.epp" -}}
+{{- $v := .root.Values -}}
+{{- $e := .epp -}}
+{{- $where := .where -}}
+{{- /* One replica by default; several are active-passive (leader election), as their charts. */ -}}
+{{- $replicas := int ($e.replicas | default 1) -}}
+{{- $_ := set $v "replicas" $replicas -}}
+{{- $_ := set $v.epp "leaderElection" (gt $replicas 1) -}}
+{{- with $e.image -}}
+{{- if .registry }}{{ $_ := set $v.image "registry" .registry }}{{ end -}}
+{{- if .repository }}{{ $_ := set $v.image "repository" .repository }}{{ end -}}
+{{- if .tag }}{{ $_ := set $v.image "tag" (toString .tag) }}{{ end -}}
+{{- if .pullPolicy }}{{ $_ := set $v.image "pullPolicy" .pullPolicy }}{{ end -}}
+{{- end -}}
+{{- if $e.extProcPort }}{{ $_ := set $v.epp "grpcPort" (int $e.extProcPort) }}{{ end -}}
+{{- if $e.grpcHealthPort }}{{ $_ := set $v.epp "grpcHealthPort" (int $e.grpcHealthPort) }}{{ end -}}
+{{- if $e.parsers -}}
+{{- fail (printf "%s.parsers: put requestHandler.parsers in the scheduling config (%s.pluginsCustomConfig) instead" $where $where) -}}
+{{- end -}}
+{{- $args := list -}}
+{{- with $e.metricsDataSource -}}
+{{- if .scheme }}{{ $args = append $args (printf "--model-server-metrics-scheme=%s" .scheme) }}{{ end -}}
+{{- if .path }}{{ $args = append $args (printf "--model-server-metrics-path=%s" .path) }}{{ end -}}
+{{- if hasKey . "insecureSkipVerify" }}{{ $args = append $args (printf "--model-server-metrics-https-insecure-skip-verify=%v" .insecureSkipVerify) }}{{ end -}}
+{{- end -}}
+{{- /* flags: rendered as their charts render them (--key=value, keys sorted). */ -}}
+{{- $flags := $e.flags | default dict -}}
+{{- if and (eq $where "inferenceExtension") (not (hasKey $flags "v")) -}}
+{{- /* GIE's chart default: flags: {v: 1} */ -}}
+{{- $flags = merge (dict "v" 1) $flags -}}
+{{- end -}}
+{{- range $key, $value := $flags -}}
+{{- $args = append $args (printf "--%s=%v" $key $value) -}}
+{{- end -}}
+{{- $_ := set $v.epp "extraArgs" (concat $args $v.epp.extraArgs) -}}
+{{- $_ := set $v.epp "env" (concat $v.epp.env ($e.env | default list)) -}}
+{{- /* The scheduling config: pluginsConfigFile from pluginsCustomConfig; their chart's own
+default-plugins.yaml becomes epp's default for the KV-events mode (approximate prefix). */ -}}
+{{- $file := $e.pluginsConfigFile | default "default-plugins.yaml" -}}
+{{- $custom := $e.pluginsCustomConfig | default dict -}}
+{{- if hasKey $custom $file -}}
+{{- $_ := set $v "schedulingConfig" (index $custom $file) -}}
+{{- else if ne $file "default-plugins.yaml" -}}
+{{- fail (printf "%s.pluginsConfigFile=%s is not in %s.pluginsCustomConfig: epp's chart ships only its own default config (leave pluginsConfigFile unset for it)" $where $file $where) -}}
+{{- end -}}
+{{- $_ := set $v "extraConfigFiles" (omit $custom $file) -}}
+{{- $_ := set $v.epp.kvEvents "mode" "off" -}}
+{{- if $e.resources }}{{ $_ := set $v "resources" $e.resources }}{{ end -}}
+{{- if $e.affinity }}{{ $_ := set $v "affinity" $e.affinity }}{{ end -}}
+{{- if $e.tolerations }}{{ $_ := set $v "tolerations" $e.tolerations }}{{ end -}}
+{{- if $e.podAnnotations }}{{ $_ := set $v "podAnnotations" (merge (deepCopy $e.podAnnotations) $v.podAnnotations) }}{{ end -}}
+{{- if $e.extraContainerPorts }}{{ $_ := set $v.epp "extraPorts" $e.extraContainerPorts }}{{ end -}}
+{{- if $e.volumes }}{{ $_ := set $v "extraVolumes" $e.volumes }}{{ end -}}
+{{- if $e.volumeMounts }}{{ $_ := set $v.epp "extraVolumeMounts" $e.volumeMounts }}{{ end -}}
+{{- if $e.extraServicePorts }}{{ $_ := set $v.service "extraPorts" $e.extraServicePorts }}{{ end -}}
+{{- if and (hasKey $e "sidecar") ($e.sidecar | default dict).enabled -}}
+{{- fail (printf "%s.sidecar: GIE's Envoy sidecar preset; use envoy.enabled=true with envoy.mode=sidecar" $where) -}}
+{{- end -}}
+{{- /* monitoring: a ServiceMonitor, metrics authentication (on unless turned off). */ -}}
+{{- $m := .monitoring | default dict -}}
+{{- $prom := $m.prometheus | default dict -}}
+{{- $auth := $prom.auth | default dict -}}
+{{- $_ := set $v.monitoring "metricsAuth" (ne (toString $auth.enabled) "false") -}}
+{{- if $auth.secretName }}{{ $_ := set $v.monitoring "readerSecretName" $auth.secretName }}{{ end -}}
+{{- $sm := $v.monitoring.serviceMonitor -}}
+{{- if hasKey $prom "enabled" }}{{ $_ := set $sm "enabled" $prom.enabled }}{{ end -}}
+{{- if $m.interval }}{{ $_ := set $sm "interval" $m.interval }}{{ end -}}
+{{- if $prom.extraLabels }}{{ $_ := set $sm "labels" $prom.extraLabels }}{{ end -}}
+{{- $provider := (($m.provider | default dict).name) | default "prometheusoperator" -}}
+{{- if ne $provider "prometheusoperator" -}}
+{{- fail (printf "monitoring provider %s: epp's chart makes a Prometheus Operator ServiceMonitor only (monitoring.serviceMonitor)" $provider) -}}
+{{- end -}}
+{{- /* tracing: --tracing and OpenTelemetry's variables, as their charts set them. */ -}}
+{{- $t := .tracing | default dict -}}
+{{- if $t.enabled -}}
+{{- $sampling := $t.sampling | default dict -}}
+{{- $otel := list
+  (dict "name" "OTEL_SERVICE_NAME" "value" "epp")
+  (dict "name" "OTEL_EXPORTER_OTLP_ENDPOINT" "value" ($t.otelExporterEndpoint | default "http://localhost:4317"))
+  (dict "name" "OTEL_TRACES_EXPORTER" "value" "otlp")
+  (dict "name" "OTEL_RESOURCE_ATTRIBUTES_NODE_NAME" "valueFrom" (dict "fieldRef" (dict "apiVersion" "v1" "fieldPath" "spec.nodeName")))
+  (dict "name" "OTEL_RESOURCE_ATTRIBUTES_POD_NAME" "valueFrom" (dict "fieldRef" (dict "apiVersion" "v1" "fieldPath" "metadata.name")))
+  (dict "name" "OTEL_RESOURCE_ATTRIBUTES" "value" "k8s.namespace.name=$(NAMESPACE),k8s.node.name=$(OTEL_RESOURCE_ATTRIBUTES_NODE_NAME),k8s.pod.name=$(OTEL_RESOURCE_ATTRIBUTES_POD_NAME)")
+  (dict "name" "OTEL_TRACES_SAMPLER" "value" ($sampling.sampler | default "parentbased_traceidratio"))
+  (dict "name" "OTEL_TRACES_SAMPLER_ARG" "value" (toString ($sampling.samplerArg | default "0.1"))) -}}
+{{- $_ := set $v.epp "env" (concat $otel $v.epp.env) -}}
+{{- $_ := set $v.epp "extraArgs" (concat (list "--tracing=true") $v.epp.extraArgs) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* llm-d Router v0.10: router.* (and the refusals of what epp's chart does not build). */}}
+{{- define "epp.compat.router" -}}
+{{- $v := .Values -}}
+{{- $r := .Values.router -}}
+{{- include "epp.compat.epp" (dict "root" . "epp" ($r.epp | default dict) "monitoring" $r.monitoring "tracing" $r.tracing "where" "router.epp") -}}
+{{- $ms := $r.modelServers | default dict -}}
+{{- if and $ms.type (ne $ms.type "vllm") -}}
+{{- fail (printf "router.modelServers.type=%s: epp's chart configures vLLM pools only; give router.epp.pluginsCustomConfig a config for %s (docs/migrate.md)" $ms.type $ms.type) -}}
+{{- end -}}
+{{- if and $ms.protocol (ne $ms.protocol "http") -}}
+{{- fail (printf "router.modelServers.protocol=%s: epp routes HTTP model servers only (llm-d's vllmgrpc-parser is not built)" $ms.protocol) -}}
+{{- end -}}
+{{- $p := $v.inferencePool -}}
+{{- $_ := set $p "targetPorts" ($ms.targetPorts | default (list (dict "number" 8000))) -}}
+{{- $ip := $r.inferencePool | default dict -}}
+{{- $_ := set $p "failureMode" ($ip.failureMode | default "FailOpen") -}}
+{{- if eq (toString $ip.create) "false" -}}
+{{- /* llm-d-router-standalone without a pool: GIE's pool-less mode (--endpoint-selector). */ -}}
+{{- $_ := set $p "create" false -}}
+{{- if not $ms.matchLabels }}{{ fail "router.modelServers.matchLabels is required (the model-server pods' labels)" }}{{ end -}}
+{{- $_ := set $v.pool "endpointSelector" $ms.matchLabels -}}
+{{- else -}}
+{{- $_ := set $p "create" true -}}
+{{- if $ms.matchLabels }}{{ $_ := set $p "selector" $ms.matchLabels }}{{ end -}}
+{{- end -}}
+{{- with $r.inferenceObjectives }}{{ $_ := set $v "inferenceObjectives" . }}{{ end -}}
+{{- with $r.extraServicePorts }}{{ $_ := set $v.service "extraPorts" . }}{{ end -}}
+{{- with $r.clusterDomain }}{{ $_ := set $v "clusterDomain" . }}{{ end -}}
+{{- if ($r.tokenizer | default dict).enabled -}}
+{{- fail "router.tokenizer.enabled: epp's chart runs no `vllm launch render` sidecar; give epp the model's tokenizer (tokenizer.*), or a token-producer rendering at the pods in the scheduling config" -}}
+{{- end -}}
+{{- if ($r.latencyPredictor | default dict).enabled -}}
+{{- fail "router.latencyPredictor.enabled: llm-d's latency-predictor servers are not built; epp's own latency scorers need none (docs/configs.md)" -}}
+{{- end -}}
+{{- /* The proxy of llm-d-router-standalone: epp's chart's Envoy, in the pod or its own Deployment. */ -}}
+{{- $proxy := $r.proxy | default dict -}}
+{{- if $proxy.enabled -}}
+{{- if and $proxy.proxyType (ne $proxy.proxyType "envoy") -}}
+{{- fail (printf "router.proxy.proxyType=%s: epp's chart brings Envoy only" $proxy.proxyType) -}}
+{{- end -}}
+{{- $extra := omit $proxy "enabled" "proxyType" "mode" "replicas" "failOpen" "resources" -}}
+{{- if $extra -}}
+{{- fail (printf "router.proxy.%s: epp's chart writes its own Envoy config (envoy.*); give only enabled, mode, replicas, failOpen, resources" (keys $extra | sortAlpha | join ", router.proxy.")) -}}
+{{- end -}}
+{{- if eq (toString $proxy.failOpen) "true" -}}
+{{- fail "router.proxy.failOpen=true: epp's Envoy fails closed (without epp's answer its ORIGINAL_DST cluster has no pod to send to)" -}}
+{{- end -}}
+{{- $_ := set $v.envoy "enabled" true -}}
+{{- $_ := set $v.envoy "mode" ($proxy.mode | default "sidecar") -}}
+{{- if $proxy.replicas }}{{ $_ := set $v.envoy "replicas" (int $proxy.replicas) }}{{ end -}}
+{{- if $proxy.resources }}{{ $_ := set $v.envoy "resources" $proxy.resources }}{{ end -}}
+{{- /* llm-d's standalone chart exposes the proxy's listener as the Service port named http
+(8081 unless extraServicePorts says otherwise). */ -}}
+{{- $_ := set $v.envoy "port" 8081 -}}
+{{- range ($r.extraServicePorts | default list) -}}
+{{- if eq .name "http" }}{{ $_ := set $v.envoy "port" (int (.targetPort | default .port)) }}{{ end -}}
+{{- end -}}
+
+{{- end -}}
+{{- end -}}
+
+{{/* GIE v1.5: inferenceExtension.* (its pool keys are handled by "epp.compat.pool"). */}}
+{{- define "epp.compat.gie" -}}
+{{- $v := .Values -}}
+{{- $ie := .Values.inferenceExtension -}}
+{{- include "epp.compat.epp" (dict "root" . "epp" $ie "monitoring" $ie.monitoring "tracing" $ie.tracing "where" "inferenceExtension") -}}
+{{- $_ := set $v.inferencePool "failureMode" ($ie.failureMode | default "FailOpen") -}}
+{{- $_ := set $v.inferencePool "create" true -}}
+{{- $_ := set $v "inferenceObjectivesGroup" "inference.networking.x-k8s.io" -}}
+{{- if $ie.latencyPredictor -}}
+{{- if $ie.latencyPredictor.enabled }}{{ fail "inferenceExtension.latencyPredictor.enabled: GIE's latency-predictor servers are not built; epp's own latency scorers need none (docs/configs.md)" }}{{ end -}}
+{{- end -}}
+{{- end -}}

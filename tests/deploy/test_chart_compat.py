@@ -1,0 +1,323 @@
+"""epp's chart takes the EPP values of llm-d Router v0.10's charts (`router.*`, `provider`, llm-d's
+`httpRoute` names) and of GIE v1.5's `inferencepool` chart (`inferenceExtension.*`, GIE's forms
+under `inferencePool`), and deploys what those charts would: the same pool, pool-less mode,
+replicas and leader election, flags, metrics authentication, tracing, objectives and proxy mode.
+
+"What those charts would" is read from their own rendering (upstream/charts.json, made with the
+real Helm SDK by scripts/upstream_facts.py): the same values go through epp's chart and both
+EPPs' arguments are parsed by `epp serve` and compared setting by setting. A value epp's chart
+cannot honour fails the install, naming it and what to use instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from epp import cli
+from epp.flags import compat
+from epp.k8s import pools
+
+from . import chart
+
+FACTS: dict[str, Any] = json.loads((Path(__file__).parent / "upstream" / "charts.json").read_text())["cases"]
+RELEASE = "vllm-llama"  # the release name the facts were rendered with
+EPP_NAME = f"{RELEASE}-epp"
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    return chart.render(copy.deepcopy(values), name=RELEASE)
+
+
+def deployment(docs: list[dict[str, Any]], name: str = EPP_NAME) -> dict[str, Any]:
+    return chart.one(docs, "Deployment", name)
+
+
+def epp_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = [c for c in deployment(docs)["spec"]["template"]["spec"]["containers"] if c["name"] == "epp"]
+    return c
+
+
+def serve(argv: list[str]) -> argparse.Namespace:
+    parser = cli.build_parser()
+    args = parser.parse_args(["serve", *compat.normalize_go_flags(argv, cli._subparser(parser, "serve"))])
+    errors, _ = compat.gie_flag_problems(args)
+    assert errors == []
+    return args
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What an EPP's arguments decide about the deployment, as `epp serve` reads them."""
+    selector = pools.parse_selector(args.endpoint_selector) if args.endpoint_selector else None
+    ports = pools.parse_target_ports(args.endpoint_target_ports) if args.endpoint_target_ports else None
+    return {
+        "pool": None if selector else (args.pool_name, args.pool_namespace),
+        "selector": selector,
+        "ports": ports,
+        "leader_election": bool(args.ha_enable_leader_election),
+        "metrics_auth": args.metrics_endpoint_auth,
+        "tracing": bool(args.tracing),
+        "log": compat.log_settings(args)[0],
+        "grpc": (args.grpc_port, args.grpc_health_port, args.metrics_port),
+        "secure": args.secure_serving,
+        "model_server_metrics": (args.model_server_metrics_scheme, args.model_server_metrics_path),
+    }
+
+
+def theirs(case: str) -> dict[str, Any]:
+    found = settings(serve(FACTS[case]["args"]))
+    if found["metrics_auth"] is None:  # their chart passes nothing: their EPP's default, on
+        found["metrics_auth"] = True
+    return found
+
+
+# Standalone values in epp's chart say `proxy.enabled: true`, which llm-d-router-standalone
+# assumes from its own values.yaml (docs/migrate.md).
+PROXY = {"router": {"proxy": {"enabled": True}}}
+
+
+def merged(values: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(values)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+COMPARED = [
+    ("llm-d-gateway", {}),
+    ("llm-d-gateway-ha-flags", {}),
+    ("llm-d-standalone", PROXY),
+    ("llm-d-standalone-selector", PROXY),
+    ("llm-d-standalone-service-proxy", PROXY),
+    ("gie-inferencepool", {"inferenceExtension": {"replicas": 1}}),  # GIE's defaults need a GIE key
+    ("gie-inferencepool-ha-flags", {}),
+]
+
+
+@pytest.mark.parametrize(("case", "extra"), COMPARED, ids=[c[0] for c in COMPARED])
+def test_their_values_give_their_epp(case: str, extra: dict[str, Any]) -> None:
+    fact = FACTS[case]
+    docs = render(merged(fact["values"], extra))
+    for doc in docs:
+        chart.validate(doc)
+    c = epp_container(docs)
+    mine = settings(serve(c["args"][1:]))  # after `serve`: epp's chart sets command [epp]
+    assert mine == theirs(case)
+    for probe in ("readiness", "liveness"):
+        assert c[f"{probe}Probe"]["grpc"] == fact[probe]
+    assert {e["name"] for e in c["env"]} >= set(fact["env"])
+    pool = chart.by_kind(docs, "InferencePool")
+    if fact["pool"] is None:
+        assert pool == []
+    else:
+        spec = pool[0]["spec"]
+        ref = spec["endpointPickerRef"]
+        assert (ref["name"], ref["port"], ref["failureMode"]) == (
+            EPP_NAME,
+            fact["pool"]["endpointPickerRef"]["port"],
+            "FailOpen",
+        )
+        assert {k: spec[k] for k in ("selector", "targetPorts", "appProtocol")} == {
+            k: fact["pool"][k] for k in ("selector", "targetPorts", "appProtocol")
+        }
+    objectives = [
+        {"apiVersion": d["apiVersion"], "name": d["metadata"]["name"], "spec": d["spec"]}
+        for d in chart.by_kind(docs, "InferenceObjective")
+    ]
+    for o in objectives:
+        o["spec"]["poolRef"].pop("kind")  # ours names the kind; theirs leaves it to the CRD default
+    assert objectives == fact["objectives"]
+
+
+def test_an_image_from_registry_repository_and_tag() -> None:
+    for case in ("llm-d-gateway-image", "gie-inferencepool-image"):
+        values = FACTS[case]["values"]
+        assert epp_container(render(values))["image"] == FACTS[case]["image"] == "REGISTRY/epp:0.1.0"
+    native = {"image": {"registry": "REGISTRY", "repository": "epp", "tag": "0.1.0"}}
+    assert epp_container(chart.render(native, name=RELEASE))["image"] == "REGISTRY/epp:0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("case", "mode"),
+    [("llm-d-standalone", "sidecar"), ("llm-d-standalone-service-proxy", "service")],
+)
+def test_the_standalone_proxy_modes(case: str, mode: str) -> None:
+    fact = FACTS[case]
+    docs = render(merged(fact["values"], PROXY))
+    names = [c["name"] for c in deployment(docs)["spec"]["template"]["spec"]["containers"]]
+    envoy_config = yaml.safe_load(chart.one(docs, "ConfigMap", f"{EPP_NAME}-envoy")["data"]["envoy.yaml"])
+    (cluster,) = [c for c in envoy_config["static_resources"]["clusters"] if c["name"] == "epp_ext_proc"]
+    address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    service = {p["name"]: p["port"] for p in chart.one(docs, "Service", EPP_NAME)["spec"]["ports"]}
+    if mode == "sidecar":  # Envoy beside epp, asking it over loopback, on the Service's http port
+        assert names == ["epp", "envoy"] and len(fact["containers"]) == 2
+        assert address["socket_address"]["address"] == "127.0.0.1"
+        assert service["http"] == dict(map(tuple, fact["services"][EPP_NAME]))["http"] == 8081
+    else:  # its own Deployment and Service
+        assert names == ["epp"]
+        deployment(docs, f"{EPP_NAME}-envoy")
+        assert chart.one(docs, "Service", f"{EPP_NAME}-envoy")["spec"]["ports"][0]["port"] == 8081
+        assert address["socket_address"]["address"].startswith(f"{EPP_NAME}.")
+
+
+def test_gateway_chart_extras_become_epps() -> None:
+    docs = render(
+        {
+            "router": {
+                "modelServers": {"matchLabels": {"app": "vllm-llama"}},
+                "monitoring": {
+                    "interval": "30s",
+                    "prometheus": {"enabled": True, "extraLabels": {"team": "a"}},
+                },
+                "tracing": {"enabled": True, "otelExporterEndpoint": "http://otel:4317"},
+                "epp": {
+                    "metricsDataSource": {"scheme": "https", "path": "/m", "insecureSkipVerify": False},
+                    "env": [{"name": "X", "value": "1"}],
+                    "pluginsConfigFile": "mine.yaml",
+                    "pluginsCustomConfig": {
+                        "mine.yaml": "kind: EndpointPickerConfig\n",
+                        "other.yaml": "x: 1\n",
+                    },
+                    "extraContainerPorts": [{"name": "debug", "containerPort": 6060}],
+                    "podAnnotations": {"a": "b"},
+                },
+                "extraServicePorts": [{"name": "extra", "port": 1234}],
+            },
+            "provider": {"name": "istio"},
+            "httpRoute": {
+                "create": True,
+                "inferenceGatewayName": "gw",
+                "headerMatches": {"x-route": "llama"},
+            },
+        }
+    )
+    c = epp_container(docs)
+    args = c["args"]
+    assert "--model-server-metrics-scheme=https" in args and "--model-server-metrics-path=/m" in args
+    assert "--model-server-metrics-https-insecure-skip-verify=false" in args
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert (
+        env["X"] == "1"
+        and env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel:4317"
+        and "--tracing=true" in args
+    )
+    data = chart.one(docs, "ConfigMap", f"{EPP_NAME}-config")["data"]
+    assert data == {"config.yaml": "kind: EndpointPickerConfig\n", "other.yaml": "x: 1\n"}
+    assert {"name": "debug", "containerPort": 6060} in c["ports"]
+    assert deployment(docs)["spec"]["template"]["metadata"]["annotations"]["a"] == "b"
+    assert {"name": "extra", "port": 1234} in chart.one(docs, "Service", EPP_NAME)["spec"]["ports"]
+    monitor = chart.one(docs, "ServiceMonitor")
+    assert (
+        monitor["metadata"]["labels"]["team"] == "a" and monitor["spec"]["endpoints"][0]["interval"] == "30s"
+    )
+    chart.one(docs, "DestinationRule")
+    route = chart.one(docs, "HTTPRoute")
+    assert route["spec"]["parentRefs"][0]["name"] == "gw"
+    assert route["spec"]["rules"][0]["matches"][0]["headers"] == [
+        {"type": "Exact", "name": "x-route", "value": "llama"}
+    ]
+
+
+def test_gie_shaped_pool_values_equal_epps_own() -> None:
+    gie = render(
+        {
+            "inferencePool": {
+                "create": True,
+                "modelServers": {"matchLabels": {"app": "v"}},
+                "targetPorts": [{"number": 8000}, {"number": 8001}],
+            }
+        }
+    )
+    own = render({"inferencePool": {"create": True, "selector": {"app": "v"}, "targetPorts": [8000, 8001]}})
+    assert chart.one(gie, "InferencePool") == chart.one(own, "InferencePool")
+    assert epp_container(gie)["args"] == epp_container(own)["args"]
+
+
+def test_pool_less_mode() -> None:
+    docs = render(
+        {
+            "pool": {"endpointSelector": {"app": "v", "tier": "a"}},
+            "inferencePool": {"targetPorts": [8000, 8001]},
+        }
+    )
+    args = epp_container(docs)["args"]
+    assert "--endpoint-selector=app=v,tier=a" in args and "--endpoint-target-ports=8000,8001" in args
+    assert not [a for a in args if a.startswith("--pool-name=")]
+    assert not chart.by_kind(docs, "InferencePool")
+    assert "pool-less" in chart.notes({"pool": {"endpointSelector": {"app": "v"}}})
+
+
+def test_the_readme_values_of_gie_and_llm_d_lint_clean() -> None:
+    for values in (
+        {"router": {"modelServers": {"matchLabels": {"app": "v"}}}},
+        {
+            "inferenceExtension": {"replicas": 1},
+            "inferencePool": {"modelServers": {"matchLabels": {"app": "v"}}},
+        },
+    ):
+        report = chart.lint(values)
+        assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+ROUTER = {"modelServers": {"matchLabels": {"app": "v"}}}
+REFUSED = [
+    (
+        {"router": {**ROUTER, "modelServers": {"matchLabels": {"app": "v"}, "type": "sglang"}}},
+        "vLLM pools only",
+    ),
+    (
+        {"router": {**ROUTER, "modelServers": {"matchLabels": {"app": "v"}, "protocol": "grpc"}}},
+        "vllmgrpc-parser",
+    ),
+    ({"router": {**ROUTER, "tokenizer": {"enabled": True}}}, "no `vllm launch render` sidecar"),
+    (
+        {"router": {**ROUTER, "latencyPredictor": {"enabled": True}}},
+        "latency-predictor servers are not built",
+    ),
+    ({"router": {**ROUTER, "epp": {"parsers": ["openai-parser"]}}}, "requestHandler.parsers"),
+    (
+        {"router": {**ROUTER, "epp": {"pluginsConfigFile": "payload-agnostic.yaml"}}},
+        "not in router.epp.pluginsCustomConfig",
+    ),
+    ({"router": {**ROUTER, "proxy": {"enabled": True, "proxyType": "agentgateway"}}}, "Envoy only"),
+    ({"router": {**ROUTER, "proxy": {"enabled": True, "failOpen": True}}}, "fails closed"),
+    ({"router": {**ROUTER, "proxy": {"enabled": True, "presets": {}}}}, "router.proxy.presets"),
+    ({"router": {**ROUTER, "monitoring": {"provider": {"name": "gmp"}}}}, "ServiceMonitor only"),
+    ({"router": {"inferencePool": {"create": False}}}, "router.modelServers.matchLabels is required"),
+    ({"router": ROUTER, "provider": {"name": "gke"}}, "GKE"),
+    ({"router": ROUTER, "inferenceExtension": {"replicas": 1}}, "not both"),
+    ({"inferencePool": {"modelServerType": "triton"}}, "vLLM pools only"),
+    ({"inferencePool": {"parser": "passthrough-parser"}}, "requestHandler.parsers"),
+    ({"pool": {"endpointSelector": {"a": "b"}}, "httpRoute": {"enabled": True}}, "pool-less mode"),
+    ({"pool": {"endpointSelector": {"a": "b"}}, "inferencePool": {"create": True}}, "exclude each other"),
+]
+
+
+@pytest.mark.parametrize(("values", "reason"), REFUSED, ids=[r[1] for r in REFUSED])
+def test_what_cannot_be_honoured_fails_the_install(values: dict[str, Any], reason: str) -> None:
+    with pytest.raises(helm_python.HelmRenderError, match=reason.replace(".", r"\.").replace("(", r"\(")):
+        render(values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"router": {"epp": {"unknown": 1}}},
+        {"router": {"modelServers": {"matchLabels": {"app": "v"}, "targetPorts": [{"port": 8000}]}}},
+        {"inferenceExtension": {"endpointsServer": {"createInferencePool": False}}},  # GIE's standalone chart
+        {"inferencePool": {"targetPorts": [{"number": 0}]}},
+    ],
+)
+def test_unknown_values_are_refused_by_the_schema(values: dict[str, Any]) -> None:
+    with helm_python.Chart.load(chart.CHART) as loaded, pytest.raises(helm_python.HelmValuesError):
+        loaded.validate_schema(values)
