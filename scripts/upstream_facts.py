@@ -12,7 +12,8 @@ archive`). Two files are written under tests/deploy/upstream/:
   update` vendors the charts' `file://` library chart. Per case: the EPP pod's containers, the
   Deployments and Services (ports), the EPP container (image, command, args, ports, probes,
   environment names), the scheduling config the args name (from the chart's ConfigMap), the
-  RBAC rules the chart grants, and the InferencePool and InferenceObjectives it creates.
+  RBAC rules the chart grants, and the InferencePool and InferenceObjectives it creates; and
+  the names of llm-d's EPP flags (`pkg/epp/server/options.go`).
 - crds.json (tests/deploy/test_crd_admission.py): the InferenceObjective and
   InferenceModelRewrite CRDs of both API groups (llm-d.ai from llm-d, the legacy
   inference.networking.x-k8s.io from GIE v1.5): names, version flags, printer columns and the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -175,6 +177,17 @@ CRDS = {
 }
 
 
+FLAGS_FILE = "pkg/epp/server/options.go"  # llm-d's EPP flags (AddFlags)
+
+
+def llmd_flags(repo: Path, tag: str) -> list[str]:
+    """The flag names llm-d's EPP registers in AddFlags at `tag`."""
+    text = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{tag}:{FLAGS_FILE}"], check=True, capture_output=True, text=True
+    ).stdout
+    return sorted(set(re.findall(r'fs\.\w+\(\s*&?[\w.\[\]]+,\s*"([a-z0-9-]+)"', text)))
+
+
 def strip_descriptions(node: Any) -> Any:
     if isinstance(node, dict):
         return {k: strip_descriptions(v) for k, v in node.items() if k != "description"}
@@ -312,6 +325,8 @@ def main() -> int:
             into.mkdir()
             charts[key], commit = export(repos[key], tag, into)
             out["sources"][key] = {"repository": name, "tag": tag, "commit": commit}
+            if key == "llm-d":
+                out["llm_d_flags"] = llmd_flags(repos[key], tag)
             for filename in CRDS[key]:
                 crds["crds"][filename] = crd_facts(charts[key].parent / "crd" / "bases" / filename)
         vendored: set[Path] = set()

@@ -78,6 +78,18 @@ def theirs(case: str) -> dict[str, Any]:
     return found
 
 
+def profile_weights(config: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
+    """Each scheduling profile's scorers and weights, by plugin type."""
+    types = {p.get("name", p["type"]): p["type"] for p in config["plugins"]}
+    return [
+        (
+            profile["name"],
+            {types[p["pluginRef"]]: p.get("weight", 1) for p in profile["plugins"] if "weight" in p},
+        )
+        for profile in config["schedulingProfiles"]
+    ]
+
+
 # Standalone values in epp's chart say `proxy.enabled: true`, which llm-d-router-standalone
 # assumes from its own values.yaml (docs/migrate.md).
 PROXY = {"router": {"proxy": {"enabled": True}}}
@@ -130,6 +142,8 @@ def test_their_values_give_their_epp(case: str, extra: dict[str, Any]) -> None:
         assert {k: spec[k] for k in ("selector", "targetPorts", "appProtocol")} == {
             k: fact["pool"][k] for k in ("selector", "targetPorts", "appProtocol")
         }
+    config = yaml.safe_load(chart.one(docs, "ConfigMap", f"{EPP_NAME}-config")["data"]["config.yaml"])
+    assert profile_weights(config) == profile_weights(yaml.safe_load(fact["config"]))
     objectives = [
         {"apiVersion": d["apiVersion"], "name": d["metadata"]["name"], "spec": d["spec"]}
         for d in chart.by_kind(docs, "InferenceObjective")

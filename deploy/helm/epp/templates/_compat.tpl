@@ -13,7 +13,7 @@ only epp's keys:
 
 With router.* or inferenceExtension.*, the defaults of those charts apply where they differ
 from epp's: one replica (leader election from two), the pool created with failureMode
-FailOpen, their approximate-prefix scoring (no KV events) and metrics authentication on. A
+FailOpen, their default-plugins.yaml scoring (no KV events) and metrics authentication on. A
 value that epp's chart cannot honour fails the install with what to use instead.
 */}}
 {{- define "epp.compat" -}}
@@ -141,14 +141,16 @@ epplib), with their monitoring and tracing blocks. `where` names the block in me
 {{- end -}}
 {{- $_ := set $v.epp "extraArgs" (concat $args $v.epp.extraArgs) -}}
 {{- $_ := set $v.epp "env" (concat $v.epp.env ($e.env | default list)) -}}
-{{- /* The scheduling config: pluginsConfigFile from pluginsCustomConfig; their chart's own
-default-plugins.yaml becomes epp's default for the KV-events mode (approximate prefix). */ -}}
+{{- /* The scheduling config: pluginsConfigFile from pluginsCustomConfig, else their charts'
+default-plugins.yaml (files/default-plugins.yaml: the same weighted sum, no KV events). */ -}}
 {{- $file := $e.pluginsConfigFile | default "default-plugins.yaml" -}}
 {{- $custom := $e.pluginsCustomConfig | default dict -}}
 {{- if hasKey $custom $file -}}
 {{- $_ := set $v "schedulingConfig" (index $custom $file) -}}
-{{- else if ne $file "default-plugins.yaml" -}}
-{{- fail (printf "%s.pluginsConfigFile=%s is not in %s.pluginsCustomConfig: epp's chart ships only its own default config (leave pluginsConfigFile unset for it)" $where $file $where) -}}
+{{- else if eq $file "default-plugins.yaml" -}}
+{{- $_ := set $v "schedulingConfig" (.root.Files.Get "files/default-plugins.yaml") -}}
+{{- else -}}
+{{- fail (printf "%s.pluginsConfigFile=%s is not in %s.pluginsCustomConfig: epp's chart ships only default-plugins.yaml of theirs" $where $file $where) -}}
 {{- end -}}
 {{- $_ := set $v "extraConfigFiles" (omit $custom $file) -}}
 {{- $_ := set $v.epp.kvEvents "mode" "off" -}}
