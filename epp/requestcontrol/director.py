@@ -388,7 +388,8 @@ class Director:
         """How the request would be routed now, with every scorer's score per endpoint.
 
         Nothing is booked and pre-request hooks do not run, so nothing is learned; pickers that
-        keep a cursor (round-robin) still advance. Raises `errors.RequestError` like `route`.
+        keep a cursor (round-robin) and InferenceModelRewrite splits still advance (the rewrite is
+        counted). Raises `errors.RequestError` like `route`.
         """
         request, candidates = await self._prepare(path=path, headers=headers, body=body, subset=None)
         await self.prompts.fill(request, self._tokenizer)
