@@ -70,13 +70,19 @@ class ContextLimits:
         return None
 
 
+# The APIs whose prompt vLLM holds to these rules (their /render routes too); Anthropic's bodies
+# become chat requests, the Responses API has its own budget field and truncation.
+_APPLIES = frozenset((Api.CHAT, Api.COMPLETIONS, Api.MESSAGES, Api.COUNT_TOKENS, Api.RESPONSES, Api.GENERATE))
+
+
 def applies(request: InferenceRequest) -> bool:
-    """The rules are those of the chat and completions endpoints."""
-    return request.api is Api.CHAT or request.api is Api.COMPLETIONS
+    return request.api in _APPLIES
 
 
 def check_parameters(request: InferenceRequest, max_model_len: int) -> None:
     """Rules 1 and 2's bounds: what needs no token ids. Raises `errors.BadRequest`."""
+    if request.api is Api.GENERATE:
+        return  # /inference/v1/generate clamps the budget, and holds only the prompt to the context
     budget = request.max_output_tokens
     if budget is not None and budget > max_model_len:
         raise errors.BadRequest(
@@ -101,7 +107,9 @@ def truncate(
     if keep is None:
         return ids
     if keep < 0:
-        keep = max(0, max_model_len - 1)
+        # vLLM's TokenizeParams.max_truncation_tokens: one token held back for the output,
+        # unless the request asks for none (no budget at all), when the whole context is kept
+        keep = max(0, max_model_len - 1) if request.max_output_tokens else max_model_len
     if keep >= len(ids):
         return ids
     side = request.truncation_side
@@ -158,6 +166,8 @@ def check_prompt(n_tokens: int, request: InferenceRequest, max_model_len: int, *
 def check_given_ids(prompts: Sequence[list[int]], request: InferenceRequest, max_model_len: int) -> list[int]:
     """Rules 2 and 3 for prompts given as token ids (every prompt of a batch): the first prompt's
     ids as vLLM keeps them. Raises `errors.BadRequest`."""
+    if request.api is Api.GENERATE:
+        return check_generate(prompts[0], max_model_len)
     first: list[int] = []
     for i, ids in enumerate(prompts):
         kept = truncate(ids, request, max_model_len)
@@ -165,3 +175,21 @@ def check_given_ids(prompts: Sequence[list[int]], request: InferenceRequest, max
         if i == 0:
             first = kept
     return first
+
+
+def check_generate(ids: list[int], max_model_len: int) -> list[int]:
+    """/inference/v1/generate: the engine's own check (vLLM's input processor), a prompt that
+    leaves no room for one output token is refused; the budget is clamped, never refused."""
+    n = len(ids)
+    if n > max_model_len:
+        raise errors.BadRequest(
+            f"The decoder prompt (length {n}) is longer than the maximum model length of "
+            f"{max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens."
+        )
+    if n == max_model_len:
+        raise errors.BadRequest(
+            f"The decoder prompt (length {n}) plus the number of requested output tokens (at least 1) "
+            f"is longer than the maximum model length of {max_model_len}. Make sure that `max_model_len` "
+            "is no smaller than the number of text tokens (prompt + requested output tokens)."
+        )
+    return ids

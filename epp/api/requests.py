@@ -24,16 +24,20 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-import enum
 from collections.abc import Mapping
 from typing import Annotated, Any
 
 import msgspec
 
 from epp.api import limits as _limits
+from epp.api import other_bodies as _other
 from epp.api import slo as _slo
 from epp.api.errors import BadRequest
 from epp.api.limits import DEFAULT_LIMITS, RequestLimits
+from epp.api.routes import DEFAULT as DEFAULT_PARSERS
+from epp.api.routes import Api as Api  # re-exported: the API enum belongs with the request
+from epp.api.routes import Route
+from epp.lax import lax_bool, lax_int
 
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"  # GIE's name, which llm-d still reads
 LLMD_MODEL_REWRITE_HEADER = "x-llm-d-model-name-rewrite"  # llm-d Router v0.10's
@@ -47,14 +51,6 @@ def rewrite_header(headers: Mapping[str, str]) -> str:
         if value:
             return value
     return ""
-
-
-class Api(enum.Enum):
-    COMPLETIONS = "completions"
-    CHAT = "chat/completions"
-    RESPONSES = "responses"
-    EMBEDDINGS = "embeddings"
-    OTHER = "other"  # header-only requests (GET /v1/models) and unknown paths without a body
 
 
 @dataclasses.dataclass(slots=True)
@@ -102,6 +98,21 @@ class InferenceRequest:
     # Latency targets in seconds from x-slo-ttft-ms / x-slo-tpot-ms (`epp.api.slo`); None = none.
     slo_ttft: float | None = None
     slo_tpot: float | None = None
+    # A /render route: vLLM renders the body of `api` and runs no engine (`epp.api.routes`).
+    render: bool = False
+
+    @property
+    def runs_engine(self) -> bool:
+        """Whether the model server feeds the request to its engine and caches its KV blocks
+        (not a render, a token count, or a body no parser read): only then are its token ids
+        worth scoring."""
+        return Route(self.api, self.render).runs_engine
+
+    @property
+    def anthropic_errors(self) -> bool:
+        """vLLM answers this request's refusals in Anthropic's error shape (its /v1/messages and
+        count_tokens routes, past request-model validation; /v1/messages/render in OpenAI's)."""
+        return self.api in (Api.MESSAGES, Api.COUNT_TOKENS) and not self.render
 
 
 # --- Body shapes: only the fields we read. Unknown fields are skipped by msgspec. ---------------
@@ -159,6 +170,8 @@ class _CompletionsBody(_LengthFields):
 class _ResponsesBody(_Body):
     input: str | list[_Item] | None = None
     instructions: str | None = None
+    max_output_tokens: Any = None  # lax like pydantic (vLLM refuses what is not an integer)
+    truncation: Any = "disabled"  # anything but "disabled" (null too) keeps the prompt's tail
 
 
 class _EmbeddingsBody(_Body):
@@ -194,21 +207,6 @@ _DECODERS: dict[Api, msgspec.json.Decoder[Any]] = {
 _JSON_WS = frozenset(b" \t\r\n")
 
 
-def api_for_path(path: str) -> Api:
-    """The API a body-carrying request targets, by path suffix (unknown paths: completions, as GIE)."""
-    path = path.partition("?")[0].partition("#")[0]
-    # /chat/completions must be tested before its suffix /completions.
-    if path.endswith("/chat/completions"):
-        return Api.CHAT
-    if path.endswith("/completions"):
-        return Api.COMPLETIONS
-    if path.endswith("/responses"):
-        return Api.RESPONSES
-    if path.endswith("/embeddings"):
-        return Api.EMBEDDINGS
-    return Api.COMPLETIONS
-
-
 def parse_request(
     *,
     path: str,
@@ -217,22 +215,63 @@ def parse_request(
     request_id: str,
     subset_ips: frozenset[str] | None = None,
     limits: RequestLimits = DEFAULT_LIMITS,
+    route: Route | None = None,
 ) -> InferenceRequest:
-    """Validate an OpenAI-style body and describe it for the scheduler. Raises `BadRequest`.
+    """Validate a request body and describe it for the scheduler. Raises `BadRequest`.
 
-    `limits` (epp's own, `epp.api.limits`) bound the messages, content parts and tools of a body
-    before anything renders it.
+    `route` is the parser's verdict on `path` (`epp.api.routes`; llm-d's default parsers when
+    None). `limits` (epp's own, `epp.api.limits`) bound the messages, content parts and tools of a
+    body before anything renders it.
 
     `body_bytes` is `body` itself unless a rewrite header (`x-llm-d-model-name-rewrite`, or GIE's
     `x-gateway-model-name-rewrite`) names another model, in which case it is the body re-encoded
     with its top-level "model" replaced (`retarget`; the caller must then fix Content-Length).
     `body` of the result is left None: later components decode what they need.
+    A body no parser reads (`Api.PASSTHROUGH`) is forwarded as it is: no model, no rewrite.
     """
+    if route is None:
+        route = DEFAULT_PARSERS.resolve(path)
+    api = route.api
+    slo_ttft, slo_tpot = _slo.parse_targets(headers)
+    req = InferenceRequest(
+        request_id=request_id,
+        api=api,
+        path=path,
+        headers=headers,
+        body_bytes=body,
+        subset_ips=subset_ips,
+        slo_ttft=slo_ttft,
+        slo_tpot=slo_tpot,
+        render=route.render,
+    )
+    if api is Api.PASSTHROUGH:
+        return req
     if not body:
         raise BadRequest("empty request body")
-    api = api_for_path(path)
+    if api in _OTHER_PARSERS:
+        model = _OTHER_PARSERS[api](req, body, limits)
+    else:
+        model = _parse_openai(req, body, limits)
+    req.model = req.target_model = model
+    if req.prompt_token_ids:
+        req.prompt_tokens_estimate = sum(map(len, req.prompt_token_ids))
+        req.token_ids = req.prompt_token_ids[0]  # a batch's prompts are separate sequences
+    elif not req.prompt_tokens_estimate:  # (generate's media ids set it: the ids are known)
+        n = 0
+        for text in req.prompt_texts:
+            # isascii() is O(1) in CPython (a flag on the string), so ASCII text costs no encode.
+            n += len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        req.prompt_tokens_estimate = (n + 3) // 4  # ~4 bytes per token, rounded up
+
+    target = rewrite_header(headers)
+    if target and target != model:
+        retarget(req, target)
+    return req
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], body: bytes, limits: RequestLimits) -> Any:
     try:
-        parsed = _DECODERS[api].decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as e:
         raise _validation_error(str(e)) from None
     except msgspec.DecodeError as e:
@@ -243,26 +282,17 @@ def parse_request(
     except RecursionError:  # skipping a field nested ~1,000 deep
         raise _limits.too_deep(limits) from None
 
+
+def _parse_openai(req: InferenceRequest, body: bytes, limits: RequestLimits) -> str:
+    """Chat, completions, embeddings and Responses bodies (and their /render twins)."""
+    api = req.api
+    parsed = _decode(_DECODERS[api], body, limits)
     model = parsed.model
-    if not model:
+    if not model and api is not Api.RESPONSES:  # vLLM serves a Responses body without a model
         raise BadRequest("model not found in request body")
     _check_cache_salt(parsed.cache_salt)
-    slo_ttft, slo_tpot = _slo.parse_targets(headers)
-
-    req = InferenceRequest(
-        request_id=request_id,
-        api=api,
-        path=path,
-        headers=headers,
-        model=model,
-        target_model=model,
-        stream=bool(parsed.stream),
-        body_bytes=body,
-        subset_ips=subset_ips,
-        cache_salt=parsed.cache_salt or None,
-        slo_ttft=slo_ttft,
-        slo_tpot=slo_tpot,
-    )
+    req.stream = bool(parsed.stream)
+    req.cache_salt = parsed.cache_salt or None
     if api is Api.CHAT:
         _fill_chat(req, parsed, limits)
         _fill_lengths(req, parsed)
@@ -284,21 +314,78 @@ def parse_request(
             _fill_polymorphic(req, parsed.prompt, "prompt")
         req.add_special_tokens = _special_tokens(parsed.add_special_tokens)
         _fill_lengths(req, parsed)
+    return model or ""
 
-    if req.prompt_token_ids:
-        req.prompt_tokens_estimate = sum(map(len, req.prompt_token_ids))
-        req.token_ids = req.prompt_token_ids[0]  # a batch's prompts are separate sequences
+
+def _parse_messages(req: InferenceRequest, body: bytes, limits: RequestLimits) -> str:
+    """Anthropic's Messages and count_tokens (`epp.api.other_bodies`)."""
+    parsed = _decode(_other.MESSAGES_DECODER, body, limits)
+    count = req.api is Api.COUNT_TOKENS
+    model, max_tokens, stream = _other.check_messages(parsed, count_tokens=count)
+    messages = parsed.messages or []
+    if len(messages) > limits.max_messages:
+        raise _limits.over("messages", len(messages), limits, "max_messages")
+    parts = sum(len(m.content) for m in messages if isinstance(m.content, list))
+    if parts > limits.max_content_parts:
+        raise _limits.over("content parts", parts, limits, "max_content_parts")
+    req.prompt_texts = _other.anthropic_texts(parsed)
+    req.stream = stream
+    if isinstance(parsed.cache_salt, str) and parsed.cache_salt and not count:
+        req.cache_salt = parsed.cache_salt
+    if max_tokens is not None:
+        # vLLM sets both chat budgets from it; its messages name max_completion_tokens
+        req.max_output_tokens, req.max_output_param = max_tokens, "max_completion_tokens"
+    return model
+
+
+def _parse_generate(req: InferenceRequest, body: bytes, limits: RequestLimits) -> str:
+    """vLLM's /inference/v1/generate: the prompt is the token ids given."""
+    parsed = _decode(_other.GENERATE_DECODER, body, limits)
+    model = parsed.model
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model: must be a string")
+    ids = _other.generate_ids(parsed)
+    req.max_output_tokens = _other.generate_budget(parsed)
+    _check_cache_salt(parsed.cache_salt)
+    req.cache_salt = parsed.cache_salt or None
+    if parsed.stream is not None:
+        stream = lax_bool(parsed.stream)
+        if stream is None:
+            raise BadRequest("stream: must be a boolean")
+        req.stream = stream
+    if parsed.content_parts:
+        # media the server resolves and expands into placeholder tokens: ids unknown here
+        req.prompt_tokens_estimate = len(ids)
     else:
-        n = 0
-        for text in req.prompt_texts:
-            # isascii() is O(1) in CPython (a flag on the string), so ASCII text costs no encode.
-            n += len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-        req.prompt_tokens_estimate = (n + 3) // 4  # ~4 bytes per token, rounded up
+        req.prompt_token_ids.append(ids)
+    return model or ""
 
-    target = rewrite_header(headers)
-    if target and target != model:
-        retarget(req, target)
-    return req
+
+def _parse_conversations(req: InferenceRequest, body: bytes, limits: RequestLimits) -> str:
+    """llm-d's check of an OpenAI conversations body: a non-empty `items` list."""
+    parsed = _decode(_other.CONVERSATIONS_DECODER, body, limits)
+    if not isinstance(parsed.items, list) or not parsed.items:
+        raise BadRequest("invalid conversations request: must have items field")
+    return parsed.model if isinstance(parsed.model, str) else ""
+
+
+def _parse_images(req: InferenceRequest, body: bytes, limits: RequestLimits) -> str:
+    """llm-d's check of an image generation body: a non-empty `prompt` string."""
+    parsed = _decode(_other.IMAGES_DECODER, body, limits)
+    if not isinstance(parsed.prompt, str) or not parsed.prompt:
+        raise BadRequest("invalid images generations request: must have prompt field")
+    req.prompt_texts.append(parsed.prompt)
+    req.stream = lax_bool(parsed.stream) is True
+    return parsed.model if isinstance(parsed.model, str) else ""
+
+
+_OTHER_PARSERS = {
+    Api.MESSAGES: _parse_messages,
+    Api.COUNT_TOKENS: _parse_messages,
+    Api.GENERATE: _parse_generate,
+    Api.CONVERSATIONS: _parse_conversations,
+    Api.IMAGES: _parse_images,
+}
 
 
 def retarget(req: InferenceRequest, target: str) -> None:
@@ -452,14 +539,22 @@ def _fill_responses(req: InferenceRequest, parsed: _ResponsesBody, limits: Reque
     inp = parsed.input
     if inp is None:
         raise BadRequest("input not found in request body")
+    budget = parsed.max_output_tokens
+    if budget is not None:
+        n = lax_int(budget)
+        if n is None:
+            raise BadRequest("max_output_tokens: must be an integer")
+        req.max_output_tokens, req.max_output_param = _integer(n), "max_output_tokens"
+    if parsed.truncation != "disabled":
+        # vLLM's TokenizeParams: keep the prompt's tail (epp.api.context_length.truncate)
+        req.truncate_prompt_tokens = -1
     texts = req.prompt_texts
     if parsed.instructions:
         texts.append(parsed.instructions)
     if isinstance(inp, str):
         texts.append(inp)
         return
-    if not inp:
-        raise BadRequest("input must not be empty")
+    # An empty list is vLLM's to refuse (or serve, with instructions): it renders the messages.
     if len(inp) > limits.max_messages:
         raise _limits.over("input items", len(inp), limits, "max_messages")
     parts = 0

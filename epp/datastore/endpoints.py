@@ -185,7 +185,8 @@ class Datastore:
     def max_model_len(self, model: str) -> int | None:
         """The largest max_model_len the endpoints list for `model` (None if none lists it). The
         largest: during a rollout that changes it, a request one pod refuses another may serve, and
-        refusing is only epp's to do where every pod would."""
+        refusing is only epp's to do where every pod would. A request naming no model ("": vLLM
+        serves its first model) gets the largest any endpoint lists for any model."""
         limits = self._model_limits
         if limits is None:
             limits = {}
@@ -194,6 +195,8 @@ class Datastore:
                     if length > limits.get(name, 0):
                         limits[name] = length
             self._model_limits = limits
+        if not model:
+            return max(limits.values(), default=None)
         return limits.get(model)
 
     def _rebuild(self) -> None:

@@ -309,7 +309,7 @@ class Stream:
             log.info("answering %d: %s", exc.status, exc.reason, extra=extra)
         if not counted:  # answered before (or instead of) parsing: no trustworthy model name
             metrics.request_errors_total.labels("-", "-", metrics.error_code(exc.status)).inc()
-        return [m.immediate(exc.status, errors.error_body(exc.status, exc.reason), headers=exc.headers)]
+        return [m.immediate(exc.status, exc.body(), headers=exc.headers)]
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> Iterable[m.ProcessingResponse]:
         self.response_started = True

@@ -52,6 +52,8 @@ from epp.api.requests import (
     retarget,
 )
 from epp.api.responses import ResponseTracker
+from epp.api.routes import DEFAULT as DEFAULT_PARSERS
+from epp.api.routes import Parsers
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.datastore.model_rewrites import ModelRewriteStore
 from epp.flowcontrol.controller import FlowController
@@ -90,6 +92,8 @@ class DirectorSettings:
     """Honour x-llm-d-model-name-rewrite and GIE's x-gateway-model-name-rewrite (GIE and llm-d
     always do). Off: the headers are ignored, since a client can send them and the gateway in
     front may not strip them (docs/security.md). InferenceModelRewrites apply either way."""
+    parsers: Parsers = DEFAULT_PARSERS
+    """Which parser reads a request, by path (`requestHandler.parsers`; llm-d's default)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.response_sample_ratio <= 1.0:
@@ -310,6 +314,7 @@ class Director:
                 candidates = self._candidates(request.subset_ips)  # the pool as it is now
             return await self._route(request, candidates, size)
         except errors.RequestError as exc:
+            _shape(exc, request)
             self._count_error(self.model_labels(request), exc.status)
             raise
 
@@ -319,6 +324,8 @@ class Director:
         if self.admission_controller is not None and self.flow_control is None:
             self.admission_controller.admit(request, candidates)
         await self.prompts.fill(request, self._tokenizer)
+        if not request.runs_engine:
+            _no_engine(request)
         if len(request.token_ids or ()) >= PREPARE_AHEAD_TOKENS and self.scheduler.preparers:
             await asyncio.to_thread(self.scheduler.prepare, request, candidates)
         result = self.scheduler.schedule(request, candidates)
@@ -392,17 +399,29 @@ class Director:
         counted). Raises `errors.RequestError` like `route`.
         """
         request, candidates = await self._prepare(path=path, headers=headers, body=body, subset=None)
-        await self.prompts.fill(request, self._tokenizer)
+        try:
+            await self.prompts.fill(request, self._tokenizer)
+        except errors.RequestError as exc:
+            _shape(exc, request)
+            raise
+        if not request.runs_engine:
+            _no_engine(request)
         return request, self.scheduler.schedule(request, candidates, explain=True)
 
     async def tokenize(
         self, *, path: str, headers: Mapping[str, str], body: bytes
     ) -> tuple[InferenceRequest, bool]:
         """The request with the token ids epp computes for it, and whether the configured plugins
-        score them (`POST /debug/tokenize`). Raises `errors.RequestError` like `route`."""
+        score them (`POST /debug/tokenize`; never for a route that runs no engine, whose ids are
+        computed to refuse what vLLM refuses, then dropped). Raises `errors.RequestError` like
+        `route`."""
         request, _ = await self._prepare(path=path, headers=headers, body=body, subset=None)
-        await self.prompts.fill(request, self.tokenizer)
-        return request, self._tokenizer is not None
+        try:
+            await self.prompts.fill(request, self.tokenizer)
+        except errors.RequestError as exc:
+            _shape(exc, request)
+            raise
+        return request, self._tokenizer is not None and request.runs_engine
 
     def _log_decision(self, request: InferenceRequest, result: SchedulingResult) -> None:
         """One debug line per decision: the pick, and what the explainers (prefix match) found."""
@@ -441,6 +460,7 @@ class Director:
         if not self.settings.trust_model_rewrite_header and any(h in headers for h in MODEL_REWRITE_HEADERS):
             headers = {k: v for k, v in headers.items() if k not in MODEL_REWRITE_HEADERS}
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        route = self.settings.parsers.resolve(path) if body is not None else None
         subset_ips = None
         if subset is not None and not self.settings.disable_subset_filter:
             # GIE restricts by IP only: the proxy's view of ports may differ from the pool's.
@@ -465,6 +485,7 @@ class Director:
                 request_id=request_id,
                 subset_ips=subset_ips,
                 limits=self.settings.limits,
+                route=route,
             )
             if self.rewrites and request.model:
                 await self._rewrite(request)
@@ -581,6 +602,21 @@ class Director:
 
 
 _NEVER = float("-inf")  # an endpoint without a sampled response yet
+
+
+def _shape(exc: errors.RequestError, request: InferenceRequest) -> None:
+    """Answer in Anthropic's error shape where vLLM would (`InferenceRequest.anthropic_errors`)."""
+    if request.anthropic_errors and not exc.validation:
+        exc.anthropic = True
+
+
+def _no_engine(request: InferenceRequest) -> None:
+    """A render, a token count, an unparsed body: its prompt never reaches an engine, so nothing
+    is scored or booked for it (its ids, computed to refuse what vLLM refuses, are dropped)."""
+    request.token_ids = None
+    request.prompt_texts = []
+    request.prompt_token_ids = []
+    request.prompt_tokens_estimate = 0
 
 
 def _json(value: Any) -> str:

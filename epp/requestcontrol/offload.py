@@ -53,6 +53,7 @@ from typing import Any
 from epp.api import errors
 from epp.api.limits import RequestLimits, decode_body
 from epp.api.requests import Api, InferenceRequest, parse_request, with_model
+from epp.api.routes import Route
 from epp.observability import metrics
 from epp.tokenize.chat import ChatPrompt, ChatTemplated, add_special_tokens, forwards_ids, prepare_chat
 
@@ -113,11 +114,12 @@ class BodyParsers:
         request_id: str,
         subset_ips: frozenset[str] | None,
         limits: RequestLimits,
+        route: Route | None = None,
     ) -> InferenceRequest:
         """`parse_request` (as `parse_here`) in a worker. Raises `errors.BadRequest` as it does,
         and `errors.ServiceUnavailable` if the worker died."""
         args: dict[str, Any] = {"path": path, "headers": dict(headers), "body": body}
-        args.update(request_id=request_id, subset_ips=subset_ips, limits=limits)
+        args.update(request_id=request_id, subset_ips=subset_ips, limits=limits, route=route)
         request: InferenceRequest
         rewritten: bool
         shared = await self._share(body)
@@ -325,10 +327,17 @@ async def parse_here(
     request_id: str,
     subset_ips: frozenset[str] | None,
     limits: RequestLimits,
+    route: Route | None = None,
 ) -> InferenceRequest:
     """`parse_request` on the caller's loop: `BodyParsers.parse`'s twin for small bodies."""
     return parse_request(
-        path=path, headers=headers, body=body, request_id=request_id, subset_ips=subset_ips, limits=limits
+        path=path,
+        headers=headers,
+        body=body,
+        request_id=request_id,
+        subset_ips=subset_ips,
+        limits=limits,
+        route=route,
     )
 
 

@@ -1,12 +1,18 @@
 """A request's prompt as the model server will see it: token ids, and vLLM's context-length rules.
 
 The one slow step of a routing decision (milliseconds for long prompts), run before the
-scheduler, which is synchronous. Chat requests are rendered with the model's chat template after
-vLLM's own preprocessing (`epp.tokenize.chat`); other prompts are tokenized as they are
-(`plain_prompt`). A tokenizer failure costs the request its token ids (prefix scorers then see
-none), never the request; a chat vLLM would refuse (the template raises, a malformed part) is
-answered 400 here. Large bodies and long chats are decoded and rendered by body-parser processes
-when the director has them (`epp.requestcontrol.offload`); tokenizing stays here.
+scheduler, which is synchronous. Every API vLLM renders with a chat template (chat, Anthropic's
+Messages and count_tokens, Responses, their /render routes) is rendered with the model's template
+after vLLM's own preprocessing (`epp.tokenize.dialects`); completions and embeddings prompts are
+tokenized as they are (`plain_prompt`); vLLM's /inference/v1/generate gives its ids. A tokenizer
+failure costs the request its token ids (prefix scorers then see none), never the request; a
+request vLLM would refuse (the template raises, a malformed part) is answered 400 here. Large
+bodies and long chats are decoded and rendered by body-parser processes when the director has
+them (`epp.requestcontrol.offload`); tokenizing stays here.
+
+The pods' context length is enforced only on ids the model's own tokenizer computed (or ids the
+request gave): a stand-in tokenizer (epp-tiny, when nothing names one) counts other tokens, and
+once refused a 408-character Chinese prompt as over 1,024 of them.
 """
 
 from __future__ import annotations
@@ -21,14 +27,9 @@ from epp.api.limits import RequestLimits, decode_body
 from epp.api.requests import Api, InferenceRequest, plain_prompt
 from epp.datastore.endpoints import Datastore
 from epp.requestcontrol.offload import BodyParsers
-from epp.tokenize.chat import (
-    ChatPrompt,
-    ChatTemplated,
-    ChatTemplateError,
-    UnsupportedChat,
-    add_special_tokens,
-    forwards_ids,
-)
+from epp.tokenize.anthropic import RequestModelError
+from epp.tokenize.chat import ChatPrompt, ChatTemplated, ChatTemplateError, UnsupportedChat
+from epp.tokenize.dialects import Dialect, Prepared
 from epp.tokenize.registry import RENDER_INLINE_MESSAGES
 
 log = logging.getLogger("epp.director")
@@ -44,19 +45,25 @@ class PromptTokenizer(Protocol):
         `base_model`'s); None when no tokenizer is known for either."""
         ...
 
-    async def encode_chat(
-        self, model: str, body: Mapping[str, Any], *, base_model: str | None = None
-    ) -> list[int] | None:
-        """The prompt token ids vLLM's chat endpoint computes for a decoded chat `body`; None
-        when no tokenizer is known for `model` or `base_model`. Raises when vLLM would refuse the
-        request."""
+    async def encode_dialect(
+        self, model: str, dialect: Dialect, body: Mapping[str, Any], *, base_model: str | None = None
+    ) -> tuple[list[int], Prepared] | None:
+        """The prompt token ids vLLM computes for a decoded `body` of an API it renders with a chat
+        template (and the facts of its chat body); None when no tokenizer is known for `model` or
+        `base_model`. Raises when vLLM would refuse the request."""
+        ...
+
+    def is_models_own(self, model: str, *, base_model: str | None = None) -> bool:
+        """Whether the tokenizer serving `model` was named for it (or as every model's default),
+        not the stand-in epp ships: only such ids are held to the pods' context length."""
         ...
 
     max_chars: int
     """Characters of a prompt read: a chat rendered elsewhere is cut just past this."""
 
     def chat_template_for(self, model: str, *, base_model: str | None = None) -> ChatTemplated | None:
-        """The chat template (and the tokens it reads) of `model`'s tokenizer; None as `encode_chat`."""
+        """The chat template (and the tokens it reads) of `model`'s tokenizer; None as
+        `encode_dialect`."""
         ...
 
     async def encode_prompt(
@@ -101,8 +108,12 @@ class Prompts:
         ids = request.token_ids
         if ids is None:
             return
+        if limit is not None and not tokenizer.is_models_own(
+            request.target_model, base_model=self._datastore.base_model
+        ):
+            limit = None  # a stand-in's count says nothing of the model's (module docstring)
         keep = request.truncate_prompt_tokens
-        if keep is not None and request.api is Api.CHAT and self._forwards_ids(request):
+        if keep is not None and request.chat_flags is not None and request.chat_flags[0]:
             keep = None  # vLLM takes forwarded ids as they are (found by the differential run)
         if keep is not None and (keep >= 0 or limit is not None) and keep < len(ids):
             specials = (0, 0)
@@ -124,17 +135,24 @@ class Prompts:
         # vLLM tokenizes an adapter's prompt with the base model's tokenizer unless the adapter
         # ships its own: the pool's base model (as its endpoints name it) is the fallback.
         base_model = self._datastore.base_model
+        dialect = dialect_of(request)
         try:
-            if request.api is Api.CHAT:
+            if dialect is not None:
                 # The model server sees the template's rendering of the (re-written) body.
-                if self._renders_elsewhere(request):
+                if dialect is Dialect.CHAT and self._renders_elsewhere(request):
                     ids = await self._encode_chat_elsewhere(request, tokenizer, base_model)
                 else:
                     body = await self._decoded_off_loop(request)
-                    ids = await tokenizer.encode_chat(request.target_model, body, base_model=base_model)
+                    found = await tokenizer.encode_dialect(
+                        request.target_model, dialect, body, base_model=base_model
+                    )
+                    if found is None:
+                        return
+                    ids, prepared = found
+                    request.chat_flags = (prepared.forwards_ids, prepared.add_special_tokens)
             else:
                 text = plain_prompt(request)
-                if text is None:
+                if text is None or request.api not in _PLAIN:
                     return
                 ids = await tokenizer.encode(
                     request.target_model,
@@ -145,6 +163,8 @@ class Prompts:
         except UnsupportedChat as exc:  # vLLM may serve it (media parts): route without token ids
             log.debug("request %s routed without token ids: %s", request.request_id, exc)
             return
+        except RequestModelError as exc:  # vLLM's request model refuses it
+            raise errors.BadRequest(str(exc), validation=True) from None
         except ChatTemplateError as exc:  # vLLM answers these 400 too: answer before routing
             raise errors.BadRequest(str(exc)) from None
         except errors.RequestError:  # the body over a limit (_decoded)
@@ -181,10 +201,6 @@ class Prompts:
         request.chat_flags = (prepared.forwards_ids, prepared.add_special_tokens)
         return await tokenizer.encode_prompt(model, prepared.prompt, base_model=base_model)
 
-    def _forwards_ids(self, request: InferenceRequest) -> bool:
-        flags = request.chat_flags
-        return flags[0] if flags is not None else forwards_ids(self._decoded(request))
-
     async def _decoded_off_loop(self, request: InferenceRequest) -> Mapping[str, Any]:
         """`_decoded`, in a thread for a large body: the depth walk is Python the loop can
         preempt there (msgspec's decode itself holds the GIL either way)."""
@@ -204,8 +220,23 @@ _DECODE_INLINE_BYTES = 256 << 10  # ~0.3 ms to decode: less than a hand-off to a
 
 def _adds_special_tokens(request: InferenceRequest) -> bool:
     """Whether the tokenizer added special tokens to the request's text (chat: only when asked)."""
-    if request.api is Api.CHAT:
-        if request.chat_flags is not None:
-            return request.chat_flags[1]
-        return add_special_tokens(request.body if request.body is not None else {})
+    if request.chat_flags is not None:
+        return request.chat_flags[1]
     return request.add_special_tokens
+
+
+_PLAIN = frozenset((Api.COMPLETIONS, Api.EMBEDDINGS))
+_DIALECTS = {
+    (Api.CHAT, False): Dialect.CHAT,
+    (Api.CHAT, True): Dialect.CHAT,
+    (Api.MESSAGES, False): Dialect.MESSAGES,
+    (Api.MESSAGES, True): Dialect.MESSAGES_RENDER,
+    (Api.COUNT_TOKENS, False): Dialect.COUNT_TOKENS,
+    (Api.RESPONSES, False): Dialect.RESPONSES,
+    (Api.RESPONSES, True): Dialect.RESPONSES_RENDER,
+}
+
+
+def dialect_of(request: InferenceRequest) -> Dialect | None:
+    """How vLLM renders the request's prompt: with a chat template (a `Dialect`), or None."""
+    return _DIALECTS.get((request.api, request.render))

@@ -35,7 +35,7 @@ async def _openai_request(request: web.Request) -> tuple[str, dict[str, str], by
 
 
 def _error(exc: errors.RequestError) -> web.Response:
-    body = errors.error_body(exc.status, exc.reason)
+    body = exc.body()
     return web.Response(status=exc.status, body=body, content_type="application/json")
 
 

@@ -274,17 +274,17 @@ def _reads(node: jinja2.nodes.Node, name: str, key: str | None) -> bool:
 # --- rendering ------------------------------------------------------------------------------------
 
 
-def render_chat(tok: ChatTemplated, body: Mapping[str, Any]) -> str:
+def render_chat(tok: ChatTemplated, body: Mapping[str, Any], *, checked: bool = False) -> str:
     """The prompt text vLLM's chat endpoint renders for `body` (a decoded chat completions body).
 
     Raises:
         ChatTemplateError: the tokenizer has no chat template, the body is not a chat request
             vLLM would accept, or the template fails (raise_exception, an undefined operation).
     """
-    return _render(tok, body)[0]
+    return _render(tok, body, checked)[0]
 
 
-def _render(tok: ChatTemplated, body: Mapping[str, Any]) -> tuple[str, bool]:
+def _render(tok: ChatTemplated, body: Mapping[str, Any], checked: bool = False) -> tuple[str, bool]:
     """The rendered text, and whether vLLM tokenizes it the way apply_chat_template does
     (`tokenize` set in chat_template_kwargs: no special tokens added, whatever the body says)."""
     if tok.chat_template is None:
@@ -297,8 +297,9 @@ def _render(tok: ChatTemplated, body: Mapping[str, Any]) -> tuple[str, bool]:
         raise ChatTemplateError("messages must be a list")
     if not raw_messages:
         raise ChatTemplateError("messages must not be empty")
-    check_request(body)
-    messages = [reshape_message(m, fmt, i) for i, m in enumerate(raw_messages)]
+    if not checked:
+        check_request(body)
+    messages = [reshape_message(m, fmt, i, parts_checked=checked) for i, m in enumerate(raw_messages)]
     if not compiled.supports_developer and any(m["role"] == "developer" for m in messages):
         messages = merge_system(messages)
 
@@ -306,7 +307,10 @@ def _render(tok: ChatTemplated, body: Mapping[str, Any]) -> tuple[str, bool]:
     if add_generation_prompt and continue_final_message:
         raise ChatTemplateError("add_generation_prompt and continue_final_message cannot both be true")
     kwargs = template_kwargs(
-        body, reshape_tools(body.get("tools")), add_generation_prompt, continue_final_message
+        body,
+        reshape_tools(body.get("tools"), allow_empty=checked),
+        add_generation_prompt,
+        continue_final_message,
     )
     tools = kwargs.pop("tools", None)
     documents = kwargs.pop("documents", None)
@@ -356,8 +360,13 @@ class ChatPrompt:
     token_ids: list[int] | None = None
 
 
-def prepare_chat(tok: ChatTemplated, body: Mapping[str, Any]) -> ChatPrompt:
+def prepare_chat(tok: ChatTemplated, body: Mapping[str, Any], *, checked: bool = False) -> ChatPrompt:
     """The prompt vLLM's chat endpoint builds for `body`, before encoding.
+
+    `checked`: the body is a chat request epp built from another API's body (Anthropic's
+    Messages, OpenAI's Responses: `epp.tokenize.dialects`), whose own request model vLLM
+    validated instead; the chat request model's checks (tool_choice against tools, `tools: []`,
+    which parts a message shape accepts) did not run on it in vLLM, and do not here.
 
     `kv_transfer_params.prompt_token_ids` (disaggregated serving: the prefill stage's ids) are
     taken as they are, without rendering, unless the body sets `echo` or a message has non-text
@@ -375,15 +384,16 @@ def prepare_chat(tok: ChatTemplated, body: Mapping[str, Any]) -> ChatPrompt:
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise ChatTemplateError("messages must be a list")
-        check_request(body)
+        if not checked:
+            check_request(body)
         generation_flags(body)
-        reshape_tools(body.get("tools"))
+        reshape_tools(body.get("tools"), allow_empty=checked)
         for i, message in enumerate(messages):
             # Parts are checked lazily (OpenAI's shape validates them as they are read), and
             # nothing reads them here.
             reshape_message(message, "string", i, read_parts=False)
         return ChatPrompt(token_ids=forwarded)
-    text, tokenized = _render(tok, body)
+    text, tokenized = _render(tok, body, checked)
     return ChatPrompt(text=text, add_special_tokens=not tokenized and add_special_tokens(body))
 
 

@@ -13,6 +13,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from epp.lax import lax_bool as lax_bool  # re-exported: chat's callers read booleans with it
+
 ContentFormat = Literal["string", "openai"]
 
 # Part types whose text goes into the prompt, and the key holding it.
@@ -52,9 +54,6 @@ class UnsupportedChat(ChatTemplateError):
 
 # --- the request's own fields ---------------------------------------------------------------------
 
-# Pydantic's lax booleans (vLLM's request model): these strings (any case) and 0/1 are accepted.
-_TRUE_STRINGS = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE_STRINGS = frozenset({"0", "off", "f", "false", "n", "no"})
 _REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 _TOOL_CHOICES = frozenset({"none", "auto", "required"})
 # vLLM's merge of template kwargs (renderers/params.py merge_kwargs) skips these values.
@@ -66,23 +65,6 @@ TEMPLATE_PARAMETERS = frozenset(
      "max_length", "return_tensors", "tokenizer_kwargs"}
 )  # fmt: skip
 TOKENIZE_OPTIONS = frozenset({"padding", "truncation", "max_length", "return_tensors", "tokenizer_kwargs"})
-
-
-def lax_bool(value: Any) -> bool | None:
-    """A boolean as pydantic's lax mode reads it, or None if it is not one."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, float) and value in (0.0, 1.0):
-        return bool(value)
-    if isinstance(value, str):
-        word = value.strip().lower()
-        if word in _TRUE_STRINGS:
-            return True
-        if word in _FALSE_STRINGS:
-            return False
-    return None
 
 
 def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -213,8 +195,11 @@ _KNOWN_PART_KEYS = frozenset(
 _BILLING_HEADER = "x-anthropic-billing-header"
 
 
-def reshape_message(raw: Any, fmt: ContentFormat, index: int, *, read_parts: bool = True) -> dict[str, Any]:
-    """One message as vLLM's request model validates it and chat_utils rebuilds it."""
+def reshape_message(
+    raw: Any, fmt: ContentFormat, index: int, *, read_parts: bool = True, parts_checked: bool = False
+) -> dict[str, Any]:
+    """One message as vLLM's request model validates it and chat_utils rebuilds it
+    (`parts_checked`: another API's request model validated the parts, not the chat one's)."""
     where = f"messages[{index}]"
     if not isinstance(raw, Mapping):
         raise ChatTemplateError(f"{where} must be an object")
@@ -237,7 +222,7 @@ def reshape_message(raw: Any, fmt: ContentFormat, index: int, *, read_parts: boo
     elif isinstance(content, str):
         parts = [{"type": "text", "text": content}]
     elif isinstance(content, list):
-        if read_parts and role in _OPENAI_ROLES and not parts_pass(content, raw):
+        if read_parts and not parts_checked and role in _OPENAI_ROLES and not parts_pass(content, raw):
             raise ChatTemplateError(f"{where}.content: parts not valid for a {role} message")
         parts = content
     else:
@@ -515,16 +500,17 @@ def merge_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"role": "system", "content": "\n\n".join(systems)}, *(m for m in rest if m["role"] != "system")]
 
 
-def reshape_tools(raw: Any) -> list[dict[str, Any]] | None:
+def reshape_tools(raw: Any, *, allow_empty: bool = False) -> list[dict[str, Any]] | None:
     """The tools as vLLM's request model dumps them: `{"type", "function": {"name", "description",
     "parameters"[, "strict"][, "defer_loading"]}[, "defer_loading"]}`, a missing description or
     parameters as null, unknown keys dropped; a tool's defer_loading is copied into its function
-    when the function has none."""
+    when the function has none. `allow_empty`: an empty list is the template's (set on a request
+    vLLM had already validated: Anthropic's)."""
     if raw is None:
         return None
     if not isinstance(raw, list):
         raise ChatTemplateError("tools must be a list")
-    if not raw:
+    if not raw and not allow_empty:
         raise ChatTemplateError("tools must not be empty")  # vLLM's chat endpoint refuses []
     out: list[dict[str, Any]] = []
     for i, tool in enumerate(raw):

@@ -77,7 +77,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from epp.tokenize import chat, prefixcache, tokenizer
+from epp.tokenize import chat, dialects, prefixcache, tokenizer
 
 DEFAULT_MAX_CHARS = 400_000
 INLINE_CHARS = 256
@@ -169,6 +169,9 @@ class Tokenizers:
         self._by_model: dict[str, tokenizer.Tokenizer] = dict(by_model or {})
         self._loaded: dict[Path, tokenizer.Tokenizer] = {}  # resolved path -> its tokenizer
         self.default = default
+        # The default is epp-tiny because nothing named a tokenizer: a stand-in, whose counts are
+        # not the model's (so never held to the pods' context length: `is_models_own`).
+        self.default_is_stand_in = False
         self.max_chars = max_chars
         self.missing: dict[str, int] = {}
         self.truncated: dict[str, int] = {}
@@ -223,6 +226,7 @@ class Tokenizers:
             default = tokenizer.load_shipped()
         else:
             default = None
+        stand_in = default is not None and spec.default is None
         made = cls(
             loaded,
             default=default,
@@ -231,6 +235,7 @@ class Tokenizers:
             prefix_cache_bytes=prefix_cache_bytes,
         )
         made._loaded = by_path
+        made.default_is_stand_in = stand_in
         return made
 
     @property
@@ -246,6 +251,7 @@ class Tokenizers:
         """Make epp-tiny the default when there is none (`epp serve`: nothing configured anywhere)."""
         if self.default is None:
             self.default = tokenizer.load_shipped()
+            self.default_is_stand_in = True
             self._cache_for(self.default)
 
     def load_models(self, source: str, paths: Mapping[str, Path], *, origin: str = "") -> None:
@@ -340,6 +346,12 @@ class Tokenizers:
             found = self._by_model.get(base_model)
         return found if found is not None else self.default
 
+    def is_models_own(self, model: str, *, base_model: str | None = None) -> bool:
+        """Whether `model` is served by a tokenizer named for it (or named as every model's
+        default), not by the stand-in epp-tiny implied when nothing names one."""
+        tok = self.for_model(model, base_model=base_model)
+        return tok is not None and not (tok is self.default and self.default_is_stand_in)
+
     async def encode(
         self, model: str, text: str, *, base_model: str | None = None, add_special_tokens: bool = True
     ) -> list[int] | None:
@@ -430,16 +442,31 @@ class Tokenizers:
     async def encode_chat(
         self, model: str, body: Mapping[str, Any], *, base_model: str | None = None
     ) -> list[int] | None:
-        """The prompt token ids vLLM's chat endpoint computes for a decoded chat completions `body`
-        (as `chat.encode_chat`: the template rendered after vLLM's preprocessing, encoded without
-        special tokens unless the body asks); None, counted in `missing`, if `model` has no tokenizer.
+        """The prompt token ids vLLM's chat endpoint computes for a decoded chat completions
+        `body` (`encode_dialect` of `Dialect.CHAT`)."""
+        found = await self.encode_dialect(model, dialects.Dialect.CHAT, body, base_model=base_model)
+        return None if found is None else found[0]
+
+    async def encode_dialect(
+        self,
+        model: str,
+        dialect: dialects.Dialect,
+        body: Mapping[str, Any],
+        *,
+        base_model: str | None = None,
+    ) -> tuple[list[int], dialects.Prepared] | None:
+        """The prompt token ids vLLM computes for a decoded `body` of an API it renders with the
+        chat template (`dialects.prepare`: the template rendered after vLLM's preprocessing,
+        encoded without special tokens unless the API or the body asks), with the facts of its
+        chat body; None, counted in `missing`, if `model` has no tokenizer.
 
         The template is rendered on the loop: a 10-turn, 4k-token chat rendered in 25-65 us
         (median, four template styles; a one-message chat ~20 us), less than a hand-off to a worker
-        costs the loop (~100 us), while encoding the result took ~2.6 ms. A chat of more than
-        RENDER_INLINE_MESSAGES messages is rendered by a worker instead (10,000 messages took
-        ~60 ms of CPU: Python the loop can preempt there, every sys.getswitchinterval()). The text
-        then takes `encode`'s path (cut to `max_chars`, inline when short, else a worker).
+        costs the loop (~100 us), while encoding the result took ~2.6 ms. A request of more than
+        RENDER_INLINE_MESSAGES messages (input items) is rendered by a worker instead (10,000
+        messages took ~60 ms of CPU: Python the loop can preempt there, every
+        sys.getswitchinterval()). The text then takes `encode`'s path (cut to `max_chars`, inline
+        when short, else a worker).
 
         Raises:
             chat.ChatTemplateError: vLLM would refuse the request (400) or the template failed;
@@ -447,17 +474,17 @@ class Tokenizers:
             RuntimeError: after `close()`.
         """
         if self._closed:
-            raise RuntimeError("Tokenizers.encode_chat after close()")
+            raise RuntimeError("Tokenizers.encode_dialect after close()")
         tok = self._serving(model, base_model)
         if tok is None:
             return None
-        messages = body.get("messages")
+        messages = body.get("messages", body.get("input"))
         if isinstance(messages, list) and len(messages) > RENDER_INLINE_MESSAGES:
             loop = asyncio.get_running_loop()
-            prompt = await loop.run_in_executor(self._executor, chat.prepare_chat, tok, body)
+            prepared = await loop.run_in_executor(self._executor, dialects.prepare, tok, dialect, body)
         else:
-            prompt = chat.prepare_chat(tok, body)
-        return await self._encode_prepared(tok, prompt)
+            prepared = dialects.prepare(tok, dialect, body)
+        return await self._encode_prepared(tok, prepared.prompt), prepared
 
     def chat_template_for(self, model: str, *, base_model: str | None = None) -> chat.ChatTemplated | None:
         """The tokenizer whose chat template renders `model`'s chat requests (for a renderer in

@@ -44,15 +44,14 @@ def test_the_metrics_auth_default_is_the_one_stated() -> None:
 
 
 def test_the_request_apis_named_are_the_ones_parsed() -> None:
-    from epp.api.requests import Api, api_for_path
+    from epp.api.routes import DEFAULT
 
-    stated = "epp parses OpenAI completions, chat completions, responses and embeddings" in FLAT
-    parsed = {
-        api_for_path(p)
-        for p in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
-    }
-    known = {a for a in Api if a.name not in ("OTHER",)}
-    assert stated == (parsed == {Api.COMPLETIONS, Api.CHAT, Api.RESPONSES, Api.EMBEDDINGS} == known)
+    stated = (
+        "epp parses the routes llm-d v0.10's default parsers claim (`openai-parser`, "
+        "`anthropic-parser`, `vllmhttp-parser`, with `passthrough-parser` forwarding any other path"
+    ) in FLAT
+    default = ["openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser"]
+    assert stated == ([p.type for p in DEFAULT.active] == default)
 
 
 def test_every_file_the_page_names_exists() -> None:
