@@ -446,8 +446,10 @@ def responses_body(rng: random.Random, style: str, *, long_words: int = 0) -> di
         body["truncation"] = rng.choice(["auto", "disabled", None])
     if rng.random() < 0.04:
         body["cache_salt"] = "tenant-b"
-    if rng.random() < 0.05:
-        body.pop("model")  # vLLM serves its default model (the first served name)
+    if style == "tiny" and rng.random() < 0.05:
+        # vLLM serves its default model (the first served name; `tiny` on the servers here,
+        # whose template epp's default tokenizer has)
+        body.pop("model")
     if rng.random() < 0.05:
         body["max_output_tokens"] = rng.choice(["1", None])
     return body

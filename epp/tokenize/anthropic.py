@@ -29,7 +29,9 @@ and serving.py, `AnthropicServingMessages.to_chat_completion_request`). `to_chat
 3. **The chat request's own checks** that run on the converted request (its constructor): the
    cache salt's rules (at most 128 characters, no '@', '/', '\\', NUL). tools and tool_choice are
    set after construction in vLLM, so its chat checks of them (`tools: []`, a named choice without
-   tools) do not run: `tools: []` reaches the template as an empty list.
+   tools) do not run: `tools: []` reaches the template as an empty list. A tool choice naming a
+   tool the (resolved, non-empty) tools lack is refused by the tool parser's grammar for a forced
+   call, as on pods that run a tool parser (tools need one).
 
 The result is a chat body for `epp.tokenize.chat.prepare_chat(..., checked=True)`.
 Images (image blocks, images in tool results) are media: the chat step routes such requests
@@ -375,6 +377,11 @@ def to_chat(
     tools = _resolve_tools(req)
     if tools is not None:
         chat["tools"] = [_chat_tool(t) for t in tools]
+        choice = req["tool_choice"]
+        named = choice is not None and choice["type"] == "tool"
+        if tools and named and choice["name"] not in {t["name"] for t in tools}:
+            # the tool parser's grammar for a forced call (vLLM's chat checks did not run on it)
+            raise ChatTemplateError(f"The tool with name {choice['name']!r} is not found in the tools list.")
     return Converted(chat, req["max_tokens"])
 
 
