@@ -48,7 +48,7 @@ from epp.gateway.processes import HOST, EnvoyServer, EppServer, WaitFor, free_po
 # Re-exported for tests that poke at processes or health directly.
 from epp.gateway.processes import ManagedProcess as ManagedProcess
 from epp.gateway.processes import grpc_health_status as grpc_health_status
-from epp.sim.engine import SimConfig
+from epp.sim.config import LLMD_TOPIC, SimConfig
 from epp.sim.fleet import SimFleet
 
 EPP_COMMAND_ENV = "EPP_E2E_COMMAND"
@@ -239,7 +239,10 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         ]
     elif opts.kv_events == "bind":
         (bind_port,) = free_ports(1)
-        configs = [dataclasses.replace(c, kv_events=f"tcp://{HOST}:{bind_port}") for c in configs]
+        # one bound socket for every sim: llm-d's topics tell them apart
+        configs = [
+            dataclasses.replace(c, kv_events=f"tcp://{HOST}:{bind_port}", kv_topic=LLMD_TOPIC) for c in configs
+        ]
     sims = SimBackends(configs)
     cleanup.push("sim backends", sims.stop)
     sims.start()

@@ -29,7 +29,7 @@ from epp.datastore.endpoints import Datastore
 from epp.requestcontrol.offload import BodyParsers
 from epp.tokenize.anthropic import RequestModelError
 from epp.tokenize.chat import ChatPrompt, ChatTemplated, ChatTemplateError, UnsupportedChat
-from epp.tokenize.dialects import Dialect, Prepared
+from epp.tokenize.dialects import Dialect, Prepared, for_route
 from epp.tokenize.registry import RENDER_INLINE_MESSAGES
 
 log = logging.getLogger("epp.director")
@@ -226,17 +226,6 @@ def _adds_special_tokens(request: InferenceRequest) -> bool:
 
 
 _PLAIN = frozenset((Api.COMPLETIONS, Api.EMBEDDINGS))
-_DIALECTS = {
-    (Api.CHAT, False): Dialect.CHAT,
-    (Api.CHAT, True): Dialect.CHAT,
-    (Api.MESSAGES, False): Dialect.MESSAGES,
-    (Api.MESSAGES, True): Dialect.MESSAGES_RENDER,
-    (Api.COUNT_TOKENS, False): Dialect.COUNT_TOKENS,
-    (Api.RESPONSES, False): Dialect.RESPONSES,
-    (Api.RESPONSES, True): Dialect.RESPONSES_RENDER,
-}
-
-
 def dialect_of(request: InferenceRequest) -> Dialect | None:
     """How vLLM renders the request's prompt: with a chat template (a `Dialect`), or None."""
-    return _DIALECTS.get((request.api, request.render))
+    return for_route(request.api.value, request.render)

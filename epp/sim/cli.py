@@ -118,7 +118,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-replay", metavar="ENDPOINT", default=None, help="ZMQ ROUTER replay endpoint, e.g. tcp://*:5558"
     )
     g.add_argument(
-        "--kv-topic", default=None, help="topic of every message (default kv@<host>:<port>@<model>, llm-d's)"
+        "--kv-topic",
+        default="",
+        help="topic of every message, a template of {address} (the pod's host:port) and {model}: "
+        "default '' (vLLM's); llm-d's is 'kv@{address}@{model}', which epp's --kv-events bind needs",
     )
     g.add_argument(
         "--kv-events-encoding",
@@ -168,7 +171,7 @@ def nth_endpoint(endpoint: str | None, i: int) -> str | None:
     return endpoint if n == 0 else f"{head}:{n + i}"
 
 
-def _kv_endpoints(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
+def _kv_endpoints(args: argparse.Namespace) -> tuple[str | None, str | None, str]:
     """(events, replay, topic) from --kv-events/--kv-replay/--kv-topic or vLLM's --kv-events-config."""
     if args.kv_events_config is None:
         if args.kv_replay is not None and args.kv_events is None:
@@ -183,7 +186,7 @@ def _kv_endpoints(args: argparse.Namespace) -> tuple[str | None, str | None, str
     if not isinstance(conf, dict):
         raise _UsageError("--kv-events-config must be a JSON object")
     if not conf.get("enable_kv_cache_events", False) or conf.get("publisher", "zmq") != "zmq":
-        return None, None, None
+        return None, None, ""
     topic = conf.get("topic") or args.kv_topic
     return conf.get("endpoint", "tcp://*:5557"), conf.get("replay_endpoint"), topic
 

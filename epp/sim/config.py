@@ -9,6 +9,8 @@ from typing import Any, Literal
 from epp.sim.blocks import HashAlgo
 from epp.sim.profiles import Profile
 
+LLMD_TOPIC = "kv@{address}@{model}"  # llm-d's KV-event topic convention (a SimConfig.kv_topic)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SimConfig:
@@ -58,12 +60,14 @@ class SimConfig:
     extra_waiting: int = 0
     # KV events (vLLM's --kv-events-config): the PUB endpoint, bound when it has a wildcard or port
     # 0 ("tcp://127.0.0.1:0": an ephemeral port), connected otherwise; None = no events. The
-    # replay ROUTER endpoint (always bound; None = no replay). The topic; None =
-    # "kv@<host>:<port>@<served_model>" with the HTTP address, llm-d's convention. The wire
-    # encoding: "map" (vLLM >= 0.24) or "array" (the legacy layout of vLLM 0.22-0.23).
+    # replay ROUTER endpoint (always bound; None = no replay). The topic, a template whose
+    # {address} is the HTTP address and {model} the served model: vLLM's default "" (connect mode
+    # reads every topic), or llm-d's LLMD_TOPIC, which a single bound socket (epp's bind mode)
+    # needs to tell the pods apart. The wire encoding: "map" (vLLM >= 0.24) or "array" (the legacy
+    # layout of vLLM 0.22-0.23).
     kv_events: str | None = None
     kv_replay: str | None = None
-    kv_topic: str | None = None
+    kv_topic: str = ""
     kv_encoding: Literal["map", "array"] = "map"
     # vLLM's --prefix-caching-hash-algo (its default, sha256, seeded as vLLM seeds it: from
     # $PYTHONHASHSEED, else vLLM's fixed seed), so routers that recompute vLLM's hashes match the

@@ -48,11 +48,12 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from epp.api.requests import Api, InferenceRequest, plain_prompt
+from epp.api.requests import InferenceRequest, plain_prompt
 from epp.sim import core
 from epp.sim.blocks import BlockHasher
 from epp.sim.config import SimConfig as SimConfig
 from epp.sim.kvpublisher import KVEventPublisher
+from epp.tokenize import dialects
 from epp.tokenize.registry import Tokenizers
 from epp.tokenize.tokenizer import Tokenizer, load_shipped
 
@@ -116,6 +117,7 @@ _LATENCY_BUCKETS = (
 class SimStats:
     requests: int = 0
     inference_requests: int = 0
+    render_requests: int = 0  # /render routes (no engine)
     completed: int = 0
     aborted: int = 0
     errors: int = 0
@@ -212,7 +214,19 @@ class SimRequest:
             self._wake.clear()
             await self._wake.wait()
 
+    def output_ids(self) -> list[int]:
+        """The ids of the tokens generated so far (vLLM's tokens-in API answers these)."""
+        return list(self.engine_request.output_token_ids[: self.ready])
+
     def usage(self) -> dict[str, Any]:
+        if self.api == "messages":
+            # Anthropic's: input_tokens excludes what the cache served (vLLM's _build_anthropic_usage)
+            return {
+                "input_tokens": self.prompt_tokens - self.cached_tokens,
+                "output_tokens": self.generated,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": self.cached_tokens,
+            }
         if self.api == "responses":
             return {
                 "input_tokens": self.prompt_tokens,
@@ -282,7 +296,7 @@ class SimState:
         cfg = self.config
         if cfg.kv_events is None or self.publisher is not None:
             return
-        topic = cfg.kv_topic if cfg.kv_topic is not None else f"kv@{address}@{cfg.served_model}"
+        topic = cfg.kv_topic.format(address=address, model=cfg.served_model)
         self.publisher = KVEventPublisher(
             cfg.kv_events,
             replay_endpoint=cfg.kv_replay,
@@ -442,17 +456,20 @@ class SimState:
         body: Mapping[str, Any] | None = None,
         add_special_tokens: bool = True,
     ) -> list[int]:
-        """The token ids the engine runs for `req`: its given ids; for chat, the decoded `body`
-        rendered with the chat template as vLLM's chat endpoint does (raises ChatTemplateError
-        where vLLM answers 400); else its text tokenized."""
+        """The token ids the engine runs for `req`: its given ids; for the APIs vLLM renders with
+        the chat template (chat, Anthropic's Messages, Responses and their /render routes), the
+        decoded `body` rendered as vLLM does (raises ChatTemplateError where vLLM answers 400);
+        else its text tokenized."""
         if req.token_ids is not None:
             return req.token_ids
-        if req.api is Api.CHAT and body is not None:
-            ids = await self.tokenizers.encode_chat(req.model, body)
-        else:
-            ids = await self.tokenizers.encode(
-                req.model, plain_prompt(req) or "", add_special_tokens=add_special_tokens
-            )
+        dialect = dialects.for_route(req.api.value, req.render)
+        if dialect is not None and body is not None:
+            found = await self.tokenizers.encode_dialect(req.model, dialect, body)
+            assert found is not None  # a default tokenizer serves every model
+            return found[0]
+        ids = await self.tokenizers.encode(
+            req.model, plain_prompt(req) or "", add_special_tokens=add_special_tokens
+        )
         assert ids is not None  # a default tokenizer serves every model
         return ids
 

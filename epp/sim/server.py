@@ -13,8 +13,10 @@ counters as JSON (`models`: the model names the inference requests carried, as r
 POST /sim/reset clears them and the cache (even while requests run).
 
 Requests are parsed by epp's own parser (`epp.api.requests.parse_request`), so what epp accepts
-and how it renders a prompt for tokenizing is what this server does; vLLM's own routes beside the
-OpenAI ones: POST /tokenize (same rendering) and POST /reset_prefix_cache.
+and how it renders a prompt for tokenizing is what this server does. Beside the OpenAI routes it
+serves vLLM 0.32's others (`epp.sim.apis`): Anthropic's /v1/messages and count_tokens, the
+tokens-in /inference/v1/generate, the four /render routes (the ids /tokenize gives), GET /version,
+POST /tokenize and POST /reset_prefix_cache.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from aiohttp import web
 from epp.api import context_length
 from epp.api.errors import BadRequest
 from epp.api.requests import Api, InferenceRequest, parse_request
+from epp.sim import apis
 from epp.sim.core import RequestRejected
 from epp.sim.engine import SimConfig, SimRequest, SimState, render_metrics
+from epp.tokenize.anthropic import RequestModelError
 from epp.tokenize.chat import ChatTemplateError
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -48,7 +52,7 @@ SIM_STATE = web.AppKey("sim_state", SimState)
 # --- request parsing -------------------------------------------------------------------------------
 
 
-class _BadRequest(Exception):
+class _BadRequest(ValueError):
     pass
 
 
@@ -60,8 +64,8 @@ def _parse(path: str, raw: bytes, config: SimConfig) -> tuple[dict[str, Any], In
         raise _BadRequest(f"invalid JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise _BadRequest("request body must be a JSON object")
-    if "model" not in body:
-        # vLLM serves its model when none is named; epp's parser insists on one.
+    if "model" not in body and not _anthropic(path):
+        # vLLM serves its model when none is named (not on Anthropic's routes, which need one).
         body["model"] = config.served_model
         raw = json.dumps(body).encode()
     # No headers: a model-name rewrite is the gateway's business, the body is what vLLM sees.
@@ -70,6 +74,10 @@ def _parse(path: str, raw: bytes, config: SimConfig) -> tuple[dict[str, Any], In
     except BadRequest as exc:
         raise _BadRequest(exc.reason) from None
     return body, req
+
+
+def _anthropic(path: str) -> bool:
+    return "/messages" in path
 
 
 async def _within_context(state: SimState, parsed: InferenceRequest, ids: list[int]) -> list[int]:
@@ -116,12 +124,18 @@ def _output_token_ids(body: Mapping[str, Any]) -> list[int] | None:
     return ids
 
 
-def _max_tokens(api: str, body: Mapping[str, Any], state: SimState, prompt_tokens: int) -> int:
+def _max_tokens(
+    api: str, body: Mapping[str, Any], state: SimState, prompt_tokens: int, parsed: InferenceRequest
+) -> int:
     """The tokens to generate: the request's limit (capped at `max_output_tokens`), else the
     default, cut to what fits in `max_model_len` as vLLM defaults it. An embedding runs as one."""
     if api == "embeddings":
         return 1
     cfg = state.config
+    room = state.profile.max_model_len - prompt_tokens
+    if api in ("messages", "generate"):  # budgets epp's parser has read as vLLM reads them
+        budget = parsed.max_output_tokens
+        return max(1, min(budget or cfg.default_max_tokens, cfg.max_output_tokens, room))
     keys = ("max_output_tokens",) if api == "responses" else ("max_completion_tokens", "max_tokens")
     for key in keys:
         value = body.get(key)
@@ -135,8 +149,14 @@ def _max_tokens(api: str, body: Mapping[str, Any], state: SimState, prompt_token
     return max(1, min(cfg.default_max_tokens, state.profile.max_model_len - prompt_tokens))
 
 
-def _error(status: int, message: str, err_type: str = "BadRequestError") -> web.Response:
-    """vLLM's error answer (`ErrorResponse`: the error nested under "error", code = the status)."""
+def _error(
+    status: int, message: str, err_type: str = "BadRequestError", *, anthropic: bool = False
+) -> web.Response:
+    """vLLM's error answer (`ErrorResponse`: the error nested under "error", code = the status),
+    or, past request validation on its Anthropic routes, Anthropic's (`{"type": "error", ...}`)."""
+    if anthropic:
+        error: dict[str, Any] = {"type": "error", "error": {"type": err_type, "message": message}}
+        return web.json_response(error, status=status)
     body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
     return web.json_response(body, status=status)
 
@@ -173,17 +193,17 @@ async def _inference(request: web.Request, api: str) -> web.StreamResponse:
     started = time.monotonic()
     try:
         ids = await state.prompt_token_ids(parsed, body=body, add_special_tokens=parsed.add_special_tokens)
-        if parsed.api is Api.CHAT or parsed.api is Api.COMPLETIONS:
+        if context_length.applies(parsed):
             ids = await _within_context(state, parsed, ids)
         _check_token_ids(ids)
-        n_out = _max_tokens(api, body, state, len(ids))
+        n_out = _max_tokens(api, body, state, len(ids), parsed)
         out_ids = _output_token_ids(body)
     except (_BadRequest, ChatTemplateError) as exc:
         state.stats.errors += 1
-        return _error(400, str(exc))
+        return _error(400, str(exc), anthropic=api == "messages" and not isinstance(exc, RequestModelError))
     except BadRequest as exc:
         state.stats.errors += 1
-        return _error(400, exc.reason)
+        return _error(400, exc.reason, anthropic=api == "messages")
     # P/D (NixlConnector's protocol): a prefill for a remote decode keeps its KV for the pull; a
     # decode with a remote prefill pulls it first (the transfer's time), or fails with a 500 as
     # vLLM does when the prefill pod is gone.
@@ -284,8 +304,10 @@ async def _complete(req: SimRequest, started: float) -> web.Response:
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
             "usage": req.usage(),
         }
-    else:
+    elif req.api == "responses":
         payload = _response_object(req, text, "completed")
+    else:
+        payload = apis.complete_body(req, text)
     if req.kv_transfer_params is not None:
         req.state.keep_for_decode(req.id, req.token_ids)
         payload["kv_transfer_params"] = req.kv_transfer_params
@@ -293,6 +315,7 @@ async def _complete(req: SimRequest, started: float) -> web.Response:
 
 
 _ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_", "embeddings": "embd-"}
+_ID_PREFIX.update(apis.ID_PREFIX)
 
 
 def _response_object(req: SimRequest, text: str, status: str) -> dict[str, Any]:
@@ -321,6 +344,9 @@ async def _stream(request: web.Request, req: SimRequest, started: float) -> web.
     # stream generators write it on their first output: a client's TTFT is the engine's.
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
+    if req.api in apis.ID_PREFIX:
+        await apis.stream(resp, req, started)
+        return resp
     head = {"id": f"{_ID_PREFIX[req.api]}{req.id}", "created": req.created, "model": req.model}
     opts = req.body.get("stream_options")
     include_usage = isinstance(opts, Mapping) and opts.get("include_usage") is True
@@ -509,6 +535,9 @@ def make_app(config: SimConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", _route("chat"))
     app.router.add_post("/v1/responses", _route("responses"))
     app.router.add_post("/v1/embeddings", _route("embeddings"))
+    app.router.add_post("/v1/messages", _route("messages"))
+    app.router.add_post("/inference/v1/generate", _route("generate"))
+    apis.add_routes(app, apis.Hooks(SIM_STATE, _parse, _within_context, _error))
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)

@@ -608,6 +608,8 @@ def merge_inline_system(chat_template: str | None) -> bool:
         env.from_string(chat_template).render(messages=probe, add_generation_prompt=False)
     except jinja2.TemplateError:
         return True
+    except Exception:  # vLLM 0.32 fails to start with such a template: merging is as good as any
+        return True
     return False
 
 

@@ -42,6 +42,25 @@ class Dialect(enum.Enum):
     RESPONSES_RENDER = "responses/render"
 
 
+# The dialect of each (API, render) pair, keyed by `epp.api.routes.Api`'s values (the tokenize
+# package imports nothing of epp.api).
+_BY_ROUTE = {
+    ("chat/completions", False): Dialect.CHAT,
+    ("chat/completions", True): Dialect.CHAT,
+    ("messages", False): Dialect.MESSAGES,
+    ("messages", True): Dialect.MESSAGES_RENDER,
+    ("messages/count_tokens", False): Dialect.COUNT_TOKENS,
+    ("responses", False): Dialect.RESPONSES,
+    ("responses", True): Dialect.RESPONSES_RENDER,
+}
+
+
+def for_route(api: str, render: bool) -> Dialect | None:
+    """How vLLM renders the prompt of a request to `api` (an `Api` value): with the chat template
+    in this dialect, or None (a prompt tokenized as it is, or ids given)."""
+    return _BY_ROUTE.get((api, render))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Prepared:
     """A request's chat prompt and the facts of its chat body the director reads."""

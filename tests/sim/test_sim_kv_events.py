@@ -172,8 +172,7 @@ async def test_index_agrees_with_the_replica_cache(replica: Replica, http: aioht
     assert replica.applied.removed > 0, "the workload was meant to evict"
     assert replica.applied.orphans == 0 and replica.applied.missed_removals == 0
     assert replica.index.stats().entries == replica.state.engine.num_cached_blocks
-    address = replica.url.removeprefix("http://")
-    assert {topic for topic, _, _ in replica.batches} == {f"kv@{address}@{MODEL}".encode()}
+    assert {topic for topic, _, _ in replica.batches} == {b""}  # vLLM's default topic
     stored = [e for _, _, b in replica.batches for e in b.events if isinstance(e, BlockStored)]
     assert any(e.lora_name == ADAPTER and e.lora_id == 1 for e in stored)
     salted = [e for e in stored if e.extra_keys and e.extra_keys[0] == ["tenant-1"]]
