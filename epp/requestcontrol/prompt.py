@@ -226,6 +226,8 @@ def _adds_special_tokens(request: InferenceRequest) -> bool:
 
 
 _PLAIN = frozenset((Api.COMPLETIONS, Api.EMBEDDINGS))
+
+
 def dialect_of(request: InferenceRequest) -> Dialect | None:
     """How vLLM renders the request's prompt: with a chat template (a `Dialect`), or None."""
     return for_route(request.api.value, request.render)

@@ -33,13 +33,17 @@ tokenizes in-process; without `path` the model is listed in `SchedulerConfig.tok
 whose tokenizers the caller must find elsewhere (flags, endpoints file). Several need distinct
 `name`s, as any plugins.
 
+llm-d's `requestHandler.parsers` (and the deprecated top-level `parser`) choose which parser reads a
+request by its path; its parser plugin types are read by `request_handler` into
+`SchedulerConfig.parsers`.
+
 GIE keys that configure parts epp does not have or does its own way (`featureGates`, `dataLayer`,
-`flowControl`, `parser`) are accepted so that GIE and llm-d configurations load, and each is
+`flowControl`) are accepted so that GIE and llm-d configurations load, and each is
 reported in `SchedulerConfig.warnings` for the caller to log. So are the plugin types those
 sections refer to (`config_compat.GIE_ONLY`), which are ignored rather than built. These sections
 are decoded as strictly as plugin parameters: an unknown key or gate, a wrong type, a `pluginRef`
 to an undefined plugin or to a plugin of the wrong kind is an error with its line. Plugin types of
-features epp lacks (P/D disaggregation, other parsers, admitters, ...) are refused with the reason
+features epp lacks (gRPC parsers, admitters, ...) are refused with the reason
 (`config_compat.REFUSED`). docs/configs.md lists every type and parameter and what epp does.
 
 llm-d's `precise-prefix-cache-scorer` parameters may say how KV events are consumed
@@ -61,7 +65,8 @@ from typing import Annotated, Any
 import msgspec
 import yaml
 
-from epp.scheduling import config_compat, disagg, framework, interfaces, registry
+from epp.api.routes import Parsers
+from epp.scheduling import config_compat, disagg, framework, interfaces, registry, request_handler
 from epp.scheduling.config_compat import GIE_ONLY as _GIE_ONLY
 from epp.scheduling.config_compat import WHY as _WHY
 from epp.scheduling.plugins import (
@@ -99,6 +104,8 @@ class SchedulerConfig:
     kv_events: precise_llmd.KVEventsSettings | None = None
     # The flowControl section and flow-control plugins, for epp.flowcontrol.config.build.
     flow_control: FlowControlSection | None = None
+    # Which parser reads a request, by path (requestHandler.parsers: epp.scheduling.request_handler).
+    parsers: Parsers = dataclasses.field(default_factory=Parsers.default)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -141,7 +148,8 @@ class _Document(msgspec.Struct, forbid_unknown_fields=True):
     saturationDetector: config_compat.SaturationDetectorSection | None = None
     dataLayer: config_compat.DataLayer | None = None
     flowControl: dict[str, Any] | None = None
-    parser: config_compat.Ref | None = None
+    parser: request_handler.Ref | None = None
+    requestHandler: request_handler.Section | None = None
 
 
 def default_config_text(*, precise: bool = False) -> str:
@@ -222,6 +230,8 @@ class _Builder:
         self.tokenizers: dict[str, Path] = {}
         self.tokenizer_models: list[str] = []
         self.kv_events: tuple[_Path, precise_llmd.KVEventsSettings] | None = None
+        self.parser_plugins = request_handler.Collector(where.error)
+        self.parsers = Parsers.default()
         self.used: set[str] = set()
         self.warnings: list[str] = []
         self._default_picker: interfaces.Picker | None = None
@@ -294,6 +304,7 @@ class _Builder:
                 detector.pluginRef if detector is not None else "",
                 self.where,
             ),
+            parsers=self.parsers,
         )
 
     def _build_plugins(self) -> None:
@@ -306,9 +317,13 @@ class _Builder:
                 name in self.plugins
                 or name in self.ignored
                 or name in self.tokenizer_plugins
+                or name in self.parser_plugins
                 or any(name == flow[1] for flow in self.flow_plugins)
             ):
                 raise self.where.error(path, f"duplicate plugin name {name!r}")
+            if request_handler.is_parser_type(spec.type):
+                self.parser_plugins.add(path, name, spec.type, spec.parameters)
+                continue
             if spec.type in config_compat.TOKENIZER_TYPES:
                 self._read_tokenizer(path, name, spec.type, spec.parameters)
                 continue
@@ -433,9 +448,8 @@ class _Builder:
                     ("notification source",),
                 )
             self.warnings.append(f"dataLayer is ignored: {_WHY['data source']}")
-        if doc.parser is not None:
-            self._check_ref(("parser", "pluginRef"), doc.parser.pluginRef, ("parser",))
-            self.warnings.append(f"parser is ignored: {_WHY['parser']}")
+        self.parsers = self.parser_plugins.build(doc.requestHandler, doc.parser)
+        self.warnings.extend(self.parser_plugins.warnings)
 
     def _saturation_detector(self) -> interfaces.SaturationDetector:
         section = self.doc.saturationDetector
@@ -519,6 +533,8 @@ class _Builder:
                 )
             if plugin is None and ref in self.tokenizer_plugins:
                 continue  # llm-d lists its tokenizer in profiles; epp tokenizes before scheduling
+            if plugin is None and ref in self.parser_plugins:
+                raise self.parser_plugins.not_a_parser(path, ref, "a filter, scorer or picker")
             if plugin is None:
                 if ref in self.ignored:
                     type_name = self.ignored[ref]

@@ -3,19 +3,19 @@ a plugin from them, or refuses with a reason: used by `config`.
 
 Three groups of plugin types:
 
-- `GIE_ONLY`: types naming work epp does another way (it scrapes metrics, parses OpenAI bodies and
+- `GIE_ONLY`: types naming work epp does another way (it scrapes metrics and
   follows the pool's endpoints itself). They are accepted, not built, and reported as warnings; the
   ones whose parameters are known (`metrics-data-source`, `core-metrics-extractor`, ...) have them
   decoded strictly, and a value that would make GIE behave differently from epp (another metrics
   path, another engine's metric names) is a `ConfigError`.
-- `REFUSED`: types of features epp does not have (P/D disaggregation, other parsers, admitters, the
+- `REFUSED`: types of features epp does not have (admitters, the
   latency-predictor sidecar, CEL reporters): a `ConfigError` saying what is missing and why.
 - llm-d's tokenizer plugins (`tokenizer`, `token-producer`): read by `read_tokenizer` into the
   model -> tokenizer-path map; they are not scheduling plugins.
 
 The inline sections are decoded as strictly as plugin parameters: `saturationDetector` (a
-`pluginRef`, or GIE v1.0-1.3's inline thresholds), `featureGates` (GIE's and llm-d's gate names),
-`dataLayer` and `parser`. `flowControl` and the flow-control plugin types (`FLOW_CONTROL`) are
+`pluginRef`, or GIE v1.0-1.3's inline thresholds), `featureGates` (GIE's and llm-d's gate names)
+and `dataLayer`. `flowControl` and the flow-control plugin types (`FLOW_CONTROL`) are
 passed on undecoded to `epp.flowcontrol.config`, which decodes them as strictly.
 """
 
@@ -38,7 +38,6 @@ GIE_ONLY = {
     "models-data-source": "models source",
     "core-metrics-extractor": "extractor",
     "models-data-extractor": "models extractor",
-    "openai-parser": "parser",
     "approx-prefix-cache-producer": "data producer",
     "inflight-load-producer": "data producer",
 }
@@ -67,7 +66,6 @@ WHY = {
     "notification source": "epp's plugins follow the pool's endpoints through the datastore",
     "models source": "epp reads each server's /v1/models itself",
     "models extractor": "epp reads each server's /v1/models itself",
-    "parser": "epp parses OpenAI request bodies itself",
     "data producer": "epp's scorers gather their own inputs",
 }
 # What a dataLayer source's extractors may be, by the source's kind ("scorer": a built plugin).
@@ -82,9 +80,6 @@ _PREDICTOR = (
     "equivalent is predicted-ttft-scorer"
 )
 REFUSED = {
-    "vllmgrpc-parser": "epp parses OpenAI HTTP request bodies only (no vLLM gRPC)",
-    "passthrough-parser": "epp parses OpenAI HTTP request bodies only",
-    "vertexai-parser": "epp parses OpenAI HTTP request bodies only (no Vertex AI)",
     "probabilistic-admitter": "epp's admission is its saturation detector alone; no admitter plugins",
     "latency-slo-admitter": "epp's admission is its saturation detector alone; no admitter plugins",
     "request-attribute-reporter": "epp has no CEL request-attribute reporter (Envoy dynamic metadata)",
@@ -168,7 +163,6 @@ _PARAMS: dict[str, type[msgspec.Struct]] = {
     "endpoint-notification-source": _NoParams,
     "k8s-notification-source": _NoParams,
     "models-data-extractor": _NoParams,
-    "openai-parser": _NoParams,
 }
 
 

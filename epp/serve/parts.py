@@ -221,6 +221,7 @@ def _director(
             response_sample_ratio=args.response_sample_ratio,
             response_sample_min_interval=args.response_sample_min_interval,
             trust_model_rewrite_header=bool(args.trust_model_name_rewrite_header),
+            parsers=config.parsers,
         ),
         tokenizer=tokenizers,
         admission_controller=admission.LegacyAdmissionController(detector),

@@ -280,11 +280,11 @@ def test_gie_sections_load_with_warnings_and_flow_control_is_handed_on() -> None
         "metrics itself",
         "plugin 'core-metrics-extractor' (type 'core-metrics-extractor') is ignored: epp scrapes "
         "model-server metrics itself",
-        "plugin 'openai-parser' (type 'openai-parser') is ignored: epp parses OpenAI request bodies itself",
         "featureGates 'dataLayer' has no effect: epp's data layer (scraping, /v1/models) is always on",
         "dataLayer is ignored: epp scrapes model-server metrics itself",
-        "parser is ignored: epp parses OpenAI request bodies itself",
+        "the top-level `parser` is deprecated: use requestHandler.parsers",
     ]
+    assert [p.type for p in cfg.parsers.active] == ["openai-parser"]
     # Flow control's part is handed on undecoded (epp.flowcontrol.config builds it: tests/flowcontrol).
     flow = cfg.flow_control
     assert flow is not None and flow.enabled
@@ -530,13 +530,13 @@ ERRORS: list[tuple[str, str, list[str]]] = [
     ),
     (
         "parser ref undefined",
-        HEAD + "plugins: []\nparser:\n  pluginRef: openai-parser\n",
-        ["parser.pluginRef (line 5): pluginRef 'openai-parser' is not a defined plugin"],
+        HEAD + "plugins: []\nparser:\n  pluginRef: nope\n",
+        ["parser.pluginRef (line 5): pluginRef 'nope' is neither a parser plugin nor a parser type"],
     ),
     (
         "parser ref to a scorer",
         HEAD + "plugins: [{type: queue-scorer}]\nparser: {pluginRef: queue-scorer}\n",
-        ["parser.pluginRef (line 4): plugin 'queue-scorer' (type 'queue-scorer') is not a parser"],
+        ["parser.pluginRef (line 4): pluginRef 'queue-scorer' is neither a parser plugin nor a parser type"],
     ),
     (
         "saturation detector ref of the wrong kind",

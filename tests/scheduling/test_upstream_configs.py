@@ -29,7 +29,7 @@ DATA = Path(__file__).parent / "data"
 FACTS = DATA / "upstream_configs.json"
 RECORDS: dict[str, dict[str, Any]] = {r["id"]: r for r in json.loads(FACTS.read_text("utf-8"))["configs"]}
 
-_GRPC = "(type 'vllmgrpc-parser') is not supported: epp parses OpenAI HTTP request bodies only"
+_GRPC = "(type 'vllmgrpc-parser') is not supported: vLLM's gRPC API is not supported"
 _CEL = "(type 'request-attribute-reporter') is not supported: epp has no CEL request-attribute reporter"
 _STALE_TP = (
     "plugins[0].parameters.indexerConfig.tokenProcessorConfig",
