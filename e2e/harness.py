@@ -241,7 +241,8 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         (bind_port,) = free_ports(1)
         # one bound socket for every sim: llm-d's topics tell them apart
         configs = [
-            dataclasses.replace(c, kv_events=f"tcp://{HOST}:{bind_port}", kv_topic=LLMD_TOPIC) for c in configs
+            dataclasses.replace(c, kv_events=f"tcp://{HOST}:{bind_port}", kv_topic=LLMD_TOPIC)
+            for c in configs
         ]
     sims = SimBackends(configs)
     cleanup.push("sim backends", sims.stop)

@@ -58,9 +58,12 @@ def test_flags_that_contradict_the_config_stop_serve(config: str, flags: list[st
         serve._kv_events_from_config(serve_args("--config-text", config, *flags))
 
 
-def test_a_tokenizer_plugin_without_a_path_needs_a_tokenizer_from_a_source() -> None:
-    """llm-d would download it; epp cannot, and must not score the model with epp-tiny's ids."""
-    config = LLMD + "plugins:\n- type: tokenizer\n  parameters: {modelName: my-llama}\n- type: queue-scorer\n"
+def test_a_token_producer_naming_two_sources_is_refused_at_start() -> None:
+    """A path and llm-d's render backend for one model: which would serve it is not epp's guess."""
+    config = (
+        LLMD + "plugins:\n- type: tokenizer\n  parameters: {modelName: my-llama, path: /t, vllm: {}}\n"
+        "- type: queue-scorer\n"
+    )
     command = [sys.executable, "-m", "epp", "serve", "--endpoints=127.0.0.1:1", "--secure-serving=false"]
     done = subprocess.run(
         [*command, "--grpc-port=0", "--grpc-health-port=0", "--metrics-port=0", "--config-text", config],
@@ -70,4 +73,4 @@ def test_a_tokenizer_plugin_without_a_path_needs_a_tokenizer_from_a_source() -> 
         check=False,
     )
     assert done.returncode == 2, done.stderr
-    assert "'my-llama' without a path: give --tokenizer MODEL=PATH" in done.stderr
+    assert "give one of path or vllm, not both" in done.stderr

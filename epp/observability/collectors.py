@@ -319,3 +319,33 @@ class TokenizerCollector(Collector):
             for name, cache in sorted(caches.items()):
                 g.add_metric([name], getattr(cache, field))
             yield g
+
+
+class RenderCollector(Collector):
+    """`epp_tokenizer_render_total{outcome}` (token ids asked of the model servers' /render: rendered,
+    cached, timeout, error, refused, unavailable) and `epp_tokenizer_render_batched_total` (prompts
+    sent in another request's call), read at scrape time from the renderer's counters."""
+
+    def __init__(self, renderer: Any) -> None:
+        self._renderer = renderer
+
+    def describe(self) -> list[Metric]:
+        return self._families({}, 0)
+
+    def collect(self) -> list[Metric]:
+        return self._families(dict(self._renderer.outcomes), int(self._renderer.batched))
+
+    @staticmethod
+    def _families(outcomes: Mapping[str, int], batched: int) -> list[Metric]:
+        total = CounterMetricFamily(
+            "epp_tokenizer_render",
+            "Token ids asked of the model servers' /render, by outcome",
+            labels=["outcome"],
+        )
+        for outcome, n in sorted(outcomes.items()):
+            total.add_metric([outcome], n)
+        moved = CounterMetricFamily(
+            "epp_tokenizer_render_batched", "Prompts rendered in another request's /render call"
+        )
+        moved.add_metric([], batched)
+        return [total, moved]

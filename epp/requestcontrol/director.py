@@ -64,6 +64,7 @@ from epp.requestcontrol.prompt import Prompts, PromptTokenizer
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
 from epp.sidecar.protocol import ENCODER_HEADER, PREFILL_HEADER
+from epp.tokenize.render import Renderer
 
 STAGE_HEADERS = (PREFILL_HEADER, ENCODER_HEADER)
 
@@ -226,6 +227,7 @@ class Director:
         body_parsers: BodyParsers | None = None,
         flow_control: FlowController | None = None,
         rewrites: ModelRewriteStore | None = None,
+        renderer: Renderer | None = None,
     ) -> None:
         """`admission_controller` None admits every request; `objectives` None makes every
         request's priority 0 (no InferenceObjectives: standalone mode); `context_limits` None
@@ -245,7 +247,7 @@ class Director:
         self.rewrites = rewrites
         # Token ids and context-length rules; bodies over the parsers' size are parsed and
         # rendered in their processes (epp.requestcontrol.offload).
-        self.prompts = Prompts(datastore, settings.limits, context_limits, body_parsers)
+        self.prompts = Prompts(datastore, settings.limits, context_limits, body_parsers, renderer)
         # Bound Prometheus children: `labels()` costs ~1.5 µs a call and a request needs a dozen.
         self._children: dict[tuple[str, ...], Any] = {}
         # Deterministic sampling: every request adds the ratio, a whole unit buys one sample.

@@ -27,10 +27,12 @@ from epp.api.limits import RequestLimits, decode_body
 from epp.api.requests import Api, InferenceRequest, plain_prompt
 from epp.datastore.endpoints import Datastore
 from epp.requestcontrol.offload import BodyParsers
+from epp.tokenize import render
 from epp.tokenize.anthropic import RequestModelError
 from epp.tokenize.chat import ChatPrompt, ChatTemplated, ChatTemplateError, UnsupportedChat
 from epp.tokenize.dialects import Dialect, Prepared, for_route
 from epp.tokenize.registry import RENDER_INLINE_MESSAGES
+from epp.tokenize.render import Renderer
 
 log = logging.getLogger("epp.director")
 
@@ -82,11 +84,14 @@ class Prompts:
         limits: RequestLimits,
         context_limits: context_length.ContextLimits | None = None,
         body_parsers: BodyParsers | None = None,
+        renderer: Renderer | None = None,
     ) -> None:
         self._datastore = datastore  # for the pool's base model (LoRA adapters' tokenizer)
         self.limits = limits
         self.context_limits = context_limits  # None: no context length enforced (the servers do)
         self.body_parsers = body_parsers
+        # The model servers' /render, for models no local tokenizer is named for (token-producer).
+        self.renderer = renderer
 
     async def fill(self, request: InferenceRequest, tokenizer: PromptTokenizer | None) -> None:
         """The prompt's token ids (with `tokenizer`, when given), and vLLM's context-length rules
@@ -104,6 +109,9 @@ class Prompts:
             return
         if tokenizer is None:
             return
+        if self._rendered_by_pods(request, tokenizer):
+            await self._render(request)
+            return  # the pod's own ids: its truncation applied, its refusals the pod's to answer
         await self._tokenize(request, tokenizer)
         ids = request.token_ids
         if ids is None:
@@ -176,6 +184,31 @@ class Prompts:
             request.token_ids = ids
             request.prompt_tokens_estimate = len(ids)
 
+    def _rendered_by_pods(self, request: InferenceRequest, tokenizer: PromptTokenizer) -> bool:
+        """Whether the request's ids come from the pods' /render: a route that renders and runs
+        an engine, for a model a token producer renders and no local tokenizer is named for."""
+        renderer = self.renderer
+        if renderer is None or not request.runs_engine or request.api not in _RENDER_ROUTES:
+            return False
+        model = request.target_model
+        base = self._datastore.base_model
+        return renderer.serves(model) and not tokenizer.is_models_own(model, base_model=base)
+
+    async def _render(self, request: InferenceRequest) -> None:
+        assert self.renderer is not None
+        try:
+            body = await self._decoded_off_loop(request)
+        except errors.RequestError:
+            return  # the pod answers what it makes of the body
+        route = _RENDER_ROUTES[request.api]
+        media = any(
+            isinstance(m, Mapping) and isinstance(m.get("content"), list) for m in body.get("messages") or ()
+        )
+        ids = await self.renderer.render(request.target_model, route, body, multimodal=media)
+        if ids is not None:
+            request.token_ids = ids
+            request.prompt_tokens_estimate = len(ids)
+
     def _renders_elsewhere(self, request: InferenceRequest) -> bool:
         """Whether a body parser renders this chat: a body over its size, or a chat of more
         messages than the loop renders inline (the small body is decoded here to count them)."""
@@ -226,6 +259,12 @@ def _adds_special_tokens(request: InferenceRequest) -> bool:
 
 
 _PLAIN = frozenset((Api.COMPLETIONS, Api.EMBEDDINGS))
+_RENDER_ROUTES = {
+    Api.CHAT: render.CHAT,
+    Api.COMPLETIONS: render.COMPLETIONS,
+    Api.MESSAGES: render.MESSAGES,
+    Api.RESPONSES: render.RESPONSES,
+}
 
 
 def dialect_of(request: InferenceRequest) -> Dialect | None:

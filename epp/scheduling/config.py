@@ -24,14 +24,11 @@ GIE v1.0-1.3's inline form, `saturationDetector: {queueDepthThreshold, kvCacheUt
 metricsStalenessThreshold}`, configures that default detector.
 
 Tokenizers per model, in llm-d's form: a plugin of type `token-producer` (or its older name
-`tokenizer`) per model with parameters `modelName` (the model as requests name it) and epp's `path`
-(a local Hugging Face tokenizer directory or tokenizer.json; relative to the config file's
-directory). It is not a scheduling plugin (epp tokenizes before scheduling when a plugin consumes
-token ids): it fills `SchedulerConfig.tokenizers`, and a profile may list it (llm-d does) to no
-effect. llm-d's sidecars (`udsTokenizerConfig`, `vllm`) are accepted with a warning, since epp
-tokenizes in-process; without `path` the model is listed in `SchedulerConfig.tokenizer_models`,
-whose tokenizers the caller must find elsewhere (flags, endpoints file). Several need distinct
-`name`s, as any plugins.
+`tokenizer`) per model, read by `token_producer` into `SchedulerConfig.tokenizers` (epp's `path`:
+a local tokenizer), `render` (llm-d's `vllm` backend: the model servers' /render routes) and
+`stand_in` (llm-d's `estimate`). It is not a scheduling plugin (epp tokenizes before scheduling
+when a plugin consumes token ids), and a profile may list it (llm-d does) to no effect. Several
+need distinct `name`s, as any plugins.
 
 llm-d's `requestHandler.parsers` (and the deprecated top-level `parser`) choose which parser reads a
 request by its path; its parser plugin types are read by `request_handler` into
@@ -66,7 +63,15 @@ import msgspec
 import yaml
 
 from epp.api.routes import Parsers
-from epp.scheduling import config_compat, disagg, framework, interfaces, registry, request_handler
+from epp.scheduling import (
+    config_compat,
+    disagg,
+    framework,
+    interfaces,
+    registry,
+    request_handler,
+    token_producer,
+)
 from epp.scheduling.config_compat import GIE_ONLY as _GIE_ONLY
 from epp.scheduling.config_compat import WHY as _WHY
 from epp.scheduling.plugins import (
@@ -76,6 +81,7 @@ from epp.scheduling.plugins import (
     prefix_cache_scorer,
     single_profile_handler,
 )
+from epp.tokenize.render import RenderSpec
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 API_VERSIONS = (API_VERSION, "llm-d.ai/v1alpha1")  # GIE's, llm-d's: one schema
@@ -96,10 +102,12 @@ class SchedulerConfig:
     # What admission asks how saturated the pool is (the configured one, else GIE's default).
     saturation_detector: interfaces.SaturationDetector
     warnings: list[str]  # accepted but ignored parts of the configuration, for the caller to log
-    # `tokenizer` plugins: model name -> tokenizer path (loaded by the caller: epp.tokenize).
+    # token-producer plugins (epp.scheduling.token_producer): model -> local tokenizer path (loaded
+    # by the caller: epp.tokenize), model ("": every model) -> where the pods' /render is asked,
+    # and whether llm-d's estimate backend (epp's stand-in tokenizer) is asked for.
     tokenizers: dict[str, Path] = dataclasses.field(default_factory=dict)
-    # Models a tokenizer plugin names without a `path`: their tokenizers must come from elsewhere.
-    tokenizer_models: list[str] = dataclasses.field(default_factory=list)
+    render: dict[str, RenderSpec] = dataclasses.field(default_factory=dict)
+    stand_in: bool = False
     # How llm-d's precise-prefix-cache-scorer parameters say KV events are consumed (None: flags).
     kv_events: precise_llmd.KVEventsSettings | None = None
     # The flowControl section and flow-control plugins, for epp.flowcontrol.config.build.
@@ -226,9 +234,9 @@ class _Builder:
         self.base_dir = base_dir
         self.plugins: dict[str, interfaces.Plugin] = {}
         self.ignored: dict[str, str] = {}  # GIE-only plugins: name -> type
-        self.tokenizer_plugins: set[str] = set()  # names of tokenizer plugins
-        self.tokenizers: dict[str, Path] = {}
-        self.tokenizer_models: list[str] = []
+        self.token_producers = token_producer.Collector(
+            base_dir, where.error, lambda err, at, known: where.validation_error(err, prefix=at, known=known)
+        )
         self.kv_events: tuple[_Path, precise_llmd.KVEventsSettings] | None = None
         self.parser_plugins = request_handler.Collector(where.error)
         self.parsers = Parsers.default()
@@ -240,6 +248,7 @@ class _Builder:
 
     def build(self) -> SchedulerConfig:
         self._build_plugins()
+        self.warnings.extend(self.token_producers.notes)
         self._check_sections()
         profiles = self._build_profiles()
         plugins = list(self.plugins.values())
@@ -294,8 +303,9 @@ class _Builder:
             response_complete=[p for p in plugins if isinstance(p, interfaces.ResponseComplete)],
             saturation_detector=self._saturation_detector(),
             warnings=self.warnings,
-            tokenizers=self.tokenizers,
-            tokenizer_models=self.tokenizer_models,
+            tokenizers=self.token_producers.sources.paths,
+            render=self.token_producers.sources.render,
+            stand_in=self.token_producers.sources.stand_in,
             kv_events=self.kv_events[1] if self.kv_events is not None else None,
             flow_control=FlowControlSection(
                 self.flow_enabled,
@@ -316,7 +326,7 @@ class _Builder:
             if (
                 name in self.plugins
                 or name in self.ignored
-                or name in self.tokenizer_plugins
+                or name in self.token_producers
                 or name in self.parser_plugins
                 or any(name == flow[1] for flow in self.flow_plugins)
             ):
@@ -324,8 +334,8 @@ class _Builder:
             if request_handler.is_parser_type(spec.type):
                 self.parser_plugins.add(path, name, spec.type, spec.parameters)
                 continue
-            if spec.type in config_compat.TOKENIZER_TYPES:
-                self._read_tokenizer(path, name, spec.type, spec.parameters)
+            if spec.type in token_producer.TYPES:
+                self.token_producers.add(path, name, spec.type, spec.parameters)
                 continue
             if spec.type in config_compat.FLOW_CONTROL:  # built by epp.flowcontrol.config
                 self.flow_plugins.append((path, name, spec.type, spec.parameters))
@@ -376,9 +386,7 @@ class _Builder:
 
     def _take_llmd(self, path: _Path, mapped: precise_llmd.Mapped) -> None:
         self.warnings.extend(mapped.notes)
-        model = mapped.tokenizer_model
-        if model and model not in self.tokenizers and model not in self.tokenizer_models:
-            self.tokenizer_models.append(model)
+        self.token_producers.render_model(mapped.tokenizer_model or "")
         if mapped.kv_events is None:
             return
         if self.kv_events is not None and self.kv_events[1] != mapped.kv_events:
@@ -389,31 +397,6 @@ class _Builder:
                 "epp consumes KV events one way",
             )
         self.kv_events = (path, mapped.kv_events)
-
-    def _read_tokenizer(
-        self, path: _Path, name: str, type_name: str, parameters: dict[str, Any] | None
-    ) -> None:
-        try:
-            params = msgspec.convert(parameters or {}, config_compat.TokenizerParams)
-        except msgspec.ValidationError as err:
-            raise self.where.validation_error(
-                err, prefix=(*path, "parameters"), known=config_compat.TokenizerParams.__struct_fields__
-            ) from None
-        label = f"plugin {name!r} (type {type_name!r})"
-        model = params.modelName.strip()
-        if not model:
-            raise self.where.error((*path, "parameters"), f"{label}: parameters.modelName is required")
-        if model in self.tokenizers or model in self.tokenizer_models:
-            raise self.where.error(
-                (*path, "parameters", "modelName"), f"model {model!r} already has a tokenizer"
-            )
-        self.warnings.extend(config_compat.tokenizer_notes(label, params))
-        self.tokenizer_plugins.add(name)
-        tokenizer = config_compat.tokenizer_path(self.base_dir, params)
-        if tokenizer is None:
-            self.tokenizer_models.append(model)
-        else:
-            self.tokenizers[model] = tokenizer
 
     def _check_sections(self) -> None:
         doc = self.doc
@@ -531,7 +514,7 @@ class _Builder:
                 raise self.where.error(
                     path, f"plugin {ref!r} is a flow-control policy, not a filter, scorer or picker"
                 )
-            if plugin is None and ref in self.tokenizer_plugins:
+            if plugin is None and ref in self.token_producers:
                 continue  # llm-d lists its tokenizer in profiles; epp tokenizes before scheduling
             if plugin is None and ref in self.parser_plugins:
                 raise self.parser_plugins.not_a_parser(path, ref, "a filter, scorer or picker")

@@ -10,8 +10,8 @@ Three groups of plugin types:
   path, another engine's metric names) is a `ConfigError`.
 - `REFUSED`: types of features epp does not have (admitters, the
   latency-predictor sidecar, CEL reporters): a `ConfigError` saying what is missing and why.
-- llm-d's tokenizer plugins (`tokenizer`, `token-producer`): read by `read_tokenizer` into the
-  model -> tokenizer-path map; they are not scheduling plugins.
+- (llm-d's token producers and parsers have modules of their own: `token_producer`,
+  `request_handler`.)
 
 The inline sections are decoded as strictly as plugin parameters: `saturationDetector` (a
 `pluginRef`, or GIE v1.0-1.3's inline thresholds), `featureGates` (GIE's and llm-d's gate names)
@@ -21,14 +21,11 @@ passed on undecoded to `epp.flowcontrol.config`, which decodes them as strictly.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from epp.scheduling import registry
-
-TOKENIZER_TYPES = ("tokenizer", "token-producer")  # llm-d: legacy name, current name
 
 # GIE/llm-d plugin types epp accepts but does not build, by kind; and why, by kind.
 GIE_ONLY = {
@@ -201,48 +198,6 @@ def check_gie_only(name: str, type_name: str, parameters: dict[str, Any] | None)
                     raise registry.ConfigError(
                         f"{label}: parameters.engineConfigs[vllm].{field} {given!r}: epp reads {expected!r}"
                     )
-
-
-# ---- tokenizer plugins ---------------------------------------------------------------------------
-
-
-class _UdsTokenizerConfig(msgspec.Struct, forbid_unknown_fields=True):
-    socketFile: str = ""
-    useTCP: bool = False
-    modelTokenizerMap: dict[str, str] | None = None
-
-
-class _VllmRender(msgspec.Struct, forbid_unknown_fields=True):
-    http: str = ""
-    timeout: str = ""
-    mmTimeout: str = ""
-
-
-class TokenizerParams(msgspec.Struct, forbid_unknown_fields=True):
-    modelName: str = ""
-    path: str = ""  # epp's: a local tokenizer directory or tokenizer.json
-    udsTokenizerConfig: _UdsTokenizerConfig | None = None  # llm-d's sidecar: accepted, not used
-    vllm: _VllmRender | None = None  # llm-d's vLLM /render sidecar: accepted, not used
-
-
-def tokenizer_notes(label: str, params: TokenizerParams) -> list[str]:
-    """What of a tokenizer plugin's parameters epp does not use, for the log."""
-    notes = []
-    if params.udsTokenizerConfig is not None:
-        notes.append(f"{label}: udsTokenizerConfig is ignored: epp tokenizes in-process")
-    if params.vllm is not None:
-        notes.append(f"{label}: vllm (the /render sidecar) is ignored: epp tokenizes in-process")
-    if not params.path.strip():
-        notes.append(
-            f"{label}: no path: the tokenizer for model {params.modelName.strip()!r} must come from "
-            "--tokenizer MODEL=PATH or the endpoints file"
-        )
-    return notes
-
-
-def tokenizer_path(base_dir: Path, params: TokenizerParams) -> Path | None:
-    path = params.path.strip()
-    return base_dir / Path(path).expanduser() if path else None
 
 
 # ---- inline sections -----------------------------------------------------------------------------

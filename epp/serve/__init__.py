@@ -4,8 +4,9 @@ This module starts the process (flags checked, worker count, the supervisor or o
 process); `epp.serve.parts` builds every part and runs them until a signal.
 
 Start order: `--tokenizer` tokenizers and config (fail fast on a bad one) -> the config's
-tokenizers -> endpoint sources (the endpoints file's tokenizers with it) -> epp-tiny as the
-default if no tokenizer was named anywhere -> KV-event ingestion -> metrics scraper -> servers.
+tokenizers (and its /render producers) -> endpoint sources (the endpoints file's tokenizers with
+it) -> epp-tiny as the stand-in if no tokenizer was named anywhere -> KV-event ingestion ->
+metrics scraper -> servers.
 Stop order on SIGTERM/SIGINT: health goes NOT_SERVING (both ports); on SIGTERM new ext-proc
 streams are still served for --drain-delay (default 5 s, so the gateway's health check sees
 NOT_SERVING first); then the ext-proc server refuses new streams and lets in-flight ones (a long

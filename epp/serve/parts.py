@@ -29,8 +29,8 @@ from epp.k8s import objectives as k8s_objectives
 from epp.k8s.from_flags import kubernetes_source, leader_elector
 from epp.k8s.operator import PoolOperator
 from epp.kvcache.ingest import FeedSpec, KVEventIngester
+from epp.observability import collectors, metrics
 from epp.observability import http as obs_http
-from epp.observability import metrics
 from epp.observability.looplag import LoopLagMonitor
 from epp.requestcontrol import admission
 from epp.requestcontrol.director import Director, DirectorSettings
@@ -41,6 +41,7 @@ from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 from epp.tokenize import registry as tokenize_registry
 from epp.tokenize.registry import Tokenizers
+from epp.tokenize.render import Renderer
 from epp.workers import worker as workers_worker
 
 log = logging.getLogger("epp")
@@ -88,8 +89,15 @@ async def run_until_stopped(
     objective_store = k8s_objectives.ObjectiveStore()
     rewrite_store = ModelRewriteStore()  # filled by the pool operator (Kubernetes only, as llm-d)
     pool_label = args.pool_name or "standalone"
+    # llm-d's token-producer with its vllm backend: the models' ids from the pods' /render (or
+    # the url it names), for models no local tokenizer is named for.
+    renderer = (
+        Renderer(config.render, lambda: [ep.hostport for ep in datastore.routable()])
+        if config.render
+        else None
+    )
     director = _director(
-        args, config, datastore, tokenizers, (objective_store, rewrite_store), parsers, pool_label
+        args, config, datastore, tokenizers, (objective_store, rewrite_store), parsers, pool_label, renderer
     )
     flow = director.flow_control
     pool_gauge = metrics.ready_endpoints.labels(pool_label)
@@ -120,6 +128,11 @@ async def run_until_stopped(
     async with contextlib.AsyncExitStack() as running:
         if role is not None:
             running.push_async_callback(role.close)  # last: the supervisor hears of the drain's end
+        if renderer is not None:
+            running.push_async_callback(renderer.close)
+            render_metrics = collectors.RenderCollector(renderer)
+            metrics.REGISTRY.register(render_metrics)
+            running.callback(metrics.REGISTRY.unregister, render_metrics)
         await _start_http(args, director, role, running)
         for part in (ingester, scraper, endpoints_file):
             if part is not None:
@@ -189,6 +202,7 @@ def _director(
     stores: tuple[k8s_objectives.ObjectiveStore, ModelRewriteStore],
     parsers: BodyParsers | None,
     pool_label: str,
+    renderer: Renderer | None = None,
 ) -> Director:
     objective_store, rewrite_store = stores
     detector, flow, warnings = flowcontrol.from_scheduler_config(
@@ -230,6 +244,7 @@ def _director(
         body_parsers=parsers,
         flow_control=flow,
         rewrites=rewrite_store,
+        renderer=renderer,
     )
 
 
@@ -276,18 +291,9 @@ def _endpoint_sources(
             objectives=objective_store,  # standalone: the file's `objectives:` give priorities
         )
         endpoints_file.load()
-    # llm-d's tokenizer plugin without a path names a model whose tokenizer llm-d downloads or asks
-    # a sidecar for; epp tokenizes in-process from files, so one of its sources must name them.
-    unnamed = [m for m in config.tokenizer_models if tokenizers.for_model(m) is None]
-    if unnamed:
-        raise ValueError(
-            "the config's tokenizer plugin names "
-            + ", ".join(repr(m) for m in unnamed)
-            + " without a path: give --tokenizer MODEL=PATH (a directory with tokenizer.json), "
-            "a `path` in the plugin's parameters, or a tokenizer in the endpoints file"
-        )
-    if not args.tokenizer and not tokenizers.models:
-        tokenizers.use_shipped_default()  # nothing named anywhere: epp-tiny for every model
+    if config.stand_in or (not args.tokenizer and not tokenizers.models and not config.render):
+        # nothing named anywhere (or llm-d's estimate backend asked for): epp-tiny stands in
+        tokenizers.use_shipped_default()
     pool_operator = kubernetes_source(args, datastore, objective_store, rewrite_store)
     if not args.endpoints and not args.endpoints_file and pool_operator is None:
         raise ValueError(

@@ -38,7 +38,10 @@ def _parse(path: str, body: bytes, headers: dict[str, str] | None = None, **kw: 
         ("/v1/responses", Api.RESPONSES),
         ("/v1/embeddings", Api.EMBEDDINGS),
         ("/v1/embeddings#frag", Api.EMBEDDINGS),
-        ("/generate", Api.PASSTHROUGH),  # unknown paths: llm-d's passthrough-parser (tests/api/test_routes.py)
+        (
+            "/generate",
+            Api.PASSTHROUGH,
+        ),  # unknown paths: llm-d's passthrough-parser (tests/api/test_routes.py)
         ("/", Api.PASSTHROUGH),
     ],
 )

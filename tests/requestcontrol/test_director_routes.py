@@ -12,14 +12,18 @@ import msgspec
 import pytest
 
 from epp.api import errors
+from epp.api.context_length import ContextLimits
 from epp.api.routes import Parser, Parsers
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.kvcache.index import BlockIndex
 from epp.requestcontrol.director import Director, DirectorSettings
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
+from epp.sim.engine import SimConfig
+from epp.sim.server import bound_address, sim_state, start_sim_server
 from epp.tokenize.chat import encode_chat
 from epp.tokenize.registry import Tokenizers
+from epp.tokenize.render import Renderer, RenderSpec
 from epp.tokenize.tokenizer import load_shipped
 
 MSG = {"model": "m", "max_tokens": 8, "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}
@@ -128,3 +132,74 @@ async def test_generate_ids_are_the_prompt(tokenizers: Tokenizers) -> None:
     body = {"model": "m", "token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 4}}
     request, scored = await d.tokenize(path="/inference/v1/generate", headers={}, body=_bytes(body))
     assert request.token_ids == [5, 6, 7] and scored
+
+
+# --- whose tokenizer: the stand-in, the model's own, the pods' /render ---------------------------
+
+CHINESE = ("分布式系统中的请求路由需要考虑缓存命中率与负载均衡之间的权衡。" * 14)[:408]  # the issue's length
+
+
+def _limited(
+    tokenizers: Tokenizers, *, renderer: Renderer | None = None, pods: list[str] | None = None
+) -> Director:
+    ds = Datastore()
+    specs = [
+        EndpointSpec(name=p, address=p.split(":")[0], port=int(p.split(":")[1]))
+        for p in pods or ["10.0.0.1:8000"]
+    ]
+    ds.sync("t", specs)
+    for ep in ds.endpoints():
+        ds.set_model_limits(ep, {"m": 1024})  # what the pods list on /v1/models
+    handle = Handle(datastore=ds, kv_index=BlockIndex())
+    cfg = sched_config.load_config(None, handle)
+    return Director(
+        datastore=ds,
+        scheduler=cfg.scheduler,
+        tokenizer=tokenizers,
+        context_limits=ContextLimits(from_pods=ds.max_model_len),
+        renderer=renderer,
+    )
+
+
+async def test_a_stand_in_tokenizer_never_enforces_the_context_length() -> None:
+    body = _bytes({"model": "m", "messages": [{"role": "user", "content": CHINESE[:408]}], "max_tokens": 1})
+    stand_in = Tokenizers(workers=1)
+    stand_in.use_shipped_default()  # nothing named: epp-tiny stands in
+    try:
+        request, _ = await _limited(stand_in).tokenize(path="/v1/chat/completions", headers={}, body=body)
+        assert request.token_ids is not None and len(request.token_ids) > 1024  # epp-tiny's count
+    finally:
+        stand_in.close()
+    named = Tokenizers(default=load_shipped(), workers=1)  # the same files, named as the model's
+    try:
+        with pytest.raises(errors.BadRequest, match="maximum context length is 1024"):
+            await _limited(named).tokenize(path="/v1/chat/completions", headers={}, body=body)
+    finally:
+        named.close()
+
+
+async def test_models_without_a_local_tokenizer_are_rendered_by_the_pods() -> None:
+    sim = await start_sim_server("127.0.0.1", 0, config=SimConfig(time_scale=0.001))
+    pod = bound_address(sim)
+    renderer = Renderer({"": RenderSpec()}, lambda: [pod])
+    stand_in = Tokenizers(workers=1)
+    stand_in.use_shipped_default()
+    chat = {"model": "m", "messages": [{"role": "user", "content": CHINESE[:40]}]}
+    try:
+        d = _limited(stand_in, renderer=renderer, pods=[pod])
+        ctx = await d.route(path="/v1/chat/completions", headers={}, body=_bytes(chat), subset=None)
+        assert ctx.request.token_ids == await sim_state(sim).prompt_token_ids(
+            ctx.request, body=chat, add_special_tokens=False
+        )
+        d.finish(ctx, complete=True)
+        assert renderer.outcomes["rendered"] == 1
+        await sim.cleanup()  # the pod is gone: routed without ids, on load
+        ctx = await d.route(
+            path="/v1/chat/completions", headers={}, body=_bytes({**chat, "n": 2}), subset=None
+        )
+        assert ctx.request.token_ids is None and renderer.outcomes["error"] == 1
+        d.finish(ctx, complete=True)
+    finally:
+        await renderer.close()
+        stand_in.close()
+        await sim.cleanup()

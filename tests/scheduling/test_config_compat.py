@@ -11,6 +11,7 @@ import pytest
 from epp.kvcache.index import BlockIndex
 from epp.scheduling import config
 from epp.scheduling.plugins.precise_llmd import KVEventsSettings
+from epp.tokenize.render import RenderSpec
 
 from . import builders
 
@@ -63,21 +64,16 @@ def test_token_producer_with_and_without_a_path(tmp_path: Path) -> None:
         base_dir=tmp_path,
     )
     assert cfg.tokenizers == {"m1": tmp_path / "tok"}
-    assert cfg.tokenizer_models == ["m2"]
-    assert any("must come from --tokenizer MODEL=PATH" in w for w in cfg.warnings)
+    assert cfg.render == {"m2": RenderSpec(url="http://localhost:8000", model_name="m2", timeout=5.0)}
     message = refused(
         "plugins:\n- {type: token-producer, parameters: {modelName: m, vllm: {url: x}}}\n", LLMD
     )
-    assert (
-        "plugins[0].parameters.vllm.url (line 4)" in message
-        or "plugins[0].parameters.vllm (line 4)" in message
-    )
-    assert "unknown" in message
+    assert "plugins[0].parameters.vllm.url (line 4)" in message and "http:// URL" in message
     message = refused(
         "plugins:\n- {name: a, type: token-producer, parameters: {modelName: m}}\n"
         "- {name: b, type: tokenizer, parameters: {modelName: m}}\n"
     )
-    assert "plugins[1].parameters.modelName (line 5): model 'm' already has a tokenizer" in message
+    assert "plugins[1].parameters.modelName (line 5): 'm' already has a token producer" in message
 
 
 @pytest.mark.parametrize(

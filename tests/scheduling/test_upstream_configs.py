@@ -22,6 +22,7 @@ from epp.scheduling import config
 from epp.scheduling.plugins.precise_llmd import KVEventsSettings
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
 from epp.scheduling.plugins.prefix_cache_scorer import PrefixCacheScorer
+from epp.tokenize.render import RenderSpec
 
 from . import builders, upstream_refs
 
@@ -324,7 +325,7 @@ def test_each_stale_llmd_field_is_refused_on_its_own(tmp_path: Path, name: str) 
 def test_llmd_precise_configs_say_how_kv_events_arrive(tmp_path: Path) -> None:
     central = _load(tmp_path, "llm-d-guides-precise-prefix-cache-aware")
     assert central.kv_events == KVEventsSettings("bind", bind="tcp://*:5557")
-    assert central.tokenizer_models == ["Qwen/Qwen3-32B"]
+    assert central.render == {"Qwen/Qwen3-32B": RenderSpec(model_name="Qwen/Qwen3-32B")}
     per_pod = _load(tmp_path, "llm-d-guides-precise-prefix-cache-aware-pod-discovery")
     assert per_pod.kv_events == KVEventsSettings("connect", port=5557)
     # No kvEventsConfig at all: llm-d's defaults, per-pod subscribers on 5557.
