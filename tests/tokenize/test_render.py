@@ -5,7 +5,8 @@ the cache, shared and batched calls, and the fallbacks (a timeout, a pod without
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import aiohttp
 import pytest
@@ -32,7 +33,7 @@ def pods(fleet: list[web.AppRunner]) -> list[str]:
     return [bound_address(r) for r in fleet]
 
 
-async def _tokenize(pod: str, body: dict[str, object]) -> list[int]:
+async def _tokenize(pod: str, body: Mapping[str, Any]) -> list[int]:
     async with aiohttp.ClientSession() as http, http.post(f"http://{pod}/tokenize", json=body) as resp:
         ids: list[int] = (await resp.json())["tokens"]
         return ids
