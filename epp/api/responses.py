@@ -15,8 +15,10 @@ Design:
     event (the SSE rule: several `data:` lines join with "\\n"), and an event is JSON-decoded only
     if its bytes contain `"usage"` followed by something other than `null` (OpenAI sends
     `"usage":null` in every chunk once include_usage is on): a C-level bytes search per event, so
-    ordinary token chunks are never decoded. The last non-null usage wins; the Responses API's
-    `response.usage` (response.completed) is read the same way.
+    ordinary token chunks are never decoded. The last non-null usage wins, field by field; the
+    Responses API's `response.usage` (response.completed) and Anthropic's `message.usage`
+    (message_start) are read the same way. Anthropic's input_tokens excludes the cached prompt:
+    its prompt is input + cache read + cache creation, its cached tokens the cache read.
   * Model rewrite back (GIE behaviour): `"model":"<target>"` and `"model": "<target>"` become the
     incoming name in forwarded bytes (names spelled as raw UTF-8 or, if non-ASCII, \\u-escaped).
     A pattern split over two chunks is caught by holding back the longest chunk tail that is a
@@ -64,6 +66,9 @@ class _WireUsage(msgspec.Struct):
     input_tokens: int | None = None
     output_tokens: int | None = None
     input_tokens_details: _TokenDetails | None = None
+    # Anthropic's Messages: input_tokens is what the cache did not serve
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
 
 
 class _WireResponse(msgspec.Struct):
@@ -73,6 +78,7 @@ class _WireResponse(msgspec.Struct):
 class _WireBody(msgspec.Struct):
     usage: _WireUsage | None = None
     response: _WireResponse | None = None  # Responses API streaming events (response.completed)
+    message: _WireResponse | None = None  # Anthropic's message_start event
 
 
 _BODY_DECODER = msgspec.json.Decoder(_WireBody)
@@ -82,6 +88,12 @@ _NULL_USAGE = (b'"usage":null', b'"usage": null')
 
 
 def _to_usage(w: _WireUsage) -> Usage:
+    if w.cache_read_input_tokens is not None or w.cache_creation_input_tokens is not None:
+        # Anthropic's: the prompt is what was read from the cache, written to it, and the rest
+        read = w.cache_read_input_tokens
+        parts = (w.input_tokens, read, w.cache_creation_input_tokens)
+        prompt = sum(n or 0 for n in parts) if w.input_tokens is not None else None
+        return Usage(prompt, w.output_tokens, read)
     prompt = w.prompt_tokens if w.prompt_tokens is not None else w.input_tokens
     completion = w.completion_tokens if w.completion_tokens is not None else w.output_tokens
     details = w.prompt_tokens_details if w.prompt_tokens_details is not None else w.input_tokens_details
@@ -97,6 +109,8 @@ def _decode_usage(data: bytes) -> Usage | None:
     wire = body.usage
     if wire is None and body.response is not None:
         wire = body.response.usage
+    if wire is None and body.message is not None:
+        wire = body.message.usage
     return _to_usage(wire) if wire is not None else None
 
 
@@ -264,6 +278,17 @@ class ResponseTracker:
             return
         usage = _decode_usage(data)
         if usage is not None:
+            # A later event may report only some counts (Anthropic's message_delta: the output;
+            # message_start had the input): the fields it leaves out keep their earlier values.
+            earlier = self.usage
+            if earlier is not None:
+                usage = Usage(
+                    usage.prompt_tokens if usage.prompt_tokens is not None else earlier.prompt_tokens,
+                    usage.completion_tokens
+                    if usage.completion_tokens is not None
+                    else earlier.completion_tokens,
+                    usage.cached_tokens if usage.cached_tokens is not None else earlier.cached_tokens,
+                )
             self.usage = usage
 
     # --- model name rewrite back -------------------------------------------------------------

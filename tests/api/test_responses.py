@@ -472,3 +472,33 @@ def test_sse_multiline_event_split_at_every_boundary(newline: bytes) -> None:
         t = _tracker(SSE_HEADERS)
         _run(t, [stream[:cut], stream[cut:]])
         assert t.usage == Usage(6, 7, None), cut
+
+
+# --- Anthropic's Messages (vLLM's /v1/messages) ------------------------------------------------------
+
+ANTHROPIC_JSON = (
+    b'{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text","text":"x"}],'
+    b'"model":"m","stop_reason":"max_tokens","usage":{"input_tokens":9,"output_tokens":1,'
+    b'"cache_creation_input_tokens":0,"cache_read_input_tokens":32}}'
+)
+ANTHROPIC_SSE = (
+    b"event: message_start\n"
+    b'data: {"type":"message_start","message":{"id":"m1","type":"message","role":"assistant","content":[],'
+    b'"model":"m","usage":{"input_tokens":9,"output_tokens":0,"cache_read_input_tokens":32}}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}\n\n'
+    b"event: message_delta\n"
+    b'data: {"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":5}}\n\n'
+    b"event: message_stop\n"
+    b'data: {"type":"message_stop"}\n\n'
+)
+
+
+def test_anthropic_usage_counts_the_cached_prompt() -> None:
+    t = _tracker({":status": "200", "content-type": "application/json"})
+    _run(t, [ANTHROPIC_JSON])
+    assert t.usage == Usage(prompt_tokens=41, completion_tokens=1, cached_tokens=32)
+    streamed = _tracker(SSE_HEADERS)
+    _run(streamed, [ANTHROPIC_SSE[i : i + 7] for i in range(0, len(ANTHROPIC_SSE), 7)])
+    # message_start has the prompt, message_delta only the output: both are kept
+    assert streamed.usage == Usage(prompt_tokens=41, completion_tokens=5, cached_tokens=32)
