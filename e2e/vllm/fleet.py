@@ -92,6 +92,7 @@ class VllmServer:
         kv_events: Mapping[str, Any],
         workdir: Path,
         num_blocks: int,
+        chat_template: Path | None = None,
     ) -> None:
         self.name = name
         self.port = port
@@ -113,9 +114,13 @@ class VllmServer:
             "--trust-request-chat-template",
             # Requests with tools and no tool_choice mean "auto", which needs a parser.
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            # The /render routes and /inference/v1/generate (vLLM 0.32 serves them only so).
+            "--enable-scale-out",
             "--kv-events-config", json.dumps(dict(kv_events)),
             "--disable-uvicorn-access-log",
         ]  # fmt: skip
+        if chat_template is not None:  # the server's template: what Anthropic and Responses bodies get
+            self.argv += ["--chat-template", str(chat_template)]
         self.env = vllm_env(workdir)
         self.proc: subprocess.Popen[bytes] | None = None
 

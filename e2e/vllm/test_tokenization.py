@@ -8,15 +8,19 @@ POST /tokenize takes another path (reference notes, vllm-chat-preprocessing.md) 
 Every disagreement fails the test - different ids, a refusal on one side only, a different status
 - listed with both answers. The one tolerance (differential.classify): over-long prompts while epp
 does not yet refuse them. `scripts/differential_tokenize.py` runs the same comparison at scale.
+The routes beyond chat and completions (Anthropic's, Responses, generate, the /render routes) get
+a seeded few dozen each.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
-from e2e.vllm import chat_requests, differential
+from e2e.harness import EppProcess
+from e2e.vllm import api_requests, chat_requests, differential
 from e2e.vllm.chat_requests import Case
 from e2e.vllm.fleet import MAX_MODEL_LEN
 from e2e.vllm.stack import VllmStack
@@ -67,3 +71,51 @@ def test_completions_without_special_tokens(stack: VllmStack) -> None:
     assert [r.outcome for r in results] == ["equal"] * len(prompts), [r.describe() for r in results]
     # No BOS (id 1) added: only the prompt that spells "<s>" itself starts with it.
     assert [(r.vllm.ids or [0])[0] == 1 for r in results] == [False, False, True, False]
+
+
+# --- the routes beyond chat and completions (e2e/vllm/api_requests.py) ----------------------------
+
+ROUTE_CASES = 30  # per route; `scripts/differential_tokenize.py --routes` runs thousands
+
+
+@pytest.mark.parametrize("route", api_requests.ROUTES)
+def test_every_route_tokenizes_and_refuses_like_vllm(stack: VllmStack, route: str) -> None:
+    """Anthropic's Messages and count_tokens, Responses, /inference/v1/generate and the /render
+    routes, in the pods' own template (`tiny`: Anthropic and Responses bodies cannot carry one)."""
+    vllm_url, epp_url = _urls(stack)
+    cases = api_requests.route_cases(SEED, route, ROUTE_CASES, ["tiny"])
+    results = differential.run(cases, vllm_url=vllm_url, epp_url=epp_url, epp_length=True)
+    counts = differential.counts(results)
+    bad = differential.disagreements(results)
+    listed = "\n".join(r.describe() for r in bad[:10])
+    assert not bad, f"{route}: {len(bad)} of {len(results)} disagree:\n{listed}"
+    assert counts.get("equal", 0) >= ROUTE_CASES // 2, counts
+
+
+def test_a_token_producer_renders_at_the_pods(stack: VllmStack, tmp_path: Path) -> None:
+    """llm-d's token-producer without a local tokenizer: epp asks the pods' /render, and routes on
+    exactly the ids vLLM would feed its engine."""
+    config = (
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+        "- type: token-producer\n  parameters: {modelName: tiny}\n- {type: prefix-cache-scorer}\n"
+    )
+    epp = EppProcess(
+        tmp_path, endpoints=[p.address for p in stack.pods], extra_args=["--config-text", config]
+    )
+    epp.start(timeout=60)
+    try:
+        epp_url = f"http://{HOST}:{epp.metrics_port}"
+        rng_cases = [
+            c
+            for c in chat_requests.cases(SEED + 1, 30)
+            if c.style == "tiny" and "chat_template" not in c.body
+        ]
+        cases = [c for c in rng_cases if not c.kind.startswith(("refused", "edge"))][:8]
+        cases += api_requests.route_cases(SEED, "/v1/messages", 4, ["tiny"])
+        cases += api_requests.route_cases(SEED, "/v1/responses", 4, ["tiny"])
+        served = [c for c in cases if differential.vllm_answer(stack.pods[0].url, c).status == 200]
+        results = differential.run(served, vllm_url=stack.pods[0].url, epp_url=epp_url, epp_length=True)
+        assert [r.outcome for r in results] == ["equal"] * len(served), [r.describe() for r in results]
+        assert len(served) >= 8
+    finally:
+        epp.stop()
