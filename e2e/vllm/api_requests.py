@@ -618,8 +618,9 @@ ROUTES = (
 
 
 def route_cases(seed: int, route: str, n: int, styles: list[str]) -> list[Case]:
-    """`n` generated cases of `route` from `seed`, in `styles` (served model names)."""
-    rng = random.Random(f"{seed}-{route}")
+    """`n` generated cases of `route` from `seed`, in `styles` (served model names; each set of
+    styles draws its own cases)."""
+    rng = random.Random(f"{seed}-{route}-{','.join(styles)}")
     if route in ("/v1/messages", "/v1/messages/count_tokens"):
         return messages_cases(rng, styles, n, route)
     if route == "/v1/responses":
