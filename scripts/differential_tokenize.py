@@ -79,17 +79,22 @@ def run_phase(
     *, boundary_seed: int | None = None,
 ) -> list[tuple[str, differential.Result]]:  # fmt: skip
     """Start `server` and an epp pointed at it, run every batch, stop both."""
-    epp = EppProcess(
-        work,
-        endpoints=[server.address],
-        extra_args=epp_tokenizer_args(root / "tokenizers"),
-        name=f"epp-{name}",
-    )
+    epp: EppProcess | None = None
     out: list[tuple[str, differential.Result]] = []
     started = time.monotonic()
     try:
         start_all([server])
-        epp.start(timeout=60)
+        for attempt in range(3):
+            # epp's ports are picked once vLLM is up: vLLM binds many ephemeral ports as it starts
+            args = epp_tokenizer_args(root / "tokenizers")
+            epp = EppProcess(work, endpoints=[server.address], extra_args=args, name=f"epp-{name}-{attempt}")
+            try:
+                epp.start(timeout=60)
+                break
+            except RuntimeError:  # a port picked free, then taken by someone else: pick again
+                epp.stop()
+                if attempt == 2:
+                    raise
         epp_url = f"http://{HOST}:{epp.metrics_port}"
         model = server.argv[server.argv.index("--served-model-name") + 1]
         epp_length = differential.epp_checks_length(epp_url, MAX_MODEL_LEN, model=model)
@@ -111,7 +116,8 @@ def run_phase(
             print(f"[{name}] {label}: {len(results)} cases in {time.monotonic() - t0:.0f} s")
             out += [(label, r) for r in results]
     finally:
-        epp.stop()
+        if epp is not None:
+            epp.stop()
         server.stop()
         for sub in ("cache", "inductor", "tmp"):  # vLLM's caches (~150 MB); the logs stay
             shutil.rmtree(work / sub, ignore_errors=True)
