@@ -95,6 +95,7 @@ def run_phase(
                 epp.stop()
                 if attempt == 2:
                     raise
+        assert epp is not None
         epp_url = f"http://{HOST}:{epp.metrics_port}"
         model = server.argv[server.argv.index("--served-model-name") + 1]
         epp_length = differential.epp_checks_length(epp_url, MAX_MODEL_LEN, model=model)
