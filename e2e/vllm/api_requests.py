@@ -28,7 +28,9 @@ What varies, per route:
   messages (continued), truncation, and refusals (missing input, a bad tool choice, encrypted
   reasoning, `prompt`, `background`, a bad salt, a budget over the context).
 - generate: token ids (spelled the lax ways too), lengths around the context, and refusals.
-- render: the chat, completions, messages and responses cases above, sent to the /render route.
+- render: the chat (with its refusals) and completions (with its edges and over-long prompts)
+  cases of e2e/vllm/chat_requests.py, and the messages and responses cases above, sent to the
+  /render route.
 Every body's output budget is 1 token unless a case is about budgets.
 """
 
@@ -45,6 +47,8 @@ from e2e.vllm.chat_requests import (
     _text,
     chat_case,
     completion_case,
+    completion_edge,
+    overlong_completion,
     refused_case,
 )
 from e2e.vllm.texts import sentence_soup
@@ -594,9 +598,15 @@ def render_cases(rng: random.Random, route: str, styles: list[str], n: int) -> l
         return responses_cases(rng, styles, n, route)
     out: list[Case] = []
     while len(out) < n:
+        roll = rng.random()
         if route == "/v1/completions/render":
-            case = completion_case(rng)
-        elif rng.random() < 0.15:
+            if roll < 0.85:
+                case = completion_case(rng)
+            elif roll < 0.95:
+                case = completion_edge(rng)  # empty prompts and batches, ids at the vocabulary's end
+            else:
+                case = overlong_completion(rng)
+        elif roll < 0.15:
             case = refused_case(rng, "tiny", None)
         else:
             case = chat_case(rng, "tiny", None)

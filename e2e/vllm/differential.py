@@ -254,7 +254,9 @@ def classify(vllm: Answer, epp: Answer, *, epp_checks_length: bool) -> str:
     return "both refuse" if epp.shape == vllm.shape else "shape differs"
 
 
-def epp_checks_length(metrics_url: str, max_model_len: int, within: float = 15.0, model: str = "tiny") -> bool:
+def epp_checks_length(
+    metrics_url: str, max_model_len: int, within: float = 15.0, model: str = "tiny"
+) -> bool:
     """Whether epp refuses a prompt longer than the context (completions ids: no tokenizer doubt).
     epp learns a model's context from its pods' /v1/models after it starts: asked until `within`."""
     body = {"model": model, "prompt": [100] * (max_model_len + 8), "max_tokens": 1}
