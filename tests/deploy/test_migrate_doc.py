@@ -45,6 +45,7 @@ def test_the_metrics_auth_default_is_the_one_stated() -> None:
 
 def test_the_request_apis_named_are_the_ones_parsed() -> None:
     from epp.api.routes import DEFAULT
+    from epp.scheduling import request_handler
 
     stated = (
         "epp parses the routes llm-d v0.10's default parsers claim (`openai-parser`, "
@@ -52,6 +53,9 @@ def test_the_request_apis_named_are_the_ones_parsed() -> None:
     ) in FLAT
     default = ["openai-parser", "anthropic-parser", "vllmhttp-parser", "passthrough-parser"]
     assert stated == ([p.type for p in DEFAULT.active] == default)
+    refused = "`vllmgrpc-parser`, `vertexai-parser` and `sglanghttp-parser` are refused at start" in FLAT
+    grpc = {"vllmgrpc-parser", "vertexai-parser", "sglanghttp-parser"}
+    assert refused == (set(request_handler.REFUSED) == grpc)
 
 
 def test_every_file_the_page_names_exists() -> None:
