@@ -95,6 +95,10 @@ class InferenceRequest:
     # A chat body rendered in a body-parser process (epp.requestcontrol.offload), never decoded
     # here: its (forwards_ids, add_special_tokens), which the director would read off `body`.
     chat_flags: tuple[bool, bool] | None = None
+    # The key under which the body-parser process that parsed this chat keeps its body for the
+    # render (`epp.requestcontrol.offload`): epp's own, unique per parse ("" when parsed here).
+    # Never the client's x-request-id, which two clients may send alike.
+    kept_body_key: str = dataclasses.field(default="", compare=False)
     # Latency targets in seconds from x-slo-ttft-ms / x-slo-tpot-ms (`epp.api.slo`); None = none.
     slo_ttft: float | None = None
     slo_tpot: float | None = None

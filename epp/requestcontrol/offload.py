@@ -20,8 +20,9 @@ A large body crosses without being pickled: the parent writes it to a memfd in a
 executor's feeder thread, and the loop waited for that thread) and the worker reads it through
 /proc/<parent>/fd. Where that cannot work (no memfd; /proc not readable) bodies are pickled.
 
-A chat body crosses once: the worker that parsed it keeps it (a few, by request id) for the
-render that follows, so the 16 MiB pickle, pipe write and decode are not paid twice; a render
+A chat body crosses once: the worker that parsed it keeps it (a few, under a key epp makes for
+each parse: never the client's x-request-id, which another client may send too) for the render
+that follows, so the 16 MiB pickle, pipe write and decode are not paid twice; a render
 that lands on another worker, or after the body was dropped, is sent the body again.
 
 What crosses back is small: the parsed request without its body (the director keeps its own
@@ -42,6 +43,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import logging
 import multiprocessing
 import os
@@ -87,6 +89,7 @@ class BodyParsers:
         self._pool = self._new_pool()
         self._closed = False
         self._memfd = hasattr(os, "memfd_create")  # large bodies cross as memfds (see above)
+        self._keys = itertools.count()
 
     def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         # spawn, never fork: the parent runs gRPC's and the tokenizers' threads.
@@ -118,7 +121,8 @@ class BodyParsers:
     ) -> InferenceRequest:
         """`parse_request` (as `parse_here`) in a worker. Raises `errors.BadRequest` as it does,
         and `errors.ServiceUnavailable` if the worker died."""
-        args: dict[str, Any] = {"path": path, "headers": dict(headers), "body": body}
+        key = str(next(self._keys))  # unique per parse, for the render (`kept`)
+        args: dict[str, Any] = {"path": path, "headers": dict(headers), "body": body, "keep_as": key}
         args.update(request_id=request_id, subset_ips=subset_ips, limits=limits, route=route)
         request: InferenceRequest
         rewritten: bool
@@ -136,6 +140,8 @@ class BodyParsers:
                 _close_soon(shared.fd)
         if not rewritten:
             request.body_bytes = body
+        if request.api is Api.CHAT:
+            request.kept_body_key = key
         return request
 
     async def with_model(self, body: bytes, target: str) -> bytes:
@@ -178,20 +184,19 @@ class BodyParsers:
         limits: RequestLimits,
         max_chars: int,
         *,
-        request_id: str | None = None,
+        kept: str | None = None,
     ) -> PreparedChat:
         """The chat `body` decoded (limits checked) and rendered with `template` in a worker; the
-        text cut after `max_chars` + 1 characters. With the `request_id` `parse` was given, the
-        body the parsing worker kept is used when this lands on it. Raises `errors.BadRequest`,
+        text cut after `max_chars` + 1 characters. With `kept`, the `kept_body_key` `parse` set on
+        the request, the body the parsing worker kept is used when this lands on it. Raises
+        `errors.BadRequest`,
         the template's `ChatTemplateError` / `UnsupportedChat`, and `errors.ServiceUnavailable`
         if the worker died."""
         source = ChatTemplateSource(template.name, template.chat_template, dict(template.special_tokens))
-        if request_id is not None:
-            kept: PreparedChat | None = await self._run(
-                _chat_job, source, None, limits, max_chars, request_id
-            )
-            if kept is not None:
-                return kept
+        if kept is not None:
+            rendered: PreparedChat | None = await self._run(_chat_job, source, None, limits, max_chars, kept)
+            if rendered is not None:
+                return rendered
         prepared: PreparedChat = await self._run(_chat_job, source, body, limits, max_chars)
         return prepared
 
@@ -341,14 +346,15 @@ async def parse_here(
     )
 
 
-# Chat bodies this worker parsed, by request id, for the render that follows (`_chat_job`).
+# Chat bodies this worker parsed, by the parent's key for the parse, for the render that follows
+# (`_chat_job`).
 _KEPT: collections.OrderedDict[str, bytes] = collections.OrderedDict()
 KEPT_BODIES = 4  # two large-body lanes by default: room for both, and for a request or two that
 KEPT_BYTES = 64 << 20  # ended before its render (those are dropped oldest first)
 
 
-def _keep(request_id: str, body: bytes) -> None:
-    _KEPT[request_id] = body
+def _keep(key: str, body: bytes) -> None:
+    _KEPT[key] = body
     while len(_KEPT) > KEPT_BODIES or sum(map(len, _KEPT.values())) > KEPT_BYTES:
         _KEPT.popitem(last=False)
 
@@ -356,10 +362,11 @@ def _keep(request_id: str, body: bytes) -> None:
 def _parse_job(args: dict[str, Any]) -> tuple[InferenceRequest, bool]:
     if isinstance(args["body"], SharedBody):
         args = {**args, "body": args["body"].read()}
+    key = args.pop("keep_as")
     body = args["body"]
     request = parse_request(**args)
     if request.api is Api.CHAT:
-        _keep(request.request_id, request.body_bytes)  # the rewritten body, if it was
+        _keep(key, request.body_bytes)  # the rewritten body, if it was
     rewritten = request.body_bytes is not body
     if not rewritten:
         request.body_bytes = b""  # the parent has it
@@ -389,11 +396,11 @@ def _chat_job(
     body: bytes | None,
     limits: RequestLimits,
     max_chars: int,
-    request_id: str | None = None,
+    kept: str | None = None,
 ) -> PreparedChat | None:
-    """The chat rendered; `body` None: the one kept for `request_id`, or None if not kept here."""
+    """The chat rendered; `body` None: the one kept under `kept`, or None if not kept here."""
     if body is None:
-        body = _KEPT.pop(request_id, None) if request_id is not None else None
+        body = _KEPT.pop(kept, None) if kept is not None else None
         if body is None:
             return None
     decoded = decode_body(body, limits)

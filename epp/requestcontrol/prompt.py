@@ -229,7 +229,7 @@ class Prompts:
         if template is None:
             return None
         prepared = await self.body_parsers.prepare_chat(
-            template, request.body_bytes, self.limits, tokenizer.max_chars, request_id=request.request_id
+            template, request.body_bytes, self.limits, tokenizer.max_chars, kept=request.kept_body_key or None
         )
         request.chat_flags = (prepared.forwards_ids, prepared.add_special_tokens)
         return await tokenizer.encode_prompt(model, prepared.prompt, base_model=base_model)

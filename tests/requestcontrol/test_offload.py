@@ -126,41 +126,36 @@ async def test_a_chat_body_crosses_once_the_worker_keeps_it_for_the_render(parse
     body = _chat(300)
     decoy = _chat(2)
     expected = prepare_chat(tok, decode_body(body, LIMITS))
-    await parsers.parse(
-        path="/v1/chat/completions", headers={}, body=body, request_id="kept", subset_ips=None, limits=LIMITS
-    )
-    there = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, request_id="kept")
-    assert there.prompt == expected
-    # Taken once: a second render of the same id is given the body it is passed.
-    again = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, request_id="kept")
-    assert again.prompt == prepare_chat(tok, decode_body(decoy, LIMITS))
-    # Kept few: the oldest of more than KEPT_BODIES parsed chats is gone.
-    for i in range(offload.KEPT_BODIES + 1):
-        await parsers.parse(
+
+    async def parse(request_id: str, body: bytes = body) -> str:
+        request = await parsers.parse(
             path="/v1/chat/completions",
             headers={},
             body=body,
-            request_id=f"k{i}",
+            request_id=request_id,
             subset_ips=None,
             limits=LIMITS,
         )
-    oldest = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, request_id="k0")
+        assert request.kept_body_key
+        return request.kept_body_key
+
+    kept = await parse("kept")
+    there = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, kept=kept)
+    assert there.prompt == expected
+    # Taken once: a second render of the same key is given the body it is passed.
+    again = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, kept=kept)
+    assert again.prompt == prepare_chat(tok, decode_body(decoy, LIMITS))
+    # Kept few: the oldest of more than KEPT_BODIES parsed chats is gone.
+    keys = [await parse(f"k{i}") for i in range(offload.KEPT_BODIES + 1)]
+    oldest = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, kept=keys[0])
     assert oldest.prompt == prepare_chat(tok, decode_body(decoy, LIMITS))
-    newest = await parsers.prepare_chat(
-        tok, decoy, LIMITS, max_chars=10**9, request_id=f"k{offload.KEPT_BODIES}"
-    )
+    newest = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, kept=keys[-1])
     assert newest.prompt == expected
-    # A body that failed to parse is not kept.
+    # A body that failed to parse is not kept (its key would be the next one).
     with pytest.raises(errors.BadRequest):
-        await parsers.parse(
-            path="/v1/chat/completions",
-            headers={},
-            body=b"{" + b" " * 2000,
-            request_id="bad",
-            subset_ips=None,
-            limits=LIMITS,
-        )
-    bad = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, request_id="bad")
+        await parse("bad", b"{" + b" " * 2000)
+    unknown = str(int(keys[-1]) + 1)
+    bad = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, kept=unknown)
     assert bad.prompt == prepare_chat(tok, decode_body(decoy, LIMITS))
 
 
@@ -310,3 +305,31 @@ async def test_the_director_routes_a_large_chat_with_the_token_ids_it_computes_i
         assert ctx2.request.token_ids
         assert ctx2.request.chat_flags == (False, False)
         assert ctx2.body == b
+
+
+async def test_two_requests_with_one_x_request_id_each_get_their_own_prompt(
+    tokenizers: Tokenizers, parsers: BodyParsers
+) -> None:
+    """A client's x-request-id is not unique: another client may send the same one at once. The
+    body a worker keeps for the render must be this request's, not the last one parsed under
+    that id (every request sharing an id got the other's prompt, or a wrong 400)."""
+    bodies = [_chat(300, size=40), _chat(200, size=60)]
+    expected = []
+    for b in bodies:
+        ctx = await director(tokenizers).route(path="/v1/chat/completions", headers={}, body=b, subset=None)
+        expected.append(ctx.request.token_ids)
+        ctx.finish(complete=True)
+    offloaded = director(tokenizers)
+    offloaded.prompts.body_parsers = parsers
+    headers = {"x-request-id": "same"}
+    for _ in range(3):
+        ctxs = await asyncio.gather(
+            *(
+                offloaded.route(path="/v1/chat/completions", headers=headers, body=b, subset=None)
+                for b in bodies
+            )
+        )
+        assert [c.request.token_ids for c in ctxs] == expected
+        assert [c.request.request_id for c in ctxs] == ["same", "same"]
+        for c in ctxs:
+            c.finish(complete=True)
