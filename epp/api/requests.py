@@ -635,7 +635,9 @@ def with_model(body: bytes, target: str) -> bytes:
     """The body with its top-level "model" set to `target`; key order and number spellings kept."""
     try:
         obj = _GENERIC_DECODER.decode(body)
+        obj["model"] = target
+        return _GENERIC_ENCODER.encode(obj)
     except (msgspec.DecodeError, UnicodeDecodeError) as e:  # pragma: no cover - parsed once already
         raise BadRequest(_one_line(f"invalid JSON in request body: {e}")) from None
-    obj["model"] = target
-    return _GENERIC_ENCODER.encode(obj)
+    except RecursionError:  # decoded (and encoded) whole, deeper in the stack than the typed parse
+        raise BadRequest("request body is nested too deep to rewrite its model") from None

@@ -106,6 +106,8 @@ def _decode_usage(data: bytes) -> Usage | None:
         body = _BODY_DECODER.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError is a DecodeError
         return None
+    except RecursionError:  # skipping a field nested ~1,000 deep (a pod's garbage): no usage
+        return None
     wire = body.usage
     if wire is None and body.response is not None:
         wire = body.response.usage

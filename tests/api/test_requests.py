@@ -345,6 +345,29 @@ def test_rewrite_still_validates() -> None:
         _parse("/v1/completions", json.dumps({"prompt": "x"}).encode(), {REWRITE: "t"})
 
 
+def test_rewrite_of_a_body_nested_to_the_recursion_limit_is_400_not_a_crash() -> None:
+    """The typed parse skips a deep field; the rewrite decodes the body whole one call deeper.
+    At the nesting where the first just passes, the second hit the recursion limit: a 500."""
+
+    def nested(depth: int) -> bytes:
+        return b'{"model":"m","prompt":"x","x":' + b"[" * depth + b"]" * depth + b"}"
+
+    depth = 100
+    while True:  # the shallowest nesting the typed parse refuses, at this call depth
+        try:
+            _parse("/v1/completions", nested(depth))
+        except BadRequest:
+            break
+        depth += 1
+    for d in range(depth - 8, depth + 2):
+        try:
+            req = _parse("/v1/completions", nested(d), {REWRITE: "t"})
+        except BadRequest as exc:
+            assert "nested" in exc.reason
+        else:
+            assert msgspec.json.decode(req.body_bytes, type=dict)["model"] == "t"
+
+
 # --- header-only requests ----------------------------------------------------------------------------
 
 

@@ -321,6 +321,17 @@ def test_sse_chunks_are_forwarded_unchanged_and_at_once() -> None:
     assert t.usage == USAGE
 
 
+@pytest.mark.parametrize("sse", [False, True])
+@pytest.mark.parametrize("depth", [990, 1000, 5000, 100_000])
+def test_a_response_nested_past_the_recursion_limit_is_no_usage_and_no_error(sse: bool, depth: int) -> None:
+    """A pod's body nested ~1,000 deep broke epp's stream (RecursionError in the usage decode)."""
+    doc = b'{"x":' + b"[" * depth + b"]" * depth + b',"usage":{"prompt_tokens":1}}'
+    body = b"data: " + doc + b"\n\n" if sse else doc
+    t = _tracker(SSE_HEADERS if sse else JSON_HEADERS, incoming="in", target="tgt")
+    assert _run(t, [body[: len(body) // 2], body[len(body) // 2 :]]) == body
+    assert t.usage in (None, Usage(prompt_tokens=1))
+
+
 @settings(max_examples=300, deadline=None)
 @given(chunks=st.lists(st.binary(max_size=64), max_size=12), sse=st.booleans())
 def test_garbage_never_raises(chunks: list[bytes], sse: bool) -> None:
