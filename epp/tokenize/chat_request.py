@@ -120,7 +120,7 @@ def _check_tool_choice(body: Mapping[str, Any]) -> None:
         if not any(isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)
                    and t["function"].get("name") == name for t in tools):  # fmt: skip
             raise ChatTemplateError("tool_choice names none of the tools")
-    elif choice not in _TOOL_CHOICES:
+    elif not isinstance(choice, str) or choice not in _TOOL_CHOICES:  # ["auto"] is unhashable
         raise ChatTemplateError('tool_choice must be "none", "auto", "required" or a named tool')
 
 
@@ -340,7 +340,8 @@ def _typed_part(part: Any) -> bool:
     kind = part.get("type")
     if kind in ("text", "thinking", "refusal"):
         return isinstance(part.get(kind), str)
-    return kind == "tool_reference" or kind in _MEDIA_TYPES
+    # A type that is not a string (a list, an object: unhashable) is no part vLLM knows.
+    return kind == "tool_reference" or (isinstance(kind, str) and kind in _MEDIA_TYPES)
 
 
 def _strip_billing_header(parts: Sequence[Any]) -> list[Any]:

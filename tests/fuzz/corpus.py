@@ -149,6 +149,7 @@ def _typed() -> list[tuple[str, str, Any]]:
         {"type": "image_url"}, {"type": "image_url", "image_url": 5}, {"image_url": {"url": "x"}},
         {"type": "input_audio", "input_audio": None}, {"type": "tool_reference", "name": 5}, {"type": "thinking"},
         {"type": "refusal", "refusal": ["x"]}, {"uuid": "u"}, {"uuid": "u", "image_url": "x"}, "bare", 5, None, [],
+        {"type": ["text"], "text": "x"}, {"type": {"text": 1}, "text": "x"}, {"type": ["image_url"]},
     ]  # fmt: skip
     for i, part in enumerate(part_shapes):
         for role in ("user", "assistant", "system", "tool"):
@@ -169,6 +170,11 @@ def _typed() -> list[tuple[str, str, Any]]:
                 CHAT,
                 {**base_chat, "tools": [tool], "tool_choice": {"function": {"name": "f"}}},
             )
+        )
+    function = {"type": "function", "function": {"name": "f"}}
+    for i, choice in enumerate([*wrong, ["auto"], {"function": {"name": ["f"]}}, {"type": ["function"]}]):
+        out.append(
+            (f"tool_choice {i} with tools", CHAT, {**base_chat, "tools": [function], "tool_choice": choice})
         )
     call_shapes: list[Any] = [
         None, 5, {}, {"type": "function"}, {"id": 5, "type": "function", "function": {"name": "f", "arguments": "{}"}},
