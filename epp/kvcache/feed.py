@@ -39,7 +39,10 @@ wait). Replies are accepted in both vLLM styles: after the empty delimiter, `[se
 or `[topic, seq, payload]` (0.26+); the end is an empty payload or a sequence frame of 8 x 0xff.
 
 Rejected messages are counted per pod and reason; warnings are rate-limited per pod (one line
-per `log_interval`, with the count of those suppressed).
+per `log_interval`, with the count of those suppressed). So are the lines about the sequence
+(gaps, restarts, reconnections, replay outcomes: one per `log_interval` per pod and kind): a
+publisher that skips a number in every batch wrote one line per message, 9,166 in 3.8 s; the
+counters (`epp_kv_events_gaps_total`, resets, replays) still count each.
 """
 
 from __future__ import annotations
@@ -191,6 +194,9 @@ class Feed:
         self._cooldown_until = -math.inf
         self._last_event = -math.inf
         self.limiter = Limiter(settings.log_interval)
+        # The sequence's news (gaps, restarts, reconnections) and replay outcomes, per pod.
+        self._sequence_log = Throttle(settings.log_interval)
+        self._replay_log = Throttle(settings.log_interval)
         # Plain ints, exported at scrape time (epp.observability.collectors.KVCollector).
         self._batches = self._stored = self._removed = self._gaps = self._resets = 0
         self._rejected = 0
@@ -217,7 +223,7 @@ class Feed:
         against a real vLLM). A replay under way is left to the next message, which abandons it
         (purging under it would let it re-apply the old process's batches)."""
         if self._fresh and not self._busy and self.last_seq is not None:
-            log.info("kv events: pod=%s reconnected (the publisher may have restarted): purged", self.pod)
+            self._note("kv events: pod=%s reconnected (the publisher may have restarted): purged", self.pod)
             self._purge()
 
     # --- live messages --------------------------------------------------------------------------
@@ -246,9 +252,9 @@ class Feed:
         message was held, as the first of the new sequence, for the replay under way to abandon."""
         if seq <= previous:
             self._resets += 1
-            log.info("kv events: pod=%s seq went back %d -> %d (restart): purged", self.pod, previous, seq)
+            self._note("kv events: pod=%s seq went back %d -> %d (restart): purged", self.pod, previous, seq)
         else:
-            log.info("kv events: pod=%s reconnected at seq %d (was %d): purged", self.pod, seq, previous)
+            self._note("kv events: pod=%s reconnected at seq %d (was %d): purged", self.pod, seq, previous)
         self._purge()
         if not self._busy:
             return False
@@ -278,6 +284,10 @@ class Feed:
         self._budget.used -= self._held_bytes
         self._held_bytes = 0
 
+    def _note(self, msg: str, *args: object) -> None:
+        """An INFO line about the sequence, at most one per `log_interval` (see the module doc)."""
+        self._sequence_log.log(log, logging.INFO, msg, *args)
+
     def _skip(self) -> None:
         """A batch at or below what was applied (a replay's overlap): dropped, and counted."""
         self._errors["out_of_order"] = self._errors.get("out_of_order", 0) + 1
@@ -302,7 +312,7 @@ class Feed:
                     self._skip()
                     return None
                 self._resets += 1
-                log.info("kv events: pod=%s seq went back %d -> %d (restart): purged", self.pod, last, seq)
+                self._note("kv events: pod=%s seq went back %d -> %d (restart): purged", self.pod, last, seq)
                 self._purge()
                 last = None
         self._dup_floor = None
@@ -313,7 +323,7 @@ class Feed:
             self._gaps += 1
             if self._can_replay():
                 return last + 1
-            log.info("kv events: pod=%s gap %d -> %d without replay: purged", self.pod, last, seq)
+            self._note("kv events: pod=%s gap %d -> %d without replay: purged", self.pod, last, seq)
             self._purge()
         self._apply(seq, batch, model)
         return None
@@ -360,7 +370,9 @@ class Feed:
                     if outcome == "failed":
                         self._purge()
                         self._cooldown_until = time.monotonic() + self._settings.replay_cooldown
-                log.info(
+                self._replay_log.log(
+                    log,
+                    logging.INFO,
                     "kv events: pod=%s replay from %d: %s (at seq %s, %d held)",
                     self.pod,
                     start,
