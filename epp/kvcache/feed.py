@@ -194,9 +194,9 @@ class Feed:
         self._cooldown_until = -math.inf
         self._last_event = -math.inf
         self.limiter = Limiter(settings.log_interval)
-        # The sequence's news (gaps, restarts, reconnections) and replay outcomes, per pod.
-        self._sequence_log = Throttle(settings.log_interval)
-        self._replay_log = Throttle(settings.log_interval)
+        # INFO lines by kind, each at most one per interval: the sequence's news (gaps, restarts),
+        # replay outcomes, and the connection's state (epp.kvcache.ingest).
+        self._notes = {kind: Throttle(settings.log_interval) for kind in ("sequence", "replay", "connection")}
         # Plain ints, exported at scrape time (epp.observability.collectors.KVCollector).
         self._batches = self._stored = self._removed = self._gaps = self._resets = 0
         self._rejected = 0
@@ -223,7 +223,11 @@ class Feed:
         against a real vLLM). A replay under way is left to the next message, which abandons it
         (purging under it would let it re-apply the old process's batches)."""
         if self._fresh and not self._busy and self.last_seq is not None:
-            self._note("kv events: pod=%s reconnected (the publisher may have restarted): purged", self.pod)
+            self.note(
+                "sequence",
+                "kv events: pod=%s reconnected (the publisher may have restarted): purged",
+                self.pod,
+            )
             self._purge()
 
     # --- live messages --------------------------------------------------------------------------
@@ -252,9 +256,21 @@ class Feed:
         message was held, as the first of the new sequence, for the replay under way to abandon."""
         if seq <= previous:
             self._resets += 1
-            self._note("kv events: pod=%s seq went back %d -> %d (restart): purged", self.pod, previous, seq)
+            self.note(
+                "sequence",
+                "kv events: pod=%s seq went back %d -> %d (restart): purged",
+                self.pod,
+                previous,
+                seq,
+            )
         else:
-            self._note("kv events: pod=%s reconnected at seq %d (was %d): purged", self.pod, seq, previous)
+            self.note(
+                "sequence",
+                "kv events: pod=%s reconnected at seq %d (was %d): purged",
+                self.pod,
+                seq,
+                previous,
+            )
         self._purge()
         if not self._busy:
             return False
@@ -284,9 +300,9 @@ class Feed:
         self._budget.used -= self._held_bytes
         self._held_bytes = 0
 
-    def _note(self, msg: str, *args: object) -> None:
-        """An INFO line about the sequence, at most one per `log_interval` (see the module doc)."""
-        self._sequence_log.log(log, logging.INFO, msg, *args)
+    def note(self, kind: str, msg: str, *args: object) -> None:
+        """An INFO line of one `kind`, at most one per `log_interval` (see the module doc)."""
+        self._notes[kind].log(log, logging.INFO, msg, *args)
 
     def _skip(self) -> None:
         """A batch at or below what was applied (a replay's overlap): dropped, and counted."""
@@ -312,7 +328,13 @@ class Feed:
                     self._skip()
                     return None
                 self._resets += 1
-                self._note("kv events: pod=%s seq went back %d -> %d (restart): purged", self.pod, last, seq)
+                self.note(
+                    "sequence",
+                    "kv events: pod=%s seq went back %d -> %d (restart): purged",
+                    self.pod,
+                    last,
+                    seq,
+                )
                 self._purge()
                 last = None
         self._dup_floor = None
@@ -323,7 +345,9 @@ class Feed:
             self._gaps += 1
             if self._can_replay():
                 return last + 1
-            self._note("kv events: pod=%s gap %d -> %d without replay: purged", self.pod, last, seq)
+            self.note(
+                "sequence", "kv events: pod=%s gap %d -> %d without replay: purged", self.pod, last, seq
+            )
             self._purge()
         self._apply(seq, batch, model)
         return None
@@ -370,9 +394,8 @@ class Feed:
                     if outcome == "failed":
                         self._purge()
                         self._cooldown_until = time.monotonic() + self._settings.replay_cooldown
-                self._replay_log.log(
-                    log,
-                    logging.INFO,
+                self.note(
+                    "replay",
                     "kv events: pod=%s replay from %d: %s (at seq %s, %d held)",
                     self.pod,
                     start,

@@ -29,7 +29,11 @@ pod and in payload bytes over all pods (`epp.kvcache.feed.HoldBudget`).
 
 After a disconnection (socket monitor) the pod is purged when it reconnects and its next message is
 handled as a first one (see `epp.kvcache.feed`): the publisher may have restarted meanwhile. Bind
-mode sees no per-pod disconnection; there a restart shows only as the sequence going back.
+mode sees no per-pod disconnection; there a restart shows only as the sequence going back. In
+connect mode the SUB dials again at once after every disconnection: libzmq reconnects by itself
+after a lost connection, but not after a protocol error, and a frame over the cap is one (one
+oversized frame ended the subscription for good, and the pod's entries stayed, stale). So such
+a frame costs that frame, the purge and the rebuild (or replay), not the feed.
 
 A message is exactly 3 frames: topic, 8-byte big-endian sequence number, msgpack payload.
 Anything else (another frame count, a short sequence frame, an undecodable payload) is counted
@@ -40,13 +44,14 @@ events are lost, which is what a gap means.
 Everything runs on the event loop, so `BlockIndex.apply` (synchronous) never overlaps a `match`.
 Metrics: `epp_kv_events_*` per pod and `epp_kv_index_*` (`epp.observability.collectors.KVCollector`),
 computed at scrape time from the feeds' counters: no per-message cost, and a pod's series go
-when it leaves. Logs ("epp.kvcache"): one INFO line per connect, disconnect, reset and
-replay outcome. Throughput: tests/kvcache/bench_ingest.py.
+when it leaves. Logs ("epp.kvcache"): an INFO line per connect, disconnect, reset and replay
+outcome, at most one per `log_interval` per pod and kind. Throughput: tests/kvcache/bench_ingest.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -325,12 +330,28 @@ class KVEventIngester:
         connected = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
         if event == zmq.EVENT_DISCONNECTED:
             feed.disconnected()  # the next message may come from a restarted publisher
+            self._redial(feed)
         if connected != feed.connected:
             if connected:
                 feed.reconnected()
             feed.connected = connected
             state = "connected to" if connected else "disconnected from"
-            log.info("kv events: pod=%s %s %s", feed.pod, state, feed.spec.events)
+            feed.note("connection", "kv events: pod=%s %s %s", feed.pod, state, feed.spec.events)
+
+    @staticmethod
+    def _redial(feed: Feed) -> None:
+        """Dial the pod's publisher again (see the module doc: libzmq does not after a frame over
+        the size cap). Replacing the session also replaces any reconnection libzmq had planned,
+        so there is never more than one connection to the pod."""
+        sock, endpoint = feed.sock, feed.spec.events
+        if sock is None or endpoint is None:
+            return
+        with contextlib.suppress(zmq.ZMQError):  # the session is gone already
+            sock.disconnect(endpoint)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            log.warning("kv events: pod=%s cannot connect again to %r: %s", feed.pod, endpoint, exc)
 
     async def _read_bound(self, asock: zmq.asyncio.Socket) -> None:
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(asock.underlying)

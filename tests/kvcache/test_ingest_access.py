@@ -173,6 +173,30 @@ async def test_a_frame_over_the_size_limit_never_reaches_the_index(rig: Rig) -> 
     assert held(rig.index, pod.pod, big, "m") == 0
 
 
+async def test_connect_mode_an_oversized_frame_costs_that_frame_not_the_subscription(rig: Rig) -> None:
+    """Connect mode: one frame over the cap closed epp's subscription for good, and the pod's
+    entries stayed, stale, for ever. Now the SUB connects again, the pod's entries are purged
+    (what the lost frame removed is unknown), and the feed goes on with the next batches."""
+    raw = rig.socket(zmq.XPUB)
+    raw.bind(LOCAL)
+    pod = spec(events=raw.getsockopt_string(zmq.LAST_ENDPOINT))
+    ing = await rig.ingester(pod, max_message_bytes=64 << 10)
+    assert await admitted(raw, 10)
+    before = tokens(1)
+    await send(raw, "kv@m", 0, batch(before))
+    await eventually(lambda: held(rig.index, pod.pod, before, "m") == 1)
+    await send(raw, "kv@m", 1, batch(tokens(1), trailer=bytes(128 << 10)))  # over the cap
+    await eventually(lambda: held(rig.index, pod.pod, before, "m") == 0, "the pod purged", limit=10)
+    after = tokens(1)
+    for seq in range(2, 200):  # the publisher goes on; the SUB is back within its reconnect interval
+        await send(raw, "kv@m", seq, batch(after))
+        await asyncio.sleep(0.05)
+        if held(rig.index, pod.pod, after, "m") == 1:
+            break
+    assert held(rig.index, pod.pod, after, "m") == 1
+    assert status(ing, pod.pod).connected
+
+
 async def test_held_bytes_are_bounded(rig: Rig) -> None:
     silent = rig.socket(zmq.ROUTER)  # takes the replay request, never answers
     silent.bind(LOCAL)
