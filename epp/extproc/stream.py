@@ -5,7 +5,7 @@ sent on the first message; FULL_DUPLEX_STREAMED is assumed when a proxy does not
 
 FULL_DUPLEX_STREAMED (GIE's mode)              BUFFERED
   request_headers      -> (nothing yet)          request_headers    -> continue
-  request_body* (eos)  -> route, then:           request_body (eos) -> route: header mutation +
+  request_body* (eos)  -> route, then:           request_body       -> route: header mutation +
                           headers response +                           metadata on the body answer
                           body in <=62000 B chunks
   response_headers     -> headers response (content-length dropped if the model name is rewritten);
@@ -201,7 +201,9 @@ class Stream:
                     )
                 self._reserved += len(chunk)
             self._body_parts.append(chunk)
-        if not msg.request_body.end_of_stream:
+        # BUFFERED: Envoy sends the body once, whole; with end_of_stream false when the request
+        # has trailers, which the generated config does not send (waiting cost a 504).
+        if not msg.request_body.end_of_stream and self._request_mode != _BUFFERED:
             return []
         return await self._route(msg, body=self._take_body(), reply=self._reply_kind())
 

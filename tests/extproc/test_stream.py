@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable
 
 import msgspec
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.extproc import messages as m
 from epp.extproc.stream import Stream
@@ -65,6 +66,23 @@ async def test_buffered_mode_continues_headers_and_routes_on_the_body_answer() -
     dest = h.set_headers(out[0], "request_body")[m.DESTINATION_HEADER]
     assert dest in HOSTPORTS
     assert not out[0].request_body.response.body_mutation.HasField("body")  # body untouched
+    s.close()
+
+
+async def test_buffered_body_followed_by_trailers_is_routed_on_the_body() -> None:
+    """A request with trailers: in BUFFERED mode Envoy sends the whole body with end_of_stream
+    false (the trailers end the stream) and, with the trailer mode SKIP (the generated config),
+    no trailers message. Waiting for the end cost such requests a 504 at message_timeout."""
+    director, _ = h.make_director()
+    s = Stream(director)
+    out = list(await s.handle(h.headers_msg(h.post_headers(), mode=h.BUFFERED, response_mode=h.BUFFERED)))
+    assert out == [m.CONTINUE_REQUEST_HEADERS]
+    out = list(await s.handle(h.body_msg(CHAT, eos=False)))
+    assert len(out) == 1 and out[0].WhichOneof("response") == "request_body"
+    assert h.set_headers(out[0], "request_body")[m.DESTINATION_HEADER] in HOSTPORTS
+    # Were the trailers sent too (trailer mode SEND), they are passed on.
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    assert list(await s.handle(trailers)) == [m.CONTINUE_REQUEST_TRAILERS]
     s.close()
 
 
