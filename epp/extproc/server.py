@@ -16,7 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.extproc import messages as m
-from epp.extproc.limits import StreamGuard
+from epp.extproc.limits import StreamGuard, StreamLimits
 from epp.extproc.messages import DESTINATION_HEADER
 from epp.extproc.stream import EVICTED, Stream
 from epp.extproc.wire import RequestBody, decode_request
@@ -31,6 +31,7 @@ log = logging.getLogger("epp.extproc")
 EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # Names probed by GIE's chart ("inference-extension") and by readiness/liveness conventions.
 HEALTH_SERVICES = ("", EXTPROC_SERVICE, "inference-extension", "readiness")
+PENDING_STREAMS_MIN = 4_000  # gRPC core's own bound (hard limit) is 3,000
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -188,10 +189,19 @@ def build_server(
     credentials: grpc.ServerCredentials | None,
     reuse_port: bool = False,
 ) -> grpc.aio.Server:
+    # gRPC core queues the streams the event loop has not picked up yet and, past 1,000 of them
+    # (its default), refuses some at random (RESOURCE_EXHAUSTED: Envoy answered 500), before
+    # epp could say anything: a burst of 2,000 new requests got 146 such 500s. epp answers
+    # past --max-concurrent-streams itself (503 with a reason), so the queue's bound sits above
+    # that, and gRPC refuses only beyond it (the generated Envoy maps that to 503 too).
+    streams = (guard.limits if guard is not None else StreamLimits()).max_concurrent_streams
+    pending = max(PENDING_STREAMS_MIN, 2 * streams)
     server = grpc.aio.server(
         options=[
             # Envoy multiplexes every HTTP request as a stream over few connections.
             ("grpc.max_concurrent_streams", 100000),
+            ("grpc.server.max_pending_requests", pending),
+            ("grpc.server.max_pending_requests_hard_limit", pending),
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
             # Off, so a second epp on the port is a startup error; on for `--workers N`, whose

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
+import threading
+import time
 
 import grpc
 import msgspec
@@ -12,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.extproc import messages as m
 from epp.extproc import server as srv
+from epp.extproc.limits import StreamGuard, StreamLimits
 from epp.observability import metrics
 from tests.extproc import helpers as h
 
@@ -130,3 +134,56 @@ async def test_health_port_reports_not_serving_until_set() -> None:
             assert res.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await server.stop(0)
+
+
+def _burst(port: int, n: int, started: threading.Event) -> list[str]:
+    """`n` header-only requests opened at once from another thread (its own loop and channel):
+    each one's outcome, an HTTP status epp answered or the gRPC code the stream failed with."""
+
+    async def one(stub: pb_grpc.ExternalProcessorStub) -> str:
+        call = stub.Process()
+        try:
+            await call.write(h.headers_msg({":method": "GET", ":path": "/v1/models"}, eos=True))
+            resp = await call.read()
+            call.cancel()
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+        if resp is grpc.aio.EOF:
+            return (await call.code()).name
+        if resp.HasField("immediate_response"):
+            return str(resp.immediate_response.status.code)
+        return "routed"
+
+    async def burst() -> list[str]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await channel.channel_ready()
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            calls = [asyncio.ensure_future(one(stub)) for _ in range(n)]
+            started.set()
+            return list(await asyncio.gather(*calls))
+
+    return asyncio.run(burst())
+
+
+async def test_a_burst_while_the_loop_is_busy_is_answered_by_epp_not_refused_by_grpc() -> None:
+    """gRPC core queues streams the application has not picked up yet, and refuses some past
+    1,000 of them (RESOURCE_EXHAUSTED, which Envoy turned into a 500): a burst of 2,000 new
+    requests got 146 such 500s. Every stream must reach epp, which answers it (here: routes it,
+    or 503 past --max-concurrent-streams)."""
+    director, _ = h.make_director()
+    health = srv.Health()
+    await health.set(True)
+    guard = StreamGuard(StreamLimits(max_concurrent_streams=1_500))
+    port = free_port()
+    server = srv.build_server(director, health, guard=guard, bind="127.0.0.1", port=port, credentials=None)
+    await server.start()
+    started = threading.Event()
+    try:
+        outcomes = asyncio.ensure_future(asyncio.to_thread(_burst, port, 2_000, started))
+        await asyncio.to_thread(started.wait, 30)
+        time.sleep(1.5)  # noqa: ASYNC251 (the loop is busy: the streams queue in gRPC core meanwhile)
+        counts = collections.Counter(await outcomes)
+    finally:
+        await server.stop(0)
+    assert set(counts) <= {"routed", "503"}, counts
+    assert counts["routed"] >= 1_000
