@@ -57,7 +57,13 @@ import yaml
 
 from epp.gateway.clusters import ext_proc_cluster, pods_cluster
 from epp.gateway.doors import destination_guard, strip_control_headers
-from epp.gateway.filters import access_log_config, catch_all_route, ext_proc_filter, listener_buffer_limit
+from epp.gateway.filters import (
+    access_log_config,
+    catch_all_route,
+    ext_proc_filter,
+    listener_buffer_limit,
+    local_replies,
+)
 from epp.gateway.fragments import HCM_TYPE, TYPE_URL, admin_config, overload_manager, socket_address
 
 # Callers import the parameters and the launcher from here too (the `X as X` re-exports).
@@ -116,12 +122,15 @@ def gateway_config(params: GatewayParams) -> dict[str, Any]:
         hcm["request_headers_timeout"] = f"{params.request_headers_timeout:g}s"
     if params.access_log_path:
         hcm["access_log"] = access_log_config(params.access_log_path)
+    if params.pods_mode is not PodsMode.ROUND_ROBIN:
+        hcm["local_reply_config"] = local_replies()
+    hcm["http2_protocol_options"] = {"max_concurrent_streams": params.max_streams_per_client_connection}
     clusters = [pods_cluster(params)]
     if params.pods_mode is not PodsMode.ROUND_ROBIN:
         clusters.insert(0, ext_proc_cluster(params))
     return {
         "admin": admin_config(params.admin_address, params.admin_port),
-        "overload_manager": overload_manager(params.max_downstream_connections),
+        "overload_manager": overload_manager(params.max_downstream_connections, params.max_heap_bytes),
         "static_resources": {
             "listeners": [
                 {

@@ -40,8 +40,10 @@ def ext_proc_filter(params: GatewayParams) -> dict[str, Any]:
             # response outlived a 1 s value in a test); it is kept at the route timeout so
             # that an Envoy which did apply it could not cut long responses either.
             "timeout": duration(params.route_timeout),
+            **_retries(params),
         },
         "failure_mode_allow": params.failure_mode_allow,
+        "status_on_error": {"code": params.epp_status_on_error},
         "message_timeout": duration(params.message_timeout),
         "max_message_timeout": duration(params.max_message_timeout),
         "processing_mode": mode,
@@ -50,6 +52,74 @@ def ext_proc_filter(params: GatewayParams) -> dict[str, Any]:
     if params.mode_override:
         typed_config["allow_mode_override"] = True
     return {"name": "envoy.filters.http.ext_proc", "typed_config": typed_config}
+
+
+def _retries(params: GatewayParams) -> dict[str, Any]:
+    """The ext-proc stream's retry policy (`GatewayParams.epp_retries`): only failures before
+    epp answered (a refused or reset connection, UNAVAILABLE), never RESOURCE_EXHAUSTED (an
+    overloaded epp is not asked again at once). None with `failure_mode_allow`: the request is
+    to go on without epp at once then."""
+    if not params.epp_retries or params.failure_mode_allow:
+        return {}
+    return {
+        "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,reset,unavailable",
+            "num_retries": params.epp_retries,
+            "retry_back_off": {
+                "base_interval": duration(params.epp_retry_base_interval),
+                "max_interval": duration(params.epp_retry_max_interval),
+            },
+        }
+    }
+
+
+# Envoy's own answers (its local replies) in the OpenAI error shape epp's answers have
+# (`epp.api.errors.error_body`). epp's own answers (ImmediateResponse, details "epp") pass as
+# they are. An ext-proc failure says that epp could not decide; anything else Envoy answers
+# itself (its overload, a timeout, a body over its buffer, no upstream) keeps its status and
+# Envoy's text, with the response code details.
+_NOT_EPPS = "response.code_details != 'epp'"
+_EXT_PROC_FAILED = "response.code_details.startsWith('ext_proc_error')"
+
+
+def _cel(expression: str) -> dict[str, Any]:
+    return {
+        "extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {
+                "@type": TYPE_URL + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+                "expression": expression,
+            },
+        }
+    }
+
+
+def _openai_error(message: str, kind: str) -> dict[str, Any]:
+    return {
+        "json_format": {"error": {"message": message, "type": kind, "code": "%RESPONSE_CODE%"}},
+        "content_type": "application/json",
+    }
+
+
+def local_replies() -> dict[str, Any]:
+    return {
+        "mappers": [
+            {
+                "filter": _cel(_EXT_PROC_FAILED),
+                "body_format_override": _openai_error(
+                    "the endpoint picker (epp) could not route the request: it is unreachable, "
+                    "restarting or overloaded; retry (%RESPONSE_CODE_DETAILS%)",
+                    "service_unavailable",
+                ),
+            },
+            {
+                "filter": _cel(_NOT_EPPS),
+                "body_format_override": _openai_error(
+                    "%LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)", "gateway_error"
+                ),
+            },
+        ]
+    }
 
 
 def catch_all_route(params: GatewayParams) -> dict[str, Any]:

@@ -14,6 +14,7 @@ HCM_TYPE = TYPE_URL + "envoy.extensions.filters.network.http_connection_manager.
 _DOWNSTREAM_CONNECTIONS = (
     "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
 )
+_FIXED_HEAP = "envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig"
 
 
 def is_ip(host: str) -> bool:
@@ -38,9 +39,12 @@ def load_assignment(name: str, addresses: Sequence[str]) -> dict[str, Any]:
     return {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]}
 
 
-def overload_manager(max_connections: int) -> dict[str, Any]:
-    # Configuring the limit silences Envoy's start-up warning about unlimited connections.
-    return {
+def overload_manager(max_connections: int, max_heap_bytes: int = 0) -> dict[str, Any]:
+    """Envoy's overload manager: the downstream connection limit (configuring it also silences
+    Envoy's start-up warning) and, with `max_heap_bytes`, a heap bound (`GatewayParams`): the
+    streams buffering 1 MiB or more are reset from 80% of it (the largest first), new requests
+    are answered 503 from 95%, and freed memory is returned to the system from 90%."""
+    config: dict[str, Any] = {
         "resource_monitors": [
             {
                 "name": "envoy.resource_monitors.global_downstream_max_connections",
@@ -51,6 +55,46 @@ def overload_manager(max_connections: int) -> dict[str, Any]:
             }
         ]
     }
+    if not max_heap_bytes:
+        return config
+    heap = "envoy.resource_monitors.fixed_heap"
+    config["refresh_interval"] = "0.25s"
+    config["resource_monitors"].append(
+        {
+            "name": heap,
+            "typed_config": {"@type": TYPE_URL + _FIXED_HEAP, "max_heap_size_bytes": max_heap_bytes},
+        }
+    )
+    # Streams are tracked from 2^20 bytes buffered (request or response), so only large ones.
+    config["buffer_factory_config"] = {"minimum_account_to_track_power_of_two": 20}
+    config["actions"] = [
+        {
+            "name": "envoy.overload_actions.reset_high_memory_stream",
+            "triggers": [{"name": heap, "scaled": {"scaling_threshold": 0.80, "saturation_threshold": 0.95}}],
+        },
+        {
+            # HTTP/1 streams are not tracked for the above: an upload that stops arriving is
+            # reset after a shorter idle time instead (the stream idle timeout, scaled down).
+            "name": "envoy.overload_actions.reduce_timeouts",
+            "triggers": [{"name": heap, "scaled": {"scaling_threshold": 0.80, "saturation_threshold": 0.95}}],
+            "typed_config": {
+                "@type": TYPE_URL + "envoy.config.overload.v3.ScaleTimersOverloadActionConfig",
+                "timer_scale_factors": [
+                    {"timer": "HTTP_DOWNSTREAM_STREAM_IDLE", "min_timeout": "1s"},
+                    {"timer": "HTTP_DOWNSTREAM_CONNECTION_IDLE", "min_timeout": "1s"},
+                ],
+            },
+        },
+        {
+            "name": "envoy.overload_actions.shrink_heap",
+            "triggers": [{"name": heap, "threshold": {"value": 0.90}}],
+        },
+        {
+            "name": "envoy.overload_actions.stop_accepting_requests",
+            "triggers": [{"name": heap, "threshold": {"value": 0.95}}],
+        },
+    ]
+    return config
 
 
 def admin_config(address: str, port: int) -> dict[str, Any]:

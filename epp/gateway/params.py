@@ -97,6 +97,18 @@ class GatewayParams:
     # listener's request_timeout must exceed flowControl.defaultRequestTTL too (docs/flow-control.md).
     max_message_timeout: float = 3600.0  # Envoy's upper bound
     failure_mode_allow: bool = False
+    # What Envoy answers when an ext-proc stream fails (epp unreachable, restarting, crashed, or
+    # gRPC's own limits): this status (Envoy's default is 500) with an OpenAI-shaped body naming
+    # the cause (`filters.local_replies`), as epp's own overload answers are.
+    epp_status_on_error: int = 503
+    # A stream that cannot reach epp (connection refused, reset before epp answered, UNAVAILABLE)
+    # is retried this many times, with exponential back-off (jittered) from the base interval to
+    # the max: a lone epp restarting holds new requests for a few seconds (~4.5 s on average in
+    # all, ~9 s at most) rather than failing them. Safe: epp has not answered such a stream, so it
+    # has booked nothing. 0: no retries.
+    epp_retries: int = 10
+    epp_retry_base_interval: float = 0.25
+    epp_retry_max_interval: float = 1.0
     # CONTROL_HEADERS a client may send (e.g. a trusted proxy in front sets the model rewrite);
     # the others are removed from every request before Envoy routes it.
     client_control_headers: tuple[str, ...] = ()
@@ -111,6 +123,15 @@ class GatewayParams:
     original_dst_use_metadata: bool = False
     access_log_path: str = ""  # "" = no access log
     max_downstream_connections: int = 50_000
+    # Envoy's heap bound (its overload manager; 0: none): from 80% of it the streams buffering the
+    # most (1 MiB or more) are reset, at 95% new requests are answered 503. Unfinished request
+    # bodies held in Envoy (BUFFERED mode) are what grows it: 70 unfinished 15 MiB uploads took an
+    # unbounded Envoy to 1.15 GB. The default fits the chart's 1 GiB limit with room for what
+    # the heap does not count (docs/security.md).
+    max_heap_bytes: int = 768 << 20
+    # Streams one client connection may have open at once (HTTP/2; Envoy's default is 2^31-1):
+    # with the listener's buffer limit, what one connection's unfinished bodies can hold.
+    max_streams_per_client_connection: int = 100
     # Envoy's default circuit breakers (1024 requests) would cap the benchmarks.
     circuit_breaker_limit: int = 40_000
 
@@ -124,8 +145,14 @@ class GatewayParams:
             raise ValueError(f"pods mode {self.pods_mode} needs pod_endpoints")
         for addr in (*self.epp_addresses, *self.pod_endpoints):
             split_host_port(addr)
-        if self.num_retries < 0:
-            raise ValueError("num_retries must be >= 0")
+        if self.num_retries < 0 or self.epp_retries < 0:
+            raise ValueError("num_retries and epp_retries must be >= 0")
+        if not 0 < self.epp_retry_base_interval <= self.epp_retry_max_interval:
+            raise ValueError("epp retry intervals: 0 < base <= max")
+        if not 400 <= self.epp_status_on_error <= 599:
+            raise ValueError("epp_status_on_error must be an HTTP error status (400-599)")
+        if self.max_heap_bytes < 0 or self.max_streams_per_client_connection < 1:
+            raise ValueError("max_heap_bytes must be >= 0 and max_streams_per_client_connection >= 1")
         unknown = {h.lower() for h in self.client_control_headers} - set(CONTROL_HEADERS)
         if unknown:
             raise ValueError(f"not control headers: {sorted(unknown)} (known: {list(CONTROL_HEADERS)})")

@@ -562,6 +562,7 @@ def test_envoy_config_mirrors_epps_generator(name: str) -> None:
         "max_message_timeout",
         "grpc_service",
         "allow_mode_override",
+        "status_on_error",
     ):
         assert mine.get(key) == theirs.get(key), key
     # The default lets epp skip off-sample response bodies; GIE's full-duplex config otherwise.
@@ -579,7 +580,7 @@ def test_envoy_config_mirrors_epps_generator(name: str) -> None:
     assert clusters[envoy.EXT_PROC_CLUSTER] == ref_clusters[envoy.EXT_PROC_CLUSTER]
     assert ours["overload_manager"] == ref["overload_manager"]
     # Slow clients are cut by Envoy, as in epp's generator.
-    for key in ("request_timeout", "request_headers_timeout"):
+    for key in ("request_timeout", "request_headers_timeout", "local_reply_config", "http2_protocol_options"):
         assert _hcm(ours).get(key) == _hcm(ref).get(key), key
     # The closed doors: client control headers stripped, the admin port out of reach.
     assert _hcm(ours)["early_header_mutation_extensions"] == _hcm(ref)["early_header_mutation_extensions"]

