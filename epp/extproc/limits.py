@@ -12,11 +12,14 @@ for the rest of the response), or when the stream ends before that (an error, a 
     max_concurrent_streams   requests epp is deciding or following at once; more are 503
     request_body_timeout     from the request headers to the body's end; a body still arriving
                              then is answered 408 and its buffer dropped (0: no deadline)
-    large_body_lanes         requests with a body over `large_body_bytes` (by Content-Length, or
-                             once that much has arrived) read, parsed and answered at once; the
-                             others wait for a lane without reading, so HTTP/2 flow control
-                             slows their senders (0: no bound). The wait counts against the body
-                             timeout.
+    large_body_lanes         requests with a body over `large_body_bytes` (once that much has
+                             arrived: a declared Content-Length takes nothing) read, parsed and
+                             answered at once; the others wait for a lane without reading on, so
+                             HTTP/2 flow control slows their senders (0: no bound). The wait
+                             counts against the body timeout. A stream whose next body message
+                             has not come within a second gives its lane back until it does
+                             (`epp.extproc.stream.LANE_IDLE_S`): two stalled uploads that
+                             declared 2 MiB held both lanes for the whole body timeout before.
     large_body_rate          bytes a second of large bodies read, across streams (a token
                              bucket holding one second's worth): a large body waits, unread,
                              until its bytes are within the rate (0: no bound).
@@ -118,6 +121,11 @@ class StreamGuard:
             delay = self._bucket.reserve(size, asyncio.get_running_loop().time())
             if delay > 0:
                 await asyncio.sleep(delay)
+
+    def lane_free(self) -> bool:
+        """Whether a lane (and the rate) would be had without waiting."""
+        lanes, bucket = self._lanes, self._bucket
+        return (lanes is None or not lanes.locked()) and (bucket is None or bucket.tokens > 0)
 
     def give_lane(self) -> None:
         if self._lanes is not None:

@@ -63,6 +63,10 @@ EVICTED = object()  # what `read_or_evicted` returns for a cut request
 HOLD_MARGIN = 5.0
 HOLD_LONGEST = 3600.0  # Envoy's largest max_message_timeout: a longer or unlimited hold asks this
 
+# A stream holding a large-body lane whose next body message has not come for this long gives
+# the lane back (`Stream.read_body`).
+LANE_IDLE_S = 1.0
+
 # While a limit of epp.extproc.limits holds, every request is answered 503: one warning per 5 s
 # per limit (with the count it swallowed) rather than one per request. Per process.
 OVER_LIMIT_LOGS = {"streams": Throttle(5.0), "bytes": Throttle(5.0)}
@@ -104,7 +108,7 @@ class Stream:
         self._admitted = False
         self._reserved = 0
         self._lane = False  # holds one of the guard's large-body lanes
-        self._paced = False  # a large body of unknown length: each chunk waits for the rate
+        self._paced = False  # a large body: its lane taken once, each later chunk waits for the rate
         self._started = 0.0
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _FULL_DUPLEX
@@ -153,9 +157,12 @@ class Stream:
                     throttle=OVER_LIMIT_LOGS["streams"],
                 )
             self._admitted = True
-            size = _content_length(self.headers)
-            if guard.is_large(size) and not await self._take_lane(size):
-                return self.timed_out(paced=True)
+            # A declared size takes no lane (lanes go to bytes that arrive: a stalled upload that
+            # declared 2 MiB held one for the whole body timeout); one over the limit is refused
+            # before any byte is sent.
+            limit = self._director.settings.max_body_bytes
+            if _content_length(self.headers) > limit:
+                return self._fail(errors.PayloadTooLarge(f"request body exceeds the limit of {limit} bytes"))
         if msg.request_headers.end_of_stream:
             return await self._route(msg, body=None, reply="headers")
         if self._request_mode == _FULL_DUPLEX:
@@ -184,14 +191,15 @@ class Stream:
         if chunk:
             guard = self._guard
             if guard is not None:
-                if self._lane:
-                    if self._paced and not await guard.pace(self._started, len(chunk)):
-                        return self.timed_out(paced=True)
-                elif guard.is_large(self._body_size):
-                    # No Content-Length: paced from here, chunk by chunk.
+                if not self._lane and guard.is_large(self._body_size):
+                    # A large body (by the bytes arrived) takes a lane, and the rate for what
+                    # arrived; or again after it gave its lane back (`read_body`), for this chunk.
+                    size = len(chunk) if self._paced else self._body_size
                     self._paced = True
-                    if not await self._take_lane(self._body_size):
+                    if not await self._take_lane(size):
                         return self.timed_out(paced=True)
+                elif self._paced and not await guard.pace(self._started, len(chunk)):
+                    return self.timed_out(paced=True)
                 if not guard.reserve(len(chunk)):
                     return self._fail(
                         errors.ServiceUnavailable(
@@ -371,9 +379,21 @@ class Stream:
         return self._admitted and self.ctx is None and not self.closed
 
     async def read_body(self, read: Any) -> Any:
-        """`read()`, or None once the request-body deadline has passed (then `timed_out`)."""
-        assert self._guard is not None
-        return await self._guard.read_body(read, self._started)
+        """`read()`, or None once the request-body deadline has passed (then `timed_out`). A
+        stream holding a large-body lane that waits more than LANE_IDLE_S for its next message
+        gives the lane back (a stalled upload must not keep others waiting) and takes one again
+        when the message comes (`request_body`)."""
+        guard = self._guard
+        assert guard is not None
+        if not self._lane:
+            return await guard.read_body(read, self._started)
+        reading = asyncio.ensure_future(read())
+        done, _ = await asyncio.wait((reading,), timeout=LANE_IDLE_S)
+        if not done:
+            self._give_lane()
+            metrics.large_body_lanes_yielded.inc()
+            return await guard.read_body(lambda: reading, self._started)
+        return reading.result()
 
     def timed_out(self, *, paced: bool = False) -> Iterable[m.ProcessingResponse]:
         """408 at the body deadline; `paced`: the body was waiting for a large-body lane or rate."""
@@ -387,8 +407,14 @@ class Stream:
         return self._fail(errors.RequestTimeout(f"{why} {seconds:g} s (--request-body-timeout)"))
 
     async def _take_lane(self, size: int) -> bool:
-        assert self._guard is not None
-        self._lane = await self._guard.take_lane(self._started, size)
+        guard = self._guard
+        assert guard is not None
+        if self._write is not None and self._request_mode != _FULL_DUPLEX and not guard.lane_free():
+            # Envoy applies message_timeout (5 s) to the body it sent: tell it to wait, or a body
+            # queued behind others' gets 504.
+            left = self._started + guard.limits.request_body_timeout - asyncio.get_running_loop().time()
+            await self._write(m.override_message_timeout(min(max(left, 0.0) + HOLD_MARGIN, HOLD_LONGEST)))
+        self._lane = await guard.take_lane(self._started, size)
         return self._lane
 
     def _give_lane(self) -> None:

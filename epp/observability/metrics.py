@@ -300,6 +300,12 @@ large_body_wait_seconds = Counter(
     "Seconds large request bodies waited, unread, for a lane or the large-body rate.",
     registry=REGISTRY,
 )
+large_body_lanes_yielded = Counter(
+    "epp_large_body_lanes_yielded_total",
+    "Large-body lanes given back by a stream whose next body message did not come within a "
+    "second (a stalled upload), to be taken again when it does.",
+    registry=REGISTRY,
+)
 body_parser_restarts = Counter(
     "epp_body_parser_restarts_total",
     "Body-parser process pools replaced after a worker exited (an OOM kill, a crash).",

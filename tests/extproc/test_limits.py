@@ -225,7 +225,7 @@ async def test_large_bodies_wait_unread_for_a_lane_while_small_ones_pass() -> No
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
-            first = stub.Process()  # takes the one lane at its headers (Content-Length)
+            first = stub.Process()  # takes the one lane once over the size (20,000 bytes)
             await first.write(h.headers_msg(_sized(big)))
             await first.write(h.body_msg(big[:20_000], eos=False))
             second = stub.Process()
@@ -242,7 +242,7 @@ async def test_large_bodies_wait_unread_for_a_lane_while_small_ones_pass() -> No
             await first.write(h.body_msg(big[20_000:]))
             assert not (await asyncio.wait_for(first.read(), 5)).HasField("immediate_response")
             assert not (await asyncio.wait_for(waiting, 5)).HasField("immediate_response")
-            # Without Content-Length the lane is taken once that much has arrived.
+            # Without Content-Length alike.
             third = stub.Process()
             await third.write(h.headers_msg(h.post_headers()))
             await third.write(h.body_msg(big))
@@ -264,16 +264,21 @@ async def test_a_large_body_waiting_for_a_lane_past_the_body_timeout_is_408() ->
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
-            first = stub.Process()
+            first = stub.Process()  # takes the lane with its first 20,000 bytes, then stalls
             await first.write(h.headers_msg(_sized(big)))
+            await first.write(h.body_msg(big[:20_000], eos=False))
             second = stub.Process()
             await second.write(h.headers_msg(_sized(big), mode=h.BUFFERED))
+            assert (await asyncio.wait_for(second.read(), 5)).HasField("request_headers")
+            await second.write(h.body_msg(big))
+            wait = await asyncio.wait_for(second.read(), 5)  # Envoy is told to wait for the lane
+            assert wait.HasField("override_message_timeout")
             resp = await asyncio.wait_for(second.read(), 5)
             assert _status(resp) == 408
             assert b"--max-concurrent-large-bodies" in resp.immediate_response.body
-            assert _status(await asyncio.wait_for(first.read(), 5)) == 408  # never sent its body
+            assert _status(await asyncio.wait_for(first.read(), 5)) == 408  # its body never ended
             await _settled(guard)
-            again = stub.Process()  # both lanes given back
+            again = stub.Process()  # the lane given back
             await again.write(h.headers_msg(_sized(big)))
             await again.write(h.body_msg(big))
             assert not (await asyncio.wait_for(again.read(), 5)).HasField("immediate_response")
@@ -300,7 +305,10 @@ async def test_large_bodies_are_read_at_the_rate() -> None:
                 await call.write(h.headers_msg(_sized(big), mode=h.BUFFERED))
                 assert (await asyncio.wait_for(call.read(), 5)).HasField("request_headers")
                 await call.write(h.body_msg(big))
-                assert not (await asyncio.wait_for(call.read(), 5)).HasField("immediate_response")
+                answer = await asyncio.wait_for(call.read(), 5)
+                if answer.HasField("override_message_timeout"):  # it waits: Envoy is told to
+                    answer = await asyncio.wait_for(call.read(), 5)
+                assert answer.HasField("request_body")
                 done.append(loop.time() - t0)
                 call.cancel()
             assert done[0] < 0.15
@@ -320,3 +328,46 @@ async def test_large_bodies_are_read_at_the_rate() -> None:
 def test_content_length_is_read_only_when_a_plain_number() -> None:
     for value, size in [("123", 123), ("", 0), ("-5", 0), ("1e9", 0), ("²", 0), ("9" * 30, 0)]:
         assert stream_mod._content_length({"content-length": value}) == size
+
+
+@pytest.mark.parametrize(("mode", "sent"), [(h.DUPLEX, 64), (h.DUPLEX, 20_000), (h.BUFFERED, 0)])
+async def test_stalled_uploads_that_declare_large_bodies_do_not_hold_the_lanes(mode: int, sent: int) -> None:
+    """Two 64-byte uploads declaring 2 MiB held both large-body lanes until the body timeout
+    (60 s), so every honest large body waited, and in BUFFERED mode (the generated Envoy's) got
+    504 at Envoy's message timeout. A declaration takes nothing: lanes go to bodies as their
+    bytes arrive (`sent` 20,000: over the size, so they take the lanes), and one whose bytes
+    stop arriving gives its lane back (`LANE_IDLE_S`)."""
+    guard = StreamGuard(StreamLimits(large_body_bytes=10_000, large_body_lanes=2, large_body_rate=0))
+    server, port = await _server(guard)
+    big = _big_chat(30_000)
+    declared = h.post_headers(**{"content-length": str(2 << 20)})
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            stalled = [stub.Process() for _ in range(2)]
+            for call in stalled:
+                await call.write(h.headers_msg(declared, mode=mode))
+                if sent:
+                    await call.write(h.body_msg(b'{"model":"m","messages":[' + b" " * (sent - 26), eos=False))
+            honest = stub.Process()
+            await honest.write(h.headers_msg(_sized(big), mode=mode))
+            if mode == h.BUFFERED:  # the headers are answered at once: Envoy's timer is not burnt
+                first = await asyncio.wait_for(honest.read(), 2)
+                assert first.HasField("request_headers")
+            await honest.write(h.body_msg(big))
+            routed = await asyncio.wait_for(honest.read(), 3)
+            assert not routed.HasField("immediate_response")
+            for call in (*stalled, honest):
+                call.cancel()
+            await _settled(guard)
+    finally:
+        await server.stop(None)
+
+
+async def test_a_declared_body_over_the_limit_is_413_before_any_byte() -> None:
+    director, _ = h.make_director()
+    s = stream_mod.Stream(director, StreamGuard(StreamLimits()))
+    headers = h.post_headers(**{"content-length": str(director.settings.max_body_bytes + 1)})
+    (answer,) = list(await s.handle(h.headers_msg(headers)))
+    assert _status(answer) == 413
+    s.close()
