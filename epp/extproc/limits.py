@@ -64,6 +64,39 @@ class StreamLimits:
             raise ValueError("large_body_lanes, large_body_bytes and large_body_rate must be >= 0")
 
 
+# --- Defaults sized from the memory limit (docs/security.md, "Memory: the default limits") -------
+
+MiB = 1 << 20
+PROCESS_RESERVE = 512 * MiB
+"""What one routing process holds besides streams and bodies: its own ~120 MB idle (Python,
+gRPC, the tokenizer), the tokenizer prefix cache (64 MiB) and the KV index as it fills, and up to
+256 MiB of freed body buffers glibc keeps (epp.malloc)."""
+PARSER_RESERVE = 160 * MiB
+"""A body-parser process: ~80 MB of its own, the chat bodies it keeps for the render (64 MiB)."""
+HEADROOM = 0.8
+"""The share of the limit planned for: the rest absorbs what is not counted (a burst's garbage)."""
+BUFFERED_COST = 1.5
+"""RSS per buffered body byte: the chunks as received, and the copy made when the body is whole
+(1,000 unfinished 1 MB bodies took 1.56 GB)."""
+STREAM_COST = 32 << 10
+"""RSS per open stream without a body: gRPC's call, the handler's task and state (~24 KB
+measured with 2,000 idle streams, rounded up)."""
+MAX_BUFFERED_CAP = 1 << 30
+MAX_STREAMS_CAP = 10_000
+
+
+def sized_limits(memory: int, processes: int = 1, parsers: int = 1) -> tuple[int, int]:
+    """(max_buffered_body_bytes, max_concurrent_streams) for one of `processes` routing processes
+    sharing `memory` bytes with `parsers` body-parser processes each: the part of the share left
+    after the reserves, half for buffered bodies and half for streams, each capped (1 GiB, 10,000)
+    and never below one largest body (16 MiB) or 100 streams."""
+    share = memory * HEADROOM / max(1, processes) - PROCESS_RESERVE - parsers * PARSER_RESERVE
+    usable = max(0.0, share)
+    buffered = int(min(MAX_BUFFERED_CAP, max(16 * MiB, usable / 2 / BUFFERED_COST)))
+    streams = int(min(MAX_STREAMS_CAP, max(100, usable / 2 / STREAM_COST)))
+    return buffered, streams
+
+
 class StreamGuard:
     """The counters shared by every stream of one server (one event loop: no locks needed)."""
 

@@ -43,14 +43,16 @@ def add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-buffered-body-bytes",
         type=byte_size,
-        default=1 << 30,
-        help="request-body bytes held across requests until each is routed; past it 503 (default 1Gi)",
+        default=None,
+        help="request-body bytes held across requests until each is routed; past it 503 (default: "
+        "sized from the pod's memory limit, at most 1Gi; docs/security.md)",
     )
     g.add_argument(
         "--max-concurrent-streams",
         type=positive_int,
-        default=10_000,
-        help="requests in progress at once; more are answered 503 (default 10000)",
+        default=None,
+        help="requests in progress at once; more are answered 503 (default: sized from the pod's "
+        "memory limit, at most 10000; docs/security.md)",
     )
     g.add_argument(
         "--request-body-timeout",

@@ -21,7 +21,7 @@ from epp.datastore.model_rewrites import ModelRewriteStore
 from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
-from epp.extproc.limits import StreamGuard, StreamLimits
+from epp.extproc.limits import StreamGuard, StreamLimits, sized_limits
 from epp.flowcontrol import controller as flowcontrol
 from epp.k8s import connections as k8s_connections
 from epp.k8s import metricsauth as k8s_metricsauth
@@ -42,6 +42,7 @@ from epp.scheduling.interfaces import Handle
 from epp.tokenize import registry as tokenize_registry
 from epp.tokenize.registry import Tokenizers
 from epp.tokenize.render import Renderer
+from epp.workers import memory as workers_memory
 from epp.workers import worker as workers_worker
 
 log = logging.getLogger("epp")
@@ -337,8 +338,7 @@ def _grpc_server(
         reuse_port=role is not None,
         guard=StreamGuard(
             StreamLimits(
-                max_buffered_body_bytes=args.max_buffered_body_bytes,
-                max_concurrent_streams=args.max_concurrent_streams,
+                **_memory_limits(args, role),
                 request_body_timeout=args.request_body_timeout,
                 large_body_bytes=args.large_body_min_bytes,
                 large_body_lanes=args.max_concurrent_large_bodies,
@@ -346,6 +346,37 @@ def _grpc_server(
             )
         ),
     )
+
+
+def _memory_limits(args: argparse.Namespace, role: workers_worker.WorkerRole | None) -> dict[str, int]:
+    """--max-buffered-body-bytes and --max-concurrent-streams, each sized from the pod's memory
+    limit unless given (`epp.extproc.limits.sized_limits`: a share per worker, less what every
+    process and body parser holds)."""
+    given = {
+        "max_buffered_body_bytes": args.max_buffered_body_bytes,
+        "max_concurrent_streams": args.max_concurrent_streams,
+    }
+    if None not in given.values():
+        return given
+    limit = workers_memory.memory_limit()
+    defaults = StreamLimits()
+    sized = (defaults.max_buffered_body_bytes, defaults.max_concurrent_streams)
+    processes = role.workers if role is not None else 1
+    if limit is not None:
+        sized = sized_limits(limit.bytes, processes, args.body_parser_processes)
+    out = {k: v if v is not None else d for (k, v), d in zip(given.items(), sized, strict=True)}
+    if role is None or role.index == 0:
+        log.info(
+            "request limits: --max-buffered-body-bytes %d, --max-concurrent-streams %d per process "
+            "(from %s of memory in %s, %d process(es), %d body parser(s) each)",
+            out["max_buffered_body_bytes"],
+            out["max_concurrent_streams"],
+            f"{limit.bytes >> 20} MiB" if limit is not None else "no known amount",
+            limit.source if limit is not None else "-",
+            processes,
+            args.body_parser_processes,
+        )
+    return out
 
 
 async def _start_http(

@@ -55,13 +55,13 @@ def _v1_quota(directory: Path) -> float | None:
     return quota / period if quota > 0 and period > 0 else None
 
 
-def _ancestors(path: str) -> list[PurePosixPath]:
+def cgroup_ancestors(path: str) -> list[PurePosixPath]:
     """`/a/b` -> [/a/b, /a, /]: a parent's limit bounds its children."""
     p = PurePosixPath(path if path.startswith("/") else "/" + path)
     return [p, *p.parents]
 
 
-def _under(root: Path, cgroup: PurePosixPath) -> Path:
+def cgroup_path(root: Path, cgroup: PurePosixPath) -> Path:
     return root.joinpath(*cgroup.parts[1:])
 
 
@@ -89,8 +89,8 @@ def cgroup_quota(
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hierarchy == "0" and controllers == "":  # cgroup v2, unified
-            for cg in _ancestors(path):
-                f = _under(root, cg) / "cpu.max"
+            for cg in cgroup_ancestors(path):
+                f = cgroup_path(root, cg) / "cpu.max"
                 try:
                     consider(_v2_quota(f.read_text()), f)
                 except (OSError, ValueError):
@@ -99,8 +99,8 @@ def cgroup_quota(
             for mount in (root / controllers, root / "cpu,cpuacct", root / "cpu"):
                 if not mount.is_dir():
                     continue
-                for cg in _ancestors(path):
-                    d = _under(mount, cg)
+                for cg in cgroup_ancestors(path):
+                    d = cgroup_path(mount, cg)
                     try:
                         consider(_v1_quota(d), d / "cpu.cfs_quota_us")
                     except (OSError, ValueError):
