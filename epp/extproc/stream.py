@@ -69,7 +69,7 @@ LANE_IDLE_S = 1.0
 
 # While a limit of epp.extproc.limits holds, every request is answered 503: one warning per 5 s
 # per limit (with the count it swallowed) rather than one per request. Per process.
-OVER_LIMIT_LOGS = {"streams": Throttle(5.0), "bytes": Throttle(5.0)}
+OVER_LIMIT_LOGS = {"streams": Throttle(5.0), "bytes": Throttle(5.0), "bug": Throttle(10.0)}
 
 
 class Stream:
@@ -248,7 +248,8 @@ class Stream:
         except errors.RequestError as exc:
             return self._fail(exc, counted=True)  # the director counted it, with the model
         except Exception:
-            log.exception("routing failed unexpectedly")
+            # An epp bug that a client's request may trigger at will: counted, one line per 10 s.
+            OVER_LIMIT_LOGS["bug"].log(log, logging.ERROR, "routing failed unexpectedly", exc_info=True)
             metrics.extproc_stream_errors.labels("internal").inc()
             return self._fail(errors.RequestError("internal error while routing the request"))
         self.ctx = ctx

@@ -114,7 +114,15 @@ class Throttle:
         self.at = -math.inf
         self.suppressed = 0
 
-    def log(self, logger: logging.Logger, level: int, msg: str, *args: object, extra: Any = None) -> bool:
+    def log(
+        self,
+        logger: logging.Logger,
+        level: int,
+        msg: str,
+        *args: object,
+        extra: Any = None,
+        exc_info: bool = False,
+    ) -> bool:
         """Log `msg % args` unless a line passed less than `interval` ago; whether it did."""
         now = time.monotonic()
         if now - self.at < self.interval:
@@ -123,7 +131,8 @@ class Throttle:
         if self.suppressed:
             msg += " (%d more since the last report)"
             args = (*args, self.suppressed)
-        logger.log(level, msg, *args, extra=extra, stacklevel=2)  # the caller, not this line
+        # stacklevel: the caller, not this line
+        logger.log(level, msg, *args, extra=extra, exc_info=exc_info, stacklevel=2)
         self.at = now
         self.suppressed = 0
         return True

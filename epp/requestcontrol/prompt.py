@@ -26,6 +26,7 @@ from epp.api import context_length, errors
 from epp.api.limits import RequestLimits, decode_body
 from epp.api.requests import Api, InferenceRequest, plain_prompt
 from epp.datastore.endpoints import Datastore
+from epp.observability.logs import Throttle
 from epp.requestcontrol.offload import BodyParsers
 from epp.tokenize import render
 from epp.tokenize.anthropic import RequestModelError
@@ -35,6 +36,7 @@ from epp.tokenize.registry import RENDER_INLINE_MESSAGES
 from epp.tokenize.render import Renderer
 
 log = logging.getLogger("epp.director")
+_BUG_LOG = Throttle(10.0)
 
 
 class PromptTokenizer(Protocol):
@@ -178,7 +180,14 @@ class Prompts:
         except errors.RequestError:  # the body over a limit (_decoded)
             raise
         except Exception:  # a tokenizer bug costs the prefix hint, never the request
-            log.exception("tokenizing the prompt for model %r failed", request.target_model)
+            # An epp bug, but one a client's request may trigger at will: one line per interval.
+            _BUG_LOG.log(
+                log,
+                logging.ERROR,
+                "tokenizing the prompt for model %r failed",
+                request.target_model,
+                exc_info=True,
+            )
             return
         if ids is not None:
             request.token_ids = ids
