@@ -306,6 +306,12 @@ large_body_lanes_yielded = Counter(
     "second (a stalled upload), to be taken again when it does.",
     registry=REGISTRY,
 )
+body_parsers_saturated = Counter(
+    "epp_body_parsers_saturated_total",
+    "Requests answered 503 because the body-parser processes had --body-parser-processes x 32 "
+    "jobs queued or running.",
+    registry=REGISTRY,
+)
 body_parser_restarts = Counter(
     "epp_body_parser_restarts_total",
     "Body-parser process pools replaced after a worker exited (an OOM kill, a crash).",

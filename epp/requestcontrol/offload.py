@@ -90,6 +90,7 @@ class BodyParsers:
         self._closed = False
         self._memfd = hasattr(os, "memfd_create")  # large bodies cross as memfds (see above)
         self._keys = itertools.count()
+        self._jobs = 0  # submitted to the pool and not finished
 
     def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         # spawn, never fork: the parent runs gRPC's and the tokenizers' threads.
@@ -203,12 +204,21 @@ class BodyParsers:
     async def _run(self, fn: Any, *args: Any) -> Any:
         if self._closed:
             raise errors.ServiceUnavailable("epp is shutting down")
+        if self._jobs >= self.processes * JOBS_PER_PROCESS:
+            # Overload: answered now, with the reason, rather than queued behind everything.
+            metrics.body_parsers_saturated.inc()
+            raise errors.ServiceUnavailable(
+                f"epp's body parsers have {self._jobs} requests queued (--body-parser-processes): retry"
+            )
         pool = self._pool
+        self._jobs += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
         except BrokenProcessPool:
             self._replace(pool)
             raise errors.ServiceUnavailable("the process parsing this request's body exited") from None
+        finally:
+            self._jobs -= 1
 
     def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         if self._pool is not broken or self._closed:
@@ -224,6 +234,10 @@ class BodyParsers:
         self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
 
+
+# Jobs a body-parser process may have queued or running: ~0.2-1 s of parsing and rendering at
+# the sizes that come here; past it a request is answered 503 at once.
+JOBS_PER_PROCESS = 32
 
 SHARE_MIN_BYTES = 1 << 20  # smaller bodies are pickled: a memfd's system calls cost more
 

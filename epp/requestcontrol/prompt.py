@@ -32,7 +32,7 @@ from epp.tokenize import render
 from epp.tokenize.anthropic import RequestModelError
 from epp.tokenize.chat import ChatPrompt, ChatTemplated, ChatTemplateError, UnsupportedChat
 from epp.tokenize.dialects import Dialect, Prepared, for_route
-from epp.tokenize.registry import RENDER_INLINE_MESSAGES
+from epp.tokenize.registry import RENDER_INLINE_MESSAGES, Saturated
 from epp.tokenize.render import Renderer
 
 log = logging.getLogger("epp.director")
@@ -179,6 +179,8 @@ class Prompts:
             raise errors.BadRequest(str(exc)) from None
         except errors.RequestError:  # the body over a limit (_decoded)
             raise
+        except Saturated as exc:  # overload: answered early, with the reason, never queued on
+            raise errors.ServiceUnavailable(f"{exc}: retry") from None
         except Exception:  # a tokenizer bug costs the prefix hint, never the request
             # An epp bug, but one a client's request may trigger at will: one line per interval.
             _BUG_LOG.log(

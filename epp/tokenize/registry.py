@@ -75,7 +75,7 @@ import types
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from epp.tokenize import chat, dialects, prefixcache, tokenizer
 
@@ -87,6 +87,10 @@ FAST_INLINE_CHARS = 4096
 CACHED_INLINE_CHARS = 65536
 RENDER_INLINE_MESSAGES = 64  # ~0.3 ms of rendering: longer chats are rendered by a worker
 MAX_PENDING_COMMITS = 16
+# The work the pool may have queued, in characters per worker: ~2 s of encoding at ~4 M
+# characters a second per worker. Past it `Saturated` is raised at once (the request is
+# answered 503): an unbounded queue made a burst wait for everything before it.
+BACKLOG_CHARS_PER_WORKER = 8_000_000
 MAX_COUNTED_MODELS = 256  # distinct names kept in `missing`; the rest count under OTHER_MODELS
 OTHER_MODELS = "<other>"
 
@@ -97,6 +101,11 @@ SOURCES = (FLAG, ENDPOINTS_FILE, CONFIG)
 """Where per-model tokenizers come from, highest precedence first."""
 
 log = logging.getLogger("epp.tokenize")
+_T = TypeVar("_T")
+
+
+class Saturated(Exception):
+    """The worker pool has more text queued than it encodes in about two seconds."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -183,10 +192,12 @@ class Tokenizers:
         for tok in self._in_use():
             self._cache_for(tok)
         self._closed = False
-        self._executor = ThreadPoolExecutor(
-            max_workers=workers if workers is not None else _default_workers(),
-            thread_name_prefix="epp-tokenize",
-        )
+        pool = workers if workers is not None else _default_workers()
+        self._executor = ThreadPoolExecutor(max_workers=pool, thread_name_prefix="epp-tokenize")
+        # Characters handed to the pool and not yet encoded, and the bound (`_offload`).
+        self._backlog = 0
+        self.backlog_limit = pool * BACKLOG_CHARS_PER_WORKER
+        self.saturated = 0  # texts refused with `Saturated`
         # The prefix caches' commit steps (fast engine): one thread, so they never hold up the
         # encodes requests wait for in the pool above, at a lower CPU priority, so under cold
         # traffic (a commit is a second, slower encode of each new text) the loop and the
@@ -382,10 +393,9 @@ class Tokenizers:
             ids = tok.encode_fast(text, add_special_tokens=add_special_tokens)  # checked: no second scan
             # None only the once fastokens fails and is turned off: `tokenizers` on the loop then.
             return ids if ids is not None else tok.encode(text, add_special_tokens=add_special_tokens)
-        loop = asyncio.get_running_loop()
         cache = self._cache_for(tok)
         if cache is None:
-            return await loop.run_in_executor(self._executor, _encode, tok, text, add_special_tokens)
+            return await self._offload(len(text), _encode, tok, text, add_special_tokens)
         # A text seen whole (a repeated prompt) is answered here: the hand-off to a worker
         # cost the loop ~100 us, more than the lookup (~20 us for a 4 KB chat). Otherwise the
         # worker starts from this lookup rather than walking the cached prefix again.
@@ -394,17 +404,15 @@ class Tokenizers:
             if len(text) <= CACHED_INLINE_CHARS:
                 whole = cache.cached(text, add_special_tokens=add_special_tokens, found=found)
             else:  # copying a long prompt's ids out of the cache: ~2 ms per 200k tokens
-                whole = await loop.run_in_executor(
-                    self._executor, _cached, cache, text, add_special_tokens, found
-                )
+                whole = await self._offload(0, _cached, cache, text, add_special_tokens, found)
             assert whole is not None
             return whole
         covered = found.path[-1].end if found.path else 0
         if engine is None or not engine.takes(text[covered:]):
             # `tokenizers` encodes the new part: its encoding is the one chunking needs, so the
             # commit step is cheap and runs in the worker before the answer.
-            return await loop.run_in_executor(
-                self._executor, _encode_cached, cache, text, add_special_tokens, found
+            return await self._offload(
+                len(text) - covered, _encode_cached, cache, text, add_special_tokens, found
             )
         begun: tuple[list[int], Callable[[], None]] | None = None
         if len(text) - covered <= FAST_INLINE_CHARS:
@@ -419,10 +427,22 @@ class Tokenizers:
                     blocking_chars=INLINE_CHARS,
                 )
         if begun is None:
-            begun = await loop.run_in_executor(self._executor, _begin, cache, text, add_special_tokens, found)
+            begun = await self._offload(len(text) - covered, _begin, cache, text, add_special_tokens, found)
         ids, commit = begun
         self._commit(tok, commit)
         return ids
+
+    async def _offload(self, chars: int, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn(*args)` in the pool, counted as `chars` characters of encoding in its backlog.
+        Raises `Saturated` when the backlog is over its bound (a text alone may always go)."""
+        if self._backlog and self._backlog + chars > self.backlog_limit:
+            self.saturated += 1
+            raise Saturated(f"epp's tokenizer pool has {self._backlog} characters queued (about 2 s of work)")
+        self._backlog += chars
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        finally:
+            self._backlog -= chars
 
     def _commit(self, tok: tokenizer.Tokenizer, commit: Callable[[], None]) -> None:
         """Run a prefix cache's `commit` step on the commit thread, unless too many wait (~40 us of
@@ -480,8 +500,7 @@ class Tokenizers:
             return None
         messages = body.get("messages", body.get("input"))
         if isinstance(messages, list) and len(messages) > RENDER_INLINE_MESSAGES:
-            loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(self._executor, dialects.prepare, tok, dialect, body)
+            prepared = await self._offload(0, dialects.prepare, tok, dialect, body)
         else:
             prepared = dialects.prepare(tok, dialect, body)
         return await self._encode_prepared(tok, prepared.prompt), prepared

@@ -3,6 +3,7 @@ and only when a configured plugin consumes them."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -217,5 +218,33 @@ async def test_a_lora_adapter_is_tokenized_with_the_pools_base_model() -> None:
         )
         assert d.datastore.base_model is None
         assert await tokens_seen(d, "/v1/completions", body) is None
+    finally:
+        toks.close()
+
+
+async def test_a_burst_past_what_the_tokenizers_can_queue_is_503_at_once() -> None:
+    """The tokenizer pool's queue was unbounded: a burst of long prompts made every request wait
+    for all the prompts before it. Past ~2 s of queued text per worker a request is answered 503
+    with the reason; the others are routed with their token ids."""
+    toks = Tokenizers(default=load_shipped(), workers=1, prefix_cache_bytes=0)
+    toks.backlog_limit = 400_000  # a few prompts' worth, so the test stays small
+    try:
+        d = director(toks)
+        bodies = [
+            msgspec.json.encode({"model": "m", "prompt": f"request {i} " + "words to encode " * 8_000})
+            for i in range(24)
+        ]
+        results = await asyncio.gather(
+            *(d.route(path="/v1/completions", headers={}, body=b, subset=None) for b in bodies),
+            return_exceptions=True,
+        )
+        refused = [r for r in results if isinstance(r, errors.ServiceUnavailable)]
+        routed = [r for r in results if not isinstance(r, BaseException)]
+        assert len(refused) + len(routed) == len(bodies), results
+        assert refused and routed
+        assert all("tokenizer pool" in r.reason for r in refused)
+        assert all(ctx.request.token_ids for ctx in routed)
+        for ctx in routed:
+            ctx.finish(complete=True)
     finally:
         toks.close()

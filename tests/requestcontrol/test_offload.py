@@ -333,3 +333,27 @@ async def test_two_requests_with_one_x_request_id_each_get_their_own_prompt(
         assert [c.request.request_id for c in ctxs] == ["same", "same"]
         for c in ctxs:
             c.finish(complete=True)
+
+
+async def test_a_burst_past_what_the_parsers_can_queue_is_503_at_once(tokenizers: Tokenizers) -> None:
+    """An unbounded queue in front of the body parsers made a burst wait for all of it; past
+    --body-parser-processes x JOBS_PER_PROCESS jobs a request is answered 503 with the reason."""
+    parsers = BodyParsers(1, min_bytes=0)
+    try:
+        parsers.start()
+        d = director(tokenizers)
+        d.prompts.body_parsers = parsers
+        body = _chat(100)
+        results = await asyncio.gather(
+            *(d.route(path="/v1/chat/completions", headers={}, body=body, subset=None) for _ in range(120)),
+            return_exceptions=True,
+        )
+        refused = [r for r in results if isinstance(r, errors.ServiceUnavailable)]
+        routed = [r for r in results if not isinstance(r, BaseException)]
+        assert len(refused) + len(routed) == len(results), [r for r in results if isinstance(r, Exception)]
+        assert refused and routed
+        assert all("body parsers" in r.reason for r in refused)
+        for ctx in routed:
+            ctx.finish(complete=True)
+    finally:
+        parsers.close()
