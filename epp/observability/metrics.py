@@ -356,9 +356,17 @@ def error_code(status: int) -> str:
 MAX_LABEL_VALUES = 256
 """Distinct client-chosen values (model names) kept per label; later ones are counted as "other"."""
 MAX_LABEL_PAIRS = 64
-"""Distinct (model_name, target_model_name) pairs kept: each pair is a dozen histograms, ~10 KB of
-/metrics page and ~4 ms of rendering per scrape, so 256 x 256 independent names would be gigabytes.
-Later pairs are counted as ("other", "other")."""
+"""Distinct (model_name, target_model_name) pairs kept at most: each pair is a dozen histograms,
+~215 series lines, so 256 x 256 independent names would be gigabytes. Later pairs are counted as
+("other", "other"). The page budget below usually binds first."""
+PAIR_LABEL_BUDGET = 3_000
+PAIR_LINE_CHARS = 110
+"""The page's bound on per-pair series: a kept pair costs its two names' length plus
+PAIR_LINE_CHARS (the rest of one series line: metric name, label names, bucket, value) from
+PAIR_LABEL_BUDGET, and a pair that would overdraw it is counted as ("other", "other"). At ~215
+lines per pair that keeps the pairs' series under ~0.7 MB of /metrics page, whatever the names'
+length: ~23 pairs of short names, ~8 of 128-character ones. (Pairs alone capped at 64 let the
+page reach 2.0 MB with short names and 5.8 MB with 128-character ones.)"""
 MAX_LABEL_CHARS = 128
 """A longer client-chosen value is counted as "other" (it would be stored in every series)."""
 OTHER = "other"
@@ -390,21 +398,24 @@ class ModelLabels:
     """(model_name, target_model_name) label values for a request's series: each name capped
     (`LabelCap`) and the pairs capped too (`MAX_LABEL_PAIRS`), since the series are per pair."""
 
-    __slots__ = ("_limit", "_model", "_pairs", "_target")
+    __slots__ = ("_budget", "_limit", "_model", "_pairs", "_target")
 
-    def __init__(self, limit: int = MAX_LABEL_PAIRS) -> None:
+    def __init__(self, limit: int = MAX_LABEL_PAIRS, budget: int = PAIR_LABEL_BUDGET) -> None:
         self._model = LabelCap()
         self._target = LabelCap()
         self._pairs: set[tuple[str, str]] = set()
         self._limit = limit
+        self._budget = budget  # what is left of PAIR_LABEL_BUDGET
 
     def __call__(self, model: str, target: str) -> tuple[str, str]:
         pair = (self._model(model), self._target(target))
         if pair in self._pairs:
             return pair
-        if len(self._pairs) >= self._limit:
+        cost = len(pair[0]) + len(pair[1]) + PAIR_LINE_CHARS
+        if len(self._pairs) >= self._limit or cost > self._budget:
             return (OTHER, OTHER)
         self._pairs.add(pair)
+        self._budget -= cost
         return pair
 
     def target(self, target: str) -> str:

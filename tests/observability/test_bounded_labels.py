@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import msgspec
+import pytest
 from prometheus_client import generate_latest
 
 from epp.datastore.endpoints import Datastore, EndpointSpec
@@ -132,3 +133,24 @@ async def test_a_removed_endpoints_series_go_with_it_and_come_back_with_it() -> 
         assert picks() == 1  # from zero again: the old series went with the old pod
     finally:
         await scraper.stop()
+
+
+@pytest.mark.parametrize("chars", [8, metrics.MAX_LABEL_CHARS])
+async def test_the_page_stays_under_1_mb_at_the_label_caps(chars: int) -> None:
+    """Every per-pair series filled (a streamed response with usage), for more distinct pairs
+    than are kept, with short names and with the longest kept: the page grew 2.0 MB and 5.8 MB
+    with the pair count alone capped (64). The page budget holds it under 1 MB."""
+    director, _ = make_director(*[f"page-pod-{i}" for i in range(8)])
+    page_before = len(generate_latest(metrics.REGISTRY))
+    usage = b'"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":1}}'
+    for i in range(300):
+        model, target = f"pm{chars}-{i}".ljust(chars, "m"), f"pt{chars}-{i}".ljust(chars, "t")
+        body = msgspec.json.encode({"model": model, "prompt": "hi", "stream": True})
+        headers = {"x-gateway-model-name-rewrite": target}
+        ctx = await director.route(path="/v1/completions", headers=headers, body=body, subset=None)
+        ctx.on_response_headers({":status": "200", "content-type": "text/event-stream"}, None)
+        ctx.on_response_body(b'data: {"choices":[{"text":"a"}]}\n\n', False)
+        ctx.on_response_body(b'data: {"choices":[{"text":"b"}],' + usage + b"}\n\n", True)
+        ctx.finish(complete=True)
+    grown = len(generate_latest(metrics.REGISTRY)) - page_before
+    assert grown < 1_000_000, f"/metrics grew by {grown} bytes"
