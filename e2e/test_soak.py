@@ -32,12 +32,14 @@ async def test_a_minute_of_faults_loses_no_request_outside_them(
         sample_every=0.5,
         # The epp restart first: on a loaded machine a fresh epp takes seconds to import and start.
         faults=("epp_sigterm", "pod_kill", "publisher_drop", "scrape_hang"),
+        attack_rate=0.5,  # every kind of client attack (epp.bench.soak.attacks) two or three times
     )
     report = await Soak(cfg).run()
     summary = (tmp_path / "soak" / "report.md").read_text()
     faults = {f["kind"]: f for f in report["faults"]}
     assert set(faults) == {"pod_kill", "publisher_drop", "scrape_hang", "epp_sigterm"}, summary
     assert report["lost"] == 0, summary
+    assert report["attack_5xx"] == 0 and len(report["attacks"]) == 9, summary
     assert report["ok"] > 0.9 * report["requests"], summary
     hang = faults["scrape_hang"]
     assert hang["requests"] > 0 and hang["failed"] == 0, summary

@@ -226,3 +226,32 @@ def value_range(values: Sequence[float], digits: int = 2) -> str:
     if len(clean) == 1:
         return fmt(clean[0], digits)
     return f"{fmt(med(clean), digits)} ({fmt(min(clean), digits)}-{fmt(max(clean), digits)})"
+
+
+_BUCKET = re.compile(r'^(\w+)_bucket\{(?:[^}]*,)?le="([^"]+)"[^}]*\} ([0-9.e+-]+)$')
+
+
+def histogram_buckets(text: str, name: str) -> dict[float, float]:
+    """A Prometheus histogram's cumulative bucket counts by upper bound, from /metrics text (the
+    series of the one unlabelled histogram `name`)."""
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        m = _BUCKET.match(line)
+        if m and m.group(1) == name:
+            out[float(m.group(2))] = float(m.group(3))
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> tuple[float, int]:
+    """The upper bound of the bucket holding quantile `q` of what was observed between two reads
+    of a histogram (`histogram_buckets`), and how many observations that was. The bound is all a
+    histogram can tell: "p99 <= 2 ms" reads as a bound of 0.002."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return float("nan"), 0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= q * total:
+            return bound, int(total)
+    return float("inf"), int(total)

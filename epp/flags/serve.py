@@ -192,6 +192,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "at most 8; 1 runs one process as before)",
     )
 
+    g.add_argument(
+        "--event-loop-lag-interval",
+        type=duration,
+        default=0.25,
+        help="how often epp times its own event loop (epp_event_loop_lag_seconds); a benchmark "
+        "of the loop's tail sets 5ms (default 250ms)",
+    )
+
     g = p.add_argument_group("shutdown")
     g.add_argument(
         "--drain-delay",

@@ -285,8 +285,9 @@ extproc_streams = Gauge(
 )
 event_loop_lag = Histogram(
     "epp_event_loop_lag_seconds",
-    "How late the event loop woke a sleeper (sampled every 0.25 s): > 0.1 s means epp is short of CPU.",
-    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    "How late the event loop woke a sleeper (sampled every --event-loop-lag-interval, 0.25 s): "
+    "> 0.1 s means epp is short of CPU.",
+    buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
 large_body_waits = Counter(

@@ -146,7 +146,7 @@ async def run_until_stopped(
                 await asyncio.wait_for(pool_operator.wait_synced(), 5.0)
             except TimeoutError:
                 log.warning("%s: not synced yet; health stays NOT_SERVING until it is", pool_operator.source)
-        loop_lag = LoopLagMonitor()
+        loop_lag = LoopLagMonitor(args.event_loop_lag_interval)
         await loop_lag.start()
         running.push_async_callback(loop_lag.stop)
         await grpc_server.start()

@@ -21,7 +21,10 @@ their work, so what remains of the probe's tail is the machine's (the load shari
 `EPP_E2E_COMMAND="taskset -c 0 .venv/bin/python -P -m epp"` and the script under `taskset -c 1`,
 epp has a core to itself.
 
-Prints p50/p99/max of the probe per phase and the loaded/idle p99 ratio.
+Prints p50/p99/max of the probe per phase and the loaded/idle p99 ratio, and epp's own event-loop
+lag p99 per phase (epp times its loop every 5 ms here, `--event-loop-lag-interval`; the bound of
+the `epp_event_loop_lag_seconds` bucket holding the 99th percentile): what the bodies cost epp
+itself, apart from the machine's share of the probe's latency.
 """
 
 from __future__ import annotations
@@ -167,7 +170,8 @@ def main() -> None:
     sims = SimFleet([SimConfig(time_scale=0.02, name=f"s{i}") for i in range(2)])
     sims.start()
     with tempfile.TemporaryDirectory() as tmp:
-        args_ = ["--kv-events", "connect", "--max-model-len", args.max_model_len, *args.epp_arg]
+        args_ = ["--kv-events", "connect", "--max-model-len", args.max_model_len]
+        args_ += ["--event-loop-lag-interval", "5ms", *args.epp_arg]
         epp = EppProcess(Path(tmp), endpoints=sims.addresses, extra_args=args_)
         epp.start(wait="serving")
         other: EppProcess | None = None
@@ -179,8 +183,14 @@ def main() -> None:
             time.sleep(1.0)
             asyncio.run(probe(epp.grpc_address, 2.0))  # warm-up
             pid = epp.process.pid
-            t0, idle0 = time.perf_counter(), cpu_seconds(pid)
+            lags: dict[str, tuple[float, int]] = {}
+
+            def lag_buckets() -> dict[float, float]:
+                return measure.histogram_buckets(epp.metrics_text(), "epp_event_loop_lag_seconds")
+
+            t0, idle0, lag0 = time.perf_counter(), cpu_seconds(pid), lag_buckets()
             phases = {"idle": asyncio.run(probe(epp.grpc_address, args.seconds))}
+            lags["idle"] = measure.bucket_quantile(lag0, lag_buckets(), 0.99)
             idle_rate = (cpu_seconds(pid)[0] - idle0[0]) / (time.perf_counter() - t0)  # the probe's
             ctx = multiprocessing.get_context("spawn")
             done = ctx.Value("q", 0)
@@ -199,15 +209,18 @@ def main() -> None:
             )
             worker.start()
             time.sleep(3.0)  # the heavy clients are up and sending
-            t0, cpu0, heavy0 = time.perf_counter(), cpu_seconds(pid), done.value
+            t0, cpu0, heavy0, lag0 = time.perf_counter(), cpu_seconds(pid), done.value, lag_buckets()
             phases["loaded"] = asyncio.run(probe(epp.grpc_address, args.seconds))
             cpu1, heavy1 = cpu_seconds(pid), done.value
+            lags["loaded"] = measure.bucket_quantile(lag0, lag_buckets(), 0.99)
             # epp's CPU for the heavy requests: what the probe alone cost in the idle phase is
             # taken off (the parsers' CPU is theirs alone)
             cpu1 = (cpu1[0] - idle_rate * (time.perf_counter() - t0), cpu1[1])
             worker.join()
             heavy = done.value
+            lag0 = lag_buckets()
             phases["idle2"] = asyncio.run(probe(epp.grpc_address, args.seconds))
+            lags["idle2"] = measure.bucket_quantile(lag0, lag_buckets(), 0.99)
         finally:
             epp.stop()
             if other is not None:
@@ -221,7 +234,8 @@ def main() -> None:
             f"CPU of {name} while loaded: {1e3 * (b - a) / max(1, n):.1f} ms per heavy request ({n} answered)"
         )
     for name, xs in phases.items():
-        print(summary(name, xs))
+        bound, n = lags[name]
+        print(f"{summary(name, xs)}  epp loop lag p99 <= {bound * 1e3:g} ms ({n} samples)")
 
     def p99(xs: list[float]) -> float:
         return sorted(xs)[min(len(xs) - 1, int(len(xs) * 0.99))]

@@ -42,6 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--faults", default=",".join(FAULTS), help="comma-separated, in rotation order ('' = none)"
     )
+    p.add_argument(
+        "--attack-rate",
+        type=float,
+        default=0.0,
+        help="client attacks a second beside the load (epp.bench.soak.attacks; default 0: none)",
+    )
     p.add_argument("--time-scale", type=float, default=0.05)
     p.add_argument("--tracemalloc", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--epp-arg", action="append", default=[], help="an extra `epp serve` argument (repeat)")
@@ -67,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         time_scale=args.time_scale,
         tracemalloc_every=args.tracemalloc,
         epp_args=tuple(args.epp_arg),
+        attack_rate=args.attack_rate,
     )
     report = asyncio.run(_run_until_signalled(Soak(cfg)))
     print(render(report))
-    return 0 if report["lost"] == 0 else 1
+    return 0 if report["lost"] == 0 and report["attack_5xx"] == 0 else 1

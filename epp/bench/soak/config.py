@@ -27,6 +27,7 @@ class SoakConfig:
     tracemalloc_every: float = 0.0  # 0: off
     epp_args: tuple[str, ...] = ()
     seed: int = 1
+    attack_rate: float = 0.0  # client attacks a second (epp.bench.soak.attacks); 0: none
 
 
 @dataclasses.dataclass

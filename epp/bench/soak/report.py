@@ -252,6 +252,15 @@ def render(r: dict[str, Any]) -> str:
             f"| {f['start']:.0f} | {f['kind']} | {f['target']} | {f['requests']} | {f['failed']} | "
             f"{f['errors'] or ''} | {rec} |"
         )
+    if r.get("attacks"):
+        lines += [
+            "",
+            f"Client attacks (epp.bench.soak.attacks), answers by kind; **5xx: {r['attack_5xx']}**",
+            "",
+            "| attack | answers |",
+            "|---|---|",
+        ]
+        lines += [f"| {kind} | {counts} |" for kind, counts in sorted(r["attacks"].items())]
     lines += ["", "| interval start s | requests | failed | p50 ms | p99 ms |", "|---|---|---|---|---|"]
     for i in r["intervals"]:
         lines.append(f"| {i['start']:.0f} | {i['n']} | {i['failed']} | {i['p50_ms']} | {i['p99_ms']} |")

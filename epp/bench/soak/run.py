@@ -16,6 +16,8 @@ import yaml
 import zmq.asyncio
 
 from epp.bench.soak import memtrace
+from epp.bench.soak.attacks import Attacker, server_errors
+from epp.bench.soak.attacks import summary as attacks_summary
 from epp.bench.soak.config import MODEL, Fault, Record, SoakConfig
 from epp.bench.soak.faults import EventsForwarder, Injector, MetricsProxy
 from epp.bench.soak.pods import Pod, rss_mb
@@ -35,6 +37,7 @@ class Soak:
         self.samples: list[tuple[float, str, dict[str, float]]] = []
         self.t0 = 0.0
         self.inflight = 0
+        self.attacker: Attacker | None = None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -122,6 +125,10 @@ class Soak:
                 ).run()
             ),
         ]
+        if self.cfg.attack_rate > 0:
+            host, port = self.url.removeprefix("http://").split("/")[0].split(":")
+            self.attacker = Attacker(host, int(port), self.cfg.attack_rate, self.now)
+            background.append(asyncio.create_task(self.attacker.run()))
         pending: set[asyncio.Task[None]] = set()
         next_at = 0.0
         while (t := self.now()) < self.cfg.duration:
@@ -185,6 +192,10 @@ class Soak:
             await asyncio.sleep(self.cfg.sample_every)
 
     def report(self) -> dict[str, Any]:
-        return Observations(
+        report = Observations(
             self.cfg, self.records, self.faults, self.rss, self.samples, len(self.pods)
         ).report()
+        attacks = self.attacker.results if self.attacker is not None else []
+        report["attacks"] = attacks_summary(attacks)
+        report["attack_5xx"] = server_errors(attacks)
+        return report
