@@ -244,15 +244,17 @@ async def unfinished_grpc(address: str, size: int, hold: float) -> int:
         await call.write(headers_msg(size))
         sent, step = 0, 1 << 20
         body = b'{"model":"bench-model","messages":[{"role":"user","content":"' + b"x" * size
-        while sent < size - 1024:
-            n = min(step, size - 1024 - sent)
-            await call.write(body_msg(body[sent : sent + n]))
-            sent += n
         try:
+            while sent < size - 1024:
+                n = min(step, size - 1024 - sent)
+                await call.write(body_msg(body[sent : sent + n]))
+                sent += n
             resp = await asyncio.wait_for(call.read(), hold)
         except TimeoutError:
             call.cancel()
             return 0
+        except grpc.aio.AioRpcError:  # epp answered (and ended the stream) while it was sent
+            return 1
         call.cancel()
         return int(resp.immediate_response.status.code) if resp.HasField("immediate_response") else 200
 
@@ -310,8 +312,10 @@ async def unfinished(stack: Stack, args: argparse.Namespace) -> None:
     print(
         f"{args.bodies} unfinished bodies of {args.mib:g} MiB, {'via Envoy' if args.via_envoy else 'to epp'}:"
     )
-    print(f"  answers {dict(collections.Counter(answers))} (0: none within --hold)")
-    print(f"  epp RSS: {base:.0f} MB before, peak {rss.peak_mb:.0f} MB")
+    print(f"  answers {dict(collections.Counter(answers))} (0: none within --hold; 1: ended while sent)")
+    held = sum(1 for a in answers if a == 0) or 1
+    per = (rss.peak_mb - base) * 1e3 / held
+    print(f"  epp RSS: {base:.0f} MB before, peak {rss.peak_mb:.0f} MB ({per:.0f} KB per body held)")
     if args.via_envoy:
         heap = await asyncio.to_thread(envoy_heap_mb, stack.envoy.admin_port)
         print(f"  Envoy heap after: {heap:.0f} MB allocated")

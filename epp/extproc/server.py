@@ -203,6 +203,12 @@ def build_server(
             ("grpc.server.max_pending_requests", pending),
             ("grpc.server.max_pending_requests_hard_limit", pending),
             ("grpc.max_receive_message_length", 64 << 20),
+            # gRPC's BDP probe grows every stream's receive window, so a stream epp does not
+            # read (a large body waiting for its lane) was still received into gRPC core's
+            # buffers: 100 unfinished 15 MiB bodies took epp to 1.6 GB whatever its limits. Without
+            # it a stream's window stays small unless epp is reading it (a pending read announces
+            # the message's size); large bodies read at the same pace here (bench_big_bodies).
+            ("grpc.http2.bdp_probe", 0),
             ("grpc.max_send_message_length", 64 << 20),
             # Off, so a second epp on the port is a startup error; on for `--workers N`, whose
             # workers share the port (epp.workers).

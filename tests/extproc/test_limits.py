@@ -371,3 +371,39 @@ async def test_a_declared_body_over_the_limit_is_413_before_any_byte() -> None:
     (answer,) = list(await s.handle(h.headers_msg(headers)))
     assert _status(answer) == 413
     s.close()
+
+
+async def test_streams_waiting_for_a_lane_are_not_received_into_grpcs_buffers() -> None:
+    """A large body waiting for its lane is not read; with gRPC's BDP probe on, its sender still
+    pushed megabytes into gRPC core's receive buffers (100 unfinished 15 MiB bodies: 1.6 GB of
+    RSS). Here the waiting senders' writes must stall after a little, as HTTP/2 flow control is
+    meant to hold them."""
+    limits = StreamLimits(large_body_bytes=1 << 20, large_body_lanes=1, large_body_rate=0)
+    guard = StreamGuard(limits)
+    server, port = await _server(guard)
+    chunk = b" " * (1 << 20)
+    written = [0] * 8
+    try:
+        options = [("grpc.max_send_message_length", 8 << 20)]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+
+            async def send(i: int) -> None:
+                call = stub.Process()
+                await call.write(h.headers_msg(h.post_headers()))
+                await call.write(h.body_msg(b'{"model":"m","messages":[', eos=False))
+                for _ in range(6):
+                    await call.write(h.body_msg(chunk, eos=False))
+                    written[i] += 1
+
+            sends = [asyncio.ensure_future(send(i)) for i in range(len(written))]
+            await asyncio.sleep(2.0)
+            for task in sends:
+                task.cancel()
+            await asyncio.gather(*sends, return_exceptions=True)
+    finally:
+        await server.stop(None)
+    # A lane holder sends its six (one that then idles gives its lane to the next, LANE_IDLE_S);
+    # each waiting one has one chunk read and little more in flight: 18 here. With the probe on,
+    # every waiting stream's chunks went into gRPC's buffers too: 36.
+    assert sum(written) <= 6 + 3 * (len(written) - 1), written
