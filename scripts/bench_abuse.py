@@ -160,15 +160,19 @@ def show_probe(name: str, xs: Sequence[float]) -> str:
 
 
 class Sampler:
-    """epp replica 0's RSS every 0.2 s (the peak) while running."""
+    """epp replica 0's RSS (and, given its admin port, Envoy's heap) every 0.2 s: the peaks."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, envoy_admin: int | None = None) -> None:
         self.pid, self.peak_mb = pid, 0.0
+        self.envoy_admin, self.envoy_peak_mb = envoy_admin, 0.0
         self.task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
             self.peak_mb = max(self.peak_mb, rss_mb(self.pid)[0])
+            if self.envoy_admin is not None:
+                heap = await asyncio.to_thread(envoy_heap_mb, self.envoy_admin)
+                self.envoy_peak_mb = max(self.envoy_peak_mb, heap)
             await asyncio.sleep(0.2)
 
     def __enter__(self) -> Sampler:
@@ -299,7 +303,7 @@ async def unfinished(stack: Stack, args: argparse.Namespace) -> None:
         lag0 = stack.lag()
         stop = asyncio.Event()
         probing = asyncio.create_task(probe(session, stack.url, stop))
-        with Sampler(epp.process.pid) as rss:
+        with Sampler(epp.process.pid, stack.envoy.admin_port if args.via_envoy else None) as rss:
             if args.via_envoy:
                 sends = [unfinished_http(stack.listen, size, args.hold) for _ in range(args.bodies)]
             else:
@@ -318,7 +322,7 @@ async def unfinished(stack: Stack, args: argparse.Namespace) -> None:
     print(f"  epp RSS: {base:.0f} MB before, peak {rss.peak_mb:.0f} MB ({per:.0f} KB per body held)")
     if args.via_envoy:
         heap = await asyncio.to_thread(envoy_heap_mb, stack.envoy.admin_port)
-        print(f"  Envoy heap after: {heap:.0f} MB allocated")
+        print(f"  Envoy heap: peak {rss.envoy_peak_mb:.0f} MB, after {heap:.0f} MB (allocated)")
     if sized is not None:
         buffered, streams_ = sized
         budget = (
