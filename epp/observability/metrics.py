@@ -367,7 +367,7 @@ PAIR_LINE_CHARS (the rest of one series line: metric name, label names, bucket, 
 PAIR_LABEL_BUDGET, and a pair that would overdraw it is counted as ("other", "other"). At ~215
 lines per pair that keeps the pairs' series under ~0.7 MB of /metrics page, whatever the names'
 length: ~23 pairs of short names, ~8 of 128-character ones. (Pairs alone capped at 64 let the
-page reach 2.0 MB with short names and 5.8 MB with 128-character ones.)"""
+page grow 1.9 MB with 8-character names and 5.7 MB with 128-character ones.)"""
 MAX_LABEL_CHARS = 128
 """A longer client-chosen value is counted as "other" (it would be stored in every series)."""
 OTHER = "other"
