@@ -54,10 +54,16 @@ class StreamLimits:
     large_body_bytes: int = 1 << 20
     large_body_lanes: int = 2
     large_body_rate: int = 64 << 20
+    # Per client connection, when the gateway names it (Envoy's `connection.id` attribute):
+    # request bodies still arriving, and the bytes they hold (0: no bound).
+    max_unfinished_bodies_per_connection: int = 16
+    max_buffered_body_bytes_per_connection: int = 64 << 20
 
     def __post_init__(self) -> None:
         if self.max_buffered_body_bytes < 1 or self.max_concurrent_streams < 1:
             raise ValueError("max_buffered_body_bytes and max_concurrent_streams must be at least 1")
+        if min(self.max_unfinished_bodies_per_connection, self.max_buffered_body_bytes_per_connection) < 0:
+            raise ValueError("the per-connection bounds must be >= 0")
         if self.request_body_timeout < 0:
             raise ValueError("request_body_timeout must be >= 0")
         if min(self.large_body_lanes, self.large_body_bytes, self.large_body_rate) < 0:
@@ -100,12 +106,14 @@ def sized_limits(memory: int, processes: int = 1, parsers: int = 1) -> tuple[int
 class StreamGuard:
     """The counters shared by every stream of one server (one event loop: no locks needed)."""
 
-    __slots__ = ("_bucket", "_lanes", "buffered", "limits", "streams")
+    __slots__ = ("_bucket", "_lanes", "buffered", "connections", "limits", "streams")
 
     def __init__(self, limits: StreamLimits = StreamLimits()) -> None:
         self.limits = limits
         self.buffered = 0  # request-body bytes held by streams now
         self.streams = 0  # streams admitted and not yet closed
+        # Client connection id -> [unfinished bodies, their buffered bytes] (`open_body`).
+        self.connections: dict[float, list[int]] = {}
         lanes, rate = limits.large_body_lanes, limits.large_body_rate
         self._lanes = asyncio.Semaphore(lanes) if lanes else None
         self._bucket = _Bucket(rate) if rate else None
@@ -173,14 +181,45 @@ class StreamGuard:
     def leave(self) -> None:
         self.streams -= 1
 
-    def reserve(self, n: int) -> bool:
+    def reserve(self, n: int, connection: float | None = None) -> str | None:
+        """Take `n` buffered bytes (of a body on `connection`, when the gateway named it); the
+        bound that refuses them ("bytes", "connection bytes"), or None."""
         if self.buffered + n > self.limits.max_buffered_body_bytes:
-            return False
+            return "bytes"
+        if connection is not None:
+            held = self.connections[connection]
+            bound = self.limits.max_buffered_body_bytes_per_connection
+            if bound and held[1] + n > bound:
+                return "connection bytes"
+            held[1] += n
         self.buffered += n
+        return None
+
+    def release(self, n: int, connection: float | None = None) -> None:
+        self.buffered -= n
+        if connection is not None and n:
+            self.connections[connection][1] -= n
+
+    def open_body(self, connection: float) -> bool:
+        """A body begins arriving on a client connection: False past the per-connection bound of
+        unfinished bodies (one client must not hold what all clients share)."""
+        held = self.connections.get(connection)
+        if held is None:
+            held = self.connections[connection] = [0, 0]
+        bound = self.limits.max_unfinished_bodies_per_connection
+        if bound and held[0] >= bound:
+            if not held[0]:
+                del self.connections[connection]
+            return False
+        held[0] += 1
         return True
 
-    def release(self, n: int) -> None:
-        self.buffered -= n
+    def close_body(self, connection: float) -> None:
+        """The body is whole (or the stream ended): its bytes must have been released first."""
+        held = self.connections[connection]
+        held[0] -= 1
+        if held[0] <= 0:
+            del self.connections[connection]
 
     async def read_body(self, read: Callable[[], Awaitable[Any]], started: float) -> Any:
         """The stream's next message while its body is still arriving, or None when the body

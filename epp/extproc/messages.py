@@ -261,6 +261,22 @@ def metadata_string(request: ProcessingRequest, namespace: str, key: str) -> str
     return value.string_value if value.HasField("string_value") else None
 
 
+ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"
+CONNECTION_ID = "connection.id"
+
+
+def connection_id(request: ProcessingRequest) -> float | None:
+    """The client connection's id, when the gateway sends Envoy's `connection.id` attribute
+    (`request_attributes`; the generated full-duplex config does); None otherwise."""
+    attrs = request.attributes.get(ATTRIBUTES_NAMESPACE)
+    if attrs is None:
+        return None
+    value = attrs.fields.get(CONNECTION_ID)
+    if value is None or not value.HasField("number_value"):
+        return None
+    return float(value.number_value)
+
+
 def subset_hint(request: ProcessingRequest) -> list[str] | None:
     """Envoy's subset hint: None when absent (no restriction); otherwise the listed endpoints,
     given as a list or a comma-separated string (the lightweight EPP accepts both)."""

@@ -69,7 +69,12 @@ LANE_IDLE_S = 1.0
 
 # While a limit of epp.extproc.limits holds, every request is answered 503: one warning per 5 s
 # per limit (with the count it swallowed) rather than one per request. Per process.
-OVER_LIMIT_LOGS = {"streams": Throttle(5.0), "bytes": Throttle(5.0), "bug": Throttle(10.0)}
+OVER_LIMIT_LOGS = {
+    "streams": Throttle(5.0),
+    "bytes": Throttle(5.0),
+    "connection": Throttle(5.0),
+    "bug": Throttle(10.0),
+}
 
 
 class Stream:
@@ -77,8 +82,10 @@ class Stream:
 
     __slots__ = (
         "_admitted",
+        "_body_open",
         "_body_parts",
         "_body_size",
+        "_connection",
         "_director",
         "_guard",
         "_lane",
@@ -106,6 +113,8 @@ class Stream:
         self._write = write  # sends a message out of turn (the hold's timeout override)
         self._guard = guard  # epp.extproc.limits: shared bounds on streams and buffered bytes
         self._admitted = False
+        self._connection: float | None = None  # the client connection, when the gateway names it
+        self._body_open = False  # counted among its connection's unfinished bodies
         self._reserved = 0
         self._lane = False  # holds one of the guard's large-body lanes
         self._paced = False  # a large body: its lane taken once, each later chunk waits for the rate
@@ -163,6 +172,23 @@ class Stream:
             limit = self._director.settings.max_body_bytes
             if _content_length(self.headers) > limit:
                 return self._fail(errors.PayloadTooLarge(f"request body exceeds the limit of {limit} bytes"))
+            connection = m.connection_id(msg)
+            if (
+                connection is not None
+                and not msg.request_headers.end_of_stream
+                and self._request_mode == _FULL_DUPLEX
+            ):
+                # The body streams into epp as it arrives: one client connection may hold only
+                # so many unfinished bodies (in BUFFERED mode Envoy holds them).
+                if not guard.open_body(connection):
+                    return self._fail(
+                        errors.NoCapacity(
+                            "too many request bodies still arriving on this client connection "
+                            f"({guard.limits.max_unfinished_bodies_per_connection})"
+                        ),
+                        throttle=OVER_LIMIT_LOGS["connection"],
+                    )
+                self._connection, self._body_open = connection, True
         if msg.request_headers.end_of_stream:
             return await self._route(msg, body=None, reply="headers")
         if self._request_mode == _FULL_DUPLEX:
@@ -200,12 +226,21 @@ class Stream:
                         return self.timed_out(paced=True)
                 elif self._paced and not await guard.pace(self._started, len(chunk)):
                     return self.timed_out(paced=True)
-                if not guard.reserve(len(chunk)):
+                refused = guard.reserve(len(chunk), self._connection)
+                if refused == "bytes":
                     return self._fail(
                         errors.ServiceUnavailable(
                             "epp is buffering its limit of request-body bytes (--max-buffered-body-bytes)"
                         ),
                         throttle=OVER_LIMIT_LOGS["bytes"],
+                    )
+                if refused is not None:
+                    return self._fail(
+                        errors.NoCapacity(
+                            "the request bodies arriving on this client connection hold "
+                            "epp's limit of bytes (--max-buffered-body-bytes-per-connection)"
+                        ),
+                        throttle=OVER_LIMIT_LOGS["connection"],
                     )
                 self._reserved += len(chunk)
             self._body_parts.append(chunk)
@@ -431,19 +466,28 @@ class Stream:
         of responses in flight."""
         if self.ctx is not None or self.closed:
             self._give_lane()  # the routing answer (and the body sent back with it) is written
-        if self._reserved and self.ctx is not None:
-            self.ctx.body_forwarded()
-            assert self._guard is not None
-            self._guard.release(self._reserved)
-            self._reserved = 0
+        if self.ctx is not None:
+            if self._reserved:
+                self.ctx.body_forwarded()
+                assert self._guard is not None
+                self._guard.release(self._reserved, self._connection)
+                self._reserved = 0
+            self._close_body()
+
+    def _close_body(self) -> None:
+        if self._body_open:
+            self._body_open = False
+            assert self._guard is not None and self._connection is not None
+            self._guard.close_body(self._connection)
 
     def close(self) -> None:
         """The gRPC stream ended, however it ended: release the request's booking once."""
         guard = self._guard
         if guard is not None:
             # what `answered` has not given back: a body never routed (error, reset, timeout)
-            guard.release(self._reserved)
+            guard.release(self._reserved, self._connection)
             self._reserved = 0
+            self._close_body()
             self._give_lane()
             if self._admitted:
                 guard.leave()

@@ -55,6 +55,20 @@ def add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
         "memory limit, at most 10000; docs/security.md)",
     )
     g.add_argument(
+        "--max-unfinished-bodies-per-connection",
+        type=non_negative_int,
+        default=16,
+        help="request bodies still arriving from one client connection, when the gateway names it "
+        "(Envoy's connection.id attribute; the generated full-duplex config sends it); more are "
+        "429 (default 16, 0: no bound)",
+    )
+    g.add_argument(
+        "--max-buffered-body-bytes-per-connection",
+        type=byte_size,
+        default=64 << 20,
+        help="request-body bytes those bodies may hold; past it 429 (default 64Mi, 0: no bound)",
+    )
+    g.add_argument(
         "--request-body-timeout",
         type=duration,
         default=60.0,

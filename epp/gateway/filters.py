@@ -49,6 +49,10 @@ def ext_proc_filter(params: GatewayParams) -> dict[str, Any]:
         "processing_mode": mode,
         "metadata_options": metadata_options,
     }
+    if duplex_request:
+        # Bodies stream into epp as they arrive: it bounds the unfinished ones per client
+        # connection, which this names (`epp serve --max-unfinished-bodies-per-connection`).
+        typed_config["request_attributes"] = ["connection.id"]
     if params.mode_override:
         typed_config["allow_mode_override"] = True
     return {"name": "envoy.filters.http.ext_proc", "typed_config": typed_config}

@@ -343,6 +343,8 @@ def _grpc_server(
                 large_body_bytes=args.large_body_min_bytes,
                 large_body_lanes=args.max_concurrent_large_bodies,
                 large_body_rate=args.large_body_rate,
+                max_unfinished_bodies_per_connection=args.max_unfinished_bodies_per_connection,
+                max_buffered_body_bytes_per_connection=args.max_buffered_body_bytes_per_connection,
             )
         ),
     )

@@ -563,6 +563,7 @@ def test_envoy_config_mirrors_epps_generator(name: str) -> None:
         "grpc_service",
         "allow_mode_override",
         "status_on_error",
+        "request_attributes",
     ):
         assert mine.get(key) == theirs.get(key), key
     # The default lets epp skip off-sample response bodies; GIE's full-duplex config otherwise.

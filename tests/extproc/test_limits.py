@@ -407,3 +407,39 @@ async def test_streams_waiting_for_a_lane_are_not_received_into_grpcs_buffers() 
     # each waiting one has one chunk read and little more in flight: 18 here. With the probe on,
     # every waiting stream's chunks went into gRPC's buffers too: 36.
     assert sum(written) <= 6 + 3 * (len(written) - 1), written
+
+
+def _on_connection(connection: int) -> object:
+    msg = h.headers_msg(h.post_headers())
+    msg.attributes["envoy.filters.http.ext_proc"].fields["connection.id"].number_value = connection
+    return msg
+
+
+async def test_unfinished_bodies_are_bounded_per_client_connection() -> None:
+    """With Envoy's connection.id attribute (the generated full-duplex config sends it), one
+    client connection may hold only so many bodies still arriving, and so many of their bytes:
+    past either 429, while other connections go on."""
+    director, _ = h.make_director()
+    limits = StreamLimits(
+        max_unfinished_bodies_per_connection=2, max_buffered_body_bytes_per_connection=100_000
+    )
+    guard = StreamGuard(limits)
+    part = b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 30_000
+    streams = [stream_mod.Stream(director, guard) for _ in range(5)]
+    a, b, c, other, d = streams
+    for s in (a, b):
+        assert list(await s.handle(_on_connection(7))) == []
+        assert list(await s.handle(h.body_msg(part, eos=False))) == []
+    (refused,) = list(await c.handle(_on_connection(7)))  # a third body on connection 7
+    assert _status(refused) == 429 and b"client connection" in refused.immediate_response.body
+    assert list(await other.handle(_on_connection(8))) == []  # another connection goes on
+    assert list(await other.handle(h.body_msg(part, eos=False))) == []
+    # 60,000 bytes held on connection 7: another 30,000 fit, the next chunk does not.
+    assert list(await a.handle(h.body_msg(part, eos=False))) == []
+    (refused,) = list(await b.handle(h.body_msg(part, eos=False)))
+    assert _status(refused) == 429 and b"per-connection" in refused.immediate_response.body
+    b.close()
+    assert list(await d.handle(_on_connection(7))) == []  # b's place given back
+    for s in streams:
+        s.close()
+    assert guard.connections == {} and guard.buffered == 0

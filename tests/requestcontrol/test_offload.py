@@ -305,6 +305,8 @@ async def test_the_director_routes_a_large_chat_with_the_token_ids_it_computes_i
         assert ctx2.request.token_ids
         assert ctx2.request.chat_flags == (False, False)
         assert ctx2.body == b
+        ctx.finish(complete=True)  # the running-requests gauge is the process's
+        ctx2.finish(complete=True)
 
 
 async def test_two_requests_with_one_x_request_id_each_get_their_own_prompt(
