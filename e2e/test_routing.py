@@ -402,7 +402,7 @@ async def test_fallback_list_survives_a_dead_primary(
 # --- epp failure and recovery ---------------------------------------------------------------------------
 
 
-async def test_epp_killed_mid_load_fails_closed_and_recovers(
+async def test_epp_killed_mid_load_holds_new_requests_and_recovers(
     stacks: StackFactory, session: aiohttp.ClientSession
 ) -> None:
     stack = stacks()
@@ -444,10 +444,13 @@ async def test_epp_killed_mid_load_fails_closed_and_recovers(
         await asyncio.wait_for(asyncio.gather(*workers), timeout=30)
 
     before = [o for s, e, o in results if e < killed_at]
-    down = [o for s, e, o in results if s > killed_at + 0.05 and e < restart_at]
+    down = [o for s, e, o in results if e > killed_at and s < restart_at]  # in flight or sent
     assert before and all(o == 200 for o in before), before
-    assert down, "no request was sent while epp was down"
-    assert all(o == 500 for o in down), f"expected Envoy's fail-closed 500 while epp is down: {down}"
+    assert down, "no request while epp was down"
+    # Fail closed, never 500: the generated Envoy retries a stream that cannot reach epp (the
+    # new process routes it) and answers 503 with a reason once the retries are spent; a
+    # response the killed epp was following may be cut (503 too).
+    assert set(down) <= {200, 503} and 200 in down, f"while epp was down: {down}"
     after = [o for s, e, o in results if s > ready_at]
     assert 200 in after
 
