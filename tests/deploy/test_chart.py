@@ -633,7 +633,10 @@ def test_istio_and_gateway_api_examples() -> None:
     assert patch["match"]["context"] == "GATEWAY"
     ext_proc = patch["patch"]["value"]["typed_config"]
     assert ext_proc["grpc_service"]["envoy_grpc"]["cluster_name"] == f"outbound|9002||{host}"
-    assert ext_proc["processing_mode"] == _ext_proc(_reference(True))["processing_mode"]
+    reference = _ext_proc(_reference(True))
+    for key in ("processing_mode", "status_on_error", "request_attributes"):
+        assert ext_proc[key] == reference[key], key
+    assert ext_proc["grpc_service"]["retry_policy"] == reference["grpc_service"]["retry_policy"]
     route = chart.one(docs, "HTTPRoute")
     (rule_,) = route["spec"]["rules"]
     assert rule_["backendRefs"] == [
