@@ -65,6 +65,7 @@ import yaml
 from epp.api.routes import Parsers
 from epp.scheduling import (
     config_compat,
+    config_yaml,
     disagg,
     framework,
     interfaces,
@@ -210,8 +211,8 @@ def load_config(
     `base_dir` (default: the working directory)."""
     if text is None:
         text = default_config_text(precise=handle.kv_index is not None)
-    root, data = _parse_yaml(text)
-    where = _Locator(root)
+    root, data = config_yaml.parse(text)
+    where = config_yaml.Locator(root, KIND, _Document.__struct_fields__)
     if not isinstance(data, dict):
         raise ConfigError(f"the configuration must be a YAML mapping (an {KIND}), got {type(data).__name__}")
     try:
@@ -227,7 +228,9 @@ def load_config(
 
 
 class _Builder:
-    def __init__(self, doc: _Document, where: _Locator, handle: interfaces.Handle, base_dir: Path) -> None:
+    def __init__(
+        self, doc: _Document, where: config_yaml.Locator, handle: interfaces.Handle, base_dir: Path
+    ) -> None:
         self.doc = doc
         self.where = where
         self.handle = handle
@@ -373,7 +376,7 @@ class _Builder:
         steps: list[str | int] = []
         at = re.search(r"at `\$(?P<at>[^`]*)`", message)
         if at is not None:
-            steps = [key or int(index) for key, index in _STEP.findall(at["at"])]
+            steps = config_yaml.steps(at["at"])
         unknown = re.search(r"unknown field `([^`]+)`", message)
         if unknown is not None:
             steps.append(unknown[1])
@@ -577,95 +580,5 @@ def _is_scheduling(plugin: interfaces.Plugin) -> bool:
     return isinstance(plugin, interfaces.Filter | interfaces.Scorer | interfaces.Picker)
 
 
-# ---- YAML and error locations ----------------------------------------------------------------
-
-_Path = tuple[str | int, ...]
+_Path = config_yaml.Path
 _Entry = tuple[_Path, str, float | None]  # one profile plugin: (where, pluginRef, weight)
-_AT = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<at>.*)`)?$", re.DOTALL)
-_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>.*)`$")
-
-
-def _parse_yaml(text: str) -> tuple[yaml.Node, Any]:
-    """(node tree, plain data). The node tree keeps line numbers for later error messages."""
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            raise ConfigError("the configuration is empty")
-        _reject_duplicate_keys(root)
-        return root, loader.construct_document(root)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError(f"invalid YAML{at}: {problem}") from None
-    finally:
-        loader.dispose()
-
-
-def _reject_duplicate_keys(node: yaml.Node) -> None:
-    # PyYAML keeps the last of duplicate keys silently; a repeated `plugins:` would drop the first.
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                if key.value in seen:
-                    raise ConfigError(f"duplicate key {key.value!r} at line {key.start_mark.line + 1}")
-                seen.add(key.value)
-            _reject_duplicate_keys(value)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _reject_duplicate_keys(item)
-
-
-class _Locator:
-    """Turns a path in the document into `plugins[2].type (line 9)` for error messages."""
-
-    def __init__(self, root: yaml.Node) -> None:
-        self._root = root
-
-    def line(self, path: _Path) -> int:
-        """Line of the deepest node along `path` (a mapping entry's line is its key's)."""
-        node: yaml.Node = self._root
-        line = node.start_mark.line
-        for step in path:
-            if isinstance(node, yaml.MappingNode) and isinstance(step, str):
-                entry = next((kv for kv in node.value if kv[0].value == step), None)
-                if entry is None:
-                    break
-                line, node = entry[0].start_mark.line, entry[1]
-            elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
-                node = node.value[step]
-                line = node.start_mark.line
-            else:
-                break
-        return line + 1
-
-    @staticmethod
-    def dotted(path: _Path) -> str:
-        return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
-
-    def error(self, path: _Path, message: str) -> ConfigError:
-        return ConfigError(f"{self.dotted(path)} (line {self.line(path)}): {message}")
-
-    def validation_error(
-        self, err: msgspec.ValidationError, *, prefix: _Path = (), known: Sequence[str] = ()
-    ) -> ConfigError:
-        """`err` located in the document; `prefix` is where the decoded part sits (the whole
-        document by default), `known` its keys, named when an unknown key is found."""
-        match = _AT.match(str(err))
-        assert match is not None  # the pattern matches any string
-        problem, at = match["problem"], match["at"] or ""
-        path: list[str | int] = [*prefix, *(key or int(index) for key, index in _STEP.findall(at))]
-        unknown = _UNKNOWN.match(problem)
-        if unknown is not None:
-            path.append(unknown["key"])
-            problem = f"unknown key {unknown['key']!r}"
-            if len(path) == 1:
-                problem += f"; an {KIND} has: {', '.join(_Document.__struct_fields__)}"
-            elif known:
-                problem += f"; known keys: {', '.join(known)}"
-        if not path:
-            return ConfigError(f"invalid {KIND}: {problem}")
-        return self.error(tuple(path), problem)
