@@ -188,7 +188,8 @@ class FastRun:
         self.endpoints = list(self.datastore.endpoints())  # in spec order
         self.index = BlockIndex() if policy.kv_events else None
         handle = Handle(datastore=self.datastore, kv_index=self.index)
-        cfg = sched_config.load_config(policy.config_text(), handle)
+        # epp's own policies: llm-d's Alpha plugin types are meant (as with --allow-experimental-plugins).
+        cfg = sched_config.load_config(policy.config_text(), handle, allow_experimental=True)
         detector, self.flow, _ = flowcontrol.from_scheduler_config(
             cfg, self.datastore.candidates, timer=self, pool_name="bench"
         )

@@ -57,7 +57,9 @@ class ReplicatedRun(FastRun):
             store.sync("bench", specs)
             # The same configuration text builds new plugin instances: nothing learned is shared.
             cfg = sched_config.load_config(
-                self.policy.config_text(), Handle(datastore=store, kv_index=self.index)
+                self.policy.config_text(),
+                Handle(datastore=store, kv_index=self.index),
+                allow_experimental=True,
             )
             self.directors.append(
                 Director(

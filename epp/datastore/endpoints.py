@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
 
 from epp import clock
 from epp.observability import metrics
@@ -46,6 +47,8 @@ class ModelServerMetrics:
     # vllm:request_success_total summed over its series (a counter); None when the page has none.
     # Traffic-share estimation (epp/scheduling/plugins/traffic_share.py) reads its growth.
     requests_total: float | None = None
+    # An engine config's custom scalar metrics (llm-d's `customMetrics`): endpoint attribute -> value.
+    custom: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +65,11 @@ class EndpointSpec:
     model: str = ""  # the base model served, when the source says ("" = unknown): seeds KV block keys
     kv_events: str | None = None  # its KV-event publisher, "tcp://host:port"; None = epp's default
     kv_replay: str | None = None  # that publisher's replay (ROUTER) endpoint, when enabled
+    # Kubernetes (and llm-d's file discovery): the pod's namespace, its spec.hostname and its
+    # node's address (status.hostIP); "" when the source does not say.
+    namespace: str = ""
+    hostname: str = ""
+    node_address: str = ""
 
     @property
     def hostport(self) -> str:
@@ -84,6 +92,9 @@ class Endpoint:
     # max_model_len per model the server lists on GET /v1/models (vLLM's model cards), set by the
     # scraper through `Datastore.set_model_limits`; empty until read, or when the server lists none.
     model_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Values data-layer sources other than the metrics scrape attach (llm-d's endpoint attributes),
+    # by (attribute, producer), e.g. ("GPUUtilization", "dcgm-extractor") from DCGM's exporter.
+    attributes: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:

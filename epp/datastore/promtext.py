@@ -1,4 +1,4 @@
-"""Extract the few vLLM series epp routes on from a Prometheus text exposition, fast.
+"""Extract the few series epp routes on from a model server's Prometheus text exposition, fast.
 
 A real vLLM's /metrics is tens of KB, nearly all of it histogram buckets epp never reads, and epp
 fetches it from every endpoint every 50 ms. A general parser (prometheus_client's
@@ -8,7 +8,10 @@ runs at memchr-like speed in C) and parses only the handful of lines found. Meas
 tests/datastore/bench_promtext.py on a 40 KB / 66 KB vLLM page: ~30 / ~40 us per parse against
 ~7 / ~12 ms for the general parser, about 250-300x less.
 
-Series read (see ModelServerMetrics):
+Series read for vLLM (see ModelServerMetrics); other engines' names, and label matchers such as
+Triton's `{request_type="waiting"}`, come from their mapping (`epp.datastore.engines`), read the
+same way (queues summed, usage and cache sizes the largest value, a cache size given as a gauge's
+value taken as it is, an engine's custom scalar metrics into `ModelServerMetrics.custom`):
 
 - `vllm:num_requests_waiting`, `vllm:num_requests_running`: summed over all series, because one
   port may front several engines (data-parallel `engine="0"`, `"1"`, ...) or models.
@@ -36,6 +39,7 @@ import math
 import re
 
 from epp.datastore.endpoints import ModelServerMetrics
+from epp.datastore.engines import VLLM, EngineMapping, MetricSpec
 
 WAITING = b"vllm:num_requests_waiting"
 RUNNING = b"vllm:num_requests_running"
@@ -98,6 +102,11 @@ def _samples(data: bytes, name: bytes) -> list[Sample]:
     return out
 
 
+def samples(data: bytes, name: bytes) -> list[Sample]:
+    """Every sample (label block, value) of metric `name` exactly on the page."""
+    return _samples(data, name)
+
+
 def _split(name: bytes, rest: bytes) -> Sample:
     """Parse what follows the metric name on its line: `{labels} value [timestamp]`."""
     labels = b""
@@ -156,9 +165,9 @@ def _names(labels: dict[str, str], key: str) -> frozenset[str]:
 # fifteen labels). Memoising on the raw block makes a repeat a dict lookup. Bounded, so a server
 # that puts a changing label in them cannot grow it without limit.
 @functools.lru_cache(maxsize=256)
-def _cache_info(block: bytes) -> tuple[int | None, int | None]:
+def _cache_info(block: bytes, size_label: str, count_label: str) -> tuple[int | None, int | None]:
     labels = parse_labels(block)
-    return _int_label(labels, "block_size"), _int_label(labels, "num_gpu_blocks")
+    return _int_label(labels, size_label), _int_label(labels, count_label)
 
 
 @functools.lru_cache(maxsize=256)
@@ -177,25 +186,64 @@ def _count(samples: list[Sample]) -> int:
     return max(0, round(total)) if math.isfinite(total) else 0
 
 
-def parse(data: bytes | str) -> ModelServerMetrics:
-    """Extract epp's metrics from one /metrics page. `updated_at` is left 0 for the caller to set.
+def _matching(data: bytes, spec: MetricSpec) -> list[Sample]:
+    """The samples of `spec`'s metric whose labels include all of `spec`'s label matchers."""
+    samples = _samples(data, spec.name)
+    if not spec.labels or not samples:
+        return samples
+    wanted = spec.labels
+    out = []
+    for block, value in samples:
+        labels = parse_labels(block)
+        if all(labels.get(k) == v for k, v in wanted):
+            out.append((block, value))
+    return out
 
-    Raises PromTextError if no wanted series is present or a wanted line is malformed.
+
+def _gauge(data: bytes, spec: MetricSpec | None) -> float | None:
+    """The largest finite value among `spec`'s series, None when it has none."""
+    if spec is None:
+        return None
+    values = [v for _, v in _matching(data, spec) if math.isfinite(v)]
+    return max(values) if values else None
+
+
+def parse(data: bytes | str, engine: EngineMapping = VLLM) -> ModelServerMetrics:
+    """Extract epp's metrics from one /metrics page of `engine` (vLLM by default; its names and
+    llm-d's mappings for other engines: `epp.datastore.engines`). `updated_at` is left 0 for the
+    caller to set.
+
+    Raises PromTextError if none of the engine's series is present or a wanted line is malformed.
     """
     if isinstance(data, str):
         data = data.encode()
-    waiting = _samples(data, WAITING)
-    running = _samples(data, RUNNING)
-    # The old name is looked for only when the new one is absent: one page scan saved.
-    usage = _samples(data, KV_USAGE) or _samples(data, KV_USAGE_OLD)
-    cache_info = _samples(data, CACHE_INFO)
-    lora_info = _samples(data, LORA_INFO)
-    if not (waiting or running or usage or cache_info or lora_info):
-        raise PromTextError("no vLLM series found (vllm:num_requests_waiting, ...)")
+    none: list[Sample] = []
+    waiting = _matching(data, engine.queued) if engine.queued is not None else none
+    running = _matching(data, engine.running) if engine.running is not None else none
+    usage = none
+    if engine.kv_usage is not None:
+        usage = _matching(data, engine.kv_usage)
+        # vLLM before 0.10: the old name, looked for only when the new one is absent.
+        if not usage and engine.kv_usage.name == KV_USAGE and not engine.kv_usage.labels:
+            usage = _samples(data, KV_USAGE_OLD)
+    cache_info = _matching(data, engine.cache_info) if engine.cache_info is not None else none
+    lora_info = _matching(data, engine.lora) if engine.lora is not None else none
+    block_gauge = _gauge(data, engine.cache_block_size)
+    blocks_gauge = _gauge(data, engine.cache_num_blocks)
+    custom = {key: _gauge(data, spec) for key, spec in engine.custom}
+    found = custom and any(v is not None for v in custom.values())
+    if (
+        not (waiting or running or usage or cache_info or lora_info or found)
+        and block_gauge is None
+        and blocks_gauge is None
+    ):
+        names = ", ".join(str(s) for s in engine.specs()) or "none"
+        raise PromTextError(f"no {engine.name} series found ({names})")
     m = ModelServerMetrics()
-    success = [v for _, v in _samples(data, SUCCESS) if math.isfinite(v) and v >= 0]
-    if success:
-        m.requests_total = sum(success)
+    if engine is VLLM or engine.queued == VLLM.queued:
+        success = [v for _, v in _samples(data, SUCCESS) if math.isfinite(v) and v >= 0]
+        if success:
+            m.requests_total = sum(success)
 
     m.waiting = _count(waiting)
     m.running = _count(running)
@@ -203,15 +251,23 @@ def parse(data: bytes | str) -> ModelServerMetrics:
     if fractions:
         m.kv_usage = min(1.0, max(0.0, max(fractions)))
 
-    for block, _ in cache_info:
-        bs, nb = _cache_info(block)
-        if bs is not None:
-            m.block_size = max(m.block_size, bs)
-        if nb is not None:
-            m.num_gpu_blocks = max(m.num_gpu_blocks, nb)
+    if cache_info:
+        size_label, count_label = engine.cache_block_size_label, engine.cache_num_blocks_label
+        for block, _ in cache_info:
+            bs, nb = _cache_info(block, size_label, count_label)
+            if bs is not None:
+                m.block_size = max(m.block_size, bs)
+            if nb is not None:
+                m.num_gpu_blocks = max(m.num_gpu_blocks, nb)
+    if block_gauge is not None and block_gauge >= 0:
+        m.block_size = max(m.block_size, int(block_gauge))
+    if blocks_gauge is not None and blocks_gauge >= 0:
+        m.num_gpu_blocks = max(m.num_gpu_blocks, int(blocks_gauge))
 
     lora = [(v, block) for block, v in lora_info if not math.isnan(v)]
     if lora:
         _, block = max(lora, key=lambda s: s[0])
         m.max_lora, m.running_loras, m.waiting_loras = _lora_info(block)
+    if engine.custom:
+        m.custom = {key: value for key, value in custom.items() if value is not None}
     return m

@@ -55,8 +55,10 @@ should raise the interval.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
+import ssl
 import time
 from typing import Any
 
@@ -66,6 +68,7 @@ import msgspec
 from epp import tasks
 from epp.datastore import promtext
 from epp.datastore.endpoints import Datastore, Endpoint, ModelServerMetrics
+from epp.datastore.engines import DEFAULT_ENGINES, Engines
 from epp.observability import collectors, metrics
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,26 @@ LATE_TIMEOUT_S = 0.5
 # /v1/models lists a card per model and adapter: a few KB even for a server with many adapters.
 MAX_MODELS_BODY_BYTES = 1024 * 1024
 MODELS_RETRY_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TLSFiles:
+    """PEM files for scraping over https: a CA bundle to verify the servers with, and a client
+    certificate and key to present (each "" when not given)."""
+
+    ca_cert: str = ""
+    client_cert: str = ""
+    client_key: str = ""
+
+    def context(self, *, verify: bool) -> ssl.SSLContext:
+        """The SSL context; raises OSError / ssl.SSLError for files that cannot be used."""
+        ctx = ssl.create_default_context(cafile=self.ca_cert or None)
+        if not verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.client_cert:
+            ctx.load_cert_chain(self.client_cert, self.client_key or None)
+        return ctx
 
 
 class _ScrapeError(Exception):
@@ -122,13 +145,18 @@ class MetricsScraper:
         scheme: str = "http",
         port: int | None = None,
         insecure_skip_verify: bool = False,
+        tls: TLSFiles | None = None,
+        engines: Engines = DEFAULT_ENGINES,
     ) -> None:
         """`timeout` (per request) defaults to max(20 x interval, 0.5 s): 1 s at the default 50 ms.
 
         GIE's `--model-server-metrics-*` flags: `scheme` http or https (the model-card reads use it
         too: a server with TLS serves both on its own port), `port` the metrics port of every
         endpoint whose entry names none (None: its serving port), `insecure_skip_verify` accepts
-        any server certificate over https (GIE's default is to verify)."""
+        any server certificate over https (GIE's default is to verify); `tls` (llm-d's
+        metrics-data-source `caCertPath`, `clientCertPath`, `clientKeyPath`) the CA to verify with
+        and a client certificate to present. `engines` names each endpoint's metrics by its
+        engine (`epp.datastore.engines`; vLLM's by default)."""
         if interval <= 0 or failure_threshold < 1 or staleness <= 0:
             raise ValueError("interval and staleness must be > 0 and failure_threshold >= 1")
         if scheme not in ("http", "https"):
@@ -136,7 +164,10 @@ class MetricsScraper:
         self._scheme = scheme
         self._metrics_port = port or None
         # aiohttp: False skips verification; True uses its default (verifying) context.
-        self._ssl = not (scheme == "https" and insecure_skip_verify)
+        self._ssl: ssl.SSLContext | bool = not (scheme == "https" and insecure_skip_verify)
+        if tls is not None and scheme == "https":
+            self._ssl = tls.context(verify=not insecure_skip_verify)
+        self._engines = engines
         self._datastore = datastore
         self._pool_name = pool_name
         self.interval = interval
@@ -298,7 +329,7 @@ class MetricsScraper:
     async def _scrape(self, ep: Endpoint, started: float) -> None:
         attempted = time.monotonic()
         try:
-            result = promtext.parse(await self._fetch(ep))
+            result = promtext.parse(await self._fetch(ep), self._engines.for_labels(ep.spec.labels))
         # Anything a scrape raises is a failed scrape, never a dead loop: the parser raises only
         # PromTextError by design, but a garbage page must not find an exception we did not list.
         # (CancelledError is a BaseException and passes through.)

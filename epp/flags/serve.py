@@ -19,6 +19,7 @@ import argparse
 
 from epp.flags.compat import add_gie_arguments
 from epp.flags.kv_events import add_kv_events_arguments
+from epp.flags.plugins import add_plugin_arguments
 from epp.flags.request_limits import add_request_limit_arguments
 from epp.flags.types import byte_size, duration, go_bool, model_length, positive_int, ratio, workers_count
 
@@ -57,6 +58,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="larger request bodies are answered 413 (default 16Mi)",
     )
     add_request_limit_arguments(p)
+    add_plugin_arguments(p)
     go_bool(
         g, "disable-endpoint-subset-filter", default=False, help="ignore the proxy's envoy.lb.subset_hint"
     )

@@ -198,6 +198,9 @@ def pod_endpoints(
                 model=model,
                 kv_events=None if events_port is None else f"tcp://{host}:{events_port + rank}",
                 kv_replay=None if replay_port is None else f"tcp://{host}:{replay_port + rank}",
+                namespace=str(meta.get("namespace") or ""),
+                hostname=str((pod.get("spec") or {}).get("hostname") or ""),
+                node_address=str(pod["status"].get("hostIP") or ""),
             )
         )
     return specs

@@ -64,11 +64,14 @@ import yaml
 
 from epp.api.routes import Parsers
 from epp.scheduling import (
+    catalog,
     config_compat,
     config_yaml,
+    datalayer,
     disagg,
     framework,
     interfaces,
+    producers,
     registry,
     request_handler,
     token_producer,
@@ -79,9 +82,9 @@ from epp.scheduling.plugins import (
     no_hit_lru_scorer,
     precise_llmd,
     precise_prefix_cache_scorer,
-    prefix_cache_scorer,
     single_profile_handler,
 )
+from epp.scheduling.plugins.prefix_match_scorer import PrefixProducer
 from epp.tokenize.render import RenderSpec
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
@@ -115,6 +118,8 @@ class SchedulerConfig:
     flow_control: FlowControlSection | None = None
     # Which parser reads a request, by path (requestHandler.parsers: epp.scheduling.request_handler).
     parsers: Parsers = dataclasses.field(default_factory=Parsers.default)
+    # llm-d's data layer: the metrics scrape, DCGM polls, file discovery, topology labels.
+    data_layer: datalayer.DataLayerSettings = dataclasses.field(default_factory=datalayer.DataLayerSettings)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,7 +160,7 @@ class _Document(msgspec.Struct, forbid_unknown_fields=True):
     schedulingProfiles: list[_ProfileSpec] = []
     featureGates: list[str] = []
     saturationDetector: config_compat.SaturationDetectorSection | None = None
-    dataLayer: config_compat.DataLayer | None = None
+    dataLayer: datalayer.Section | None = None
     flowControl: dict[str, Any] | None = None
     parser: request_handler.Ref | None = None
     requestHandler: request_handler.Section | None = None
@@ -190,7 +195,9 @@ def requested_kv_events(text: str | None) -> precise_llmd.KVEventsSettings | Non
     return None
 
 
-def load_config_file(path: str | os.PathLike[str], handle: interfaces.Handle) -> SchedulerConfig:
+def load_config_file(
+    path: str | os.PathLike[str], handle: interfaces.Handle, *, allow_experimental: bool = False
+) -> SchedulerConfig:
     """`load_config` on a file's contents; errors are prefixed with the file name."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -198,17 +205,22 @@ def load_config_file(path: str | os.PathLike[str], handle: interfaces.Handle) ->
     except OSError as err:
         raise ConfigError(f"{os.fspath(path)}: cannot read: {err.strerror}") from None
     try:
-        return load_config(text, handle, base_dir=Path(path).parent)
+        return load_config(text, handle, base_dir=Path(path).parent, allow_experimental=allow_experimental)
     except ConfigError as err:
         raise ConfigError(f"{os.fspath(path)}: {err}") from None
 
 
 def load_config(
-    text: str | None, handle: interfaces.Handle, *, base_dir: Path | None = None
+    text: str | None,
+    handle: interfaces.Handle,
+    *,
+    base_dir: Path | None = None,
+    allow_experimental: bool = False,
 ) -> SchedulerConfig:
     """Build the scheduler from EndpointPickerConfig YAML; `None` means the default configuration
     (the precise one when `handle` has a KV index). Relative tokenizer paths are taken from
-    `base_dir` (default: the working directory)."""
+    `base_dir` (default: the working directory). llm-d's Alpha plugin types are refused unless
+    `allow_experimental` (`--allow-experimental-plugins`), as llm-d refuses them."""
     if text is None:
         text = default_config_text(precise=handle.kv_index is not None)
     root, data = config_yaml.parse(text)
@@ -224,14 +236,20 @@ def load_config(
             raise ConfigError(f"{key} is missing; expected {key}: {' or '.join(expected)}")
         if value not in expected:
             raise where.error((key,), f"expected {' or '.join(map(repr, expected))}, got {value!r}")
-    return _Builder(doc, where, handle, base_dir or Path()).build()
+    return _Builder(doc, where, handle, base_dir or Path(), allow_experimental).build()
 
 
 class _Builder:
     def __init__(
-        self, doc: _Document, where: config_yaml.Locator, handle: interfaces.Handle, base_dir: Path
+        self,
+        doc: _Document,
+        where: config_yaml.Locator,
+        handle: interfaces.Handle,
+        base_dir: Path,
+        allow_experimental: bool,
     ) -> None:
         self.doc = doc
+        self.allow_experimental = allow_experimental
         self.where = where
         self.handle = handle
         self.base_dir = base_dir
@@ -248,6 +266,12 @@ class _Builder:
         self._default_picker: interfaces.Picker | None = None
         self.flow_enabled = False
         self.flow_plugins: list[tuple[_Path, str, str, dict[str, Any] | None]] = []
+        # llm-d v0.9+'s prefix-cache-scorers (built once their producers are), and producers
+        # made with llm-d's defaults because a scorer reads the default one and none is defined.
+        self.deferred: dict[str, tuple[_Path, dict[str, Any] | None]] = {}
+        self.created: dict[str, interfaces.Plugin] = {}
+        self.data = datalayer.Collector(where.error, where.validation_error)
+        self.data_layer = datalayer.DataLayerSettings()
 
     def build(self) -> SchedulerConfig:
         self._build_plugins()
@@ -299,10 +323,19 @@ class _Builder:
         for name, plugin in self.plugins.items():
             if _is_scheduling(plugin) and name not in self.used:
                 self.warnings.append(f"plugin {name!r} (type {plugin.type!r}) is not used by any profile")
+        # A producer records the picks for the scorers reading it (its pre_request); one nothing
+        # in a profile reads would record for nobody.
+        read = {id(getattr(p, "source", None)) for n, p in self.plugins.items() if n in self.used}
+        unread = {id(p) for p in plugins if producers.is_producer(p) and id(p) not in read}
+        for plugin in plugins:
+            if id(plugin) in unread:
+                self.warnings.append(
+                    f"producer {plugin.name!r} (type {plugin.type!r}) is read by no scorer in a profile"
+                )
         return SchedulerConfig(
             scheduler=scheduler,
             plugins=self.plugins,
-            pre_request=[p for p in plugins if isinstance(p, interfaces.PreRequest)],
+            pre_request=[p for p in plugins if isinstance(p, interfaces.PreRequest) and id(p) not in unread],
             response_complete=[p for p in plugins if isinstance(p, interfaces.ResponseComplete)],
             saturation_detector=self._saturation_detector(),
             warnings=self.warnings,
@@ -310,6 +343,7 @@ class _Builder:
             render=self.token_producers.sources.render,
             stand_in=self.token_producers.sources.stand_in,
             kv_events=self.kv_events[1] if self.kv_events is not None else None,
+            data_layer=self.data_layer,
             flow_control=FlowControlSection(
                 self.flow_enabled,
                 self.doc.flowControl,
@@ -321,6 +355,7 @@ class _Builder:
         )
 
     def _build_plugins(self) -> None:
+        names = set(self._plugin_names())
         for i, spec in enumerate(self.doc.plugins):
             path = ("plugins", i)
             if not spec.type:
@@ -331,6 +366,8 @@ class _Builder:
                 or name in self.ignored
                 or name in self.token_producers
                 or name in self.parser_plugins
+                or name in self.deferred
+                or name in self.data
                 or any(name == flow[1] for flow in self.flow_plugins)
             ):
                 raise self.where.error(path, f"duplicate plugin name {name!r}")
@@ -343,6 +380,9 @@ class _Builder:
             if spec.type in config_compat.FLOW_CONTROL:  # built by epp.flowcontrol.config
                 self.flow_plugins.append((path, name, spec.type, spec.parameters))
                 continue
+            if spec.type in datalayer.TYPES:  # what serve runs: DataLayerSettings
+                self.data.add(path, name, spec.type, spec.parameters)
+                continue
             refused = config_compat.REFUSED.get(spec.type)
             if refused is not None:
                 raise self.where.error(
@@ -350,6 +390,11 @@ class _Builder:
                 )
             kind = _GIE_ONLY.get(spec.type)
             try:
+                if spec.type == "prefix-cache-scorer" and producers.reads_producer(
+                    name, spec.parameters, api_version=self.doc.apiVersion, plugin_names=names
+                ):
+                    self.deferred[name] = (path, spec.parameters)  # once its producer is built
+                    continue
                 if kind is not None:
                     config_compat.check_gie_only(name, spec.type, spec.parameters)
                     self.ignored[name] = spec.type
@@ -357,15 +402,53 @@ class _Builder:
                     continue
                 plugin = registry.default.build(spec.type, name, spec.parameters, self.handle)
             except ConfigError as err:
-                culprit = self._culprit(path, spec.parameters, str(err))
-                stale = config_compat.STALE.get((spec.type, self.where.dotted(culprit[3:])))
-                message = f"{err}; {stale}" if stale is not None else str(err)
-                raise self.where.error(culprit, message) from None
-            self.plugins[name] = plugin
-            if isinstance(plugin, precise_prefix_cache_scorer.PrecisePrefixCacheScorer):
-                self._take_llmd(path, plugin.llmd)
-            notes = getattr(plugin, "config_notes", ())
-            self.warnings.extend(notes)
+                raise self._plugin_error(path, spec.type, spec.parameters, err) from None
+            self._add(path, name, plugin)
+        for name, (where, parameters) in self.deferred.items():
+            try:
+                scorer = producers.build_scorer(name, parameters, self._producer)
+            except ConfigError as err:
+                at: _Path = where
+                if "prefixMatchInfoProducerName" in (parameters or {}):
+                    at = (*where, "parameters", "prefixMatchInfoProducerName")
+                label = f"plugin {name!r} (type 'prefix-cache-scorer')"
+                message = str(err) if str(err).startswith(label) else f"{label} {err}"
+                raise self.where.error(at, message) from None
+            self.plugins[name] = scorer
+        for plugin in self.plugins.values():
+            if isinstance(plugin, no_hit_lru_scorer.NoHitLRUScorer):
+                i = self._plugin_names().index(plugin.name)
+                try:
+                    plugin.source = self._producer(plugin.producer_name or producers.DEFAULT_PRODUCER)
+                except ConfigError as err:
+                    raise self.where.error(
+                        ("plugins", i, "parameters", "prefixMatchInfoProducerName"),
+                        f"plugin {plugin.name!r} (type {plugin.type!r}) {err}",
+                    ) from None
+        self.plugins.update(self.created)
+        for i, spec in enumerate(self.doc.plugins):
+            if catalog.is_experimental(spec.type) and not self.allow_experimental:
+                raise self.where.error(
+                    ("plugins", i), catalog.experimental_refusal(spec.name or spec.type, spec.type)
+                )
+
+    def _add(self, path: _Path, name: str, plugin: interfaces.Plugin) -> None:
+        self.plugins[name] = plugin
+        if isinstance(plugin, precise_prefix_cache_scorer.PrecisePrefixCacheScorer):
+            self._take_llmd(path, plugin.llmd)
+        notes = getattr(plugin, "config_notes", ())
+        self.warnings.extend(notes)
+
+    def _producer(self, wanted: str) -> PrefixProducer:
+        return producers.find_producer(wanted, self.plugins, self.handle, self.created)
+
+    def _plugin_error(
+        self, path: _Path, type_name: str, parameters: dict[str, Any] | None, err: ConfigError
+    ) -> ConfigError:
+        culprit = self._culprit(path, parameters, str(err))
+        stale = config_compat.STALE.get((type_name, self.where.dotted(culprit[3:])))
+        message = f"{err}; {stale}" if stale is not None else str(err)
+        return self.where.error(culprit, message)
 
     @staticmethod
     def _culprit(path: _Path, parameters: dict[str, Any] | None, message: str) -> _Path:
@@ -415,25 +498,8 @@ class _Builder:
                 self.flow_enabled = value != "false"
             elif note is not None:
                 self.warnings.append(f"featureGates {gate!r} has no effect: {note}")
-        if doc.dataLayer is not None:
-            for i, source in enumerate(doc.dataLayer.sources):
-                where = ("dataLayer", "sources", i)
-                kind = self._check_ref(
-                    (*where, "pluginRef"), source.pluginRef, tuple(config_compat.EXTRACTORS)
-                )
-                for j, extractor in enumerate(source.extractors):
-                    self._check_ref(
-                        (*where, "extractors", j, "pluginRef"),
-                        extractor.pluginRef,
-                        config_compat.EXTRACTORS[kind],
-                    )
-            if doc.dataLayer.discovery is not None:
-                self._check_ref(
-                    ("dataLayer", "discovery", "pluginRef"),
-                    doc.dataLayer.discovery.pluginRef,
-                    ("notification source",),
-                )
-            self.warnings.append(f"dataLayer is ignored: {_WHY['data source']}")
+        self.data_layer = self.data.build(doc.dataLayer, self.plugins, _follows_endpoints)
+        self.warnings.extend(self.data.warnings)
         self.parsers = self.parser_plugins.build(doc.requestHandler, doc.parser)
         self.warnings.extend(self.parser_plugins.warnings)
 
@@ -457,6 +523,12 @@ class _Builder:
         plugin = self.plugins.get(section.pluginRef)
         if isinstance(plugin, interfaces.SaturationDetector):
             return plugin
+        if plugin is None and section.pluginRef in self.data:
+            raise self.where.error(
+                path,
+                f"plugin {section.pluginRef!r} (type {self.data.plugins[section.pluginRef].type!r}) is not "
+                "a saturation detector",
+            )
         if plugin is None and section.pluginRef not in self.ignored:
             raise self.where.error(path, f"pluginRef {section.pluginRef!r} is not a defined plugin")
         type_name = plugin.type if plugin is not None else self.ignored[section.pluginRef]
@@ -521,6 +593,11 @@ class _Builder:
                 continue  # llm-d lists its tokenizer in profiles; epp tokenizes before scheduling
             if plugin is None and ref in self.parser_plugins:
                 raise self.parser_plugins.not_a_parser(path, ref, "a filter, scorer or picker")
+            if plugin is None and ref in self.data:
+                raise self.where.error(
+                    path,
+                    f"plugin {ref!r} is a data-layer {self.data.kind(ref)}, not a filter, scorer or picker",
+                )
             if plugin is None:
                 if ref in self.ignored:
                     type_name = self.ignored[ref]
@@ -534,20 +611,18 @@ class _Builder:
             if ref in seen:
                 raise self.where.error(path, f"{label} is listed twice in profile {name!r}")
             seen.add(ref)
+            if producers.is_producer(plugin):
+                raise self.where.error(
+                    path,
+                    f"{label} is a data producer, not a filter, scorer or picker: list a "
+                    f"prefix-cache-scorer with prefixMatchInfoProducerName: {ref} instead",
+                )
             if not _is_scheduling(plugin):
                 raise self.where.error(path, f"{label} is not a filter, scorer or picker")
             if weight is not None and not isinstance(plugin, interfaces.Scorer):
                 raise self.where.error(path, f"{label} has a weight but is not a scorer")
             if weight is not None and not math.isfinite(weight):
                 raise self.where.error(path, f"{label} has weight {weight}; a weight must be finite")
-            if isinstance(plugin, _PREFIX_SCORERS):
-                late = next((s for s, _ in scorers if isinstance(s, no_hit_lru_scorer.NoHitLRUScorer)), None)
-                if late is not None:
-                    raise self.where.error(
-                        path,
-                        f"{label} must come before {late.name!r} (type {late.type!r}) in profile "
-                        f"{name!r}: that scorer reads this one's match",
-                    )
             if isinstance(plugin, interfaces.Filter):
                 filters.append(plugin)
             if isinstance(plugin, interfaces.Scorer):
@@ -570,14 +645,20 @@ class _Builder:
 
 
 _HANDLERS = (single_profile_handler.SingleProfileHandler, disagg.handler.DisaggProfileHandler)
-_PREFIX_SCORERS = (
-    prefix_cache_scorer.PrefixCacheScorer,
-    precise_prefix_cache_scorer.PrecisePrefixCacheScorer,
-)
+
+
+def _follows_endpoints(plugin: interfaces.Plugin) -> bool:
+    """A plugin llm-d lets `endpoint-notification-source` tell of endpoint changes (a producer, or
+    the precise scorer that carries one): epp's follow the datastore themselves."""
+    return producers.is_producer(plugin) or isinstance(
+        plugin, precise_prefix_cache_scorer.PrecisePrefixCacheScorer
+    )
 
 
 def _is_scheduling(plugin: interfaces.Plugin) -> bool:
-    return isinstance(plugin, interfaces.Filter | interfaces.Scorer | interfaces.Picker)
+    return not producers.is_producer(plugin) and isinstance(
+        plugin, interfaces.Filter | interfaces.Scorer | interfaces.Picker
+    )
 
 
 _Path = config_yaml.Path

@@ -21,7 +21,7 @@ passed on undecoded to `epp.flowcontrol.config`, which decodes them as strictly.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 
@@ -29,13 +29,6 @@ from epp.scheduling import registry
 
 # GIE/llm-d plugin types epp accepts but does not build, by kind; and why, by kind.
 GIE_ONLY = {
-    "metrics-data-source": "data source",
-    "endpoint-notification-source": "notification source",
-    "k8s-notification-source": "notification source",
-    "models-data-source": "models source",
-    "core-metrics-extractor": "extractor",
-    "models-data-extractor": "models extractor",
-    "approx-prefix-cache-producer": "data producer",
     "inflight-load-producer": "data producer",
 }
 # Flow-control plugin types: handed to epp.flowcontrol.config, which builds them (this package
@@ -58,20 +51,8 @@ FLOW_CONTROL = frozenset(
     }
 )
 WHY = {
-    "data source": "epp scrapes model-server metrics itself",
-    "extractor": "epp scrapes model-server metrics itself",
-    "notification source": "epp's plugins follow the pool's endpoints through the datastore",
-    "models source": "epp reads each server's /v1/models itself",
-    "models extractor": "epp reads each server's /v1/models itself",
     "data producer": "epp's scorers gather their own inputs",
 }
-# What a dataLayer source's extractors may be, by the source's kind ("scorer": a built plugin).
-EXTRACTORS = {
-    "data source": ("extractor",),
-    "models source": ("models extractor",),
-    "notification source": ("scorer",),  # llm-d: the precise scorer follows pod changes
-}
-
 _PREDICTOR = (
     "GIE's latency predictor (a trained-model sidecar) is not supported; epp's in-process "
     "equivalent is predicted-ttft-scorer"
@@ -116,56 +97,27 @@ FEATURE_GATES: dict[str, str | None] = {
     "prepareDataPlugins": "epp's scorers gather their own inputs",
 }
 
-_VLLM_METRICS = {
-    "queuedRequestsSpec": "vllm:num_requests_waiting",
-    "runningRequestsSpec": "vllm:num_requests_running",
-    "kvUsageSpec": "vllm:kv_cache_usage_perc",
-    "loraSpec": "vllm:lora_requests_info",
-    "cacheInfoSpec": "vllm:cache_config_info",
-}
-
-
-# ---- parameters of GIE-only plugins whose schema is known ------------------------------------------
-
-
-class _ScrapeParams(msgspec.Struct, forbid_unknown_fields=True):
-    scheme: Literal["http", "https"] = "http"
-    path: str = ""
-    insecureSkipVerify: bool = True
-
-
-class _EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    queuedRequestsSpec: str = ""
-    runningRequestsSpec: str = ""
-    kvUsageSpec: str = ""
-    loraSpec: str = ""
-    cacheInfoSpec: str = ""
-
-
-class _ExtractorParams(msgspec.Struct, forbid_unknown_fields=True):
-    engineLabelKey: str = ""
-    defaultEngine: str = "vllm"
-    engineConfigs: list[_EngineConfig] = []
+# ---- parameters of accepted plugins -----------------------------------------------------------------
 
 
 class _NoParams(msgspec.Struct, forbid_unknown_fields=True):
     pass
 
 
+class _InflightLoadParams(msgspec.Struct, forbid_unknown_fields=True):
+    addEstimatedOutputTokens: bool = False
+    outputRatio: Annotated[float, msgspec.Meta(ge=0)] = 1.5
+    maxEstimatedOutputTokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
 _PARAMS: dict[str, type[msgspec.Struct]] = {
-    "metrics-data-source": _ScrapeParams,
-    "models-data-source": _ScrapeParams,
-    "core-metrics-extractor": _ExtractorParams,
-    "endpoint-notification-source": _NoParams,
-    "k8s-notification-source": _NoParams,
-    "models-data-extractor": _NoParams,
+    "inflight-load-producer": _InflightLoadParams,
 }
 
 
 def check_gie_only(name: str, type_name: str, parameters: dict[str, Any] | None) -> None:
-    """Decode a GIE-only plugin's parameters when their schema is known; raise ConfigError for
-    an unknown or mistyped one, or a value epp would not honour."""
+    """Decode an accepted plugin's parameters strictly; raise ConfigError for an unknown or
+    mistyped one, or a value epp would not honour."""
     schema = _PARAMS.get(type_name)
     if schema is None:
         return
@@ -174,30 +126,12 @@ def check_gie_only(name: str, type_name: str, parameters: dict[str, Any] | None)
         params = msgspec.convert(parameters or {}, schema)
     except msgspec.ValidationError as err:
         raise registry.ConfigError(f"{label}: invalid parameters: {err}") from None
-    if isinstance(params, _ScrapeParams):
-        default = "/metrics" if type_name == "metrics-data-source" else "/v1/models"
-        if params.scheme != "http" or params.path not in ("", default):
-            field = "scheme" if params.scheme != "http" else "path"
-            raise registry.ConfigError(
-                f"{label}: parameter {field} {getattr(params, field)!r}: epp reads "
-                f"http://<endpoint>{default}; set epp's scrape flags instead"
-            )
-    elif isinstance(params, _ExtractorParams):
-        if params.defaultEngine != "vllm":
-            raise registry.ConfigError(
-                f"{label}: parameters.defaultEngine {params.defaultEngine!r}: epp reads vLLM's metrics only"
-            )
-        for engine in params.engineConfigs:
-            if engine.name != "vllm":
-                raise registry.ConfigError(
-                    f"{label}: parameters.engineConfigs {engine.name!r}: epp reads vLLM's metrics only"
-                )
-            for field, expected in _VLLM_METRICS.items():
-                given = getattr(engine, field)
-                if given and given != expected:
-                    raise registry.ConfigError(
-                        f"{label}: parameters.engineConfigs[vllm].{field} {given!r}: epp reads {expected!r}"
-                    )
+    if isinstance(params, _InflightLoadParams) and params.addEstimatedOutputTokens:
+        raise registry.ConfigError(
+            f"{label}: parameter addEstimatedOutputTokens: epp books each request's prompt tokens "
+            "only (its own in-flight accounting, read by token-load-scorer and concurrency-detector); "
+            "drop it or use epp's inflight-load-scorer"
+        )
 
 
 # ---- inline sections -----------------------------------------------------------------------------
@@ -222,14 +156,3 @@ class SaturationDetectorSection(msgspec.Struct, forbid_unknown_fields=True):
             for key in ("queueDepthThreshold", "kvCacheUtilThreshold", "metricsStalenessThreshold")
             if getattr(self, key) is not None
         }
-
-
-class DataLayerSource(msgspec.Struct, forbid_unknown_fields=True):
-    pluginRef: str = ""
-    extractors: list[Ref] = []
-
-
-class DataLayer(msgspec.Struct, forbid_unknown_fields=True):
-    injectDefaults: bool | None = None
-    sources: list[DataLayerSource] = []
-    discovery: Ref | None = None

@@ -184,10 +184,11 @@ async def run_until_stopped(
 def _load_config(
     args: argparse.Namespace, handle: Handle, tokenizers: Tokenizers
 ) -> sched_config.SchedulerConfig:
+    allow = bool(args.allow_experimental_plugins)
     if args.config_file:
-        config = sched_config.load_config_file(args.config_file, handle)
+        config = sched_config.load_config_file(args.config_file, handle, allow_experimental=allow)
     else:
-        config = sched_config.load_config(args.config_text, handle)
+        config = sched_config.load_config(args.config_text, handle, allow_experimental=allow)
     for warning in config.warnings:
         log.warning("config: %s", warning)
     if config.tokenizers:

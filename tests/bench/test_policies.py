@@ -34,7 +34,9 @@ def test_each_policy_file_is_a_policy_and_each_policy_but_epp_has_a_file() -> No
 def test_policy_loads_without_warnings(name: str) -> None:
     policy = POLICIES[name]
     index = BlockIndex() if policy.kv_events else None
-    cfg = sched_config.load_config(policy.config_text(), Handle(datastore=Datastore(), kv_index=index))
+    cfg = sched_config.load_config(
+        policy.config_text(), Handle(datastore=Datastore(), kv_index=index), allow_experimental=True
+    )
     assert cfg.warnings == []
     assert cfg.flow_control is not None
     flow = fc_config.build(cfg.flow_control, cfg.plugins, cfg.saturation_detector)

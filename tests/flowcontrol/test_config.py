@@ -23,7 +23,9 @@ LLMD_CONFIGS = Path(__file__).parent / "llmd"
 
 
 def setup(text: str) -> fc_config.FlowControlSetup:
-    loaded = sched_config.load_config(HEAD + textwrap.dedent(text), Handle(datastore=Datastore()))
+    loaded = sched_config.load_config(
+        HEAD + textwrap.dedent(text), Handle(datastore=Datastore()), allow_experimental=True
+    )
     assert loaded.flow_control is not None
     return fc_config.build(loaded.flow_control, loaded.plugins, loaded.saturation_detector)
 
@@ -111,7 +113,7 @@ def test_the_ttl_for_an_empty_pool_follows_the_default_one() -> None:
 @pytest.mark.parametrize("name", ["soft-reflective-ceiling-epp-config.yaml", "sim-program-aware-config.yaml"])
 def test_llm_d_flow_control_configs_load(name: str) -> None:
     text = (LLMD_CONFIGS / name).read_text()
-    loaded = sched_config.load_config(text, Handle(datastore=Datastore()))
+    loaded = sched_config.load_config(text, Handle(datastore=Datastore()), allow_experimental=True)
     assert loaded.flow_control is not None
     built = fc_config.build(loaded.flow_control, loaded.plugins, loaded.saturation_detector)
     assert built.config is not None and built.warnings == []

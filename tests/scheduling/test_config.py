@@ -275,13 +275,10 @@ def test_gie_sections_load_with_warnings_and_flow_control_is_handed_on() -> None
     )
     assert list(cfg.plugins) == ["queue-scorer", "kv-cache-utilization-scorer", "detector"]
     assert cfg.saturation_detector is cfg.plugins["detector"]
+    # The metrics source is epp's scrape (its scheme and path given: the flags' apply otherwise).
+    assert (cfg.data_layer.metrics.scheme, cfg.data_layer.metrics.path) == ("http", "/metrics")
     assert cfg.warnings == [
-        "plugin 'metrics-data-source' (type 'metrics-data-source') is ignored: epp scrapes model-server "
-        "metrics itself",
-        "plugin 'core-metrics-extractor' (type 'core-metrics-extractor') is ignored: epp scrapes "
-        "model-server metrics itself",
         "featureGates 'dataLayer' has no effect: epp's data layer (scraping, /v1/models) is always on",
-        "dataLayer is ignored: epp scrapes model-server metrics itself",
         "the top-level `parser` is deprecated: use requestHandler.parsers",
     ]
     assert [p.type for p in cfg.parsers.active] == ["openai-parser"]
@@ -513,9 +510,8 @@ ERRORS: list[tuple[str, str, list[str]]] = [
         + "plugins: [{name: u, type: metrics-data-source}]\nschedulingProfiles:\n- name: d\n"
         + "  plugins: [{pluginRef: u}]\n",
         [
-            "schedulingProfiles[0].plugins[0] (line 6): plugin 'u' (type 'metrics-data-source') cannot "
-            "be used here: epp does not implement this data source (epp scrapes model-server metrics "
-            "itself)"
+            "schedulingProfiles[0].plugins[0] (line 6): plugin 'u' is a data-layer metrics source, not a "
+            "filter, scorer or picker"
         ],
     ),
     (

@@ -99,10 +99,11 @@ def test_token_producer_with_and_without_a_path(tmp_path: Path) -> None:
             "parser.mode (line 4): unknown key",
         ),
         (
-            "plugins: [{type: metrics-data-source, parameters: {path: /stats}}]\n",
-            "plugins[0].parameters.path (line 3)",
+            "plugins: [{type: metrics-data-source, parameters: {port: 70000}}]\n",
+            "plugins[0].parameters.port (line 3)",
         ),
-        ("plugins: [{type: metrics-data-source, parameters: {interval: 1s}}]\n", "unknown field `interval`"),
+        ("plugins: [{type: metrics-data-source, parameters: {interval: soon}}]\n", "invalid interval"),
+        ("plugins: [{type: metrics-data-source, parameters: {refresh: 1s}}]\n", "unknown key 'refresh'"),
         (
             "plugins: [{type: disagg-profile-handler}]\n",
             "plugins[0] (line 3): plugin 'disagg-profile-handler'",
@@ -138,7 +139,7 @@ def test_precise_scorer_may_extract_for_a_notification_source_and_dp_handler_is_
         "plugins: [{type: endpoint-notification-source}, {type: queue-scorer}, {type: metrics-data-source}]\n"
         "dataLayer: {sources: [{pluginRef: metrics-data-source, extractors: [{pluginRef: queue-scorer}]}]}\n"
     )
-    assert "(type 'queue-scorer') is not a extractor" in message
+    assert "(type 'queue-scorer') is not a metrics extractor" in message
 
 
 def test_two_precise_scorers_must_agree_on_kv_events() -> None:

@@ -11,7 +11,6 @@ from epp.datastore.endpoints import Endpoint, EndpointSpec
 from epp.kvcache.index import BlockIndex
 from epp.scheduling import interfaces, registry
 from epp.scheduling.plugins.precise_llmd import KVEventsSettings
-from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
 
 from . import builders
 
@@ -70,28 +69,71 @@ def test_no_hit_lru_spreads_cold_requests_over_the_least_recently_used() -> None
     assert scorer.score({}, builders.request(), [b]) == [1.0]  # one candidate
 
 
-def test_no_hit_lru_is_neutral_when_the_prefix_scorer_found_a_hit() -> None:
-    scorer = builders.plugin("no-hit-lru-scorer", {"prefixPluginName": "precise"})
+class _Producer:
+    """A prefix producer that finds a fixed number of blocks on some endpoints."""
+
+    type = "approx-prefix-cache-producer"
+    is_producer = True
+
+    def __init__(self, name: str, held: dict[str, int]) -> None:
+        self.name = name
+        self.held = held
+        self.calls = 0
+
+    def score(self, cycle: dict[str, Any], request: Any, endpoints: list[Endpoint]) -> list[float]:
+        self.calls += 1
+        cycle[self.name] = True
+        return [0.0] * len(endpoints)
+
+    def match_info(self, cycle: dict[str, Any], endpoints: Any) -> list[tuple[float, int, int]]:
+        return [(float(self.held.get(ep.name, 0)), 4, 16) for ep in endpoints]
+
+    def explain(self, cycle: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+def test_no_hit_lru_is_neutral_when_its_producer_found_a_hit() -> None:
+    scorer = builders.plugin("no-hit-lru-scorer")
     a, b = E("a"), E("b")
-    warm = {"precise": PrefixMatch(64, 4, 16, {"a": (2, 0)}, set())}  # type: ignore[dict-item]
-    assert _route(scorer, [a, b], warm) == [0.5, 0.5]
+    scorer.source = _Producer("approx-prefix-cache-producer", {"a": 2})
+    assert _route(scorer, [a, b]) == [0.5, 0.5]
     # A warm request does not move the LRU: the next cold one still starts at a.
-    cold = {"precise": PrefixMatch(64, 4, 16, {}, set())}
-    assert _route(scorer, [a, b], cold) == [1.0, 0.0]
+    scorer.source = _Producer("approx-prefix-cache-producer", {})
+    assert _route(scorer, [a, b]) == [1.0, 0.0]
 
 
-def test_no_hit_lru_reads_the_approximate_prefix_scorer_in_a_profile() -> None:
+def test_no_hit_lru_reuses_a_match_already_in_the_cycle() -> None:
+    scorer = builders.plugin("no-hit-lru-scorer")
+    source = scorer.source = _Producer("p", {"a": 1})
+    cycle: dict[str, Any] = {"p": True}  # a prefix-cache-scorer reading "p" ran before
+    scorer.score(cycle, builders.request(), [E("a"), E("b")])
+    assert source.calls == 0
+    scorer.score({}, builders.request(), [E("a"), E("b")])  # none ran: the producer matches
+    assert source.calls == 1
+
+
+def _llmd_config(plugins: str, profile: str, handle: Any = None) -> Any:
     from epp.scheduling import config
 
+    return config.load_config(
+        f"apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins: [{plugins}]\n"
+        f"schedulingProfiles:\n- name: default\n  plugins:\n{profile}",
+        handle or builders.handle(),
+    )
+
+
+def test_no_hit_lru_reads_the_default_producer_in_a_profile() -> None:
     handle = builders.handle()
-    cfg = config.load_config(
-        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-        "plugins: [{type: prefix-cache-scorer}, {type: no-hit-lru-scorer}, {type: max-score-picker}]\n"
-        "schedulingProfiles:\n- name: default\n  plugins:\n"
+    cfg = _llmd_config(
+        "{type: prefix-cache-scorer}, {type: no-hit-lru-scorer}, {type: max-score-picker}",
         "  - {pluginRef: prefix-cache-scorer, weight: 2}\n  - {pluginRef: no-hit-lru-scorer}\n",
         handle,
     )
-    # The prefix scorer remembers blocks only on endpoints the datastore knows.
+    # Both read llm-d's default producer, which the loader made with llm-d's defaults.
+    producer = cfg.plugins["approx-prefix-cache-producer"]
+    assert cfg.plugins["no-hit-lru-scorer"].source is producer
+    assert cfg.plugins["prefix-cache-scorer"].source is producer
+    # The producer remembers blocks only on endpoints the datastore knows.
     eps, _ = handle.datastore.sync(
         "test", [EndpointSpec("a", "10.0.0.1", 8000), EndpointSpec("b", "10.0.0.2", 8000)]
     )
@@ -106,32 +148,30 @@ def test_no_hit_lru_reads_the_approximate_prefix_scorer_in_a_profile() -> None:
             n: s["no-hit-lru-scorer"] for n, s in result.profiles["default"].scores.items()
         }
 
-    assert route("first prompt " * 20) == ("a", {"a": 1.0, "b": 0.0})
-    assert route("second prompt " * 20) == ("b", {"a": 0.0, "b": 1.0})  # cold: the unused one
-    assert route("first prompt " * 20) == ("a", {"a": 0.5, "b": 0.5})  # warm on a: neutral
+    assert route("first prompt " * 40) == ("a", {"a": 1.0, "b": 0.0})
+    assert route("second prompt " * 40) == ("b", {"a": 0.0, "b": 1.0})  # cold: the unused one
+    assert route("first prompt " * 40) == ("a", {"a": 0.5, "b": 0.5})  # warm on a: neutral
 
 
-def test_no_hit_lru_reads_any_prefix_scorer_unless_one_is_named() -> None:
-    a, b = E("a"), E("b")
-    warm = {"other": PrefixMatch(64, 4, 16, {"a": (2, 0)}, set()), "approx/matched": 0}  # type: ignore[dict-item]
-    assert builders.plugin("no-hit-lru-scorer").score(warm, builders.request(), [a, b]) == [0.5, 0.5]
-    named = builders.plugin("no-hit-lru-scorer", {"prefixPluginName": "approx"})
-    assert named.score(warm, builders.request(), [a, b]) == [1.0, 0.0]  # approx matched nothing
+def test_no_hit_lru_may_come_before_the_prefix_scorer() -> None:
+    cfg = _llmd_config(
+        "{type: no-hit-lru-scorer}, {type: prefix-cache-scorer}",
+        "  - {pluginRef: no-hit-lru-scorer}\n  - {pluginRef: prefix-cache-scorer}\n",
+    )
+    assert [s.name for s, _ in cfg.scheduler.profiles[0].scorers] == [
+        "no-hit-lru-scorer",
+        "prefix-cache-scorer",
+    ]
 
 
-def test_a_prefix_scorer_after_no_hit_lru_is_refused() -> None:
+def test_no_hit_lru_naming_no_producer_is_refused() -> None:
     from epp.scheduling import config
 
-    with pytest.raises(config.ConfigError) as info:
-        config.load_config(
-            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-            "plugins: [{type: no-hit-lru-scorer}, {type: prefix-cache-scorer}]\n"
-            "schedulingProfiles:\n- name: default\n  plugins:\n"
-            "  - {pluginRef: no-hit-lru-scorer}\n  - {pluginRef: prefix-cache-scorer}\n",
-            builders.handle(),
+    with pytest.raises(config.ConfigError, match=r"plugins\[0\]\.parameters\.prefixMatchInfoProducerName"):
+        _llmd_config(
+            "{type: no-hit-lru-scorer, parameters: {prefixMatchInfoProducerName: nope}}",
+            "  - {pluginRef: no-hit-lru-scorer}\n",
         )
-    assert "schedulingProfiles[0].plugins[1] (line 8): plugin 'prefix-cache-scorer'" in str(info.value)
-    assert "must come before 'no-hit-lru-scorer'" in str(info.value)
 
 
 def test_no_hit_lru_forgets_beyond_its_size() -> None:

@@ -160,10 +160,10 @@ def test_hashes_go_to_cycle_state_and_pre_request_reuses_them(monkeypatch: pytes
     calls = 0
     original = plugin.block_hashes
 
-    def counting(request: InferenceRequest) -> list[int]:
+    def counting(request: InferenceRequest, endpoints: Any = ()) -> list[int]:
         nonlocal calls
         calls += 1
-        return original(request)
+        return original(request, endpoints)
 
     monkeypatch.setattr(plugin, "block_hashes", counting)
     plugin.pre_request(req, result(eps[0]))

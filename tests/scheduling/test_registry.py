@@ -15,6 +15,7 @@ from . import builders
 
 # Adding or renaming a plugin type must be a deliberate change to this list.
 BUILT_IN_TYPES = [
+    "approx-prefix-cache-producer",
     "bounded-load-filter",
     "by-label-selector",
     "concurrency-detector",
@@ -30,6 +31,7 @@ BUILT_IN_TYPES = [
     "lora-affinity-scorer",
     "max-score-picker",
     "no-hit-lru-scorer",
+    "precise-prefix-cache-producer",
     "precise-prefix-cache-scorer",
     "predicted-ttft-scorer",
     "prefill-filter",

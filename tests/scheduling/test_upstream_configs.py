@@ -86,16 +86,8 @@ EXPECTED: dict[str, Refusal | None] = {
         "plugins[2].parameters.blockSize",
         "plugin 'prefix-cache-scorer'",
     ),
-    "gie-v1.5.0-site-src__implementations__model-servers-1": (
-        "plugins[0].parameters.defaultEngine",
-        "plugin 'core-metrics-extractor'",
-        "'sglang': epp reads vLLM's metrics only",
-    ),
-    "gie-v1.5.0-site-src__implementations__model-servers-2": (
-        "plugins[0].parameters.engineConfigs",
-        "plugin 'core-metrics-extractor'",
-        "'sglang': epp reads vLLM's metrics only",
-    ),
+    "gie-v1.5.0-site-src__implementations__model-servers-1": None,
+    "gie-v1.5.0-site-src__implementations__model-servers-2": None,
     "gie-v1.5.0-test__integration__epp__testdata__datalayer-config": (
         "plugins[5]",
         f"plugin 'mock-metrics-source': {_UNKNOWN}",

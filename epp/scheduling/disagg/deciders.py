@@ -30,7 +30,7 @@ import msgspec
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces, registry
-from epp.scheduling.plugins import precise_prefix_cache_scorer, prefix_cache_scorer
+from epp.scheduling.plugins import precise_prefix_cache_scorer, prefix_cache_scorer, prefix_match_scorer
 from epp.scheduling.plugins.role_filter import ROLE_LABEL, PrefillFilter
 
 PREFILL_ROLES = PrefillFilter.roles
@@ -62,7 +62,7 @@ def cached_tokens(
 ) -> int | None:
     """The prompt tokens `endpoint` holds, as the first prefix scorer among `scorers` found when it
     scored the request in `cycle`; None when there is no prefix scorer."""
-    for scorer in scorers:
+    for scorer in map(_producer_of, scorers):
         if isinstance(scorer, precise_prefix_cache_scorer.PrecisePrefixCacheScorer):
             found = cycle.get(scorer.name)
             if not isinstance(found, precise_prefix_cache_scorer.PrefixMatch):
@@ -79,7 +79,13 @@ def cached_tokens(
 def prefix_scorer(scorers: Sequence[interfaces.Scorer]) -> interfaces.Scorer | None:
     """The first prefix scorer among `scorers` (the one `cached_tokens` reads), if any."""
     kinds = (precise_prefix_cache_scorer.PrecisePrefixCacheScorer, prefix_cache_scorer.PrefixCacheScorer)
-    return next((s for s in scorers if isinstance(s, kinds)), None)
+    return next((s for s in map(_producer_of, scorers) if isinstance(s, kinds)), None)
+
+
+def _producer_of(scorer: interfaces.Scorer) -> interfaces.Scorer:
+    """llm-d v0.9+'s prefix-cache-scorer reads a producer (epp.scheduling.producers), which holds the
+    match: the producer; any other scorer itself."""
+    return scorer.source if isinstance(scorer, prefix_match_scorer.PrefixMatchScorer) else scorer
 
 
 class _DeciderBase(registry.PluginBase):

@@ -5,6 +5,7 @@ below, and its test; `tests/scheduling/test_registry.py` pins the list of type n
 """
 
 from epp.scheduling.plugins import (
+    approx_prefix_producer,
     bounded_load_filter,
     concurrency_detector,
     dynamo_cost_scorer,
@@ -17,6 +18,7 @@ from epp.scheduling.plugins import (
     max_score_picker,
     no_hit_lru_scorer,
     precise_prefix_cache_scorer,
+    precise_prefix_producer,
     predicted_ttft_scorer,
     prefix_cache_scorer,
     queue_scorer,
@@ -33,6 +35,7 @@ from epp.scheduling.plugins import (
 )
 
 __all__ = [
+    "approx_prefix_producer",
     "bounded_load_filter",
     "concurrency_detector",
     "dynamo_cost_scorer",
@@ -45,6 +48,7 @@ __all__ = [
     "max_score_picker",
     "no_hit_lru_scorer",
     "precise_prefix_cache_scorer",
+    "precise_prefix_producer",
     "predicted_ttft_scorer",
     "prefix_cache_scorer",
     "queue_scorer",

@@ -16,16 +16,18 @@ What it does, per request:
 Differences from llm-d: ranks are taken among the candidates, not over every endpoint the LRU has
 seen (llm-d's scores can fall to 0 for candidates ranked behind endpoints that left the pool).
 
-Inputs consumed: what the prefix scorers earlier in the profile left in the cycle (the
-configuration loader refuses a profile listing one after this scorer):
-`precise-prefix-cache-scorer`'s `PrefixMatch` (a hit is any matched endpoint), or
-`prefix-cache-scorer`'s count of matched endpoints. llm-d reads the match any prefix plugin
-attached to the endpoints, whatever the names; so does epp unless `prefixPluginName` is given.
-Without any, the request is cold, as in llm-d when no prefix plugin runs.
+Inputs consumed: the prefix match of its producer (llm-d v0.10's `PrefixCacheMatchInfo`): the
+producer `prefixMatchInfoProducerName` names, by default `approx-prefix-cache-producer` (which
+the configuration loader creates with llm-d's defaults when the configuration has none, as llm-d
+does). A hit is a candidate with a whole block matched. The loader gives the scorer its producer
+(`source`); when a prefix-cache-scorer reading the same producer already ran in the profile, its
+match is reused, else the producer matches the request here. With no source (a scorer built
+outside a configuration) every request is cold.
 
 Parameters (llm-d's):
-- `prefixPluginName` (""): only this prefix plugin's match decides cold or warm ("": any).
-- `prefixPluginType` (""): accepted; llm-d keeps it beside the name and does not use it to score.
+- `prefixMatchInfoProducerName` (""): the producer read ("": `approx-prefix-cache-producer`).
+- `prefixPluginName`, `prefixPluginType` (""): accepted; llm-d v0.10 keeps them, deprecated and
+  unused, and so does epp (logged).
 - `lruSize` (1024): endpoints remembered; > 0 (llm-d replaces <= 0 by the default).
 """
 
@@ -39,37 +41,30 @@ import msgspec
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import framework, interfaces, registry
-from epp.scheduling.plugins import prefix_cache_scorer
-from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
+from epp.scheduling.plugins.prefix_match_scorer import PrefixProducer
 
 DEFAULT_LRU_SIZE = 1024  # llm-d's defaultLRUSize
-
-
-def is_warm(cycle: interfaces.CycleState, prefix_plugin: str) -> bool:
-    """Whether the prefix plugin named `prefix_plugin` (any prefix plugin, if "") found a
-    candidate holding a block of the request."""
-    if prefix_plugin:
-        found = cycle.get(prefix_plugin)
-        if isinstance(found, PrefixMatch):
-            return bool(found.matches)
-        return bool(cycle.get(prefix_cache_scorer.matched_key(prefix_plugin), 0))
-    return any(
-        bool(value.matches) if isinstance(value, PrefixMatch) else key.endswith("/matched") and bool(value)
-        for key, value in cycle.items()
-    )
 
 
 @registry.register("no-hit-lru-scorer")
 class NoHitLRUScorer(registry.PluginBase):
     class Params(msgspec.Struct, forbid_unknown_fields=True):
-        prefixPluginName: str = ""
-        prefixPluginType: str = ""
+        prefixPluginName: str = ""  # deprecated in llm-d, unused
+        prefixPluginType: str = ""  # deprecated in llm-d, unused
         lruSize: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_LRU_SIZE
+        prefixMatchInfoProducerName: str = ""
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         self.name = name
-        self.prefix_plugin = params.prefixPluginName
-        self.prefix_type = params.prefixPluginType
+        self.producer_name = params.prefixMatchInfoProducerName
+        # The producer whose match decides cold or warm; set by the configuration loader.
+        self.source: PrefixProducer | None = None
+        self.config_notes = [
+            f"plugin {name!r} (type {self.type!r}): {key} is deprecated and unused (as in llm-d); "
+            "prefixMatchInfoProducerName names the producer read"
+            for key in ("prefixPluginName", "prefixPluginType")
+            if getattr(params, key)
+        ]
         self._size = params.lruSize
         self._lru: OrderedDict[str, None] = OrderedDict()  # endpoint name, least recent first
         # pre_request gets no CycleState; the Director calls it right after `schedule` with no
@@ -79,7 +74,7 @@ class NoHitLRUScorer(registry.PluginBase):
     def score(
         self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> list[float]:
-        cold = not is_warm(cycle, self.prefix_plugin)
+        cold = not self._warm(cycle, request, endpoints)
         self._last = (request, cold)
         cycle[self.name] = cold
         n = len(endpoints)
@@ -97,6 +92,16 @@ class NoHitLRUScorer(registry.PluginBase):
             scores[i] = 1.0 - rank / (n - 1)
         return scores
 
+    def _warm(
+        self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
+    ) -> bool:
+        source = self.source
+        if source is None:
+            return False
+        if source.name not in cycle:  # no scorer of this producer ran in the profile before
+            source.score(cycle, request, endpoints)
+        return any(matched >= 1.0 for matched, _, _ in source.match_info(cycle, endpoints))
+
     def pre_request(self, request: InferenceRequest, result: interfaces.SchedulingResult) -> None:
         last, self._last = self._last, None
         if last is None or last[0] is not request or not last[1] or not result.targets:
@@ -108,7 +113,7 @@ class NoHitLRUScorer(registry.PluginBase):
             self._lru.popitem(last=False)
 
     def explain(self, cycle: interfaces.CycleState) -> dict[str, object]:
-        """Whether no prefix scorer found a hit (`cold`), and per candidate the input ranked: its
+        """Whether its producer found no hit (`cold`), and per candidate the input ranked: its
         place in the record of cold picks (`lru_position`, 0 the least recent; -1 never sent one).
         The record changes in `pre_request`, after the explain call."""
         cold = cycle.get(self.name)

@@ -60,7 +60,7 @@ import collections
 import dataclasses
 import threading
 import zlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -287,6 +287,29 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
                 members = by_pod_kind[kind] = group[1]
             members.append(ep)
         return groups
+
+    def match_info(
+        self, cycle: interfaces.CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[tuple[float, int, int]]:
+        """After `score`: per endpoint (matched blocks, request blocks, tokens per block), the
+        PrefixCacheMatchInfo llm-d's precise producer attaches: the tier-weighted run, cut to whole
+        blocks as llm-d cuts it (`int(score)`), over the request's full blocks."""
+        found = cycle.get(self.name)
+        out: list[tuple[float, int, int]] = []
+        for ep in endpoints:
+            if not isinstance(found, PrefixMatch) or not found.request_tokens:
+                out.append((0.0, 0, 0))
+                continue
+            size = found.block_sizes.get(ep.name, found.block_size) or DEFAULT_BLOCK_SIZE
+            total = found.request_tokens // size
+            if self._max_blocks:
+                total = min(total, self._max_blocks)
+            m = found.matches.get(ep.name)
+            weighted = (
+                0.0 if m is None else m.gpu_blocks * self._w_gpu + (m.blocks - m.gpu_blocks) * self._w_off
+            )
+            out.append((float(int(weighted)), total, size))
+        return out
 
     # --- learning -------------------------------------------------------------------------------
 

@@ -115,6 +115,9 @@ class PrefixCacheScorer(registry.PluginBase):
             self._max_blocks = max(1, params.maxPrefixTokensToMatch // self._block_tokens)
         self._capacity = params.lruCapacityPerServer
         self._auto_tune = params.autoTune
+        self._start_index(handle)
+
+    def _start_index(self, handle: interfaces.Handle) -> None:
         self._datastore = handle.datastore
         # Per endpoint: its block hashes, least recently used first (OrderedDict pops the oldest in
         # O(1); a plain dict's next(iter()) degrades as deleted slots pile up at its front).
@@ -133,7 +136,7 @@ class PrefixCacheScorer(registry.PluginBase):
     def score(
         self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> list[float]:
-        hashes = self.block_hashes(request)
+        hashes = self.block_hashes(request, endpoints)
         cycle[self.name] = hashes
         self._last = (request, hashes)
         if not hashes or not self._owners:
@@ -146,12 +149,22 @@ class PrefixCacheScorer(registry.PluginBase):
         inverse = 1.0 / len(hashes)
         return [matched.get(ep, 0) * inverse for ep in endpoints]
 
+    def match_info(
+        self, cycle: interfaces.CycleState, endpoints: Sequence[Endpoint]
+    ) -> list[tuple[float, int, int]]:
+        """After `score`: per endpoint (leading blocks held, request blocks, tokens per block), the
+        PrefixCacheMatchInfo llm-d's prefix-cache-scorer reads from a producer."""
+        hashes = cycle.get(self.name)
+        total = len(hashes) if isinstance(hashes, list) else 0
+        matches: dict[Endpoint, int] = cycle.get(matches_key(self.name), {})
+        return [(float(matches.get(ep, 0)), total, self._block_tokens) for ep in endpoints]
+
     @property
     def block_tokens(self) -> int:
         """Tokens per hashed block (text is cut every 4x as many characters)."""
         return self._block_tokens
 
-    def block_hashes(self, request: InferenceRequest) -> list[int]:
+    def block_hashes(self, request: InferenceRequest, endpoints: Sequence[Endpoint] = ()) -> list[int]:
         """The request's chained block hashes, at most `maxPrefixBlocksToMatch`; [] if < 1 block.
 
         Python's built-in `hash` of a (previous hash, block) tuple: SipHash over the str slice in
@@ -238,7 +251,9 @@ class PrefixCacheScorer(registry.PluginBase):
     def pre_request(self, request: InferenceRequest, result: interfaces.SchedulingResult) -> None:
         last = self._last
         self._last = None  # do not keep the request (and its body) alive past this call
-        hashes = last[1] if last is not None and last[0] is request else self.block_hashes(request)
+        hashes = (
+            last[1] if last is not None and last[0] is request else self.block_hashes(request, result.targets)
+        )
         if not hashes:
             return
         targets = result.targets
