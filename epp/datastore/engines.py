@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from typing import Any
 
 ENGINE_LABEL = "llm-d.ai/engine-type"  # llm-d's DefaultEngineTypeLabelKey
 GIE_ENGINE_LABEL = "inference.networking.k8s.io/engine-type"  # GIE's, read when the first is absent
@@ -167,3 +168,14 @@ class Engines:
 
 
 DEFAULT_ENGINES = Engines()
+
+
+def with_default_overrides(
+    engines: Engines, overrides: Mapping[str, tuple[str, MetricSpec | None]]
+) -> Engines:
+    """`engines` with the default engine's specs replaced per GIE's metric-name flags
+    (flag -> (EngineMapping field, spec)): what GIE v1.0-1.4 read for every endpoint."""
+    fields: dict[str, Any] = {field: spec for field, spec in overrides.values()}
+    default = dataclasses.replace(engines.default, **fields)
+    by_name = {name: default if m is engines.default else m for name, m in engines.by_name.items()}
+    return Engines(default, by_name, engines.label_key)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from epp.datastore.engines import MetricSpec, MetricSpecError, parse_spec
 from epp.flags.types import duration, go_bool
 
 # GIE's logging verbosity levels (its logutil): V(2) is the default, V(4) debug, V(5) trace.
@@ -70,15 +71,28 @@ GIE_NO_EFFECT: dict[str, str] = {
     "refresh-prometheus-metrics-interval": "epp computes its pool gauges when /metrics is scraped",
 }
 
-# GIE's deprecated metric-name flags (v1.0-v1.4; v1.5 refuses them): epp reads vLLM's metrics,
-# so vLLM's names, GIE's defaults, are accepted and anything else is a startup error.
-GIE_METRIC_FLAGS: dict[str, str] = {
-    "total-queued-requests-metric": "vllm:num_requests_waiting",
-    "total-running-requests-metric": "vllm:num_requests_running",
-    "kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc",
-    "lora-info-metric": "vllm:lora_requests_info",
-    "cache-info-metric": "vllm:cache_config_info",
+# GIE's metric-name flags (v1.0-v1.4 read them; llm-d v0.10 accepts them deprecated, with no
+# effect, and names metrics in core-metrics-extractor's engineConfigs instead). epp reads them as
+# GIE did: each names the metric (a PromQL selector, `name{label="value"}`) of one quantity for
+# every endpoint of the default engine: flag -> (EngineMapping field, GIE's default).
+GIE_METRIC_FLAGS: dict[str, tuple[str, str]] = {
+    "total-queued-requests-metric": ("queued", "vllm:num_requests_waiting"),
+    "total-running-requests-metric": ("running", "vllm:num_requests_running"),
+    "kv-cache-usage-percentage-metric": ("kv_usage", "vllm:kv_cache_usage_perc"),
+    "lora-info-metric": ("lora", "vllm:lora_requests_info"),
+    "cache-info-metric": ("cache_info", "vllm:cache_config_info"),
 }
+
+
+def metric_flag_specs(args: argparse.Namespace) -> dict[str, tuple[str, MetricSpec | None]]:
+    """The metric-name flags given, other than GIE's defaults: flag -> (field, spec; None: the
+    flag's empty value, which reads no metric). Call after `gie_flag_problems` found none."""
+    out: dict[str, tuple[str, MetricSpec | None]] = {}
+    for name, (field, default) in GIE_METRIC_FLAGS.items():
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None and value.strip('"') != default:
+            out[name] = (field, parse_spec(value.strip('"')))
+    return out
 
 
 def _optional_bool(g: argparse._ArgumentGroup, name: str, text: str) -> None:
@@ -192,8 +206,13 @@ def add_gie_arguments(p: argparse.ArgumentParser) -> None:
         "model-server-metrics-https-insecure-skip-verify",
         "with https, accept any model-server certificate (GIE's default: true)",
     )
-    for name, default in GIE_METRIC_FLAGS.items():
-        g.add_argument(f"--{name}", default=None, help=f"only vLLM's {default} is accepted")
+    for name, (_, default) in GIE_METRIC_FLAGS.items():
+        g.add_argument(
+            f"--{name}",
+            default=None,
+            help=f"the metric (PromQL selector) read for every endpoint of the default engine, as "
+            f"GIE v1.4 (default {default}; llm-d v0.10 ignores it)",
+        )
 
 
 def gie_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -211,11 +230,16 @@ def gie_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         errors.append("--enable-cert-reload needs --cert-path (a self-signed certificate never changes)")
     if not 0 <= args.model_server_metrics_port <= 65535:
         errors.append(f"--model-server-metrics-port={args.model_server_metrics_port}: not a port")
-    for name, default in GIE_METRIC_FLAGS.items():
+    for name, (_, default) in GIE_METRIC_FLAGS.items():
         value = getattr(args, name.replace("-", "_"))
-        if value is not None and value.strip('"') != default:
-            errors.append(f"--{name}={value}: epp reads vLLM's metrics; only {default} is accepted")
-        elif value is not None:
+        if value is None:
+            continue
+        try:
+            parse_spec(value.strip('"'))
+        except MetricSpecError as err:
+            errors.append(f"--{name}={value}: {err}")
+            continue
+        if value.strip('"') == default:
             notes.append(f"--{name}: vLLM's name, which epp reads anyway")
     for name, why in GIE_NO_EFFECT.items():
         if getattr(args, name.replace("-", "_")) is not None:

@@ -84,6 +84,7 @@ from epp.scheduling.plugins import (
     precise_prefix_cache_scorer,
     single_profile_handler,
 )
+from epp.scheduling.plugins.precise_prefix_producer import PrecisePrefixCacheProducer
 from epp.scheduling.plugins.prefix_match_scorer import PrefixProducer
 from epp.tokenize.render import RenderSpec
 
@@ -183,13 +184,17 @@ def requested_kv_events(text: str | None) -> precise_llmd.KVEventsSettings | Non
     try:
         data = yaml.safe_load(text)
         for spec in data.get("plugins") or []:
-            if spec.get("type") == "precise-prefix-cache-scorer":
-                params = msgspec.convert(
-                    spec.get("parameters") or {}, precise_prefix_cache_scorer.PrecisePrefixCacheScorer.Params
-                )
-                settings = precise_llmd.apply("", params).kv_events
-                if settings is not None:
-                    return settings
+            raw = spec.get("parameters") or {}
+            if spec.get("type") == "precise-prefix-cache-producer":
+                producer = PrecisePrefixCacheProducer
+                params = producer.scorer_params(msgspec.convert(raw, producer.Params))
+            elif spec.get("type") == "precise-prefix-cache-scorer":
+                params = msgspec.convert(raw, precise_prefix_cache_scorer.PrecisePrefixCacheScorer.Params)
+            else:
+                continue
+            settings = precise_llmd.apply("", params).kv_events
+            if settings is not None:
+                return settings
     except (yaml.YAMLError, AttributeError, TypeError, msgspec.ValidationError, ConfigError):
         return None
     return None
@@ -487,17 +492,26 @@ class _Builder:
     def _check_sections(self) -> None:
         doc = self.doc
         for i, entry in enumerate(doc.featureGates):
-            gate, _, value = entry.partition("=")  # llm-d: `name`, `name=true` or `name=false`
-            if gate not in config_compat.FEATURE_GATES or value not in ("", "true", "false"):
+            # llm-d: `name`, or `name=value` with Go's ParseBool of the lower-cased, trimmed value.
+            gate, *value = entry.split("=")
+            if gate not in config_compat.FEATURE_GATES:
                 raise self.where.error(
                     ("featureGates", i),
-                    f"unknown feature gate {entry!r}; known gates: {', '.join(config_compat.FEATURE_GATES)}",
+                    f"unknown feature gate {gate!r}; known gates: {', '.join(config_compat.FEATURE_GATES)}",
                 )
+            raw = value[0].strip().lower() if value else "true"
+            if raw not in _GO_BOOLS:
+                raise self.where.error(
+                    ("featureGates", i), f"{value[0]!r} is not a valid value for the feature gate {gate}"
+                )
+            on = _GO_BOOLS[raw]
             note = config_compat.FEATURE_GATES[gate]
             if gate == "flowControl":
-                self.flow_enabled = value != "false"
+                self.flow_enabled = on
+            elif gate == "haPopulateNonLeaderDatastore" and on:
+                pass  # llm-d's default, and what epp does: every replica keeps the pool listed
             elif note is not None:
-                self.warnings.append(f"featureGates {gate!r} has no effect: {note}")
+                self.warnings.append(f"featureGates {entry!r} has no effect: {note}")
         self.data_layer = self.data.build(doc.dataLayer, self.plugins, _follows_endpoints)
         self.warnings.extend(self.data.warnings)
         self.parsers = self.parser_plugins.build(doc.requestHandler, doc.parser)
@@ -645,6 +659,9 @@ class _Builder:
 
 
 _HANDLERS = (single_profile_handler.SingleProfileHandler, disagg.handler.DisaggProfileHandler)
+
+
+_GO_BOOLS = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}
 
 
 def _follows_endpoints(plugin: interfaces.Plugin) -> bool:

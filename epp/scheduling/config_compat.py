@@ -94,6 +94,9 @@ FEATURE_GATES: dict[str, str | None] = {
     "dataLayer": "epp's data layer (scraping, /v1/models) is always on",
     "enableLegacyMetrics": "epp always exports its metrics",
     "flowControl": None,  # epp.flowcontrol
+    # llm-d's (default true): non-leader replicas keep their datastore populated. epp's replicas
+    # always list the pool, leading or not; `=false` (empty until leading) has no effect.
+    "haPopulateNonLeaderDatastore": "epp's replicas always keep the pool listed, leading or not",
     "prepareDataPlugins": "epp's scorers gather their own inputs",
 }
 

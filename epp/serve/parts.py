@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
+from typing import Any
 
 import grpc
 
@@ -16,12 +18,16 @@ from epp import drain, tasks
 from epp.api.context_length import ContextLimits
 from epp.api.limits import RequestLimits
 from epp.datastore import standalone
+from epp.datastore.dcgm import DcgmPoller
 from epp.datastore.endpoints import Datastore, Endpoint
+from epp.datastore.engines import DEFAULT_ENGINES, with_default_overrides
+from epp.datastore.file_discovery import FileDiscovery
 from epp.datastore.model_rewrites import ModelRewriteStore
 from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
 from epp.extproc.limits import StreamGuard, StreamLimits, sized_limits
+from epp.flags.compat import metric_flag_specs
 from epp.flowcontrol import controller as flowcontrol
 from epp.k8s import connections as k8s_connections
 from epp.k8s import metricsauth as k8s_metricsauth
@@ -38,6 +44,7 @@ from epp.requestcontrol.offload import BodyParsers
 from epp.rpc import http as rpc_http
 from epp.rpc import service as rpc_service
 from epp.scheduling import config as sched_config
+from epp.scheduling import datalayer
 from epp.scheduling.interfaces import Handle
 from epp.tokenize import registry as tokenize_registry
 from epp.tokenize.registry import Tokenizers
@@ -104,7 +111,7 @@ async def run_until_stopped(
     pool_gauge = metrics.ready_endpoints.labels(pool_label)
     datastore.subscribe(lambda added, removed: pool_gauge.set(len(datastore.routable())))
     ingester = _kv_ingester(args, handle, datastore)
-    endpoints_file, pool_operator = _endpoint_sources(
+    endpoints_file, pool_operator, discovery = _endpoint_sources(
         args, datastore, tokenizers, config, objective_store, rewrite_store
     )
     elector: workers_worker.Lease | None = role.lease if role is not None else None
@@ -113,7 +120,13 @@ async def run_until_stopped(
     pool_gauge.set(len(datastore.routable()))
     if ingester is not None:
         ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
-    scraper = _scraper(args, datastore, pool_label)
+    scraper = _scraper(args, datastore, pool_label, config.data_layer.metrics)
+    dcgm = [
+        DcgmPoller(
+            datastore, dataclasses.replace(src, interval=_tick(src.interval, args.refresh_metrics_interval))
+        )
+        for src in config.data_layer.dcgm
+    ]
     health = extproc_server.Health()
     grpc_server = _grpc_server(args, director, health, role)
     # A worker's health port is its supervisor's.
@@ -135,7 +148,7 @@ async def run_until_stopped(
             metrics.REGISTRY.register(render_metrics)
             running.callback(metrics.REGISTRY.unregister, render_metrics)
         await _start_http(args, director, role, running)
-        for part in (ingester, scraper, endpoints_file):
+        for part in (ingester, scraper, endpoints_file, discovery, *dcgm):
             if part is not None:
                 await part.start()
                 running.push_async_callback(part.stop)
@@ -277,9 +290,20 @@ def _endpoint_sources(
     config: sched_config.SchedulerConfig,
     objective_store: k8s_objectives.ObjectiveStore,
     rewrite_store: ModelRewriteStore,
-) -> tuple[standalone.EndpointsFile | None, PoolOperator | None]:
-    """The flag's endpoints (synced now), the endpoints file (loaded now) and the Kubernetes pool
-    operator (started later); the tokenizers they and the config name, epp-tiny if none."""
+) -> tuple[standalone.EndpointsFile | None, PoolOperator | None, FileDiscovery | None]:
+    """The flag's endpoints (synced now), the endpoints file (loaded now), the Kubernetes pool
+    operator (started later) or the config's file discovery (loaded now); the tokenizers they
+    and the config name, epp-tiny if none."""
+    discovery: FileDiscovery | None = None
+    if config.data_layer.discovery is not None:
+        # llm-d: a discovery plugin replaces Kubernetes; --pool-name only names the pool.
+        if args.endpoints or args.endpoints_file or args.endpoint_selector:
+            raise ValueError(
+                "the config's dataLayer.discovery lists the endpoints: drop --endpoints, "
+                "--endpoints-file and --endpoint-selector"
+            )
+        discovery = FileDiscovery(config.data_layer.discovery, datastore)
+        discovery.load()
     endpoints_file: standalone.EndpointsFile | None = None
     if args.endpoints:
         datastore.sync("flag", standalone.parse_endpoints_arg(args.endpoints))
@@ -296,27 +320,81 @@ def _endpoint_sources(
     if config.stand_in or (not args.tokenizer and not tokenizers.models and not config.render):
         # nothing named anywhere (or llm-d's estimate backend asked for): epp-tiny stands in
         tokenizers.use_shipped_default()
-    pool_operator = kubernetes_source(args, datastore, objective_store, rewrite_store)
-    if not args.endpoints and not args.endpoints_file and pool_operator is None:
+    pool_operator = (
+        None if discovery is not None else kubernetes_source(args, datastore, objective_store, rewrite_store)
+    )
+    if not args.endpoints and not args.endpoints_file and pool_operator is None and discovery is None:
         raise ValueError(
             "no endpoint source: give --pool-name, --endpoint-selector, --endpoints or --endpoints-file"
         )
-    return endpoints_file, pool_operator
+    return endpoints_file, pool_operator, discovery
 
 
-def _scraper(args: argparse.Namespace, datastore: Datastore, pool_label: str) -> MetricsScraper:
+def _scraper(
+    args: argparse.Namespace, datastore: Datastore, pool_label: str, source: datalayer.MetricsScrape
+) -> MetricsScraper:
+    """The metrics scrape: GIE's --model-server-metrics-* flags, or the config's metrics source
+    (llm-d's metrics-data-source; a flag given that says otherwise is a startup error), with the
+    engines' metric names of its core-metrics-extractor and GIE's --*-metric flags."""
+    scheme = _one_way("model-server-metrics-scheme", args.model_server_metrics_scheme, "http", source.scheme)
+    path = _one_way(
+        "model-server-metrics-path",
+        args.model_server_metrics_path.strip('"') or "/metrics",
+        "/metrics",
+        source.path,
+    )
+    port = _one_way("model-server-metrics-port", args.model_server_metrics_port or None, None, source.port)
+    flag_insecure = args.model_server_metrics_https_insecure_skip_verify
+    insecure = (
+        flag_insecure is not False if source.insecure_skip_verify is None else source.insecure_skip_verify
+    )
+    if flag_insecure is not None and source.insecure_skip_verify is not None and flag_insecure != insecure:
+        raise ValueError(
+            f"--model-server-metrics-https-insecure-skip-verify={str(flag_insecure).lower()}, but the "
+            f"config's {source.name} says insecureSkipVerify: {str(insecure).lower()}"
+        )
+    base = args.refresh_metrics_interval
+    engines = source.engines or DEFAULT_ENGINES
+    overrides = metric_flag_specs(args)
+    if overrides:
+        if source.engines is not None:
+            raise ValueError(
+                f"--{next(iter(overrides))} and the config's core-metrics-extractor both name metrics: "
+                "give them one way (the extractor's engineConfigs)"
+            )
+        engines = with_default_overrides(engines, overrides)
     return MetricsScraper(
         datastore,
-        interval=args.refresh_metrics_interval,
+        interval=_tick(source.interval, base) if source.interval is not None else base,
         staleness=args.metrics_staleness_threshold,
         failure_threshold=args.scrape_failure_threshold,
         pool_name=pool_label,
-        path=args.model_server_metrics_path.strip('"') or "/metrics",
-        scheme=args.model_server_metrics_scheme,
-        port=args.model_server_metrics_port or None,
-        # GIE's default is to skip verification (model servers' certificates are often self-signed).
-        insecure_skip_verify=args.model_server_metrics_https_insecure_skip_verify is not False,
+        path=path,
+        scheme=scheme,
+        port=port,
+        # GIE's and llm-d's default is to skip verification (servers' certificates are often self-signed).
+        insecure_skip_verify=insecure,
+        tls=source.tls,
+        engines=engines,
+        models_path=source.models_path or "/v1/models",
+        models_interval=source.models_interval or 30.0,
     )
+
+
+def _one_way(flag: str, given: Any, default: Any, configured: Any) -> Any:
+    """A scrape setting given by a GIE flag or the config's metrics source: the config's unless
+    the flag was changed from its default to something else (an error)."""
+    if configured is None:
+        return given
+    if given != default and given != configured:
+        raise ValueError(f"--{flag}={given}, but the config's metrics source says {configured}")
+    return configured
+
+
+def _tick(interval: float, base: float) -> float:
+    """llm-d polls a source with its own interval at the nearest multiple of the base tick
+    (--refresh-metrics-interval); 0 or none means every tick."""
+    return max(1, round(interval / base)) * base if interval > 0 else base
 
 
 def _grpc_server(

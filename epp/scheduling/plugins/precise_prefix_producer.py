@@ -44,6 +44,11 @@ class PrecisePrefixCacheProducer(PrecisePrefixCacheScorer):
                 f"plugin {name!r} (type {self.type!r}): parameter indexerConfig.tokenizersPoolConfig is "
                 "not supported (llm-d refuses it too): configure a token-producer plugin instead"
             )
+        super().__init__(name, self.scorer_params(params), handle)
+
+    @staticmethod
+    def scorer_params(params: Params) -> PrecisePrefixCacheScorer.Params:
+        """The producer's parameters as epp's precise scorer's, with llm-d's defaults."""
         scorer = PrecisePrefixCacheScorer.Params(
             tokenProcessorConfig=params.tokenProcessorConfig,
             indexerConfig=params.indexerConfig,
@@ -56,4 +61,4 @@ class PrecisePrefixCacheProducer(PrecisePrefixCacheScorer):
             scorer.speculativeTTLSeconds = 0.0
         elif params.speculativeTTL is None:
             scorer.speculativeTTL = "2s"  # llm-d's defaultSpeculativeTTL
-        super().__init__(name, scorer, handle)
+        return scorer
