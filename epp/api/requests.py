@@ -104,6 +104,9 @@ class InferenceRequest:
     slo_tpot: float | None = None
     # A /render route: vLLM renders the body of `api` and runs no engine (`epp.api.routes`).
     render: bool = False
+    # What request-control plugins learn of the request (llm-d's request attributes), by llm-d's
+    # data key (data type, producer name): ("agent-identity", ""), ("SessionIDDataKey", name), ...
+    attributes: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
 
     @property
     def runs_engine(self) -> bool:

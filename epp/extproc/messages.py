@@ -191,27 +191,32 @@ def replaced_response_body(body: bytes | None) -> ProcessingResponse:
     )
 
 
-def response_headers(remove: Iterable[str] = ()) -> ProcessingResponse:
+def response_headers(remove: Iterable[str] = (), add: Mapping[str, str] | None = None) -> ProcessingResponse:
+    """The response-headers answer: continue, removing `remove` and setting `add` (plugins'
+    response headers) when given."""
     remove = list(remove)
-    if not remove:
+    if not remove and not add:
         return CONTINUE_RESPONSE_HEADERS
-    return _response_headers_removing(remove)
+    return _response_headers_removing(remove, add)
 
 
-def _response_headers_removing(remove: list[str]) -> ProcessingResponse:
+def _response_headers_removing(remove: list[str], add: Mapping[str, str] | None = None) -> ProcessingResponse:
+    mutation = pb.HeaderMutation(remove_headers=remove)
+    if add:
+        mutation.set_headers.extend(_set_headers(add.items()))
     return ProcessingResponse(
-        response_headers=pb.HeadersResponse(
-            response=pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=remove))
-        )
+        response_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=mutation))
     )
 
 
-def response_headers_skip_body(request_body_mode: int, remove: Iterable[str] = ()) -> ProcessingResponse:
+def response_headers_skip_body(
+    request_body_mode: int, remove: Iterable[str] = (), add: Mapping[str, str] | None = None
+) -> ProcessingResponse:
     """The response-headers answer that stops the response body (and trailers) from coming to
     epp for the rest of this request: a `mode_override`. Envoy 1.40 honours it only with
     `allow_mode_override` and when neither body mode is FULL_DUPLEX_STREAMED; otherwise the body
     keeps coming and is handled as usual."""
-    response = _response_headers_removing(list(remove))
+    response = _response_headers_removing(list(remove), add)
     mode = response.mode_override
     mode.request_header_mode = _SEND
     mode.request_body_mode = request_body_mode

@@ -363,18 +363,18 @@ class Stream:
         if ctx is None:
             return [m.CONTINUE_RESPONSE_HEADERS]
         headers = m.header_map(msg.response_headers)
-        ctx.on_response_headers(headers, m.metadata_string(msg, m.LB_NAMESPACE, m.SERVED_KEY))
+        added = ctx.on_response_headers(headers, m.metadata_string(msg, m.LB_NAMESPACE, m.SERVED_KEY))
         if msg.response_headers.end_of_stream:
             self.response_complete = True
         if not ctx.sampled and not self.response_complete and self._can_skip_body():
             # Off-sample: the body need not pass through epp. The booking is still released
             # when Envoy ends this stream, which it does at the end of the HTTP stream.
             ctx.response_skipped = True
-            return [m.response_headers_skip_body(self._request_mode)]
+            return [m.response_headers_skip_body(self._request_mode, add=added)]
         # A rewritten model name changes the body length: let Envoy re-frame the response.
         if ctx.rewrites_response and "content-length" in headers:
-            return [m.response_headers(remove=("content-length",))]
-        return [m.CONTINUE_RESPONSE_HEADERS]
+            return [m.response_headers(remove=("content-length",), add=added)]
+        return [m.response_headers(add=added)]
 
     def _can_skip_body(self) -> bool:
         """Whether a mode override can stop the response body here: Envoy 1.40 ignores the

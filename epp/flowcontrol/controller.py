@@ -49,6 +49,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from epp import clock
+from epp.api import agent_identity
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.flowcontrol import config as fc_config
@@ -93,13 +94,16 @@ class LoopTimer:
 
 
 def fairness_id(request: InferenceRequest) -> str:
-    """The request's flow: its fairness-ID header (llm-d's name, then GIE's), else `default-flow`."""
+    """The request's flow: its fairness-ID header (llm-d's name, then GIE's), else its agent
+    identity (llm-d's `agent-identity` plugin, when configured: epp.api.agent_identity), else
+    `default-flow`, as llm-d's director derives it."""
     headers = request.headers
     for name in FAIRNESS_HEADERS:
         value = headers.get(name)
         if value:
             return value
-    return DEFAULT_FLOW
+    agent = request.attributes.get(agent_identity.ATTRIBUTE)
+    return agent if isinstance(agent, str) and agent else DEFAULT_FLOW
 
 
 class FlowController:

@@ -62,7 +62,15 @@ from epp.requestcontrol import admission
 from epp.requestcontrol.offload import BodyParsers, parse_here
 from epp.requestcontrol.prompt import Prompts, PromptTokenizer
 from epp.scheduling.framework import Scheduler
-from epp.scheduling.interfaces import PreRequest, RequestOutcome, ResponseComplete, SchedulingResult
+from epp.scheduling.interfaces import (
+    Admitter,
+    PreRequest,
+    RequestHeaderProcessor,
+    RequestOutcome,
+    ResponseComplete,
+    ResponseHeaders,
+    SchedulingResult,
+)
 from epp.sidecar.protocol import ENCODER_HEADER, PREFILL_HEADER
 from epp.tokenize.render import Renderer
 
@@ -179,10 +187,16 @@ class RequestContext:
         request.body_bytes = b""
         request.body = None
 
-    def on_response_headers(self, headers: Mapping[str, str], served_hostport: str | None) -> None:
+    def on_response_headers(self, headers: Mapping[str, str], served_hostport: str | None) -> dict[str, str]:
+        """Take the model server's response headers; returns the headers the configured plugins
+        add to the response to the client (session tokens, ...)."""
         self.tracker.on_headers(headers)
         if served_hostport:
             self.served = self._director.datastore.by_hostport(served_hostport)
+        added: dict[str, str] = {}
+        for plugin in self._director.response_header_plugins:
+            added.update(plugin.response_headers(self.request, self.result, served_hostport))
+        return added
 
     def release_helpers(self) -> None:
         """Release the other stages' bookings (prefill, encode): their work is done once the first
@@ -219,6 +233,9 @@ class Director:
         scheduler: Scheduler,
         pre_request: Sequence[PreRequest] = (),
         response_complete: Sequence[ResponseComplete] = (),
+        header_processors: Sequence[RequestHeaderProcessor] = (),
+        admitters: Sequence[Admitter] = (),
+        response_headers: Sequence[ResponseHeaders] = (),
         settings: DirectorSettings = DirectorSettings(),
         tokenizer: PromptTokenizer | None = None,
         admission_controller: admission.LegacyAdmissionController | None = None,
@@ -241,6 +258,9 @@ class Director:
         self._tokenizer = tokenizer if scheduler.consumes_tokens() else None  # None: skip the work
         self._pre_request = list(pre_request)
         self._response_complete = list(response_complete)
+        self._header_processors = list(header_processors)
+        self._admitters = list(admitters)
+        self.response_header_plugins = list(response_headers)
         self.admission_controller = admission_controller
         self.flow_control = flow_control
         self.objectives = objectives
@@ -328,6 +348,10 @@ class Director:
         await self.prompts.fill(request, self._tokenizer)
         if not request.runs_engine:
             _no_engine(request)
+        for admitter in self._admitters:
+            refusal = admitter.admit(request, candidates)
+            if refusal is not None:  # llm-d's director answers an admitter's refusal as internal
+                raise errors.RequestError(f"request cannot be admitted: {refusal}")  # 500
         if len(request.token_ids or ()) >= PREPARE_AHEAD_TOKENS and self.scheduler.preparers:
             await asyncio.to_thread(self.scheduler.prepare, request, candidates)
         result = self.scheduler.schedule(request, candidates)
@@ -492,6 +516,8 @@ class Director:
             if self.rewrites and request.model:
                 await self._rewrite(request)
         request.priority = admission.priority(self.objectives, admission.objective(headers))
+        for processor in self._header_processors:  # before admission: flow control reads them
+            processor.request_headers(request)
         if hold:
             return request, []
         return request, self._candidates(subset_ips)

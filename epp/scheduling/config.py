@@ -83,6 +83,7 @@ from epp.scheduling.plugins import (
     precise_llmd,
     precise_prefix_cache_scorer,
     single_profile_handler,
+    topology_affinity,
 )
 from epp.scheduling.plugins.precise_prefix_producer import PrecisePrefixCacheProducer
 from epp.scheduling.plugins.prefix_match_scorer import PrefixProducer
@@ -119,6 +120,11 @@ class SchedulerConfig:
     flow_control: FlowControlSection | None = None
     # Which parser reads a request, by path (requestHandler.parsers: epp.scheduling.request_handler).
     parsers: Parsers = dataclasses.field(default_factory=Parsers.default)
+    # llm-d's request control around scheduling, in configuration order: header processors
+    # (agent identity, session ids), admitters, plugins adding response headers.
+    header_processors: list[interfaces.RequestHeaderProcessor] = dataclasses.field(default_factory=list)
+    admitters: list[interfaces.Admitter] = dataclasses.field(default_factory=list)
+    response_headers: list[interfaces.ResponseHeaders] = dataclasses.field(default_factory=list)
     # llm-d's data layer: the metrics scrape, DCGM polls, file discovery, topology labels.
     data_layer: datalayer.DataLayerSettings = dataclasses.field(default_factory=datalayer.DataLayerSettings)
 
@@ -342,6 +348,9 @@ class _Builder:
             plugins=self.plugins,
             pre_request=[p for p in plugins if isinstance(p, interfaces.PreRequest) and id(p) not in unread],
             response_complete=[p for p in plugins if isinstance(p, interfaces.ResponseComplete)],
+            header_processors=[p for p in plugins if isinstance(p, interfaces.RequestHeaderProcessor)],
+            admitters=[p for p in plugins if isinstance(p, interfaces.Admitter)],
+            response_headers=[p for p in plugins if isinstance(p, interfaces.ResponseHeaders)],
             saturation_detector=self._saturation_detector(),
             warnings=self.warnings,
             tokenizers=self.token_producers.sources.paths,
@@ -389,6 +398,14 @@ class _Builder:
                 self.data.add(path, name, spec.type, spec.parameters)
                 continue
             refused = config_compat.REFUSED.get(spec.type)
+            schema = config_compat.REFUSED_PARAMS.get(spec.type)
+            if refused is not None and schema is not None:
+                try:
+                    msgspec.convert(spec.parameters or {}, schema)
+                except msgspec.ValidationError as err:
+                    raise self.where.validation_error(
+                        err, prefix=(*path, "parameters"), known=schema.__struct_fields__
+                    ) from None
             if refused is not None:
                 raise self.where.error(
                     path, f"plugin {name!r} (type {spec.type!r}) is not supported: {refused}"
@@ -514,6 +531,17 @@ class _Builder:
                 self.warnings.append(f"featureGates {entry!r} has no effect: {note}")
         self.data_layer = self.data.build(doc.dataLayer, self.plugins, _follows_endpoints)
         self.warnings.extend(self.data.warnings)
+        for plugin in self.plugins.values():
+            if isinstance(
+                plugin, topology_affinity.TopologyAffinityFilter | topology_affinity.TopologyAffinityScorer
+            ):
+                plugin.labels = self.data_layer.topology.get(plugin.producer)
+                if plugin.labels is None:
+                    self.warnings.append(
+                        f"plugin {plugin.name!r} (type {plugin.type!r}): no topology-extractor named "
+                        f"{plugin.producer!r}, so it never finds a peer's locality (as in llm-d: it "
+                        "keeps every candidate, or scores 0)"
+                    )
         self.parsers = self.parser_plugins.build(doc.requestHandler, doc.parser)
         self.warnings.extend(self.parser_plugins.warnings)
 

@@ -57,24 +57,58 @@ _PREDICTOR = (
     "GIE's latency predictor (a trained-model sidecar) is not supported; epp's in-process "
     "equivalent is predicted-ttft-scorer"
 )
+_MULTICLUSTER = (
+    "llm-d's multi-cluster routing (other clusters' pools as endpoints) is not built: an epp serves "
+    "one pool; run one epp per cluster"
+)
+_MM_HASHES = (
+    "its items are the multimodal content hashes vLLM's /render returns through llm-d's "
+    "token-producer, which epp's token producer does not pass on"
+)
 REFUSED = {
-    "probabilistic-admitter": "epp's admission is its saturation detector alone; no admitter plugins",
-    "latency-slo-admitter": "epp's admission is its saturation detector alone; no admitter plugins",
+    "latency-slo-admitter": _PREDICTOR,
     "request-attribute-reporter": "epp has no CEL request-attribute reporter (Envoy dynamic metadata)",
     "predicted-latency-scorer": _PREDICTOR,
     "predicted-latency-producer": _PREDICTOR,
     "latency-scorer": _PREDICTOR,
     "slo-headroom-tier-filter": _PREDICTOR,
     "prefix-cache-affinity-filter": _PREDICTOR,
-    "destination-endpoint-served-verifier": (
-        "GIE's conformance-test plugin copies Envoy's served-endpoint metadata into a response "
-        "header; epp has no response-header plugin hook"
+    "mm-embeddings-cache-producer": _MM_HASHES,
+    "mm-embeddings-cache-scorer": "it scores mm-embeddings-cache-producer's matches; " + _MM_HASHES,
+    "p2p-source-producer": (
+        "llm-d's P2P KV pull (x-kv-cache-source-host-port for vLLM's OffloadingConnector peers) is not built"
     ),
-    "active-request-scorer": (
-        "llm-d's active-request-scorer is not implemented; inflight-load-scorer scores the "
-        "requests epp has in flight per endpoint"
+    "disaggregatedset-rollout-screener": (
+        "it pairs prefill and decode pods by llm-d's DisaggregatedSet revision labels during a "
+        "rollout; epp's disaggregation has no screener stage"
     ),
+    "burst-prefix-cache-producer": (
+        "llm-d's burst co-location (holding requests for a window to place prompt-sharing groups "
+        "jointly) is not built; approx-prefix-cache-producer co-locates them as each is routed"
+    ),
+    "header-profile-handler": (
+        "a profile chosen per request by a header is not built; epp runs one profile, or a "
+        "disaggregation handler's stages"
+    ),
+    "multicluster-approx-prefix-cache-producer": _MULTICLUSTER,
+    "multicluster-file-discovery": _MULTICLUSTER,
+    "multicluster-kv-cache-utilization-scorer": _MULTICLUSTER,
+    "multicluster-metrics-data-source": _MULTICLUSTER,
+    "multicluster-metrics-extractor": _MULTICLUSTER,
+    "multicluster-prefix-cache-scorer": _MULTICLUSTER,
+    "multicluster-queue-scorer": _MULTICLUSTER,
+    "multicluster-session-affinity-filter": _MULTICLUSTER,
 }
+# Refused types whose parameters are decoded first, so that a published configuration llm-d
+# itself refuses for a parameter is refused for that parameter here too.
+REFUSED_PARAMS: dict[str, type[msgspec.Struct]] = {}
+
+
+class _MMProducerParams(msgspec.Struct, forbid_unknown_fields=True):
+    cacheSizeInMBPerServer: int = 0
+
+
+REFUSED_PARAMS["mm-embeddings-cache-producer"] = _MMProducerParams
 
 # Parameters llm-d's own published configurations give where llm-d's decoder silently drops them
 # (so llm-d runs on its defaults, not on what they say): (plugin type, dotted parameter) -> advice.

@@ -15,6 +15,10 @@ profile: "no endpoints available", 429), then every Scorer, then the profile's o
   known for its model (tokenizing costs milliseconds, so it is skipped when nothing consumes it).
 - A plugin may also be an `Explainer`: what it found for a request (matched blocks, ...) then
   appears in the explain API and the per-decision debug log.
+- Request control around scheduling (llm-d's): a `RequestHeaderProcessor` reads a request's headers
+  into its attributes before admission (agent identity), an `Admitter` may refuse it after
+  admission and flow control, just before scheduling (probabilistic shedding), and
+  `ResponseHeaders` add headers to the response (session tokens, conformance checks).
 - A `SaturationDetector` is consulted before scheduling, by admission (`epp.requestcontrol`):
   sheddable requests (priority < 0) are refused with 429 while the pool's saturation is >= 1.0.
   The config's `saturationDetector.pluginRef` names it (default: `utilization-detector`).
@@ -144,6 +148,33 @@ class SaturationDetector(Plugin, Protocol):
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         """How saturated the pool of `endpoints` is: 0.0 idle, >= 1.0 saturated (no endpoints: 1.0).
         Called by admission on the request path for every request: pure, no I/O, O(endpoints)."""
+        ...
+
+
+@runtime_checkable
+class RequestHeaderProcessor(Plugin, Protocol):
+    def request_headers(self, request: InferenceRequest) -> None:
+        """Called once the request is parsed, before admission and flow control: reads its
+        headers into `request.attributes` (llm-d's RequestHeaderProcessor, e.g. agent identity)."""
+        ...
+
+
+@runtime_checkable
+class Admitter(Plugin, Protocol):
+    def admit(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None:
+        """Called after admission and flow control, before scheduling: None admits, a reason
+        refuses the request (llm-d answers 500 with it, and so does epp)."""
+        ...
+
+
+@runtime_checkable
+class ResponseHeaders(Plugin, Protocol):
+    def response_headers(
+        self, request: InferenceRequest, result: SchedulingResult, served: str | None
+    ) -> Mapping[str, str]:
+        """Called when the model server's response headers arrive: headers to add to the response
+        to the client. `served` is the endpoint Envoy reports it sent the request to (its
+        `x-gateway-destination-endpoint-served` metadata), None when Envoy reported none."""
         ...
 
 

@@ -238,6 +238,9 @@ def _director(
         scheduler=config.scheduler,
         pre_request=config.pre_request,
         response_complete=config.response_complete,
+        header_processors=config.header_processors,
+        admitters=config.admitters,
+        response_headers=config.response_headers,
         settings=DirectorSettings(
             max_body_bytes=args.max_body_bytes,
             limits=RequestLimits(

@@ -108,7 +108,7 @@ def test_token_producer_with_and_without_a_path(tmp_path: Path) -> None:
             "plugins: [{type: disagg-profile-handler}]\n",
             "plugins[0] (line 3): plugin 'disagg-profile-handler'",
         ),
-        ("plugins: [{type: active-request-scorer}]\n", "inflight-load-scorer"),
+        ("plugins: [{type: active-request-scorer, parameters: {maxBusyScore: 2}}]\n", "maxBusyScore"),
         (
             "plugins: [{type: data-parallel-profile-handler, parameters: {primaryPort: 0}}]\n",
             "plugins[0].parameters.primaryPort (line 3)",

@@ -15,15 +15,23 @@ from . import builders
 
 # Adding or renaming a plugin type must be a deliberate change to this list.
 BUILT_IN_TYPES = [
+    "active-request-scorer",
+    "agent-identity",
     "approx-prefix-cache-producer",
     "bounded-load-filter",
+    "by-label",
     "by-label-selector",
     "concurrency-detector",
+    "context-length-aware",
     "data-parallel-profile-handler",
     "decode-filter",
+    "destination-endpoint-served-verifier",
     "dynamo-cost-scorer",
     "encode-filter",
+    "endpoint-attribute-filter",
+    "endpoint-attribute-scorer",
     "header-based-testing-filter",
+    "header-label-affinity-scorer",
     "inflight-load-scorer",
     "kv-cache-utilization-scorer",
     "label-selector-filter",
@@ -36,17 +44,38 @@ BUILT_IN_TYPES = [
     "predicted-ttft-scorer",
     "prefill-filter",
     "prefix-cache-scorer",
+    "probabilistic-admitter",
     "queue-scorer",
     "random-picker",
     "request-latency-scorer",
     "round-robin-picker",
     "running-requests-size-scorer",
+    "session-affinity-filter",
+    "session-affinity-scorer",
+    "session-id-producer",
     "sglang-cache-aware-picker",
     "single-profile-handler",
     "token-load-scorer",
+    "topology-affinity-filter",
+    "topology-affinity-scorer",
     "utilization-detector",
+    "utilization-filter",
     "weighted-random-picker",
 ]
+
+# Types whose factory needs parameters (as llm-d's do): the least that builds them.
+REQUIRED: dict[str, dict[str, object]] = {
+    "by-label": {"label": "role", "validValues": ["decode"]},
+    "endpoint-attribute-filter": {
+        "attribute": "GPUUtilization",
+        "producer": "dcgm-extractor",
+        "algorithm": {"type": "threshold", "threshold": {"operator": "LessThan", "value": 0.9}},
+    },
+    "endpoint-attribute-scorer": {"attributeKey": "Temp", "algorithm": {"type": "linear_lower_is_better"}},
+    "header-label-affinity-scorer": {"headerName": "x-zone", "labelKey": "zone"},
+    "session-id-producer": {"headerName": "x-session-id"},
+    "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 10}]},
+}
 
 KINDS = {
     "bounded-load-filter": interfaces.Filter,
@@ -90,7 +119,7 @@ def test_importing_the_plugins_package_registers_exactly_the_pinned_types() -> N
 
 @pytest.mark.parametrize("type_name", BUILT_IN_TYPES)
 def test_every_type_builds_with_defaults_and_carries_its_identity(type_name: str) -> None:
-    plugin = builders.plugin(type_name, name="my-name")
+    plugin = builders.plugin(type_name, REQUIRED.get(type_name), name="my-name")
     assert plugin.type == type_name
     assert plugin.name == "my-name"
     assert repr(plugin) == f"my-name/{type_name}"

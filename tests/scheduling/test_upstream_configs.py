@@ -65,11 +65,7 @@ EXPECTED: dict[str, Refusal | None] = {
         "plugins[0]",
         f"plugin 'custom-scorer': {_UNKNOWN} 'custom-scorer'",
     ),
-    "gie-v1.5.0-conformance__resources__base": (
-        "plugins[1]",
-        "plugin 'destination-endpoint-served-verifier'",
-        "epp has no response-header plugin hook",
-    ),
+    "gie-v1.5.0-conformance__resources__base": None,
     "gie-v1.5.0-pkg__epp__framework__plugins__requesthandling__parsers__README-1": (
         "plugins[1]",
         "plugin 'vllmgrpcParser'",
@@ -104,11 +100,7 @@ EXPECTED: dict[str, Refusal | None] = {
     ),
     "llm-d-guides-gaie-kv-events": None,
     "llm-d-guides-inference-scheduling": None,
-    "llm-d-guides-pd-disaggregation": (
-        "plugins[8]",
-        "plugin 'active-request-scorer'",
-        "active-request-scorer is not implemented",
-    ),
+    "llm-d-guides-pd-disaggregation": None,
     "llm-d-guides-precise-prefix-cache-aware-pod-discovery": None,
     "llm-d-guides-precise-prefix-cache-aware": None,
     "llm-d-router-HEAD-deploy__config__dp-epp-config": None,
@@ -116,11 +108,7 @@ EXPECTED: dict[str, Refusal | None] = {
     "llm-d-router-HEAD-deploy__config__epp-estimate-prefix-cache-config": None,
     "llm-d-router-HEAD-deploy__config__epp-precise-prefix-cache-config": None,
     "llm-d-router-HEAD-deploy__config__pd-epp-config": None,
-    "llm-d-router-HEAD-deploy__config__probabilistic-admitter-epp-config": (
-        "plugins[0]",
-        "plugin 'probabilistic-admitter'",
-        "no admitter plugins",
-    ),
+    "llm-d-router-HEAD-deploy__config__probabilistic-admitter-epp-config": None,
     "llm-d-router-HEAD-deploy__config__sim-e-p-d-epp-config": None,
     "llm-d-router-HEAD-deploy__config__sim-e-pd-epp-config": None,
     "llm-d-router-HEAD-deploy__config__sim-epp-config": None,
