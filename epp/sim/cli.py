@@ -104,6 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "whole digest with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 in the environment, as vLLM's do",
     )
     g.add_argument(
+        "--metrics-engine",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="whose metric names /metrics uses: vLLM's (default) or SGLang's (sglang:num_queue_reqs, "
+        "sglang:num_running_reqs, sglang:token_usage, sglang:cache_config_info, ...)",
+    )
+    g.add_argument(
         "--time-scale",
         type=flags.positive_float,
         default=1.0,
@@ -216,6 +223,7 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
             kv_encoding=args.kv_events_encoding,
             hash_algo=args.prefix_caching_hash_algo,
             kv_int_hashes=int_hashes,
+            metrics_engine=args.metrics_engine,
         )
         for i in range(args.pods)
     ]

@@ -58,6 +58,9 @@ class SimConfig:
     fault_reset: bool = False
     # Added to the reported vllm:num_requests_waiting: makes this replica look busier to scorers.
     extra_waiting: int = 0
+    # Whose names /metrics uses: vLLM's, or SGLang's (sglang:num_queue_reqs, ...) to stand for an
+    # SGLang pod to routers that read each engine by its names (llm-d's core-metrics-extractor).
+    metrics_engine: Literal["vllm", "sglang"] = "vllm"
     # KV events (vLLM's --kv-events-config): the PUB endpoint, bound when it has a wildcard or port
     # 0 ("tcp://127.0.0.1:0": an ephemeral port), connected otherwise; None = no events. The
     # replay ROUTER endpoint (always bound; None = no replay). The topic, a template whose

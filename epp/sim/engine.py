@@ -527,7 +527,10 @@ class SimState:
 
 
 def render_metrics(state: SimState) -> str:
-    """Prometheus text with vLLM's metric names for the series a picker scrapes."""
+    """Prometheus text with vLLM's metric names for the series a picker scrapes (SGLang's with
+    `SimConfig.metrics_engine` "sglang")."""
+    if state.config.metrics_engine == "sglang":
+        return _render_sglang(state)
     cfg, prof, e = state.config, state.profile, state.engine
     m = f'model_name="{cfg.served_model}"'
     s = state.stats
@@ -575,4 +578,37 @@ def render_metrics(state: SimState) -> str:
     lines += state.ttft.render("vllm:time_to_first_token_seconds", m)
     lines += state.e2e.render("vllm:e2e_request_latency_seconds", m)
     lines += state.queue_time.render("vllm:request_queue_time_seconds", m)
+    return "\n".join(lines) + "\n"
+
+
+def _render_sglang(state: SimState) -> str:
+    """The same state under SGLang's names (its `--enable-metrics` page): queue, running, token
+    usage, the cache config llm-d's SGLang mapping reads (page_size, num_pages), counters and the
+    TTFT / E2E histograms."""
+    cfg, prof, e = state.config, state.profile, state.engine
+    m = f'model_name="{cfg.served_model}"'
+    s = state.stats
+    lines = [
+        "# HELP sglang:num_running_reqs The number of running requests.",
+        "# TYPE sglang:num_running_reqs gauge",
+        f"sglang:num_running_reqs{{{m}}} {float(e.num_running)}",
+        "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
+        "# TYPE sglang:num_queue_reqs gauge",
+        f"sglang:num_queue_reqs{{{m}}} {float(e.num_waiting + cfg.extra_waiting)}",
+        "# HELP sglang:token_usage The token usage.",
+        "# TYPE sglang:token_usage gauge",
+        f"sglang:token_usage{{{m}}} {e.kv_usage}",
+        "# HELP sglang:cache_config_info Information of the cache config.",
+        "# TYPE sglang:cache_config_info gauge",
+        f'sglang:cache_config_info{{{m},page_size="{prof.block_size}",'
+        f'num_pages="{prof.num_gpu_blocks}"}} 1.0',
+        "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.",
+        "# TYPE sglang:prompt_tokens_total counter",
+        f"sglang:prompt_tokens_total{{{m}}} {float(s.prompt_tokens)}",
+        "# HELP sglang:generation_tokens_total Number of generation tokens processed.",
+        "# TYPE sglang:generation_tokens_total counter",
+        f"sglang:generation_tokens_total{{{m}}} {float(s.generation_tokens)}",
+    ]
+    lines += state.ttft.render("sglang:time_to_first_token_seconds", m)
+    lines += state.e2e.render("sglang:e2e_request_latency_seconds", m)
     return "\n".join(lines) + "\n"
