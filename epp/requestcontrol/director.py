@@ -67,6 +67,7 @@ from epp.scheduling.interfaces import (
     PreRequest,
     RequestHeaderProcessor,
     RequestOutcome,
+    RequestProducer,
     ResponseComplete,
     ResponseHeaders,
     SchedulingResult,
@@ -234,6 +235,7 @@ class Director:
         pre_request: Sequence[PreRequest] = (),
         response_complete: Sequence[ResponseComplete] = (),
         header_processors: Sequence[RequestHeaderProcessor] = (),
+        producers: Sequence[RequestProducer] = (),
         admitters: Sequence[Admitter] = (),
         response_headers: Sequence[ResponseHeaders] = (),
         settings: DirectorSettings = DirectorSettings(),
@@ -259,6 +261,7 @@ class Director:
         self._pre_request = list(pre_request)
         self._response_complete = list(response_complete)
         self._header_processors = list(header_processors)
+        self._producers = list(producers)
         self._admitters = list(admitters)
         self.response_header_plugins = list(response_headers)
         self.admission_controller = admission_controller
@@ -348,6 +351,8 @@ class Director:
         await self.prompts.fill(request, self._tokenizer)
         if not request.runs_engine:
             _no_engine(request)
+        for producer in self._producers:  # llm-d's data producers: may wait (a burst window)
+            await producer.produce(request, candidates)
         for admitter in self._admitters:
             refusal = admitter.admit(request, candidates)
             if refusal is not None:  # llm-d's director answers an admitter's refusal as internal

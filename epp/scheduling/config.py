@@ -123,6 +123,7 @@ class SchedulerConfig:
     # llm-d's request control around scheduling, in configuration order: header processors
     # (agent identity, session ids), admitters, plugins adding response headers.
     header_processors: list[interfaces.RequestHeaderProcessor] = dataclasses.field(default_factory=list)
+    producers: list[interfaces.RequestProducer] = dataclasses.field(default_factory=list)
     admitters: list[interfaces.Admitter] = dataclasses.field(default_factory=list)
     response_headers: list[interfaces.ResponseHeaders] = dataclasses.field(default_factory=list)
     # llm-d's data layer: the metrics scrape, DCGM polls, file discovery, topology labels.
@@ -349,6 +350,9 @@ class _Builder:
             pre_request=[p for p in plugins if isinstance(p, interfaces.PreRequest) and id(p) not in unread],
             response_complete=[p for p in plugins if isinstance(p, interfaces.ResponseComplete)],
             header_processors=[p for p in plugins if isinstance(p, interfaces.RequestHeaderProcessor)],
+            producers=[
+                p for p in plugins if isinstance(p, interfaces.RequestProducer) and id(p) not in unread
+            ],
             admitters=[p for p in plugins if isinstance(p, interfaces.Admitter)],
             response_headers=[p for p in plugins if isinstance(p, interfaces.ResponseHeaders)],
             saturation_detector=self._saturation_detector(),

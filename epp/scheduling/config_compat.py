@@ -82,10 +82,6 @@ REFUSED = {
         "it pairs prefill and decode pods by llm-d's DisaggregatedSet revision labels during a "
         "rollout; epp's disaggregation has no screener stage"
     ),
-    "burst-prefix-cache-producer": (
-        "llm-d's burst co-location (holding requests for a window to place prompt-sharing groups "
-        "jointly) is not built; approx-prefix-cache-producer co-locates them as each is routed"
-    ),
     "header-profile-handler": (
         "a profile chosen per request by a header is not built; epp runs one profile, or a "
         "disaggregation handler's stages"

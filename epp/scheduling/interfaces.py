@@ -160,6 +160,14 @@ class RequestHeaderProcessor(Plugin, Protocol):
 
 
 @runtime_checkable
+class RequestProducer(Plugin, Protocol):
+    async def produce(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        """Called after admission, before scheduling, with the candidates: data a scorer reads
+        later, which may take a wait (llm-d's burst producer holds requests for a window)."""
+        ...
+
+
+@runtime_checkable
 class Admitter(Plugin, Protocol):
     def admit(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None:
         """Called after admission and flow control, before scheduling: None admits, a reason

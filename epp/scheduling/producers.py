@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from epp.scheduling import interfaces, registry
+from epp.scheduling.plugins.burst_prefix_producer import BurstPrefixCacheProducer
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix_cache_scorer import PrefixCacheScorer
 from epp.scheduling.plugins.prefix_match_scorer import PrefixMatchScorer, PrefixProducer
@@ -116,7 +117,7 @@ def find_producer(
     if not is_producer(plugin):
         raise registry.ConfigError(
             f"names producer {wanted!r} (type {plugin.type!r}), which is not a prefix producer "
-            "(approx-prefix-cache-producer, precise-prefix-cache-producer)"
+            "(approx-prefix-cache-producer, precise-prefix-cache-producer, burst-prefix-cache-producer)"
         )
-    assert isinstance(plugin, PrefixCacheScorer | PrecisePrefixCacheScorer)  # is_producer's classes
+    assert isinstance(plugin, PrefixCacheScorer | PrecisePrefixCacheScorer | BurstPrefixCacheProducer)
     return plugin

@@ -239,6 +239,7 @@ def _director(
         pre_request=config.pre_request,
         response_complete=config.response_complete,
         header_processors=config.header_processors,
+        producers=config.producers,
         admitters=config.admitters,
         response_headers=config.response_headers,
         settings=DirectorSettings(

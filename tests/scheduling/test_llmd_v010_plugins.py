@@ -296,3 +296,51 @@ def test_the_admitter_sheds_sheddable_requests_by_saturation() -> None:
     assert admitter.admit(sheddable, [light]) is None
     admitter.random = lambda: 0.09
     assert admitter.admit(sheddable, [light]) is not None
+
+
+# ---- burst co-location --------------------------------------------------------------------------
+
+
+async def test_a_burst_of_one_prompt_goes_to_one_replica() -> None:
+    import asyncio
+
+    producer = builders.plugin("burst-prefix-cache-producer", {"windowDurationMs": 20, "blockSizeTokens": 4})
+    a, b = E("a"), E("b", running=1)
+
+    def prompt(ids: list[int]) -> InferenceRequest:
+        r = req()
+        r.token_ids = ids
+        return r
+
+    group = [prompt(list(range(10))) for _ in range(3)]
+    alone = prompt([7] * 10)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await asyncio.gather(*(producer.produce(r, [a, b]) for r in [*group, alone]))
+    assert loop.time() - start >= 0.015  # every request waited for the window
+    scores = [producer.score({}, r, [a, b]) for r in group]
+    assert scores == [[1.0, 0.0]] * 3  # together, on the less busy replica
+    assert producer.score({}, alone, [a, b]) == [0.0, 0.0]  # overlaps nothing: no affinity
+    cycle: dict[str, Any] = {}
+    producer.score(cycle, group[0], [a, b])
+    assert producer.match_info(cycle, [a, b]) == [(3.0, 3, 4), (0.0, 3, 4)]
+
+
+async def test_max_per_replica_spills_a_group_and_min_colocate_places_singles() -> None:
+    import asyncio
+
+    producer = builders.plugin(
+        "burst-prefix-cache-producer",
+        {"windowDurationMs": 10, "blockSizeTokens": 2, "maxPerReplica": 2, "minColocateBlocks": 2},
+    )
+    a, b = E("a"), E("b")
+    rs = []
+    for ids in [[1, 2, 3, 4]] * 3 + [[1, 2, 3, 4, 5, 6], [1, 2, 9, 9]]:
+        r = req()
+        r.token_ids = list(ids)
+        rs.append(r)
+    await asyncio.gather(*(producer.produce(r, [a, b]) for r in rs))
+    placed = [producer.score({}, r, [a, b]) for r in rs]
+    assert placed[:3] in ([[1.0, 0.0]] * 2 + [[0.0, 1.0]], [[0.0, 1.0]] * 2 + [[1.0, 0.0]])
+    assert sum(placed[3]) == 1.0  # shares the group's 2 leading blocks: placed
+    assert placed[4] == [0.0, 0.0]  # shares 1 block only: no affinity

@@ -19,6 +19,7 @@ BUILT_IN_TYPES = [
     "agent-identity",
     "approx-prefix-cache-producer",
     "bounded-load-filter",
+    "burst-prefix-cache-producer",
     "by-label",
     "by-label-selector",
     "concurrency-detector",

@@ -117,6 +117,29 @@ EXPECTED: dict[str, Refusal | None] = {
     "llm-d-router-HEAD-deploy__config__sim-epp-tokenizer-vllm-http-config": None,
     "llm-d-router-HEAD-deploy__config__sim-pd-epp-config": None,
     "llm-d-router-HEAD-docs__architecture-2": _STALE_KB,
+    "llm-d-router-v0.10-deploy__config__dp-epp-config": None,
+    "llm-d-router-v0.10-deploy__config__epp-burst-prefix-cache-config": None,
+    "llm-d-router-v0.10-deploy__config__epp-config": None,
+    "llm-d-router-v0.10-deploy__config__epp-estimate-prefix-cache-config": None,
+    # Published with a parameter llm-d v0.10's own decoder refuses (cacheSizeInMBPerServer is its name).
+    "llm-d-router-v0.10-deploy__config__epp-mm-embeddings-cache-config": (
+        "plugins[4].parameters.cacheSizeInMB",
+        "unknown key 'cacheSizeInMB'; known keys: cacheSizeInMBPerServer",
+    ),
+    "llm-d-router-v0.10-deploy__config__epp-precise-prefix-cache-config": None,
+    "llm-d-router-v0.10-deploy__config__pd-epp-config": None,
+    "llm-d-router-v0.10-deploy__config__pd-topology-epp-config": None,
+    "llm-d-router-v0.10-deploy__config__probabilistic-admitter-epp-config": None,
+    "llm-d-router-v0.10-deploy__config__sim-e-p-d-epp-config": None,
+    "llm-d-router-v0.10-deploy__config__sim-e-pd-epp-config": None,
+    "llm-d-router-v0.10-deploy__config__sim-epp-config": None,
+    "llm-d-router-v0.10-deploy__config__sim-epp-gpu-config": None,
+    "llm-d-router-v0.10-deploy__config__sim-epp-kvcache-config": None,
+    "llm-d-router-v0.10-deploy__config__sim-epp-no-hit-lru": None,
+    "llm-d-router-v0.10-deploy__config__sim-epp-tokenizer-vllm-http-config": None,
+    "llm-d-router-v0.10-deploy__config__sim-pd-epp-config": None,
+    "llm-d-router-v0.10-deploy__config__sim-program-aware-config": None,
+    "llm-d-router-v0.10-deploy__config__soft-reflective-ceiling-epp-config": None,
     "llm-d-router-HEAD-docs__disaggregation-1": None,
     "llm-d-router-HEAD-docs__disaggregation-2": None,
     "llm-d-router-HEAD-pkg__epp__framework__plugins__datalayer__source__models__README-1": (
@@ -230,7 +253,8 @@ def _write(tmp_path: Path, name: str) -> tuple[Path, str, dict[str, int]]:
 
 def _load(tmp_path: Path, name: str, handle: Any = None) -> config.SchedulerConfig:
     path, _, _ = _write(tmp_path, name)
-    return config.load_config_file(path, handle or builders.handle(BlockIndex()))
+    # As llm-d runs its Alpha plugins: with --allow-experimental-plugins.
+    return config.load_config_file(path, handle or builders.handle(BlockIndex()), allow_experimental=True)
 
 
 # --- the facts file itself ---
@@ -281,7 +305,7 @@ def test_refused_naming_plugin_parameter_and_line(tmp_path: Path, name: str) -> 
     where, *fragments = expected
     path, _, lines = _write(tmp_path, name)
     with pytest.raises(config.ConfigError) as info:
-        config.load_config_file(path, builders.handle(BlockIndex()))
+        config.load_config_file(path, builders.handle(BlockIndex()), allow_experimental=True)
     message = str(info.value)
     assert message.startswith(f"{path}: {where} (line {lines[where]}): "), message
     for fragment in fragments:

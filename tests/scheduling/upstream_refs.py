@@ -6,7 +6,8 @@ local copies of those repositories. The upstream files themselves are not kept i
     python -m tests.scheduling.upstream_refs GIE_CLONE ROUTER_CLONE GUIDES_DIR
 
 GIE_CLONE is a git clone of kubernetes-sigs/gateway-api-inference-extension holding the v1.0.0 and
-v1.5.0 tags; ROUTER_CLONE one of llm-d/llm-d-inference-scheduler (llm-d-router) holding ROUTER_COMMIT;
+v1.5.0 tags; ROUTER_CLONE one of llm-d/llm-d-router (formerly llm-d-inference-scheduler) holding
+ROUTER_COMMIT and ROUTER_V010_COMMIT;
 both as the workplace `fetch` tool brings them (bare git directories). llm-d/llm-d's stored snapshot
 predates its guides, so GUIDES_DIR holds each guide's Helm values file as the search index returns it
 for the commit named below, laid out as GUIDES_DIR/<commit>/<path>; only the YAML mapping is read, so
@@ -38,6 +39,10 @@ GIE_TAGS = {
     "v1.5.0": "df9f8909fe06fe2dfd4a6fc0bd0c01a0acabf849",
 }
 ROUTER_COMMIT = "520af47896e5f06e43d09aca281a1149187b0ffd"
+# llm-d-router v0.10 (released 2026-08-17): its main five days later, whose deploy/config/ holds the
+# 19 configurations of the release with two since fixed; the same clone as ROUTER_COMMIT's.
+ROUTER_V010_REPO = "llm-d/llm-d-router"
+ROUTER_V010_COMMIT = "ebab687927f5331c1b39defcb579a07951bce56c"
 
 # Top-level keys rendered from their own fields; every other key is kept as an inline section.
 _OWN_KEYS = ("apiVersion", "kind", "plugins", "schedulingProfiles")
@@ -45,7 +50,8 @@ _OWN_KEYS = ("apiVersion", "kind", "plugins", "schedulingProfiles")
 
 @dataclass(frozen=True)
 class Where:
-    """One document: `origin` is "gie", "router" or "guides"; `ref` a GIE tag, or a commit."""
+    """One document: `origin` is "gie", "router", "router-v0.10" or "guides"; `ref` a GIE tag, or
+    a commit."""
 
     origin: str
     ref: str
@@ -69,12 +75,18 @@ def _router(path: str, line: int) -> Where:
     return Where("router", ROUTER_COMMIT, path, line)
 
 
+def _router_v010(path: str, line: int) -> Where:
+    return Where("router-v0.10", ROUTER_V010_COMMIT, path, line)
+
+
 def _guide(commit: str, path: str) -> Where:
     return Where("guides", commit, path)
 
 
 def _id(w: Where, n: int | None = None) -> str:
-    prefix = {"gie": f"gie-{w.ref}", "router": "llm-d-router-HEAD"}[w.origin]
+    prefix = {"gie": f"gie-{w.ref}", "router": "llm-d-router-HEAD", "router-v0.10": "llm-d-router-v0.10"}[
+        w.origin
+    ]
     name = w.path.rsplit(".", 1)[0].replace("/", "__")
     return f"{prefix}-{name}" + (f"-{n}" if n is not None else "")
 
@@ -185,6 +197,30 @@ SOURCES: tuple[Source, ...] = (
             ("sim-pd-epp-config", 3),
         )
     ),
+    *(
+        _doc(_router_v010(f"deploy/config/{name}.yaml", line))
+        for name, line in (
+            ("dp-epp-config", 3),
+            ("epp-burst-prefix-cache-config", 7),
+            ("epp-config", 3),
+            ("epp-estimate-prefix-cache-config", 3),
+            ("epp-mm-embeddings-cache-config", 2),
+            ("epp-precise-prefix-cache-config", 3),
+            ("pd-epp-config", 2),
+            ("pd-topology-epp-config", 5),
+            ("probabilistic-admitter-epp-config", 12),
+            ("sim-e-p-d-epp-config", 2),
+            ("sim-e-pd-epp-config", 3),
+            ("sim-epp-config", 3),
+            ("sim-epp-gpu-config", 3),
+            ("sim-epp-kvcache-config", 3),
+            ("sim-epp-no-hit-lru", 3),
+            ("sim-epp-tokenizer-vllm-http-config", 5),
+            ("sim-pd-epp-config", 3),
+            ("sim-program-aware-config", 1),
+            ("soft-reflective-ceiling-epp-config", 7),
+        )
+    ),
     _doc(_router("docs/architecture.md", 148), 2),
     _doc(_router("docs/disaggregation.md", 259), 1),
     _doc(_router("docs/disaggregation.md", 313), 2),
@@ -201,7 +237,9 @@ class Reader:
     def text(self, w: Where) -> str:
         if w.origin == "guides":
             return (self.guides / w.ref / w.path).read_text("utf-8")
-        clone, commit = (self.gie, GIE_TAGS[w.ref]) if w.origin == "gie" else (self.router, w.ref)
+        clone, commit = (
+            (self.gie, GIE_TAGS[w.ref]) if w.origin == "gie" else (self.router, w.ref)
+        )  # both routers
         out = subprocess.run(
             ["git", "-C", clone, "show", f"{commit}:{w.path}"], check=True, capture_output=True, text=True
         )
@@ -334,7 +372,9 @@ def facts(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _where(w: Where) -> dict[str, Any]:
-    repo = {"gie": GIE_REPO, "router": ROUTER_REPO, "guides": GUIDES_REPO}[w.origin]
+    repo = {"gie": GIE_REPO, "router": ROUTER_REPO, "router-v0.10": ROUTER_V010_REPO, "guides": GUIDES_REPO}[
+        w.origin
+    ]
     commit = GIE_TAGS.get(w.ref, w.ref) if w.origin == "gie" else w.ref
     out: dict[str, Any] = {"repo": repo, "commit": commit, "path": w.path, "line": w.line}
     if w.origin == "gie":
