@@ -175,7 +175,9 @@ class StackOptions:
     sim_configs: Sequence[SimConfig] | None = None  # one per backend; default E2E_SIM
     body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
     pods_mode: PodsMode = PodsMode.ORIGINAL_DST
-    # "flag": --endpoints; "file": --endpoints-file (YAML); "empty-file": `endpoints: []`.
+    # "flag": --endpoints; "file": --endpoints-file (YAML); "empty-file": `endpoints: []`;
+    # "discovery": llm-d's file-discovery, the sims listed in llm-d's endpoints file, whose path
+    # replaces DISCOVERY_FILE in epp_args (the config naming a file-discovery plugin).
     endpoints_source: str = "flag"
     # The endpoints file's `objectives:` (InferenceObjective name -> priority); needs a file source.
     objectives: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -267,6 +269,14 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
             entries += extra
         endpoints_file.write_text(yaml.safe_dump({"endpoints": entries}))
         epp_args = ["--kv-events", "connect", *epp_args]
+    elif opts.endpoints_source == "discovery":
+        discovery = workdir / "discovery.yaml"
+        entries = []
+        for i, address in enumerate(endpoints):
+            host, _, port = address.rpartition(":")
+            entries.append({"name": f"sim-{i}", "address": host, "port": port})
+        discovery.write_text(yaml.safe_dump({"endpoints": entries}))
+        epp_args = [a.replace("DISCOVERY_FILE", str(discovery)) for a in epp_args]
     elif opts.endpoints_source != "flag":
         endpoints_file = workdir / "endpoints.yaml"
         # epp's YAML format; `endpoints: []` is a valid empty pool (a 0-byte file is rejected).
@@ -280,7 +290,7 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         name = "epp" if i == 0 else f"epp-{i + 1}"
         epp = EppProcess(
             workdir,
-            endpoints=endpoints if endpoints_file is None else None,
+            endpoints=endpoints if endpoints_file is None and opts.endpoints_source != "discovery" else None,
             endpoints_file=endpoints_file,
             secure=opts.epp_tls,
             extra_args=epp_args,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -74,3 +75,58 @@ def test_a_token_producer_naming_two_sources_is_refused_at_start() -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "give one of path or vllm, not both" in done.stderr
+
+
+# ---- llm-d's data layer and plugin stability at serve -------------------------------------------
+
+
+def test_the_metrics_source_sets_the_scrape_and_a_contrary_flag_stops_serve() -> None:
+    from epp.datastore.endpoints import Datastore
+    from epp.scheduling import datalayer
+    from epp.serve import parts
+
+    source = datalayer.MetricsScrape(scheme="https", path="/m", port=9100, interval=0.12)
+    scraper = parts._scraper(serve_args(), Datastore(), "p", source)
+    assert (scraper._scheme, scraper._path, scraper._metrics_port) == ("https", "/m", 9100)
+    assert scraper.interval == pytest.approx(0.1)  # a multiple of --refresh-metrics-interval (50ms)
+    with pytest.raises(ValueError, match="--model-server-metrics-path=/other, but the config's"):
+        parts._scraper(serve_args("--model-server-metrics-path=/other"), Datastore(), "p", source)
+    engines = datalayer.MetricsScrape(engines=parts.DEFAULT_ENGINES)
+    with pytest.raises(ValueError, match="give them one way"):
+        parts._scraper(serve_args("--total-queued-requests-metric=q"), Datastore(), "p", engines)
+    flagged = parts._scraper(
+        serve_args("--total-queued-requests-metric=q"), Datastore(), "p", datalayer.MetricsScrape()
+    )
+    assert flagged._engines.default.queued is not None and flagged._engines.default.queued.name == b"q"
+
+
+def _run_serve(*argv: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "epp", "serve", "--secure-serving=false"]
+    return subprocess.run(
+        [*command, "--grpc-port=0", "--grpc-health-port=0", "--metrics-port=0", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_an_alpha_plugin_needs_the_flag_at_serve() -> None:
+    config = LLMD + "plugins: [{type: queue-scorer}, {type: agent-identity}]\n"
+    done = _run_serve("--endpoints=127.0.0.1:1", "--config-text", config)
+    assert done.returncode == 2, done.stderr
+    assert "--allow-experimental-plugins is not set" in done.stderr
+
+
+def test_file_discovery_replaces_the_endpoint_flags(tmp_path: Any) -> None:
+    path = tmp_path / "eps.yaml"
+    path.write_text('endpoints: [{name: a, address: "10.0.0.1", port: "8000"}]\n')
+    config = (
+        LLMD
+        + "plugins:\n- {type: queue-scorer}\n"
+        + f"- {{type: file-discovery, parameters: {{path: {str(path)!r}}}}}\n"
+        + "dataLayer: {discovery: {pluginRef: file-discovery}}\n"
+    )
+    done = _run_serve("--endpoints=127.0.0.1:1", "--config-text", config)
+    assert done.returncode == 2, done.stderr
+    assert "the config's dataLayer.discovery lists the endpoints: drop --endpoints" in done.stderr
