@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import ssl
 from typing import Any
 
 import grpc
@@ -367,6 +368,11 @@ def _scraper(
                 "give them one way (the extractor's engineConfigs)"
             )
         engines = with_default_overrides(engines, overrides)
+    if source.tls is not None and scheme == "https":
+        try:
+            source.tls.context(verify=not insecure)
+        except (OSError, ssl.SSLError) as err:
+            raise ValueError(f"the config's {source.name}: its TLS files cannot be used: {err}") from None
     return MetricsScraper(
         datastore,
         interval=_tick(source.interval, base) if source.interval is not None else base,
