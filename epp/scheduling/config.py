@@ -52,20 +52,17 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-import math
 import os
-import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
-import yaml
 
 from epp.api.routes import Parsers
 from epp.scheduling import (
     catalog,
     config_compat,
+    config_profiles,
     config_yaml,
     datalayer,
     disagg,
@@ -85,7 +82,6 @@ from epp.scheduling.plugins import (
     single_profile_handler,
     topology_affinity,
 )
-from epp.scheduling.plugins.precise_prefix_producer import PrecisePrefixCacheProducer
 from epp.scheduling.plugins.prefix_match_scorer import PrefixProducer
 from epp.tokenize.render import RenderSpec
 
@@ -181,30 +177,7 @@ def default_config_text(*, precise: bool = False) -> str:
     return importlib.resources.files(__package__).joinpath(name).read_text("utf-8")
 
 
-def requested_kv_events(text: str | None) -> precise_llmd.KVEventsSettings | None:
-    """How the configuration's llm-d-style `precise-prefix-cache-scorer` says KV events are
-    consumed, read before the KV index exists (the caller creates it, then calls `load_config`).
-    None when no such scorer says (or the text is not a valid configuration: `load_config` then
-    reports why)."""
-    if text is None:
-        return None
-    try:
-        data = yaml.safe_load(text)
-        for spec in data.get("plugins") or []:
-            raw = spec.get("parameters") or {}
-            if spec.get("type") == "precise-prefix-cache-producer":
-                producer = PrecisePrefixCacheProducer
-                params = producer.scorer_params(msgspec.convert(raw, producer.Params))
-            elif spec.get("type") == "precise-prefix-cache-scorer":
-                params = msgspec.convert(raw, precise_prefix_cache_scorer.PrecisePrefixCacheScorer.Params)
-            else:
-                continue
-            settings = precise_llmd.apply("", params).kv_events
-            if settings is not None:
-                return settings
-    except (yaml.YAMLError, AttributeError, TypeError, msgspec.ValidationError, ConfigError):
-        return None
-    return None
+requested_kv_events = producers.requested_kv_events
 
 
 def load_config_file(
@@ -471,30 +444,10 @@ class _Builder:
     def _plugin_error(
         self, path: _Path, type_name: str, parameters: dict[str, Any] | None, err: ConfigError
     ) -> ConfigError:
-        culprit = self._culprit(path, parameters, str(err))
+        culprit = config_yaml.culprit(path, parameters, str(err))
         stale = config_compat.STALE.get((type_name, self.where.dotted(culprit[3:])))
         message = f"{err}; {stale}" if stale is not None else str(err)
         return self.where.error(culprit, message)
-
-    @staticmethod
-    def _culprit(path: _Path, parameters: dict[str, Any] | None, message: str) -> _Path:
-        """Where in the plugin an error message points (msgspec's `at `$.a[0].b``, an unknown
-        field, or `parameter a.b`), so that its line is the one reported; else the plugin."""
-        if not parameters:
-            return path
-        steps: list[str | int] = []
-        at = re.search(r"at `\$(?P<at>[^`]*)`", message)
-        if at is not None:
-            steps = config_yaml.steps(at["at"])
-        unknown = re.search(r"unknown field `([^`]+)`", message)
-        if unknown is not None:
-            steps.append(unknown[1])
-        if not steps:
-            named = re.search(r"parameters?[. ]([A-Za-z][\w.]*)", message)
-            if named is None:
-                return path
-            steps = list(named[1].split("."))
-        return (*path, "parameters", *steps)
 
     def _take_llmd(self, path: _Path, mapped: precise_llmd.Mapped) -> None:
         self.warnings.extend(mapped.notes)
@@ -512,27 +465,8 @@ class _Builder:
 
     def _check_sections(self) -> None:
         doc = self.doc
-        for i, entry in enumerate(doc.featureGates):
-            # llm-d: `name`, or `name=value` with Go's ParseBool of the lower-cased, trimmed value.
-            gate, *value = entry.split("=")
-            if gate not in config_compat.FEATURE_GATES:
-                raise self.where.error(
-                    ("featureGates", i),
-                    f"unknown feature gate {gate!r}; known gates: {', '.join(config_compat.FEATURE_GATES)}",
-                )
-            raw = value[0].strip().lower() if value else "true"
-            if raw not in _GO_BOOLS:
-                raise self.where.error(
-                    ("featureGates", i), f"{value[0]!r} is not a valid value for the feature gate {gate}"
-                )
-            on = _GO_BOOLS[raw]
-            note = config_compat.FEATURE_GATES[gate]
-            if gate == "flowControl":
-                self.flow_enabled = on
-            elif gate == "haPopulateNonLeaderDatastore" and on:
-                pass  # llm-d's default, and what epp does: every replica keeps the pool listed
-            elif note is not None:
-                self.warnings.append(f"featureGates {entry!r} has no effect: {note}")
+        self.flow_enabled, notes = config_compat.feature_gates(doc.featureGates, self.where.error)
+        self.warnings.extend(notes)
         self.data_layer = self.data.build(doc.dataLayer, self.plugins, _follows_endpoints)
         self.warnings.extend(self.data.warnings)
         for plugin in self.plugins.values():
@@ -600,87 +534,40 @@ class _Builder:
         return kind
 
     def _build_profiles(self) -> list[framework.Profile]:
-        if not self.doc.schedulingProfiles:
-            # GIE: one profile `default` of every filter, scorer and picker, in order, weight 1.
-            entries: list[_Entry] = [
-                (("plugins", i), name, None)
-                for i, name in enumerate(self._plugin_names())
-                if name in self.plugins
-                and _is_scheduling(self.plugins[name])
-                and not isinstance(self.plugins[name], interfaces.SaturationDetector)
-            ]
-            return [self._build_profile("default", entries)]
-        profiles: list[framework.Profile] = []
-        for i, spec in enumerate(self.doc.schedulingProfiles):
-            path = ("schedulingProfiles", i)
-            if not spec.name:
-                raise self.where.error(path, "profile name is empty")
-            if any(p.name == spec.name for p in profiles):
-                raise self.where.error(path, f"duplicate profile name {spec.name!r}")
-            entries = [((*path, "plugins", j), e.pluginRef, e.weight) for j, e in enumerate(spec.plugins)]
-            profiles.append(self._build_profile(spec.name, entries))
+        specs = [
+            (spec.name, [(e.pluginRef, e.weight) for e in spec.plugins])
+            for spec in self.doc.schedulingProfiles
+        ]
+        profiles, used = config_profiles.build(
+            specs, self._plugin_names(), self.plugins, self._elsewhere, self.where, self._default
+        )
+        self.used |= used
         return profiles
 
     def _plugin_names(self) -> list[str]:
         return [spec.name or spec.type for spec in self.doc.plugins]
 
-    def _build_profile(self, name: str, entries: Sequence[_Entry]) -> framework.Profile:
-        filters: list[interfaces.Filter] = []
-        scorers: list[tuple[interfaces.Scorer, float]] = []
-        picker: interfaces.Picker | None = None
-        seen: set[str] = set()
-        for path, ref, weight in entries:
-            plugin = self.plugins.get(ref)
-            if plugin is None and any(ref == flow[1] for flow in self.flow_plugins):
-                raise self.where.error(
-                    path, f"plugin {ref!r} is a flow-control policy, not a filter, scorer or picker"
-                )
-            if plugin is None and ref in self.token_producers:
-                continue  # llm-d lists its tokenizer in profiles; epp tokenizes before scheduling
-            if plugin is None and ref in self.parser_plugins:
-                raise self.parser_plugins.not_a_parser(path, ref, "a filter, scorer or picker")
-            if plugin is None and ref in self.data:
-                raise self.where.error(
-                    path,
-                    f"plugin {ref!r} is a data-layer {self.data.kind(ref)}, not a filter, scorer or picker",
-                )
-            if plugin is None:
-                if ref in self.ignored:
-                    type_name = self.ignored[ref]
-                    raise self.where.error(
-                        path,
-                        f"plugin {ref!r} (type {type_name!r}) cannot be used here: epp does not implement "
-                        f"this {_GIE_ONLY[type_name]} ({_WHY[_GIE_ONLY[type_name]]})",
-                    )
-                raise self.where.error(path, f"pluginRef {ref!r} is not a defined plugin")
-            label = f"plugin {ref!r} (type {plugin.type!r})"
-            if ref in seen:
-                raise self.where.error(path, f"{label} is listed twice in profile {name!r}")
-            seen.add(ref)
-            if producers.is_producer(plugin):
-                raise self.where.error(
-                    path,
-                    f"{label} is a data producer, not a filter, scorer or picker: list a "
-                    f"prefix-cache-scorer with prefixMatchInfoProducerName: {ref} instead",
-                )
-            if not _is_scheduling(plugin):
-                raise self.where.error(path, f"{label} is not a filter, scorer or picker")
-            if weight is not None and not isinstance(plugin, interfaces.Scorer):
-                raise self.where.error(path, f"{label} has a weight but is not a scorer")
-            if weight is not None and not math.isfinite(weight):
-                raise self.where.error(path, f"{label} has weight {weight}; a weight must be finite")
-            if isinstance(plugin, interfaces.Filter):
-                filters.append(plugin)
-            if isinstance(plugin, interfaces.Scorer):
-                scorers.append((plugin, 1.0 if weight is None else weight))
-            if isinstance(plugin, interfaces.Picker):
-                if picker is not None:
-                    raise self.where.error(
-                        path, f"{label}: profile {name!r} already has picker {picker.name!r}, one is allowed"
-                    )
-                picker = plugin
-            self.used.add(ref)
-        return framework.Profile(name, filters, scorers, picker or self._default())
+    def _elsewhere(self, ref: str) -> str | None:
+        """Why `ref`, a plugin but not a scheduling one, may not be in a profile ("": it may, and
+        is skipped); None when `ref` is none of these."""
+        if any(ref == flow[1] for flow in self.flow_plugins):
+            return f"plugin {ref!r} is a flow-control policy, not a filter, scorer or picker"
+        if ref in self.token_producers:
+            return ""  # llm-d lists its tokenizer in profiles; epp tokenizes before scheduling
+        if ref in self.parser_plugins:
+            return (
+                f"plugin {ref!r} (type {self.parser_plugins.types[ref]!r}) is a parser, not a filter, "
+                "scorer or picker: list it in requestHandler.parsers"
+            )
+        if ref in self.data:
+            return f"plugin {ref!r} is a data-layer {self.data.kind(ref)}, not a filter, scorer or picker"
+        if ref in self.ignored:
+            kind = _GIE_ONLY[self.ignored[ref]]
+            return (
+                f"plugin {ref!r} (type {self.ignored[ref]!r}) cannot be used here: epp does not implement "
+                f"this {kind} ({_WHY[kind]})"
+            )
+        return None
 
     def _default(self) -> interfaces.Picker:
         if self._default_picker is None:
@@ -693,9 +580,6 @@ class _Builder:
 _HANDLERS = (single_profile_handler.SingleProfileHandler, disagg.handler.DisaggProfileHandler)
 
 
-_GO_BOOLS = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}
-
-
 def _follows_endpoints(plugin: interfaces.Plugin) -> bool:
     """A plugin llm-d lets `endpoint-notification-source` tell of endpoint changes (a producer, or
     the precise scorer that carries one): epp's follow the datastore themselves."""
@@ -704,11 +588,6 @@ def _follows_endpoints(plugin: interfaces.Plugin) -> bool:
     )
 
 
-def _is_scheduling(plugin: interfaces.Plugin) -> bool:
-    return not producers.is_producer(plugin) and isinstance(
-        plugin, interfaces.Filter | interfaces.Scorer | interfaces.Picker
-    )
-
+_is_scheduling = config_profiles.is_scheduling
 
 _Path = config_yaml.Path
-_Entry = tuple[_Path, str, float | None]  # one profile plugin: (where, pluginRef, weight)

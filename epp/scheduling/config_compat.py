@@ -21,6 +21,7 @@ passed on undecoded to `epp.flowcontrol.config`, which decodes them as strictly.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import msgspec
@@ -129,6 +130,38 @@ FEATURE_GATES: dict[str, str | None] = {
     "haPopulateNonLeaderDatastore": "epp's replicas always keep the pool listed, leading or not",
     "prepareDataPlugins": "epp's scorers gather their own inputs",
 }
+
+_GO_BOOLS = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}
+
+
+def feature_gates(
+    entries: Sequence[str], error_at: Callable[[tuple[str | int, ...], str], Exception]
+) -> tuple[bool, list[str]]:
+    """(flow control on, notes for the log) of `featureGates`: llm-d's `name` or `name=value`,
+    the value read as Go's ParseBool reads it lower-cased and trimmed; an unknown gate or value
+    raises `error_at(path, message)`."""
+    flow = False
+    notes: list[str] = []
+    for i, entry in enumerate(entries):
+        gate, *value = entry.split("=")
+        if gate not in FEATURE_GATES:
+            raise error_at(
+                ("featureGates", i), f"unknown feature gate {gate!r}; known gates: {', '.join(FEATURE_GATES)}"
+            )
+        raw = value[0].strip().lower() if value else "true"
+        if raw not in _GO_BOOLS:
+            raise error_at(
+                ("featureGates", i), f"{value[0]!r} is not a valid value for the feature gate {gate}"
+            )
+        on = _GO_BOOLS[raw]
+        if gate == "flowControl":
+            flow = on
+        elif gate == "haPopulateNonLeaderDatastore" and on:
+            pass  # llm-d's default, and what epp does: every replica keeps the pool listed
+        elif FEATURE_GATES[gate] is not None:
+            notes.append(f"featureGates {entry!r} has no effect: {FEATURE_GATES[gate]}")
+    return flow, notes
+
 
 # ---- parameters of accepted plugins -----------------------------------------------------------------
 

@@ -10,7 +10,7 @@ silently, and a repeated `plugins:` would drop the first list.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -119,3 +119,23 @@ class Locator:
         if not path:
             return ConfigError(f"invalid {self._kind}: {problem}")
         return self.error(tuple(path), problem)
+
+
+def culprit(path: Path, parameters: Mapping[str, Any] | None, message: str) -> Path:
+    """Where in a plugin an error message points (msgspec's `at `$.a[0].b``, an unknown field, or
+    `parameter a.b`), so that its line is the one reported; else the plugin at `path`."""
+    if not parameters:
+        return path
+    found: list[str | int] = []
+    at = re.search(r"at `\$(?P<at>[^`]*)`", message)
+    if at is not None:
+        found = steps(at["at"])
+    unknown = re.search(r"unknown field `([^`]+)`", message)
+    if unknown is not None:
+        found.append(unknown[1])
+    if not found:
+        named = re.search(r"parameters?[. ]([A-Za-z][\w.]*)", message)
+        if named is None:
+            return path
+        found = list(named[1].split("."))
+    return (*path, "parameters", *found)

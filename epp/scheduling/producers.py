@@ -25,10 +25,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
+import yaml
 
 from epp.scheduling import interfaces, registry
+from epp.scheduling.plugins import precise_llmd
 from epp.scheduling.plugins.burst_prefix_producer import BurstPrefixCacheProducer
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
+from epp.scheduling.plugins.precise_prefix_producer import PrecisePrefixCacheProducer
 from epp.scheduling.plugins.prefix_cache_scorer import PrefixCacheScorer
 from epp.scheduling.plugins.prefix_match_scorer import PrefixMatchScorer, PrefixProducer
 
@@ -121,3 +124,29 @@ def find_producer(
         )
     assert isinstance(plugin, PrefixCacheScorer | PrecisePrefixCacheScorer | BurstPrefixCacheProducer)
     return plugin
+
+
+def requested_kv_events(text: str | None) -> precise_llmd.KVEventsSettings | None:
+    """How the configuration's precise prefix plugin (llm-d's `precise-prefix-cache-producer`, or
+    the `precise-prefix-cache-scorer` with llm-d's parameters) says KV events are consumed, read
+    before the KV index exists (serve creates it, then loads the configuration). None when none
+    says (or the text is not a valid configuration: loading it reports why)."""
+    if text is None:
+        return None
+    try:
+        data = yaml.safe_load(text)
+        for spec in data.get("plugins") or []:
+            raw = spec.get("parameters") or {}
+            if spec.get("type") == "precise-prefix-cache-producer":
+                producer = PrecisePrefixCacheProducer
+                params = producer.scorer_params(msgspec.convert(raw, producer.Params))
+            elif spec.get("type") == "precise-prefix-cache-scorer":
+                params = msgspec.convert(raw, PrecisePrefixCacheScorer.Params)
+            else:
+                continue
+            settings = precise_llmd.apply("", params).kv_events
+            if settings is not None:
+                return settings
+    except (yaml.YAMLError, AttributeError, TypeError, msgspec.ValidationError, registry.ConfigError):
+        return None
+    return None
