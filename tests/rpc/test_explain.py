@@ -20,12 +20,13 @@ from epp.rpc import service
 from epp.rpc.v1 import endpoint_picker_pb2 as pb
 from epp.rpc.v1 import endpoint_picker_pb2_grpc as pb_grpc
 from epp.scheduling import config as sched_config
-from epp.scheduling import framework, interfaces, registry
+from epp.scheduling import framework, interfaces, producers, registry
 from epp.scheduling.interfaces import Handle
 from tests.extproc import helpers as h
 from tests.extproc.test_server import free_port
 from tests.scheduling import builders
 from tests.scheduling.test_predicted_ttft_scorer import feed
+from tests.scheduling.test_registry import REQUIRED
 
 CHAT = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hello " * 40}]})
 
@@ -258,9 +259,9 @@ def test_every_scorer_explains_what_each_candidate_was_scored_on() -> None:
     picker: Any = registry.default.build("max-score-picker", "max-score-picker", {}, handle)
     scorers = []
     for type_name in registry.default.types():
-        plugin = registry.default.build(type_name, type_name, {}, handle)
-        if not isinstance(plugin, interfaces.Scorer):
-            continue
+        plugin = registry.default.build(type_name, type_name, REQUIRED.get(type_name, {}), handle)
+        if not isinstance(plugin, interfaces.Scorer) or producers.is_producer(plugin):
+            continue  # a producer scores nothing of its own: its consumer explains it
         scorers.append(type_name)
         assert isinstance(plugin, interfaces.Explainer), type_name
         req = builders.request(target_model="m")

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 
 CORE_METRICS = "core-metrics-extractor"
 
@@ -189,3 +189,6 @@ class EndpointAttributeScorer(registry.PluginBase):
             x = min(1.0, max(0.0, (v - lo) / (hi - lo)))
             out.append(1.0 - x if self._lower else x)
         return out
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        return framework.explain_inputs(cycle, lambda ep: {self.key[0]: read(ep, self.key)})

@@ -15,13 +15,13 @@ filter), `header-label-affinity-scorer` (Alpha) and `context-length-aware` (a fi
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 
 CONTEXT_LABEL = "llm-d.ai/context-length-range"
 
@@ -79,6 +79,9 @@ class HeaderLabelAffinityScorer(registry.PluginBase):
         if not wanted:
             return [0.0] * len(endpoints)
         return [1.0 if ep.spec.labels.get(self._label) == wanted else 0.0 for ep in endpoints]
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        return framework.explain_inputs(cycle, lambda ep: {self._label: ep.spec.labels.get(self._label, "")})
 
 
 def context_range(text: str) -> tuple[int, int] | None:
@@ -151,3 +154,8 @@ class ContextLengthAware(registry.PluginBase):
             found = context_range(text)
             out.append(0.0 if found is None else range_score(length, *found))
         return out
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        return framework.explain_inputs(
+            cycle, lambda ep: {"context_range": ep.spec.labels.get(self._label, "")}
+        )

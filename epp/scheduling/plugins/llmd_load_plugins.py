@@ -15,13 +15,13 @@ the response stream), what llm-d's `inflight-load-producer` counts for these plu
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 
 _Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
@@ -50,6 +50,9 @@ class ActiveRequestScorer(registry.PluginBase):
         counts = [ep.inflight_requests for ep in endpoints]
         most = max(counts, default=0)
         return [1.0 if n <= self._idle else (most - n) / most * self._busy for n in counts]
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        return framework.explain_inputs(cycle, lambda ep: {"inflight_requests": ep.inflight_requests})
 
 
 class _Condition(msgspec.Struct, forbid_unknown_fields=True):

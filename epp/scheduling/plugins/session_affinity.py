@@ -28,14 +28,14 @@ import base64
 import binascii
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 
 DEFAULT_TOKEN_HEADER = "x-session-token"
 DEFAULT_SESSION_HEADER = "x-session-id"
@@ -246,7 +246,12 @@ class SessionAffinityScorer(_SessionAffinity):
         self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
     ) -> list[float]:
         target = self.chosen(request, endpoints)
+        cycle[self.name] = target
         return [1.0 if ep is target else 0.0 for ep in endpoints]
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        pinned = cycle.get(self.name)
+        return framework.explain_inputs(cycle, lambda ep: {"pinned": ep is pinned})
 
 
 @registry.register("session-affinity-filter")

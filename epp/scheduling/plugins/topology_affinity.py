@@ -17,12 +17,13 @@ fixed curve).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import interfaces, registry
+from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.datalayer import TopologyLabels
 
 DEFAULT_EXTRACTOR = "topology-extractor"
@@ -110,3 +111,13 @@ class TopologyAffinityScorer(_TopologyBase):
             return [0.0] * len(endpoints)
         labels = self.labels
         return [(*SCORES, 0.0)[level(peer, locality(ep, labels))] for ep in endpoints]
+
+    def explain(self, cycle: interfaces.CycleState) -> dict[str, Any]:
+        peer = self._peer(cycle)
+        labels = self.labels
+
+        def shared(ep: Endpoint) -> dict[str, Any]:
+            found = NONE if peer is None or labels is None else level(peer, locality(ep, labels))
+            return {"shared_level": LEVELS[found] if found < NONE else "none"}
+
+        return framework.explain_inputs(cycle, shared)
