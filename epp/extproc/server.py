@@ -221,15 +221,21 @@ def build_server(
     )
     add_ext_proc_servicer(server, ExternalProcessor(director, guard))
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
-    _add_port(server, f"{bind}:{port}", credentials)
+    _add_port(server, listen_address(bind, port), credentials)
     return server
 
 
 def build_health_server(health_state: Health, *, bind: str, port: int) -> grpc.aio.Server:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
-    _add_port(server, f"{bind}:{port}", None)
+    _add_port(server, listen_address(bind, port), None)
     return server
+
+
+def listen_address(bind: str, port: int) -> str:
+    """gRPC's `host:port` for `--bind-address`: an IPv6 literal in brackets. gRPC listens on
+    every address, IPv4 and IPv6 (where the host has it), for either wildcard, 0.0.0.0 or ::."""
+    return f"[{bind}]:{port}" if ":" in bind else f"{bind}:{port}"
 
 
 def _add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> None:

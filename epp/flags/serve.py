@@ -21,7 +21,16 @@ from epp.flags.compat import add_gie_arguments
 from epp.flags.kv_events import add_kv_events_arguments
 from epp.flags.plugins import add_plugin_arguments
 from epp.flags.request_limits import add_request_limit_arguments
-from epp.flags.types import byte_size, duration, go_bool, model_length, positive_int, ratio, workers_count
+from epp.flags.types import (
+    bind_address,
+    byte_size,
+    duration,
+    go_bool,
+    model_length,
+    positive_int,
+    ratio,
+    workers_count,
+)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +38,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grpc-port", type=int, default=9002, help="ext-proc gRPC port (default 9002)")
     g.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port (default 9003)")
     g.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (default 9090)")
-    g.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    g.add_argument(
+        "--bind-address",
+        type=bind_address,
+        default="0.0.0.0",
+        help="address every port listens on; 0.0.0.0 and :: both mean every address, IPv4 and "
+        "IPv6 where the host has it (default 0.0.0.0)",
+    )
     go_bool(
         g,
         "enable-debug-api",

@@ -7,6 +7,7 @@ without importing `epp.cli` (which imports them all). `epp.flags` re-exports the
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import re
 
@@ -119,4 +120,22 @@ def non_negative_float(text: str) -> float:
     value = _number(text)
     if value < 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
+def bind_address(text: str) -> str:
+    """`--bind-address`: an IP literal, `[v6]` with or without brackets, or a host name; returned
+    without brackets (the listeners add what their address syntax needs)."""
+    value = text.strip()
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    if not value:
+        raise argparse.ArgumentTypeError("an empty address: give 0.0.0.0 or :: for every address")
+    if ":" in value:
+        try:
+            ipaddress.IPv6Address(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an IPv6 address: {text!r}") from None
+    elif not re.fullmatch(r"[A-Za-z0-9.-]+", value):
+        raise argparse.ArgumentTypeError(f"not an address or host name: {text!r}")
     return value

@@ -53,15 +53,21 @@ WaitFor = Literal["serving", "listening"]
 def free_ports(n: int, host: str = HOST) -> list[int]:
     """`n` distinct ports that were free a moment ago (held together so they differ)."""
     socks: list[socket.socket] = []
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(family, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def hostport(host: str, port: int) -> str:
+    """`host:port`, an IPv6 literal in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def tail(path: Path, max_chars: int = 20_000) -> str:
@@ -159,7 +165,7 @@ def grpc_health_status(port: int, service: str = "", *, host: str = HOST, timeou
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(f"{host}:{port}") as channel:
+    with grpc.insecure_channel(hostport(host, port)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
@@ -264,7 +270,7 @@ class EppServer:
 
     @property
     def grpc_address(self) -> str:
-        return f"{self.host}:{self.ports.grpc}"
+        return hostport(self.host, self.ports.grpc)
 
     @property
     def argv(self) -> list[str]:
@@ -298,7 +304,7 @@ class EppServer:
         self.start(wait=wait, timeout=timeout)
 
     def metrics_text(self, timeout: float = 5.0) -> str:
-        url = f"http://{self.host}:{self.ports.metrics}/metrics"
+        url = f"http://{hostport(self.host, self.ports.metrics)}/metrics"
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             text: str = resp.read().decode()
         return text

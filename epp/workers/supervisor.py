@@ -50,6 +50,7 @@ from epp.extproc import tls
 from epp.k8s import from_flags as k8s_from_flags
 from epp.k8s import leader as k8s_leader
 from epp.k8s import metricsauth as k8s_metricsauth
+from epp.observability import http as obs_http
 from epp.workers import merge, worker
 
 log = logging.getLogger("epp.workers")
@@ -353,9 +354,7 @@ class Supervisor:
         )
         app = self.build_app()
         metrics_auth = await _metrics_auth(args, app)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, args.bind_address, args.metrics_port).start()
+        runner = await obs_http.start(app, host=args.bind_address, port=args.metrics_port)
         elector = _lease(args)
         self.lease = elector
         await health.set(False)  # grpc's servicer says SERVING until told otherwise
