@@ -22,6 +22,7 @@ from epp.extproc import wire
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
+SCORES_KEY = "x-gateway-destination-endpoint-scores"  # llm-d's --emit-endpoint-scores
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
@@ -54,17 +55,27 @@ def _set_headers(headers: Iterable[tuple[str, str]]) -> list[base_pb2.HeaderValu
     ]
 
 
-def _lb_metadata(destination: str) -> struct_pb2.Struct:
+def _lb_metadata(destination: str, scores: Mapping[str, float] | None = None) -> struct_pb2.Struct:
     md = struct_pb2.Struct()
-    md.fields[LB_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = destination
+    lb = md.fields[LB_NAMESPACE].struct_value.fields
+    lb[DESTINATION_HEADER].string_value = destination
+    if scores:  # {ip:port: weighted score} as numbers, llm-d's shape
+        by_endpoint = lb[SCORES_KEY].struct_value.fields
+        for hostport, score in scores.items():
+            by_endpoint[hostport].number_value = score
     return md
 
 
 def routed_headers(
-    destination: str, extra_headers: Mapping[str, str], *, remove: Iterable[str] = ()
+    destination: str,
+    extra_headers: Mapping[str, str],
+    *,
+    remove: Iterable[str] = (),
+    scores: Mapping[str, float] | None = None,
 ) -> ProcessingResponse:
     """The request-headers answer that routes: the destination header (overwriting anything a
-    client forged) and `envoy.lb` dynamic metadata carrying the same value."""
+    client forged) and `envoy.lb` dynamic metadata carrying the same value (and, with `scores`,
+    every scored endpoint's score)."""
     headers = [(DESTINATION_HEADER, destination), *extra_headers.items()]
     return ProcessingResponse(
         request_headers=pb.HeadersResponse(
@@ -73,12 +84,17 @@ def routed_headers(
                 clear_route_cache=True,
             )
         ),
-        dynamic_metadata=_lb_metadata(destination),
+        dynamic_metadata=_lb_metadata(destination, scores),
     )
 
 
 def routed_body_buffered(
-    destination: str, extra_headers: Mapping[str, str], body: bytes | None, *, remove: Iterable[str] = ()
+    destination: str,
+    extra_headers: Mapping[str, str],
+    body: bytes | None,
+    *,
+    remove: Iterable[str] = (),
+    scores: Mapping[str, float] | None = None,
 ) -> ProcessingResponse:
     """BUFFERED mode: the routing answer rides on the body response (Envoy holds the headers
     until it arrives); the body is replaced only when it was rewritten."""
@@ -90,7 +106,7 @@ def routed_body_buffered(
     if body is not None:
         common.body_mutation.body = body
     return ProcessingResponse(
-        request_body=pb.BodyResponse(response=common), dynamic_metadata=_lb_metadata(destination)
+        request_body=pb.BodyResponse(response=common), dynamic_metadata=_lb_metadata(destination, scores)
     )
 
 

@@ -7,7 +7,9 @@ ext-proc port (for Envoy's active health checks) and on its own port (for Kubern
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -20,7 +22,7 @@ from epp.extproc.limits import StreamGuard, StreamLimits
 from epp.extproc.messages import DESTINATION_HEADER
 from epp.extproc.stream import EVICTED, Stream
 from epp.extproc.wire import RequestBody, decode_request
-from epp.observability import metrics, tracing
+from epp.observability import llmd_metrics, metrics, tracing
 from epp.requestcontrol.director import Director
 
 if TYPE_CHECKING:
@@ -35,9 +37,15 @@ PENDING_STREAMS_MIN = 4_000  # gRPC core's own bound (hard limit) is 3,000
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, director: Director, guard: StreamGuard | None = None) -> None:
+    def __init__(
+        self, director: Director, guard: StreamGuard | None = None, *, stream_metrics: bool = False
+    ) -> None:
         self._director = director
         self._guard = guard
+        # llm-d's --enable-grpc-stream-metrics: streams open, how long each stayed, how each ended.
+        self._stream_metrics = stream_metrics
+        if stream_metrics:
+            llmd_metrics.register_stream_metrics()
 
     async def Process(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         # read()/write() on the context rather than an async generator over request_iterator:
@@ -49,6 +57,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         failed = False
         tracer = tracing.TRACER  # None unless --tracing
         span: Span | None = None
+        timed = self._stream_metrics
+        started = time.perf_counter() if timed else 0.0
+        code = "OK"  # gRPC's status at the stream's end, in Go's spelling (llm-d's label values)
+        if timed:
+            llmd_metrics.extproc_streams_inflight.inc()
         try:
             while True:
                 if stream.evicted is not None:  # flow control may cut it: read while watching
@@ -83,12 +96,18 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 stream.answered()  # a routing answer written: the buffered body is given back
                 if stream.closed:
                     return
+        except asyncio.CancelledError:  # Envoy reset the stream (gRPC cancels the handler)
+            code = "Canceled"
+            raise
         except Exception:
             failed = True
+            code = "Unknown"  # grpc.aio answers an exception with UNKNOWN
             metrics.extproc_stream_errors.labels("internal").inc()
             log.exception("ext-proc stream failed")
             raise
         finally:
+            if timed:
+                llmd_metrics.stream_finished(code, time.perf_counter() - started)
             # Envoy resets a stream (the handler sees the end of its messages, or a cancellation
             # at an await) both when the client went away or a timeout fired, and after every
             # complete response: only the first kind is counted.
@@ -188,6 +207,9 @@ def build_server(
     port: int,
     credentials: grpc.ServerCredentials | None,
     reuse_port: bool = False,
+    max_receive_message: int = 64 << 20,
+    max_send_message: int = 64 << 20,
+    stream_metrics: bool = False,
 ) -> grpc.aio.Server:
     # gRPC core queues the streams the event loop has not picked up yet and, past 1,000 of them
     # (its default), refuses some at random (RESOURCE_EXHAUSTED: Envoy answered 500), before
@@ -202,14 +224,15 @@ def build_server(
             ("grpc.max_concurrent_streams", 100000),
             ("grpc.server.max_pending_requests", pending),
             ("grpc.server.max_pending_requests_hard_limit", pending),
-            ("grpc.max_receive_message_length", 64 << 20),
+            # llm-d's --grpc-max-recv-msg-size / --grpc-max-send-msg-size (epp.flags.extproc).
+            ("grpc.max_receive_message_length", max_receive_message),
+            ("grpc.max_send_message_length", max_send_message),
             # gRPC's BDP probe grows every stream's receive window, so a stream epp does not
             # read (a large body waiting for its lane) was still received into gRPC core's
             # buffers: 100 unfinished 15 MiB bodies took epp to 1.6 GB whatever its limits. Without
             # it a stream's window stays small unless epp is reading it (a pending read announces
             # the message's size); large bodies read at the same pace here (bench_big_bodies).
             ("grpc.http2.bdp_probe", 0),
-            ("grpc.max_send_message_length", 64 << 20),
             # Off, so a second epp on the port is a startup error; on for `--workers N`, whose
             # workers share the port (epp.workers).
             ("grpc.so_reuseport", int(reuse_port)),
@@ -219,7 +242,7 @@ def build_server(
             ("grpc.server_max_unrequested_time_in_server", 30),
         ]
     )
-    add_ext_proc_servicer(server, ExternalProcessor(director, guard))
+    add_ext_proc_servicer(server, ExternalProcessor(director, guard, stream_metrics=stream_metrics))
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     _add_port(server, listen_address(bind, port), credentials)
     return server

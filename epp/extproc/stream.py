@@ -296,17 +296,18 @@ class Stream:
         # The P/D stage headers (x-prefiller-host-port, ...) epp sets, and the ones a client sent
         # that epp did not: a decode pod's sidecar would prefill wherever they point.
         stage_headers, remove = ctx.headers, ctx.remove_headers
+        scores = ctx.endpoint_scores()  # None unless --emit-endpoint-scores
         if reply == "headers":
-            return [m.routed_headers(dest, stage_headers, remove=remove)]
+            return [m.routed_headers(dest, stage_headers, remove=remove, scores=scores)]
         out_body = ctx.body
         extra = {**stage_headers, "content-length": str(len(out_body))}
         if reply == "buffered":
-            return [
-                m.routed_body_buffered(dest, extra, out_body if out_body is not body else None, remove=remove)
-            ]
+            replaced = out_body if out_body is not body else None
+            return [m.routed_body_buffered(dest, extra, replaced, remove=remove, scores=scores)]
         # The body's chunks are serialized as they are written (a generator): not one long step.
         return itertools.chain(
-            (m.routed_headers(dest, extra, remove=remove),), m.streamed_request_body_wire(out_body, body_eos)
+            (m.routed_headers(dest, extra, remove=remove, scores=scores),),
+            m.streamed_request_body_wire(out_body, body_eos),
         )
 
     def _evict(self) -> bool:

@@ -179,8 +179,9 @@ def add_gie_arguments(p: argparse.ArgumentParser) -> None:
     _optional_bool(
         g,
         "metrics-endpoint-auth",
-        "Kubernetes authn/authz (TokenReview, SubjectAccessReview) on the metrics port, as GIE's; "
-        "epp's default is off (GIE's is on; its chart passes false unless its auth is enabled)",
+        "Kubernetes authn/authz (TokenReview, SubjectAccessReview) on the metrics port, as GIE's "
+        "and llm-d's; default: on when the endpoints come from Kubernetes (--pool-name, "
+        "--endpoint-selector), as in their charts; off with --endpoints/--endpoints-file",
     )
     g.add_argument("--refresh-prometheus-metrics-interval", type=duration, default=None, help="no effect")
     g.add_argument(

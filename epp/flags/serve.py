@@ -10,7 +10,8 @@ startup error where epp cannot do it yet, or is logged once as having no effect 
 (docs/kubernetes.md, "GIE flags"). Booleans take Go's forms: `--flag`, `--flag=false`.
 
 The request-limit flags are in epp.flags.request_limits, the KV-event flags in
-epp.flags.kv_events, GIE's flags that epp has no own name for in epp.flags.compat.
+epp.flags.kv_events, GIE's flags that epp has no own name for in epp.flags.compat, llm-d Router's
+ext-proc flags (message sizes, stream metrics, endpoint scores, TLS) in epp.flags.extproc.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import argparse
 
 from epp.flags.compat import add_gie_arguments
+from epp.flags.extproc import add_extproc_arguments
 from epp.flags.kv_events import add_kv_events_arguments
+from epp.flags.metrics_port import add_metrics_port_arguments
 from epp.flags.plugins import add_plugin_arguments
 from epp.flags.request_limits import add_request_limit_arguments
 from epp.flags.types import (
@@ -61,6 +64,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cert-path", help="directory with tls.crt and tls.key; default: a self-signed certificate"
     )
+    add_extproc_arguments(p)
+    add_metrics_port_arguments(p)
 
     g = p.add_argument_group("scheduling")
     cfg = g.add_mutually_exclusive_group()

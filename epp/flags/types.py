@@ -10,6 +10,7 @@ import argparse
 import ipaddress
 import math
 import re
+from fractions import Fraction
 
 from epp.units import parse_duration
 
@@ -139,3 +140,40 @@ def bind_address(text: str) -> str:
     elif not re.fullmatch(r"[A-Za-z0-9.-]+", value):
         raise argparse.ArgumentTypeError(f"not an address or host name: {text!r}")
     return value
+
+
+_QUANTITY = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
+_QUANTITY_SCALE = {
+    **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: 1000**i for i, s in enumerate(("", "k", "M", "G", "T", "P", "E"))},
+}
+
+
+def quantity_bytes(text: str) -> int:
+    """A size as llm-d's `--grpc-max-*-msg-size` reads it: a Kubernetes quantity (`10Mi`, `25M`,
+    `1e6`, `1.5Ki`) after a trailing `B`/`b` is dropped (`10MiB`, `25MB`); a whole number >= 0."""
+    value = text.strip()
+    if len(value) > 1 and value[-1] in "Bb":
+        value = value[:-1]
+    match = _QUANTITY.match(value)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 10MiB, 25MB, 4194304)")
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        # Exact arithmetic: 1.5Ki is 1536 bytes, 0.1 is not a whole number of bytes.
+        amount = Fraction(number)
+        if suffix[:1] in ("e", "E"):
+            amount *= Fraction(10) ** int(suffix[1:])
+        elif suffix in ("n", "u", "m"):
+            amount /= {"n": 10**9, "u": 10**6, "m": 10**3}[suffix]
+        else:
+            amount *= _QUANTITY_SCALE[suffix]
+    except (ValueError, OverflowError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+    if amount < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative: {text!r}")
+    if amount.denominator != 1:
+        raise argparse.ArgumentTypeError(f"not a whole number of bytes: {text!r}")
+    if amount >= 1 << 63:
+        raise argparse.ArgumentTypeError(f"overflows the maximum supported size: {text!r}")
+    return int(amount)

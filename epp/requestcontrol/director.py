@@ -98,6 +98,9 @@ class DirectorSettings:
     """Seconds: a request is sampled whatever the ratio when its endpoint has had no sampled
     response started for this long (0: the ratio alone), so every endpoint keeps feeding the
     learned rates. Costs at most endpoints / interval extra sampled streams a second."""
+    emit_endpoint_scores: bool = False
+    """llm-d's --emit-endpoint-scores: the routing answer carries each scored endpoint's weighted
+    score (`RequestContext.endpoint_scores`)."""
     trust_model_rewrite_header: bool = False
     """Honour x-llm-d-model-name-rewrite and GIE's x-gateway-model-name-rewrite (GIE and llm-d
     always do). Off: the headers are ignored, since a client can send them and the gateway in
@@ -175,6 +178,14 @@ class RequestContext:
     def body(self) -> bytes:
         """The body to forward: the client's, or re-encoded when the model name was rewritten."""
         return self.request.body_bytes
+
+    def endpoint_scores(self) -> dict[str, float] | None:
+        """With `emit_endpoint_scores`: the primary profile's weighted score of every endpoint it
+        scored (the picked ones and the others), by `ip:port`, as llm-d emits them; else None."""
+        if not self._director.settings.emit_endpoint_scores:
+            return None
+        scored = self.result.profiles[self.result.primary].scored
+        return {s.endpoint.hostport: s.score for s in scored} or None
 
     @property
     def rewrites_response(self) -> bool:

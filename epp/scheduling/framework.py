@@ -137,7 +137,7 @@ class Profile:
             self._observe_pick(clock() - start)
         if not targets:
             raise errors.NoCapacity(f"no endpoints available: picker {self.picker.name!r} chose none")
-        result = interfaces.ProfileResult(self.name, targets, breakdown)
+        result = interfaces.ProfileResult(self.name, targets, breakdown, scored=scored)
         if explain:
             result.facts = self.facts(cycle)
         return result

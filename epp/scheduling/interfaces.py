@@ -56,6 +56,9 @@ class ProfileResult:
     scores: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     # Explainers' findings, merged (explain only): {"request": {...}, "endpoints": {name: {...}}}.
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Every endpoint the scorers scored (after the filters), with its weighted sum: the picked
+    # ones and the others (llm-d's ScoredCandidates, for --emit-endpoint-scores).
+    scored: list[ScoredEndpoint] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(slots=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 import zmq
@@ -31,7 +32,9 @@ import zmq
 from epp import malloc
 from epp.datastore.endpoints import Datastore
 from epp.flags import compat as flags_compat
+from epp.flags import extproc as flags_extproc
 from epp.flags import kv_events as kv_events_flags
+from epp.flags import metrics_port as flags_metrics_port
 from epp.kvcache.index import BlockIndex
 from epp.observability import collectors, logs, metrics, tracing
 from epp.requestcontrol.offload import BodyParsers
@@ -52,8 +55,19 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     stack_level = {"panic": "critical"}.get(args.zap_stacktrace_level, args.zap_stacktrace_level)
     logs.setup(level=level, fmt=fmt, time_encoding=args.zap_time_encoding, stacktrace_level=stack_level)
     errors, notes = flags_compat.gie_flag_problems(args)
+    errors += flags_metrics_port.metrics_port_problems(args)
+    args.metrics_endpoint_auth = flags_metrics_port.metrics_auth(args)
+    ciphers: str | None = None
+    try:
+        ciphers = flags_extproc.grpc_cipher_list(args)
+    except ValueError as exc:
+        errors.append(str(exc))
+    if ciphers is not None and not errors and os.environ.get(flags_extproc.CIPHER_ENV) != ciphers:
+        return _restart_for_ciphers(ciphers, argv)  # the notes are logged by the new process
     for note in notes:
         log.info("GIE flag: %s", note)
+    for note in flags_extproc.extproc_notes(args):
+        log.info("flag: %s", note)
     if errors:
         for error in errors:
             log.error("cannot start: %s", error)
@@ -81,6 +95,23 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", exc)
         return 2
     return 0
+
+
+def _restart_for_ciphers(ciphers: str, argv: list[str] | None) -> int:
+    """gRPC reads its TLS 1.2 cipher list from the environment once, when it starts (before any
+    flag is parsed): start `epp serve` again with it set. The process is replaced (same pid)."""
+    name = flags_extproc.CIPHER_ENV
+    given = os.environ.get(name)
+    if given is not None:
+        log.error("cannot start: %s=%s is set, but the TLS flags ask for %s", name, given, ciphers)
+        return 2
+    if argv is None:
+        log.error("cannot start: the TLS flags need `epp serve` started from its command line")
+        return 2
+    log.info("TLS: starting again with %s=%s (gRPC reads it once, at start)", name, ciphers)
+    logging.shutdown()
+    os.execve(sys.executable, [sys.executable, "-m", "epp", *argv], {**os.environ, name: ciphers})
+    return 2  # not reached: execve returns only by raising
 
 
 def _worker_count(args: argparse.Namespace) -> int:

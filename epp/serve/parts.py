@@ -28,6 +28,7 @@ from epp.datastore.scraper import MetricsScraper
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
 from epp.extproc.limits import StreamGuard, StreamLimits, sized_limits
+from epp.flags import extproc as flags_extproc
 from epp.flags.compat import metric_flag_specs
 from epp.flowcontrol import controller as flowcontrol
 from epp.k8s import connections as k8s_connections
@@ -36,7 +37,7 @@ from epp.k8s import objectives as k8s_objectives
 from epp.k8s.from_flags import kubernetes_source, leader_elector
 from epp.k8s.operator import PoolOperator
 from epp.kvcache.ingest import FeedSpec, KVEventIngester
-from epp.observability import collectors, metrics
+from epp.observability import collectors, metrics, metrics_tls
 from epp.observability import http as obs_http
 from epp.observability.looplag import LoopLagMonitor
 from epp.requestcontrol import admission
@@ -256,6 +257,7 @@ def _director(
             response_sample_min_interval=args.response_sample_min_interval,
             trust_model_rewrite_header=bool(args.trust_model_name_rewrite_header),
             parsers=config.parsers,
+            emit_endpoint_scores=bool(args.emit_endpoint_scores),
         ),
         tokenizer=tokenizers,
         admission_controller=admission.LegacyAdmissionController(detector),
@@ -418,6 +420,7 @@ def _grpc_server(
         credentials = grpc.ssl_server_credentials([role.tls_pair])  # the pod's, from the supervisor
     elif args.secure_serving:
         credentials = tls.server_credentials(args.cert_path, reload=bool(args.enable_cert_reload))
+    max_receive, max_send = flags_extproc.grpc_message_limits(args)
     return extproc_server.build_server(
         director,
         health,
@@ -425,6 +428,9 @@ def _grpc_server(
         port=args.grpc_port,
         credentials=credentials,
         reuse_port=role is not None,
+        max_receive_message=max_receive,
+        max_send_message=max_send,
+        stream_metrics=bool(args.enable_grpc_stream_metrics),
         guard=StreamGuard(
             StreamLimits(
                 **_memory_limits(args, role),
@@ -486,7 +492,15 @@ async def _start_http(
         running.push_async_callback(metrics_auth.close)
         app.middlewares.append(metrics_auth.middleware)
     if role is None:
-        http_runner = await obs_http.start(app, host=args.bind_address, port=args.metrics_port)
+        tls = metrics_tls.from_flags(args.metrics_cert_dir, args.metrics_client_ca_file)
+        if tls is not None:
+            running.push_async_callback(tls.stop)
+        http_runner = await obs_http.start(
+            app,
+            host=args.bind_address,
+            port=args.metrics_port,
+            ssl_context=tls.context if tls is not None else None,
+        )
     else:
         http_runner = await role.start_http(app)
     running.push_async_callback(http_runner.cleanup)

@@ -34,6 +34,7 @@ SUMMED_GAUGES = frozenset(
         "epp_endpoint_inflight_requests",
         "epp_endpoint_inflight_prompt_tokens",
         "epp_extproc_active_streams",
+        "llm_d_epp_extproc_streams_inflight",
         # Each worker holds its own flow-control queues: the pod's are their sum.
         "llm_d_epp_flow_control_queue_size",
         "llm_d_epp_flow_control_queue_bytes",

@@ -51,6 +51,7 @@ from epp.k8s import from_flags as k8s_from_flags
 from epp.k8s import leader as k8s_leader
 from epp.k8s import metricsauth as k8s_metricsauth
 from epp.observability import http as obs_http
+from epp.observability import metrics_tls
 from epp.workers import merge, worker
 
 log = logging.getLogger("epp.workers")
@@ -353,8 +354,14 @@ class Supervisor:
             health, bind=args.bind_address, port=args.grpc_health_port
         )
         app = self.build_app()
+        port_tls = metrics_tls.from_flags(args.metrics_cert_dir, args.metrics_client_ca_file)
         metrics_auth = await _metrics_auth(args, app)
-        runner = await obs_http.start(app, host=args.bind_address, port=args.metrics_port)
+        runner = await obs_http.start(
+            app,
+            host=args.bind_address,
+            port=args.metrics_port,
+            ssl_context=port_tls.context if port_tls is not None else None,
+        )
         elector = _lease(args)
         self.lease = elector
         await health.set(False)  # grpc's servicer says SERVING until told otherwise
@@ -402,6 +409,8 @@ class Supervisor:
             for session in self._sessions.values():
                 await session.close()
             await runner.cleanup()
+            if port_tls is not None:
+                await port_tls.stop()
             if metrics_auth is not None:
                 await metrics_auth.close()
         log.info("epp supervisor stopped")
