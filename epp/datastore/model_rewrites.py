@@ -140,6 +140,10 @@ class ModelRewriteStore:
         self._exact = exact
         self._generic = generic
 
+    def names(self, model: str) -> bool:
+        """Whether a rule names `model` (an exact match, not a rule for every model)."""
+        return model in self._exact
+
     def decide(self, model: str) -> Decision | None:
         """The target for a request for `model`, or None when no rule matches it."""
         found = self._exact.get(model) or self._generic

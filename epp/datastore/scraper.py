@@ -416,6 +416,7 @@ class MetricsScraper:
     def _failed(self, ep: Endpoint, reason: str, started: float, attempted: float) -> None:
         ep.scrape_failures += 1
         metrics.scrape_errors_total.labels(endpoint=ep.name).inc()
+        metrics.datalayer_poll_errors.labels(metrics.METRICS_DATA_SOURCE).inc()
         log.debug("scrape of %s failed (%d in a row): %s", ep.name, ep.scrape_failures, reason)
         if ep.excluded:
             return

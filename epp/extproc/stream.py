@@ -39,6 +39,7 @@ from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
+from epp import clock
 from epp.api import errors
 from epp.extproc import messages as m
 from epp.extproc.limits import StreamGuard
@@ -90,6 +91,7 @@ class Stream:
         "_guard",
         "_lane",
         "_paced",
+        "_received",
         "_request_mode",
         "_reserved",
         "_response_mode",
@@ -119,6 +121,7 @@ class Stream:
         self._lane = False  # holds one of the guard's large-body lanes
         self._paced = False  # a large body: its lane taken once, each later chunk waits for the rate
         self._started = 0.0
+        self._received = 0.0  # epp.clock time of the request headers (llm-d's series start there)
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _FULL_DUPLEX
         self._body_parts: list[bytes | memoryview] = []
@@ -154,6 +157,7 @@ class Stream:
         return []
 
     async def _on_request_headers(self, msg: m.ProcessingRequest) -> Iterable[m.ProcessingResponse]:
+        self._received = clock.now()
         self.headers = m.header_map(msg.request_headers)
         guard = self._guard
         if guard is not None:
@@ -279,6 +283,7 @@ class Stream:
                 body=body,
                 subset=m.subset_hint(msg),
                 on_hold=self._on_hold,
+                received_at=self._received or None,
             )
         except errors.RequestError as exc:
             return self._fail(exc, counted=True)  # the director counted it, with the model
@@ -355,7 +360,7 @@ class Stream:
         else:
             log.info("answering %d: %s", exc.status, exc.reason, extra=extra)
         if not counted:  # answered before (or instead of) parsing: no trustworthy model name
-            metrics.request_errors_total.labels("-", "-", metrics.error_code(exc.status)).inc()
+            self._director.accounting.error_before_parse(exc.status, self.headers)
         return [m.immediate(exc.status, exc.body(), headers=exc.headers)]
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> Iterable[m.ProcessingResponse]:
@@ -387,6 +392,7 @@ class Stream:
         """The answers to one response-body message, serialized. The server calls this directly
         for every streamed chunk (one per token): no coroutine and no message objects on the path
         that runs most often."""
+        started = time.perf_counter()
         body = msg.response_body
         chunk = body.body
         eos = body.end_of_stream
@@ -395,8 +401,12 @@ class Stream:
         if eos:
             self.response_complete = True
         if self._response_mode == _FULL_DUPLEX:
-            return m.streamed_response_body_wire(out, eos)
-        return [m.replaced_response_body(out if out is not chunk else None).SerializeToString()]
+            answer = m.streamed_response_body_wire(out, eos)
+        else:
+            answer = [m.replaced_response_body(out if out is not chunk else None).SerializeToString()]
+        if ctx is not None:  # llm-d's response processing time: epp's own time on the chunks
+            ctx.response_time += time.perf_counter() - started
+        return answer
 
     @property
     def abandoned(self) -> bool:

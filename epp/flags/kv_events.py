@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from epp.flags.types import byte_size, port_number, positive_int
+from epp.flags.types import byte_size, duration, port_number, positive_int
 from epp.kvcache.access import AccessPolicy
 
 KV_EVENTS_PORT_DEFAULT = 5557
@@ -61,6 +61,13 @@ def add_kv_events_arguments(p: argparse.ArgumentParser) -> None:
         type=byte_size,
         default=16 << 20,
         help="larger KV-event frames close the sender's connection (default 16Mi)",
+    )
+    g.add_argument(
+        "--kv-events-silence-grace",
+        type=duration,
+        default=60.0,
+        help="a pod sent 1024 prompt tokens or more that publishes no KV event this long is "
+        "warned about, once, and counted in epp_kv_events_publisher_silent (default 60s)",
     )
     g.add_argument(
         "--kv-index-max-entries",

@@ -45,7 +45,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from epp import clock
@@ -96,14 +96,25 @@ class LoopTimer:
 def fairness_id(request: InferenceRequest) -> str:
     """The request's flow: its fairness-ID header (llm-d's name, then GIE's), else its agent
     identity (llm-d's `agent-identity` plugin, when configured: epp.api.agent_identity), else
-    `default-flow`, as llm-d's director derives it."""
-    headers = request.headers
+    `default-flow`, as llm-d's director derives it (also llm-d's `fairness_id` metric label)."""
+    found = _fairness_header(request.headers)
+    if found:
+        return found
+    agent = request.attributes.get(agent_identity.ATTRIBUTE)
+    return agent if isinstance(agent, str) and agent else DEFAULT_FLOW
+
+
+def fairness_of(headers: Mapping[str, str]) -> str:
+    """`fairness_id` from the headers alone (a request that failed before it was parsed)."""
+    return _fairness_header(headers) or DEFAULT_FLOW
+
+
+def _fairness_header(headers: Mapping[str, str]) -> str:
     for name in FAIRNESS_HEADERS:
         value = headers.get(name)
         if value:
             return value
-    agent = request.attributes.get(agent_identity.ATTRIBUTE)
-    return agent if isinstance(agent, str) and agent else DEFAULT_FLOW
+    return ""
 
 
 class FlowController:

@@ -30,7 +30,6 @@ Fairness IDs come from clients: past 1,000 distinct ones a label reads `other` (
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from epp.observability.histogram import Histogram
 from epp.observability.metrics import REGISTRY
 
 if TYPE_CHECKING:
@@ -66,31 +66,6 @@ QUEUE_BUCKETS = (
 CYCLE_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 MAX_FAIRNESS_IDS = 1000
 OTHER = "other"
-
-
-class Histogram:
-    """Bucket counts, a sum and a count: what an observation costs is a bisect and two adds."""
-
-    __slots__ = ("bounds", "count", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.count += 1
-
-    def buckets(self) -> list[tuple[str, float]]:
-        out: list[tuple[str, float]] = []
-        running = 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += n
-            out.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
-        return out
 
 
 class Stats:

@@ -52,6 +52,7 @@ Costs: tests/kvcache/bench_index.py.
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, Final, TypeAlias, cast
 
@@ -59,8 +60,11 @@ import msgspec
 
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from epp.kvcache.keys import BlockKey, block_keys, seed_for
+from epp.observability.histogram import Histogram
 
 GPU: Final = "gpu"
+# llm-d's lookup-latency buckets (Go's default ones).
+LOOKUP_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MAX_TIERS: Final = 16
 
 _E_MASK: Final = (1 << 64) - 1
@@ -87,6 +91,7 @@ class ApplyStats(msgspec.Struct, gc=False):
     cleared: int = 0  # AllBlocksCleared events
     malformed: int = 0  # events skipped as garbage
     evicted: int = 0  # entries evicted by the `max_entries` cap
+    deduplicated: int = 0  # of `removed`: a copy dropped while another remains (the record stays)
 
 
 class IndexStats(msgspec.Struct, frozen=True, gc=False):
@@ -99,6 +104,14 @@ class IndexStats(msgspec.Struct, frozen=True, gc=False):
     orphans: int
     missed_removals: int
     malformed: int
+    # Cumulative, for llm-d's `kv_cache_*` series: blocks stored (records and copies), records
+    # removed by BlockRemoved, removals that only dropped a copy; `match` calls, and the longest
+    # leading run any pod held, summed over them.
+    admissions: int = 0
+    removals: int = 0
+    deduplicated: int = 0
+    lookups: int = 0
+    lookup_hits: int = 0
 
 
 class _Pod:
@@ -149,6 +162,13 @@ class BlockIndex:
         self._orphans = 0
         self._missed = 0
         self._malformed = 0
+        self._admissions = 0
+        self._removals = 0
+        self._deduplicated = 0
+        self._lookups = 0
+        self._lookup_hits = 0
+        # Seconds per `match` (llm-d's lookup latency), in plain numbers: no lock per lookup.
+        self.lookup_seconds = Histogram(LOOKUP_BUCKETS)
 
     # --- ingestion ------------------------------------------------------------------------------
 
@@ -175,6 +195,9 @@ class BlockIndex:
         self._orphans += st.orphans
         self._missed += st.missed_removals
         self._malformed += st.malformed
+        self._admissions += st.stored
+        self._removals += st.removed - st.deduplicated
+        self._deduplicated += st.deduplicated
         return st
 
     def remove_pod(self, pod: str) -> None:
@@ -344,6 +367,7 @@ class BlockIndex:
                 extra = dups.get(pe)
                 if extra is not None:
                     engine[pe] = k  # another copy remains
+                    st.deduplicated += 1
                     if extra == 1:
                         del dups[pe]
                     else:
@@ -474,6 +498,15 @@ class BlockIndex:
         Only `pods` are considered when given (unknown names are ignored). The walk stops at the
         first block no pod still in the running holds. The matched blocks are touched.
         """
+        started = time.perf_counter()
+        found = self._match(keys, pods)
+        self.lookup_seconds.observe(time.perf_counter() - started)
+        self._lookups += 1
+        if found:
+            self._lookup_hits += max(m.blocks for m in found.values())
+        return found
+
+    def _match(self, keys: Sequence[BlockKey], pods: Collection[str] | None) -> dict[str, MatchResult]:
         if pods is None:
             alive = self._all
         else:
@@ -585,6 +618,11 @@ class BlockIndex:
             orphans=self._orphans,
             missed_removals=self._missed,
             malformed=self._malformed,
+            admissions=self._admissions,
+            removals=self._removals,
+            deduplicated=self._deduplicated,
+            lookups=self._lookups,
+            lookup_hits=self._lookup_hits,
         )
 
 

@@ -54,7 +54,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import zmq
@@ -88,6 +88,7 @@ _ZAP_DOMAIN: Final = b"epp-kv-events"  # NULL-mechanism sockets consult ZAP only
 _HANDSHAKE_MS: Final = 2_000
 MAX_MESSAGE_BYTES: Final = 16 << 20  # a vLLM batch is ~1-3 KB; a 1M-token prefill's ~6 MB
 HOLD_BYTES: Final = 256 << 20
+SILENCE_GRACE: Final = 60.0  # seconds a pod sent work may publish nothing (--kv-events-silence-grace)
 
 
 class KVEventIngester:
@@ -105,6 +106,8 @@ class KVEventIngester:
         access: who may publish to the bound socket (default: the pool's pods, each for itself).
         max_message_bytes: larger frames close the sender's connection (ZMQ_MAXMSGSIZE).
         hold_bytes: payload bytes held over all pods while replays run; past it a replay fails.
+        routed_tokens: prompt tokens routed to a pod so far (by pod name), for the silence check.
+        silence_grace: seconds a pod sent work may publish nothing before it is called silent.
     """
 
     def __init__(
@@ -121,8 +124,15 @@ class KVEventIngester:
         access: AccessPolicy | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         hold_bytes: int = HOLD_BYTES,
+        routed_tokens: Callable[[str], int] | None = None,
+        silence_grace: float = SILENCE_GRACE,
     ) -> None:
         self._index = index
+        # Prompt tokens routed to a pod so far: with it, a pod sent work but publishing nothing is
+        # warned about (`epp.kvcache.feed.Silence`); None: no such check.
+        self._routed_tokens = routed_tokens
+        self._silence_grace = silence_grace
+        self._silence_task: asyncio.Task[None] | None = None
         self._bind = bind
         self._settings = Settings(
             default_block_size,
@@ -183,6 +193,10 @@ class KVEventIngester:
         for feed in self._feeds.values():
             self._connect(feed)
         collectors.kv_collector.add(self._snapshot)
+        if self._routed_tokens is not None:
+            self._silence_task = tasks.create_guarded_task(
+                self._watch_silence(), name="kv-events silence", logger=log
+            )
 
     async def stop(self) -> None:
         """Stop reading and close every socket. The index keeps what it has."""
@@ -190,6 +204,9 @@ class KVEventIngester:
             return
         collectors.kv_collector.discard(self._snapshot)
         running = [*self._retired]
+        if self._silence_task is not None:
+            running.append(self._silence_task)
+            self._silence_task = None
         for feed in self._feeds.values():
             running += [t for t in (feed.task, feed.stop_replay()) if t is not None]
             feed.task = None
@@ -288,6 +305,7 @@ class KVEventIngester:
             sock.connect(spec.events)
         except zmq.ZMQError as exc:
             log.error("kv events: pod=%s cannot connect to %r: %s", spec.pod, spec.events, exc)
+            feed.zmq_errors["connect"] = feed.zmq_errors.get("connect", 0) + 1
             self._close_sockets(feed)
             return
         feed.task = tasks.create_guarded_task(self._read_feed(feed), name=f"kv-events {spec.pod}", logger=log)
@@ -333,6 +351,7 @@ class KVEventIngester:
             self._redial(feed)
         if connected != feed.connected:
             if connected:
+                feed.connections += 1
                 feed.reconnected()
             feed.connected = connected
             state = "connected to" if connected else "disconnected from"
@@ -373,6 +392,7 @@ class KVEventIngester:
 
     def _on_frames(self, feed: Feed, frames: list[bytes]) -> None:
         """A live message from a connected pod."""
+        feed.messages += 1
         if len(frames) != 3:
             feed.reject("frames", f"{len(frames)} frames, expected 3")
             return
@@ -412,7 +432,9 @@ class KVEventIngester:
             return
         if not feed.connected:
             feed.connected = True
+            feed.connections += 1
             log.info("kv events: pod=%s publishing to %s", feed.pod, self.bind_endpoint)
+        feed.messages += 1
         feed.live(int.from_bytes(seq, "big"), batch, feed.spec.model or topic_model, len(frames[2]))
 
     def _reject(self, address: str, reason: str, detail: str, *, unknown: bool = False) -> None:
@@ -478,7 +500,52 @@ class KVEventIngester:
         now = time.monotonic()
         st = self._index.stats()
         pods = {pod: feed.counts(now) for pod, feed in self._feeds.items()}
-        return collectors.KVSnapshot(pods, dict(self._unrouted), st.entries, st.keys, st.evictions)
+        subscribers = sum(feed.sock is not None for feed in self._feeds.values()) + (
+            self._bind_sock is not None
+        )
+        return collectors.KVSnapshot(
+            pods,
+            dict(self._unrouted),
+            st.entries,
+            st.keys,
+            st.evictions,
+            index=st,
+            lookup_seconds=self._index.lookup_seconds,
+            subscribers=subscribers,
+        )
+
+    # --- silence ----------------------------------------------------------------------------------
+
+    async def _watch_silence(self) -> None:
+        every = max(0.05, min(self._silence_grace / 2, 10.0))
+        while True:
+            await asyncio.sleep(every)
+            self.check_silence(time.monotonic())
+
+    def check_silence(self, now: float) -> None:
+        """Warn, once per silence, about each pod that is sent work but publishes no KV event."""
+        assert self._routed_tokens is not None
+        for feed in self._feeds.values():
+            routed = self._routed_tokens(feed.pod)
+            change = feed.silence.check(now, routed, feed.published, self._silence_grace)
+            if change is True:
+                where = (
+                    f"subscribed to {feed.spec.events} ({'connected' if feed.connected else 'no connection'})"
+                    if feed.spec.events
+                    else f"listening on {self.bind_endpoint} (nothing came from it)"
+                )
+                log.warning(
+                    "kv events: pod=%s has published no KV event in %gs although it was sent %d "
+                    "prompt tokens; %s. Its prefix-cache scores stay 0, so requests lose their "
+                    "affinity to it: check vLLM's --kv-events-config (enable_kv_cache_events, "
+                    "publisher zmq, the endpoint) and that prefix caching is on",
+                    feed.pod,
+                    self._silence_grace,
+                    feed.silence.routed_since(routed),
+                    where,
+                )
+            elif change is False:
+                log.info("kv events: pod=%s publishes KV events now (it was silent)", feed.pod)
 
 
 def _host(address: str) -> str:

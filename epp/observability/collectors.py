@@ -7,10 +7,11 @@ this module, so every process that exports metrics has them.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from epp.observability.metrics import REGISTRY
@@ -65,7 +66,10 @@ class _SourcesCollector(Collector, Generic[S]):
 
 class PoolCollector(_SourcesCollector[PoolSnapshot]):
     """GIE's `inference_pool_average_{kv_cache_utilization,queue_size,running_requests}{name}` and
-    `inference_pool_per_pod_queue_size{name,model_server_pod}`, from registered sources.
+    `inference_pool_per_pod_queue_size{name,model_server_pod}`, and llm-d's names for them
+    (`llm_d_epp_average_*`, `llm_d_epp_per_endpoint_queue_size{name,model_server_endpoint}`) with
+    its standard deviations (`llm_d_epp_std_dev_*`), rounded as llm-d rounds them, from registered
+    sources.
 
     The averages are over routable endpoints and absent while there is none (a stale average of
     gone pods would keep an alert firing); the per-pod queue covers every endpoint, as GIE's does.
@@ -74,36 +78,46 @@ class PoolCollector(_SourcesCollector[PoolSnapshot]):
     @staticmethod
     def _families(snaps: list[PoolSnapshot]) -> Iterator[Metric]:
         name = ["name"]
-        kv = GaugeMetricFamily(
-            "inference_pool_average_kv_cache_utilization",
-            "Mean KV-cache utilization (0..1) the pool's routable model servers last reported.",
-            labels=name,
+        measures = (
+            ("kv_cache_utilization", "KV-cache utilization (0..1)", lambda p: p.kv_usage),
+            ("queue_size", "number of requests waiting in the queues", lambda p: p.waiting),
+            ("running_requests", "number of requests running", lambda p: p.running),
         )
-        queue = GaugeMetricFamily(
-            "inference_pool_average_queue_size",
-            "Mean number of requests waiting in the queues of the pool's routable model servers.",
-            labels=name,
-        )
-        running = GaugeMetricFamily(
-            "inference_pool_average_running_requests",
-            "Mean number of requests running on the pool's routable model servers.",
-            labels=name,
-        )
+        families: list[tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, Any]] = []
+        for measure, what, read in measures:
+            doc = f"of the {what} the pool's routable model servers last reported."
+            families.append(
+                (
+                    GaugeMetricFamily(f"inference_pool_average_{measure}", f"Mean {doc}", labels=name),
+                    GaugeMetricFamily(f"llm_d_epp_average_{measure}", f"Mean {doc}", labels=name),
+                    GaugeMetricFamily(f"llm_d_epp_std_dev_{measure}", f"Std deviation {doc}", labels=name),
+                    read,
+                )
+            )
+        doc = "Requests waiting in each model server's queue, as it last reported."
         per_pod = GaugeMetricFamily(
-            "inference_pool_per_pod_queue_size",
-            "Requests waiting in each model server's queue, as it last reported.",
-            labels=["name", "model_server_pod"],
+            "inference_pool_per_pod_queue_size", doc, labels=["name", "model_server_pod"]
+        )
+        per_endpoint = GaugeMetricFamily(
+            "llm_d_epp_per_endpoint_queue_size", doc, labels=["name", "model_server_endpoint"]
         )
         for snap in snaps:
             live = [p for p in snap.pods if p.routable]
             if live:
-                n = len(live)
-                kv.add_metric([snap.name], sum(p.kv_usage for p in live) / n)
-                queue.add_metric([snap.name], sum(p.waiting for p in live) / n)
-                running.add_metric([snap.name], sum(p.running for p in live) / n)
+                for gie, llmd, std_dev, read in families:
+                    values = [float(read(p)) for p in live]
+                    mean = sum(values) / len(values)
+                    gie.add_metric([snap.name], mean)
+                    # llm-d's: rounded to 2 decimals, the deviation over n - 1 (n at least 2).
+                    squares = sum((v - mean) ** 2 for v in values)
+                    llmd.add_metric([snap.name], round(mean, 2))
+                    std_dev.add_metric([snap.name], round(math.sqrt(squares / max(1, len(values) - 1)), 2))
             for p in snap.pods:
                 per_pod.add_metric([snap.name, p.name], p.waiting)
-        yield from (kv, queue, running, per_pod)
+                per_endpoint.add_metric([snap.name, p.name], p.waiting)
+        for gie, llmd, std_dev, _ in families:
+            yield from (gie, llmd, std_dev)
+        yield from (per_pod, per_endpoint)
 
 
 pool_collector = PoolCollector()
@@ -128,6 +142,10 @@ class KVPodCounts(NamedTuple):
     replays: Mapping[str, int]  # outcome (ok, partial, failed) -> replays
     errors: Mapping[str, int]  # reason -> messages (events for invalid_event)
     last_event_age: float  # seconds since the last applied batch; inf if none
+    messages: int = 0  # messages received from the pod, good or bad (llm-d's messages_received)
+    reconnections: int = 0  # connections after the first (llm-d's subscriber_reconnections)
+    zmq_errors: Mapping[str, int] = {}  # llm-d's operation names (connect, replay-incomplete) -> n
+    silent: bool = False  # sent work but published nothing (epp.kvcache.feed.Silence)
 
 
 class KVSnapshot(NamedTuple):
@@ -138,6 +156,9 @@ class KVSnapshot(NamedTuple):
     entries: int
     keys: int
     evictions: int
+    index: Any = None  # its epp.kvcache.index.IndexStats (llm-d's kv_cache_index_* series)
+    lookup_seconds: Any = None  # its epp.observability.histogram.Histogram of `match` times
+    subscribers: int = 0  # SUB sockets open (one per pod connected to, plus the bound one)
 
 
 class KVCollector(_SourcesCollector[KVSnapshot]):
@@ -207,7 +228,124 @@ class KVCollector(_SourcesCollector[KVSnapshot]):
             entries.add_metric([], sum(s.entries for s in snaps))
             keys.add_metric([], sum(s.keys for s in snaps))
             evictions.add_metric([], sum(s.evictions for s in snaps))
-        yield from (batches, blocks, errors, gaps, replays, resets, ages, entries, keys, evictions)
+        silent = GaugeMetricFamily(
+            "epp_kv_events_publisher_silent",
+            "1 while the pod has been sent work (1024 prompt tokens or more) but no KV event came "
+            "from it for --kv-events-silence-grace: its prefix-cache scores stay 0.",
+            labels=pod,
+        )
+        for snap in snaps:
+            for name, c in snap.pods.items():
+                silent.add_metric([name], 1.0 if c.silent else 0.0)
+        yield from (batches, blocks, errors, gaps, replays, resets, ages, entries, keys, evictions, silent)
+        yield from _llmd_kv_families(snaps)
+
+
+# llm-d's names for the KV index and its event subscribers (`pkg/kvcache/metrics/collector.go`):
+# `llm_d_epp_kv_cache_*`, and the deprecated `kvcache_*` twins it still writes for the index and
+# the event deduplication. (name after the prefix, deprecated name or None, help)
+_LLMD_KV_COUNTERS = (
+    ("kv_cache_index_admissions", "kvcache_index_admissions", "Total number of KV-block admissions"),
+    ("kv_cache_index_evictions", "kvcache_index_evictions", "Total number of KV-block evictions"),
+    ("kv_cache_index_lookup_requests", "kvcache_index_lookup_requests", "Total number of lookup calls"),
+    (
+        "kv_cache_index_max_pod_hit_count",
+        "kvcache_index_max_pod_hit_count",
+        "Longest contiguous per-pod prefix chain observed per lookup",
+    ),
+    (
+        "kv_cache_index_lookup_hits",
+        "kvcache_index_lookup_hits",
+        "Contiguous prefix blocks matched by the best pod per lookup",
+    ),
+    (
+        "kv_cache_events_dedup_removed_hashes_suppressed",
+        "kvcache_kvevents_dedup_removed_hashes_suppressed",
+        "Block hashes whose removal was suppressed by the KV-event dedup filter (block hashes, not "
+        "BlockRemoved events)",
+    ),
+    (
+        "kv_cache_events_dedup_removed_hashes_forwarded",
+        "kvcache_kvevents_dedup_removed_hashes_forwarded",
+        "Block hashes forwarded for eviction after the KV-event dedup filter (block hashes, not "
+        "BlockRemoved events)",
+    ),
+)
+
+
+def _index_value(name: str, snap: KVSnapshot) -> float:
+    st = snap.index
+    if st is None:
+        return 0.0
+    return float(
+        {
+            "kv_cache_index_admissions": st.admissions,
+            "kv_cache_index_evictions": st.removals,
+            "kv_cache_index_lookup_requests": st.lookups,
+            "kv_cache_index_max_pod_hit_count": st.lookup_hits,
+            "kv_cache_index_lookup_hits": st.lookup_hits,
+            "kv_cache_events_dedup_removed_hashes_suppressed": st.deduplicated,
+            "kv_cache_events_dedup_removed_hashes_forwarded": st.removals + st.missed_removals,
+        }[name]
+    )
+
+
+# llm-d v0.10.0 released them under `llm_d_router_epp_`; its main renamed them `llm_d_epp_` days
+# later (the current, canonical name). Dashboards of either read epp: it writes both.
+_LLMD_KV_PREFIXES = ("llm_d_epp_", "llm_d_router_epp_")
+
+
+def _llmd_kv_families(snaps: list[KVSnapshot]) -> Iterator[Metric]:
+    current = _LLMD_KV_PREFIXES[0]
+    for name, old, doc in _LLMD_KV_COUNTERS:
+        value = sum(_index_value(name, s) for s in snaps)
+        for family in (
+            *(CounterMetricFamily(prefix + name, doc) for prefix in _LLMD_KV_PREFIXES),
+            CounterMetricFamily(old, f"Deprecated: use {current}{name}. {doc}"),
+        ):
+            if snaps:
+                family.add_metric([], value)
+            yield family
+    doc = "Latency of Lookup calls in seconds"
+    latency_name = "kv_cache_index_lookup_latency_seconds"
+    for name, help_text in (
+        *((prefix + latency_name, doc) for prefix in _LLMD_KV_PREFIXES),
+        ("kvcache_index_lookup_latency_seconds", f"Deprecated: use {current}{latency_name}. {doc}"),
+    ):
+        latency = HistogramMetricFamily(name, help_text)
+        for snap in snaps:
+            if snap.lookup_seconds is not None:
+                latency.add_metric([], snap.lookup_seconds.buckets(), snap.lookup_seconds.total)
+        yield latency
+    for prefix in _LLMD_KV_PREFIXES:
+        active = GaugeMetricFamily(
+            prefix + "kv_cache_events_active_subscribers",
+            "Number of ZMQ subscribers currently managed, including those retrying a failed connection",
+        )
+        received = CounterMetricFamily(
+            prefix + "kv_cache_events_messages_received",
+            "Total number of messages received from ZMQ subscribers",
+            labels=["pod_identifier"],
+        )
+        reconnections = CounterMetricFamily(
+            prefix + "kv_cache_events_subscriber_reconnections",
+            "Total number of ZMQ subscriber reconnection attempts",
+            labels=["pod_identifier"],
+        )
+        zmq_errors = CounterMetricFamily(
+            prefix + "kv_cache_events_zmq_errors",
+            "Total number of ZMQ subscriber errors",
+            labels=["pod_identifier", "operation"],
+        )
+        if snaps:
+            active.add_metric([], sum(s.subscribers for s in snaps))
+        for snap in snaps:
+            for pod_name, c in snap.pods.items():
+                received.add_metric([pod_name], c.messages)
+                reconnections.add_metric([pod_name], c.reconnections)
+                for operation, n in c.zmq_errors.items():
+                    zmq_errors.add_metric([pod_name, operation], n)
+        yield from (active, received, reconnections, zmq_errors)
 
 
 kv_collector = KVCollector()

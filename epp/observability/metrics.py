@@ -15,10 +15,20 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
 from epp import __version__
 
+# No `<name>_created` samples: Go's client (GIE's and llm-d's EPP) writes none, and they were a
+# line per counter and histogram child (~5% of the page at the label caps).
+disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 
@@ -263,6 +273,15 @@ routing_degraded_total = Counter(
     registry=REGISTRY,
 )
 
+datalayer_poll_errors = Counter(
+    "llm_d_epp_datalayer_poll_errors",
+    "Data-source poll errors per source type (llm-d's series): a failed scrape of a model server's "
+    "metrics is one of source_type metrics-data-source.",
+    ["source_type"],
+    registry=REGISTRY,
+)
+METRICS_DATA_SOURCE = "metrics-data-source"  # llm-d's source type of model-server scrapes
+
 scrapes_inconclusive_total = Counter(
     "epp_metrics_scrapes_inconclusive_total",
     "Scrapes that timed out only because epp's own event loop ran late (the timeout fired long "
@@ -354,38 +373,48 @@ def error_code(status: int) -> str:
     return _GIE_ERROR_CODES.get(status) or str(status)
 
 
-MAX_LABEL_VALUES = 256
-"""Distinct client-chosen values (model names) kept per label; later ones are counted as "other"."""
-MAX_LABEL_PAIRS = 64
-"""Distinct (model_name, target_model_name) pairs kept at most: each pair is a dozen histograms,
-~215 series lines, so 256 x 256 independent names would be gigabytes. Later pairs are counted as
-("other", "other"). The page budget below usually binds first."""
+MAX_LABEL_VALUES = 1000
+"""Distinct client-chosen values a label limiter keeps, as llm-d (its `cardinality.go`): model_name and
+target_model_name share one limiter (1,000 names between them), fairness_id has its own; later values
+are counted as "other". Names of InferenceModelRewrite rules are pinned: always themselves, uncounted."""
+MAX_LABEL_PAIRS = 32
+"""Distinct (model_name, target_model_name) pairs kept in GIE's per-request series: each pair is a
+dozen histograms, ~28 KB of /metrics page and ~4 ms of rendering per scrape, on the event loop, so
+1,000 x 1,000 independent names would be gigabytes. Later pairs are ("other", "other"). epp's own
+bound on top of llm-d's per-name caps (llm-d has none on pairs). The page budget below binds first
+for long names."""
+MAX_LABEL_SETS = 32
+"""The same for llm-d's per-request series, per (model_name, target_model_name, fairness_id,
+priority): later sets are ("other", "other", "other", priority). With both generations written the
+page at the caps stays at what GIE's alone took with 64 pairs, ~2 MB (scripts/metrics_page_size.py)."""
 PAIR_LABEL_BUDGET = 3_000
 PAIR_LINE_CHARS = 110
 """The page's bound on per-pair series: a kept pair costs its two names' length plus
 PAIR_LINE_CHARS (the rest of one series line: metric name, label names, bucket, value) from
-PAIR_LABEL_BUDGET, and a pair that would overdraw it is counted as ("other", "other"). At ~215
-lines per pair that keeps the pairs' series under ~0.7 MB of /metrics page, whatever the names'
-length: ~23 pairs of short names, ~8 of 128-character ones. (Pairs alone capped at 64 let the
-page grow 1.9 MB with 8-character names and 5.7 MB with 128-character ones.)"""
+PAIR_LABEL_BUDGET, and a pair that would overdraw it is counted as ("other", "other"), so the pairs'
+series stay under ~0.7 MB of /metrics page whatever the names' length: ~23 pairs of short names, ~8
+of 128-character ones. (Pairs capped by count alone let the page grow 1.9 MB with 8-character names
+and 5.7 MB with 128-character ones.) Pairs of configured rewrites' names are kept regardless: the
+configuration bounds them."""
 MAX_LABEL_CHARS = 128
 """A longer client-chosen value is counted as "other" (it would be stored in every series)."""
 OTHER = "other"
 
 
 class LabelCap:
-    """Bounds a label whose values clients choose (model names): the first `limit` distinct values
-    are kept, every later one (and any longer than MAX_LABEL_CHARS) becomes "other", so junk names
-    cannot multiply the series."""
+    """Bounds a label whose values clients choose (model names, fairness IDs): the first `limit`
+    distinct values are kept, every later one (and any longer than MAX_LABEL_CHARS) becomes "other",
+    so junk names cannot multiply the series. A pinned value is always itself and uses no slot."""
 
-    __slots__ = ("_limit", "_seen")
+    __slots__ = ("_limit", "_pinned", "_seen")
 
     def __init__(self, limit: int = MAX_LABEL_VALUES) -> None:
         self._limit = limit
         self._seen: set[str] = set()
+        self._pinned: set[str] = set()
 
     def __call__(self, value: str) -> str:
-        if value in self._seen:
+        if value in self._seen or value in self._pinned:
             return value
         if not value:
             return "-"
@@ -394,34 +423,48 @@ class LabelCap:
         self._seen.add(value)
         return value
 
+    def pin(self, value: str) -> None:
+        """Keep `value` whatever the count (a configured name), as llm-d's PreAdmitModelLabels."""
+        if value and len(value) <= MAX_LABEL_CHARS:
+            self._pinned.add(value)
+
+    def pinned(self, value: str) -> bool:
+        return value in self._pinned
+
 
 class ModelLabels:
-    """(model_name, target_model_name) label values for a request's series: each name capped
-    (`LabelCap`) and the pairs capped too (`MAX_LABEL_PAIRS`), since the series are per pair."""
+    """(model_name, target_model_name) label values for a request's series: both names through one
+    `LabelCap` (llm-d's shared limiter), and the pairs capped too (`MAX_LABEL_PAIRS`), since the
+    series are per pair."""
 
-    __slots__ = ("_budget", "_limit", "_model", "_pairs", "_target")
+    __slots__ = ("_budget", "_limit", "_names", "_pairs")
 
     def __init__(self, limit: int = MAX_LABEL_PAIRS, budget: int = PAIR_LABEL_BUDGET) -> None:
-        self._model = LabelCap()
-        self._target = LabelCap()
+        self._names = LabelCap()
         self._pairs: set[tuple[str, str]] = set()
         self._limit = limit
         self._budget = budget  # what is left of PAIR_LABEL_BUDGET
 
     def __call__(self, model: str, target: str) -> tuple[str, str]:
-        pair = (self._model(model), self._target(target))
+        names = self._names
+        pair = (names(model), names(target))
         if pair in self._pairs:
             return pair
         cost = len(pair[0]) + len(pair[1]) + PAIR_LINE_CHARS
-        if len(self._pairs) >= self._limit or cost > self._budget:
+        pinned = names.pinned(pair[0]) and names.pinned(pair[1])
+        if not pinned and (len(self._pairs) >= self._limit or cost > self._budget):
             return (OTHER, OTHER)
         self._pairs.add(pair)
         self._budget -= cost
         return pair
 
-    def target(self, target: str) -> str:
-        """The target_model_name value alone (series labelled by target only)."""
-        return self._target(target)
+    def name(self, value: str) -> str:
+        """A model name alone, capped (series labelled by one model name)."""
+        return self._names(value)
+
+    def pin(self, *names: str) -> None:
+        for value in names:
+            self._names.pin(value)
 
 
 def forget_endpoint(name: str, pod: str = "") -> None:

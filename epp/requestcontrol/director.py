@@ -56,9 +56,10 @@ from epp.api.routes import DEFAULT as DEFAULT_PARSERS
 from epp.api.routes import Parsers
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.datastore.model_rewrites import ModelRewriteStore
-from epp.flowcontrol.controller import FlowController
-from epp.observability import metrics
+from epp.flowcontrol.controller import FlowController, fairness_id
+from epp.observability import llmd_metrics, metrics
 from epp.requestcontrol import admission
+from epp.requestcontrol.accounting import Accounting
 from epp.requestcontrol.offload import BodyParsers, parse_here
 from epp.requestcontrol.prompt import Prompts, PromptTokenizer
 from epp.scheduling.framework import Scheduler
@@ -128,13 +129,18 @@ class RequestContext:
         "helpers",
         "inflight",
         "labels",
+        "last_chunk_at",
         "picked_at",
+        "received_at",
         "remove_headers",
         "request",
         "response_bytes",
         "response_skipped",
+        "response_started_at",
+        "response_time",
         "result",
         "sampled",
+        "series",
         "served",
         "tracker",
     )
@@ -156,9 +162,17 @@ class RequestContext:
         self.helpers: list[Endpoint] = [ep for pods in result.stages.values() for ep in pods]
         self.served: Endpoint | None = None
         self.picked_at = clock.now()
+        # When epp had the request's headers (llm-d's series time from there); the decision's
+        # time when the caller does not say.
+        self.received_at = self.picked_at
         self.tracker = ResponseTracker(incoming_model=request.model, target_model=request.target_model)
         self.labels = director.model_labels(request)  # (model_name, target_model_name) for metrics
+        # llm-d's per-request series for the request's labels (set when it is counted as routed).
+        self.series: llmd_metrics.RequestSeries | None = None
         self.response_bytes = 0
+        self.response_started_at = 0.0
+        self.response_time = 0.0  # seconds the ext-proc layer spent on the response's chunks
+        self.last_chunk_at = 0.0
         # Whether the response body must pass through epp: the sampled share (usage, TTFT) and
         # every request whose model name is rewritten back in it. The ext-proc layer may skip
         # the body of the others (`response_skipped`) where the gateway allows it.
@@ -202,6 +216,7 @@ class RequestContext:
     def on_response_headers(self, headers: Mapping[str, str], served_hostport: str | None) -> dict[str, str]:
         """Take the model server's response headers; returns the headers the configured plugins
         add to the response to the client (session tokens, ...)."""
+        self.response_started_at = clock.now()
         self.tracker.on_headers(headers)
         if served_hostport:
             self.served = self._director.datastore.by_hostport(served_hostport)
@@ -227,6 +242,13 @@ class RequestContext:
             self.response_skipped = False
             metrics.response_bodies_skipped.labels("ignored").inc()
         self.response_bytes += len(chunk)
+        if chunk:
+            # llm-d's inter-token latency: the time between a streamed response's chunks.
+            now = clock.now()
+            last, self.last_chunk_at = self.last_chunk_at, now
+            series = self.series
+            if last and series is not None and self.tracker.streaming:
+                series.itl.observe(now - last)
         return self.tracker.on_chunk(chunk, end_of_stream)
 
     def finish(self, *, complete: bool) -> None:
@@ -282,39 +304,26 @@ class Director:
         # Token ids and context-length rules; bodies over the parsers' size are parsed and
         # rendered in their processes (epp.requestcontrol.offload).
         self.prompts = Prompts(datastore, settings.limits, context_limits, body_parsers, renderer)
-        # Bound Prometheus children: `labels()` costs ~1.5 µs a call and a request needs a dozen.
-        self._children: dict[tuple[str, ...], Any] = {}
+        # The per-request series of GIE and llm-d (epp.requestcontrol.accounting).
+        self.accounting = Accounting()
         # Deterministic sampling: every request adds the ratio, a whole unit buys one sample.
         ratio = settings.response_sample_ratio
         self._sample_credit = 1.0 - ratio if ratio > 0.0 else 0.0  # the first request is sampled
         # When each endpoint last had a sampled response (the per-endpoint floor); removed
         # endpoints are forgotten with their metric children.
         self._sampled_at: dict[Endpoint, float] = {}
-        # Model names come from clients: capped, so junk names cannot multiply the series.
-        self._model_labels = metrics.ModelLabels()
         # A removed endpoint's series are dropped (metrics.forget_endpoint): so are their children.
         datastore.subscribe(self._forget_children)
 
     def model_labels(self, request: InferenceRequest) -> tuple[str, str]:
         """The request's (model_name, target_model_name) metric label values, capped."""
-        return self._model_labels(request.model, request.target_model)
+        return self.accounting.labels(request)
 
     def _forget_children(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         if removed:
             for ep in removed:
                 self._sampled_at.pop(ep, None)
-            gone = {ep.name for ep in removed} | {ep.spec.pod for ep in removed if ep.spec.pod}
-            self._children = {k: c for k, c in self._children.items() if gone.isdisjoint(k[1:])}
-
-    def _count_error(self, labels: tuple[str, str], status: int) -> None:
-        self._child(metrics.request_errors_total, *labels, metrics.error_code(status)).inc()
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (metric._name, *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+            self.accounting.forget(removed)
 
     async def route(
         self,
@@ -324,13 +333,17 @@ class Director:
         body: bytes | None,
         subset: list[str] | None,
         on_hold: Callable[[float], Awaitable[None]] | None = None,
+        received_at: float | None = None,
     ) -> RequestContext:
         """Decide where the request goes. Raises `errors.RequestError` for an HTTP error answer.
 
         `body` None means a header-only request (GET /v1/models): it is routed too. With flow
         control, the call may wait until the request may be scheduled; `on_hold(max_wait)` is
         awaited when it starts waiting (the gateway's message timeout must then be extended).
+        `received_at`: when the request's headers arrived (`epp.clock`), where llm-d's series
+        start; default now.
         """
+        received = clock.now() if received_at is None else received_at
         # Every error answer raised here is counted here, with the model once the body is parsed;
         # the ext-proc layer counts only the ones it raises itself.
         held = self.flow_control is not None
@@ -339,7 +352,7 @@ class Director:
                 path=path, headers=headers, body=body, subset=subset, hold=held
             )
         except errors.RequestError as exc:
-            self._count_error(("-", "-"), exc.status)
+            self.accounting.error_before_parse(exc.status, headers)
             raise
         try:
             size = len(body) if body is not None else 0
@@ -348,14 +361,15 @@ class Director:
                     request, size, labels=self.model_labels(request), on_hold=on_hold
                 )
                 candidates = self._candidates(request.subset_ips)  # the pool as it is now
-            return await self._route(request, candidates, size)
+            return await self._route(request, candidates, size, received)
         except errors.RequestError as exc:
             _shape(exc, request)
-            self._count_error(self.model_labels(request), exc.status)
+            labels = self.model_labels(request)
+            self.accounting.error(labels, exc.status, fairness_id(request), request.priority)
             raise
 
     async def _route(
-        self, request: InferenceRequest, candidates: list[Endpoint], body_size: int
+        self, request: InferenceRequest, candidates: list[Endpoint], body_size: int, received: float
     ) -> RequestContext:
         if self.admission_controller is not None and self.flow_control is None:
             self.admission_controller.admit(request, candidates)
@@ -372,11 +386,12 @@ class Director:
             await asyncio.to_thread(self.scheduler.prepare, request, candidates)
         result = self.scheduler.schedule(request, candidates)
         if not result.targets:
-            self._count_attempt(request, None)
+            self.accounting.attempt(request, None)
             raise errors.NoCapacity("the scheduler found no endpoint for the request")
         for hook in self._pre_request:
             hook.pre_request(request, result)
         ctx = RequestContext(self, request, result)
+        ctx.received_at = received
         primary = ctx.booked
         ctx.sampled = self._sample(primary, ctx.rewrites_response)
         if log.isEnabledFor(logging.DEBUG):
@@ -386,7 +401,7 @@ class Director:
             ep.book(request.prompt_tokens_estimate)
         if self.flow_control is not None:
             ctx.inflight = self.flow_control.track(request.priority, ctx.evict)
-        self._count_routed(ctx, body_size)
+        self.accounting.routed(ctx, body_size)
         return ctx
 
     def _sample(self, endpoint: Endpoint, required: bool) -> bool:
@@ -409,27 +424,6 @@ class Director:
         if sampled and interval > 0.0:
             self._sampled_at[endpoint] = now
         return sampled
-
-    def _count_attempt(self, request: InferenceRequest, primary: Endpoint | None) -> None:
-        """GIE's scheduler_attempts_total: the primary endpoint's pod and port, or a failure."""
-        target = self._model_labels.target(request.target_model)
-        if primary is None:
-            self._child(metrics.scheduler_attempts, "failure", target, "", "", "").inc()
-        else:
-            spec = primary.spec
-            pod = spec.pod or spec.name
-            self._child(metrics.scheduler_attempts, "success", target, pod, "", str(spec.port)).inc()
-
-    def _count_routed(self, ctx: RequestContext, body_size: int) -> None:
-        primary = ctx.booked
-        model, target = ctx.labels
-        child = self._child
-        self._count_attempt(ctx.request, primary)
-        child(metrics.picks_total, primary.name).inc()
-        child(metrics.inflight_requests, primary.name).set(primary.inflight_requests)
-        child(metrics.requests_total, model, target, str(ctx.request.priority)).inc()
-        child(metrics.request_sizes, model, target).observe(body_size)
-        child(metrics.running_requests, model).inc()
 
     async def explain(
         self, *, path: str, headers: Mapping[str, str], body: bytes | None
@@ -558,9 +552,13 @@ class Director:
                 request.target_model = target
             else:
                 retarget(request, target)
+        # Configured names keep their label past the cap, as llm-d pins them (a rule for every
+        # model pins its target only: the models it catches come from clients).
+        self.accounting.pin(target, *((request.model,) if self.rewrites.names(request.model) else ()))
         model, target_label = self.model_labels(request)
-        self._child(metrics.model_rewrite_decisions, decision.rewrite, model, target_label).inc()
-        self._child(metrics.llmd_model_rewrite_decisions, decision.rewrite, model, target_label).inc()
+        child = self.accounting.child
+        child(metrics.model_rewrite_decisions, decision.rewrite, model, target_label).inc()
+        child(metrics.llmd_model_rewrite_decisions, decision.rewrite, model, target_label).inc()
 
     def _candidates(self, subset_ips: frozenset[str] | None) -> list[Endpoint]:
         """The endpoints the request may go to; 503 when there are none."""
@@ -582,7 +580,7 @@ class Director:
         ep.release(request.prompt_tokens_estimate)
         ctx.release_helpers()
         if self.datastore.get(ep.name) is ep:  # a removed endpoint's series stay dropped
-            self._child(metrics.inflight_requests, ep.name).set(ep.inflight_requests)
+            self.accounting.child(metrics.inflight_requests, ep.name).set(ep.inflight_requests)
         tracker = ctx.tracker
         now = clock.now()
         usage = tracker.usage
@@ -590,7 +588,7 @@ class Director:
             # Envoy ends the ext-proc stream alike for a finished response and a client reset
             # once the body no longer passes through epp: a success status counts as complete.
             complete = True
-            self._child(metrics.response_bodies_skipped, "skipped").inc()
+            self.accounting.child(metrics.response_bodies_skipped, "skipped").inc()
         outcome = RequestOutcome(
             endpoint=ctx.served or ep,
             status=tracker.status,
@@ -610,39 +608,7 @@ class Director:
             self.flow_control.completed(request, outcome)
             if ctx.inflight is not None:
                 self.flow_control.untrack(ctx.inflight)
-        self._count_finished(ctx, outcome, complete=complete, now=now)
-
-    def _count_finished(
-        self, ctx: RequestContext, outcome: RequestOutcome, *, complete: bool, now: float
-    ) -> None:
-        """GIE's per-request series, once the response stream has ended (however it ended)."""
-        labels = ctx.labels
-        model = labels[0]
-        tracker = ctx.tracker
-        child = self._child
-        child(metrics.running_requests, model).dec()
-        if tracker.status and not 200 <= tracker.status < 300:
-            child(metrics.request_errors_total, *labels, metrics.MODEL_SERVER_ERROR).inc()
-        if outcome.ttft_s is not None:
-            child(metrics.request_ttft, *labels).observe(outcome.ttft_s)
-        if complete and not ctx.response_skipped:
-            child(metrics.request_duration, *labels).observe(outcome.duration_s)
-            child(metrics.response_sizes, *labels).observe(ctx.response_bytes)
-        if tracker.usage is None:
-            return
-        prompt, completion, cached = outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens
-        if prompt:
-            child(metrics.input_tokens, *labels).observe(prompt)
-        if completion:
-            child(metrics.output_tokens, *labels).observe(completion)
-        if cached is not None:
-            child(metrics.cached_tokens, *labels).observe(cached)
-        if complete and completion:
-            child(metrics.ntpot, *labels).observe(outcome.duration_s / completion)
-            first = tracker.first_chunk_at
-            # Per-token pace needs tokens arriving over time: a streamed body, two tokens or more.
-            if tracker.streaming and first is not None and completion > 1:
-                child(metrics.request_tpot, *labels).observe((now - first) / (completion - 1))
+        self.accounting.finished(ctx, outcome, complete=complete, now=now)
 
 
 _NEVER = float("-inf")  # an endpoint without a sampled response yet

@@ -280,6 +280,8 @@ def _kv_ingester(args: argparse.Namespace, handle: Handle, datastore: Datastore)
         default_block_size=args.kv_block_size,
         access=args.kv_events_allow,
         max_message_bytes=args.kv_events_max_message_bytes,
+        routed_tokens=lambda pod: ep.routed_tokens if (ep := datastore.get(pod)) is not None else 0,
+        silence_grace=args.kv_events_silence_grace,
     )
 
     def follow_membership(added: list[Endpoint], removed: list[Endpoint]) -> None:

@@ -6,7 +6,8 @@ label: a GIE dashboard sees one EPP.
 
 How a family folds depends on what one worker's value means:
 - Counters and histograms are summed: every request, error and decision is counted by exactly
-  one worker. The exceptions are the KV-event counters (`epp_kv_*`): every worker consumes every
+  one worker. The exceptions are the KV-event counters (`epp_kv_*`, llm-d's `kv_cache_events_*`
+  and index admissions and evictions, with their `kvcache_*` twins): every worker consumes every
   event, so the pod's count is the largest worker's, not N times it.
 - Gauges a worker owns (its streams, its bookings, its memory) are summed; gauges every worker
   computes from the same input (the pool's averages and ready pods, the KV index size, an
@@ -35,6 +36,7 @@ SUMMED_GAUGES = frozenset(
         "epp_endpoint_inflight_prompt_tokens",
         "epp_extproc_active_streams",
         "llm_d_epp_extproc_streams_inflight",
+        "llm_d_epp_request_running",
         # Each worker holds its own flow-control queues: the pod's are their sum.
         "llm_d_epp_flow_control_queue_size",
         "llm_d_epp_flow_control_queue_bytes",
@@ -45,7 +47,20 @@ SUMMED_GAUGES = frozenset(
     }
 )
 MIN_GAUGES = frozenset({"process_start_time_seconds"})
-MAX_COUNTER_PREFIXES = ("epp_kv_",)
+# Every worker consumes every KV event: the pod's count is the largest worker's. (llm-d's index
+# lookups are each worker's own requests: summed, as any counter.)
+MAX_COUNTER_PREFIXES = (
+    "epp_kv_",
+    "llm_d_epp_kv_cache_events_",
+    "kvcache_kvevents_",
+    "llm_d_epp_kv_cache_index_admissions",
+    "llm_d_epp_kv_cache_index_evictions",
+    "llm_d_router_epp_kv_cache_events_",
+    "llm_d_router_epp_kv_cache_index_admissions",
+    "llm_d_router_epp_kv_cache_index_evictions",
+    "kvcache_index_admissions",
+    "kvcache_index_evictions",
+)
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 

@@ -33,7 +33,7 @@ from prometheus_client import Counter
 from epp.api import errors
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.observability import metrics
+from epp.observability import llmd_metrics, metrics
 from epp.scheduling import framework, interfaces
 from epp.scheduling.disagg.deciders import Decider
 
@@ -62,6 +62,22 @@ pd_decisions = Counter(
     "P/D decisions (llm-d's series): decode-only or prefill-decode",
     ["plugin_name", "plugin_type", "model_name", "decision_type"],
     registry=metrics.REGISTRY,
+)
+# llm-d still writes both under their old names too, without the plugin labels.
+llmd_metrics.TWINS.add(
+    llmd_metrics.Twin(
+        disagg_decisions,
+        "llm_d_inference_scheduler_disagg_decision",
+        "[Deprecated: Use llm_d_epp_disagg_decision_total] Total number of disaggregation routing "
+        "decisions made",
+        keep=("model_name", "decision_type"),
+    ),
+    llmd_metrics.Twin(
+        pd_decisions,
+        "llm_d_inference_scheduler_pd_decision",
+        "[Deprecated: Use llm_d_epp_pd_decision_total] Total number of P/D disaggregation decisions made",
+        keep=("model_name", "decision_type"),
+    ),
 )
 
 
