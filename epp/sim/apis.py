@@ -28,8 +28,10 @@ from aiohttp import web
 from epp.api import context_length
 from epp.api.errors import BadRequest
 from epp.api.requests import Api, InferenceRequest
+from epp.sim.httpfront import json_response
 from epp.tokenize.anthropic import RequestModelError
 from epp.tokenize.chat import ChatTemplateError
+from epp.tokenize.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from epp.sim.engine import SimConfig, SimRequest, SimState
@@ -52,17 +54,148 @@ class Hooks:
     parse: Callable[[str, bytes, SimConfig], tuple[dict[str, Any], InferenceRequest]]
     within_context: Callable[[SimState, InferenceRequest, list[int]], Awaitable[list[int]]]
     error: Callable[..., web.Response]
+    unknown_model: Callable[[SimConfig, str], web.Response | None]
 
 
-def add_routes(app: web.Application, hooks: Hooks) -> None:
+def add_routes(app: web.Application, hooks: Hooks, *, scale_out: bool) -> None:
+    """Serve these routes on `app`; `scale_out`: vLLM's --enable-scale-out (without it the render
+    routes and /inference/v1/generate answer 403, as vLLM's)."""
     for path in RENDER_ROUTES:
-        app.router.add_post(path, _render(hooks))
+        app.router.add_post(path, _render(hooks) if scale_out else _scale_out_disabled)
+    if not scale_out:
+        app.router.add_post("/inference/v1/generate", _scale_out_disabled)
     app.router.add_post("/v1/messages/count_tokens", _count_tokens(hooks))
+    app.router.add_post("/tokenize", _tokenize(hooks))
+    app.router.add_post("/detokenize", _detokenize(hooks))
     app.router.add_get("/version", _version)
+    app.router.add_get("/load", _load(hooks))
+    app.router.add_get("/kv_event_sources", _kv_event_sources(hooks))
+    # SageMaker's health probe, which vLLM serves beside /health (GET and POST).
+    app.router.add_route("GET", "/ping", _ping)
+    app.router.add_route("POST", "/ping", _ping)
 
 
 async def _version(request: web.Request) -> web.Response:
-    return web.json_response({"version": VLLM_VERSION})
+    return json_response({"version": VLLM_VERSION})
+
+
+async def _scale_out_disabled(request: web.Request) -> web.Response:
+    message = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+    error = {"message": message, "type": "PermissionDeniedError", "param": None, "code": 403}
+    return json_response({"error": error}, 403)
+
+
+async def _ping(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+def _load(hooks: Hooks) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """vLLM's GET /load: `{"server_load": n}`, the requests in flight on its inference routes with
+    `--enable-server-load-tracking`, else always 0 (vLLM counts nothing without the flag)."""
+
+    async def handler(request: web.Request) -> web.Response:
+        state = request.app[hooks.state]
+        load = state.in_flight if state.config.server_load_tracking else 0
+        return json_response({"server_load": load})
+
+    return handler
+
+
+def _kv_event_sources(hooks: Hooks) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """vLLM's GET /kv_event_sources: the KV-event publisher's config per data-parallel rank (the
+    one rank "0"), endpoints as configured (a bound `tcp://*:0` resolved to its port); `{}`
+    without events, as a vLLM whose engine publishes none."""
+
+    async def handler(request: web.Request) -> web.Response:
+        state = request.app[hooks.state]
+        if state.publisher is None:
+            return json_response({})
+        source = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": state.kv_endpoint,
+            "replay_endpoint": state.kv_replay_endpoint,
+            # vLLM's defaults, which the simulator's publisher keeps (its queue is unbounded).
+            "buffer_steps": 10_000,
+            "hwm": 100_000,
+            "max_queue_size": 100_000,
+            "topic": state.publisher.topic,
+        }
+        return json_response({"0": source})
+
+    return handler
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    body = json.loads(raw)
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    return body
+
+
+def _tokenize(hooks: Hooks) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """vLLM's POST /tokenize: {"model", "prompt"} or {"model", "messages"}, rendered as the
+    inference routes render them (add_special_tokens defaults to true, as they tokenize), with
+    each token's string when `return_token_strs` is true."""
+
+    async def handler(request: web.Request) -> web.Response:
+        state = request.app[hooks.state]
+        try:
+            body = _json_object(await request.read())
+            special = body.get("add_special_tokens", True)
+            if not isinstance(special, bool):
+                raise ValueError("'add_special_tokens' must be a boolean")
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            _, parsed = hooks.parse(path, json.dumps(body).encode(), state.config)
+        except ValueError as exc:  # the server's _BadRequest is a ValueError
+            return hooks.error(400, str(exc))
+        unknown = hooks.unknown_model(state.config, parsed.model)
+        if unknown is not None:
+            return unknown
+        try:
+            ids = await state.prompt_token_ids(parsed, body=body, add_special_tokens=special)
+        except ChatTemplateError as exc:
+            return hooks.error(400, str(exc))
+        strs = None
+        if body.get("return_token_strs") is True:
+            backend = _tokenizer(state, parsed.model).backend
+            strs = [backend.id_to_token(i) for i in ids]
+        limit = state.profile.max_model_len
+        return json_response({"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": strs})
+
+    return handler
+
+
+def _tokenizer(state: SimState, model: str) -> Tokenizer:
+    found = state.tokenizers.for_model(model)
+    assert found is not None  # a default tokenizer serves every model
+    return found
+
+
+def _detokenize(hooks: Hooks) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """vLLM's POST /detokenize: `{"model", "tokens"}` -> `{"prompt": text}`, special tokens kept
+    and ids outside the vocabulary skipped, as vLLM decodes them."""
+
+    async def handler(request: web.Request) -> web.Response:
+        state = request.app[hooks.state]
+        try:
+            body = _json_object(await request.read())
+        except ValueError as exc:
+            return hooks.error(400, str(exc))
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+        ):
+            return hooks.error(400, "'tokens' must be a list of token ids >= 0", param="body.tokens")
+        named = body.get("model")
+        model = named if isinstance(named, str) and named else state.config.served_model
+        unknown = hooks.unknown_model(state.config, model)
+        if unknown is not None:
+            return unknown
+        text = _tokenizer(state, model).backend.decode(tokens, skip_special_tokens=False)
+        return json_response({"prompt": text})
+
+    return handler
 
 
 async def _prompts(
@@ -112,8 +245,8 @@ def _render(hooks: Hooks) -> Callable[[web.Request], Awaitable[web.Response]]:
             _generate_request(f"{prefix}{uuid.uuid4().hex[:16]}", ids, model, parsed) for ids in prompts
         ]
         if parsed.api is Api.COMPLETIONS:
-            return web.json_response(answers)
-        return web.json_response(answers[0])
+            return json_response(answers)
+        return json_response(answers[0])
 
     return handler
 
@@ -149,7 +282,7 @@ def _count_tokens(hooks: Hooks) -> Callable[[web.Request], Awaitable[web.Respons
         except ValueError as exc:  # the body as parsed, before anything renders it
             return hooks.error(400, str(exc))
         n = len(prompts[0])
-        return web.json_response({"input_tokens": n, "context_management": {"original_input_tokens": n}})
+        return json_response({"input_tokens": n, "context_management": {"original_input_tokens": n}})
 
     return handler
 

@@ -66,6 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--tokenizer", default=None, help="tokenizer.json or its directory (default epp-tiny)")
     g.add_argument(
+        "--enable-scale-out",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve the /render routes and /inference/v1/generate, as vLLM's flag does (default on; "
+        "--no-enable-scale-out answers them 403, as a vLLM started without the flag)",
+    )
+    g.add_argument(
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="GET /load counts the requests in flight, as vLLM's flag (default off: 0, as vLLM)",
+    )
+    g.add_argument(
         "--default-max-tokens",
         type=flags.positive_int,
         default=16,
@@ -224,6 +236,8 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
             hash_algo=args.prefix_caching_hash_algo,
             kv_int_hashes=int_hashes,
             metrics_engine=args.metrics_engine,
+            scale_out=args.enable_scale_out,
+            server_load_tracking=args.enable_server_load_tracking,
         )
         for i in range(args.pods)
     ]

@@ -78,6 +78,14 @@ class SimConfig:
     # digest (vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
     hash_algo: HashAlgo = "sha256"
     kv_int_hashes: bool = True
+    # The seed of NONE_HASH, vLLM's PYTHONHASHSEED; None = as vLLM: $PYTHONHASHSEED, else its fixed
+    # seed. An in-process fleet sets it here (a router's docs may ask for PYTHONHASHSEED=0).
+    hash_seed: str | None = None
+    # vLLM's --enable-scale-out: the /render routes (and /inference/v1/generate) answer; without it
+    # they answer 403, as vLLM's do. On by default: epp and vllm-router render through them.
+    scale_out: bool = True
+    # vLLM's --enable-server-load-tracking: GET /load counts the requests in flight, else 0.
+    server_load_tracking: bool = False
     # P/D (vLLM's NixlConnector protocol, `kv_transfer_params`): KV bytes a token and the rate a
     # decode pod pulls them from a prefill pod of the same `epp sim` process.
     kv_bytes_per_token: int = 131072

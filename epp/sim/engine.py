@@ -263,7 +263,7 @@ class SimState:
             self.profile,
             name=config.name,
             record_events=config.kv_events is not None,
-            hasher=BlockHasher(config.hash_algo),
+            hasher=BlockHasher(config.hash_algo, seed=config.hash_seed),
             keep_digests=not config.kv_int_hashes,
         )
         # One worker: long prompts are encoded off the loop (the encode releases the GIL), and a
@@ -278,6 +278,7 @@ class SimState:
         self.queue_time = Histogram(_LATENCY_BUCKETS)
         self.started = time.time()
         self._active: dict[str, SimRequest] = {}  # in the engine, not yet finished or aborted
+        self.in_flight = 0  # requests on the inference routes, arrival to answer (GET /load)
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0 = 0.0  # loop time at simulated time 0

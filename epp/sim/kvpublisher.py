@@ -208,6 +208,10 @@ class KVEventPublisher:
         return self._endpoint
 
     @property
+    def topic(self) -> str:
+        return self._topic.decode()
+
+    @property
     def replay_endpoint(self) -> str | None:
         """The replay socket's bound address (port 0 resolved), or None without replay."""
         return self._replay_endpoint

@@ -38,6 +38,7 @@ from epp.api.requests import Api, InferenceRequest, parse_request
 from epp.sim import apis
 from epp.sim.core import RequestRejected
 from epp.sim.engine import SimConfig, SimRequest, SimState, render_metrics
+from epp.sim.httpfront import fastapi_errors, json_response, server_logger
 from epp.tokenize.anthropic import RequestModelError
 from epp.tokenize.chat import ChatTemplateError
 
@@ -150,15 +151,29 @@ def _max_tokens(
 
 
 def _error(
-    status: int, message: str, err_type: str = "BadRequestError", *, anthropic: bool = False
+    status: int,
+    message: str,
+    err_type: str = "BadRequestError",
+    *,
+    anthropic: bool = False,
+    param: str | None = None,
 ) -> web.Response:
     """vLLM's error answer (`ErrorResponse`: the error nested under "error", code = the status),
     or, past request validation on its Anthropic routes, Anthropic's (`{"type": "error", ...}`)."""
     if anthropic:
         error: dict[str, Any] = {"type": "error", "error": {"type": err_type, "message": message}}
-        return web.json_response(error, status=status)
-    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
-    return web.json_response(body, status=status)
+        return json_response(error, status=status)
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return json_response(body, status=status)
+
+
+def _unknown_model(config: SimConfig, model: str) -> web.Response | None:
+    """vLLM's 404 for a model it does not serve (with `strict_models`), else None."""
+    served = (config.served_model, *config.lora_adapters)
+    if not config.strict_models or model in served:
+        return None
+    message = f"The model `{model}` does not exist. Valid aliases: {', '.join(served)}."
+    return _error(404, message, "NotFoundError", param="model")
 
 
 # --- handlers --------------------------------------------------------------------------------------
@@ -187,9 +202,10 @@ async def _inference(request: web.Request, api: str) -> web.StreamResponse:
         state.stats.errors += 1
         return _error(400, str(exc))
     state.stats.models[parsed.model] += 1
-    if cfg.strict_models and parsed.model not in (cfg.served_model, *cfg.lora_adapters):
+    unknown = _unknown_model(cfg, parsed.model)
+    if unknown is not None:
         state.stats.errors += 1
-        return _error(404, f"The model `{parsed.model}` does not exist.", "NotFoundError")
+        return unknown
     started = time.monotonic()
     try:
         ids = await state.prompt_token_ids(parsed, body=body, add_special_tokens=parsed.add_special_tokens)
@@ -311,7 +327,7 @@ async def _complete(req: SimRequest, started: float) -> web.Response:
     if req.kv_transfer_params is not None:
         req.state.keep_for_decode(req.id, req.token_ids)
         payload["kv_transfer_params"] = req.kv_transfer_params
-    return web.json_response(payload)
+    return json_response(payload)
 
 
 _ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_", "embeddings": "embd-"}
@@ -403,7 +419,12 @@ async def _stream(request: web.Request, req: SimRequest, started: float) -> web.
 
 def _route(api: str) -> Any:
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await _inference(request, api)
+        state = request.app[SIM_STATE]
+        state.in_flight += 1  # vLLM's server load: from the request's arrival to its answer's end
+        try:
+            return await _inference(request, api)
+        finally:
+            state.in_flight -= 1
 
     return handler
 
@@ -446,7 +467,7 @@ async def _models(request: web.Request) -> web.Response:
     data += [
         _model_card(name, created, parent=cfg.served_model, max_model_len=None) for name in cfg.lora_adapters
     ]
-    return web.json_response({"object": "list", "data": data})
+    return json_response({"object": "list", "data": data})
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -461,12 +482,12 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SIM_STATE].snapshot())
+    return json_response(request.app[SIM_STATE].snapshot())
 
 
 async def _reset(request: web.Request) -> web.Response:
     request.app[SIM_STATE].reset()
-    return web.json_response({"ok": True})
+    return json_response({"ok": True})
 
 
 async def _reset_prefix_cache(request: web.Request) -> web.Response:
@@ -476,30 +497,6 @@ async def _reset_prefix_cache(request: web.Request) -> web.Response:
     if not request.app[SIM_STATE].reset_prefix_cache(force=force):
         return _error(409, "Prefix cache reset failed.", "Conflict")
     return web.Response(status=200)
-
-
-async def _tokenize(request: web.Request) -> web.Response:
-    """vLLM's POST /tokenize: {"model", "prompt"} or {"model", "messages"}, rendered as the
-    inference routes render them (add_special_tokens defaults to true, as they tokenize)."""
-    state = request.app[SIM_STATE]
-    try:
-        body = json.loads(await request.read())
-        if not isinstance(body, dict):
-            raise _BadRequest("request body must be a JSON object")
-        special = body.get("add_special_tokens", True)
-        if not isinstance(special, bool):
-            raise _BadRequest("'add_special_tokens' must be a boolean")
-        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-        _, parsed = _parse(path, json.dumps(body).encode(), state.config)
-    except (ValueError, _BadRequest) as exc:
-        return _error(400, str(exc))
-    try:
-        ids = await state.prompt_token_ids(parsed, body=body, add_special_tokens=special)
-    except ChatTemplateError as exc:
-        return _error(400, str(exc))
-    return web.json_response(
-        {"count": len(ids), "max_model_len": state.profile.max_model_len, "tokens": ids, "token_strs": None}
-    )
 
 
 @web.middleware
@@ -527,7 +524,7 @@ async def _close_state(app: web.Application) -> None:
 
 
 def make_app(config: SimConfig) -> web.Application:
-    app = web.Application(middlewares=[_count], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[fastapi_errors, _count], client_max_size=64 * 1024 * 1024)
     app[SIM_STATE] = SimState(config)
     app.on_response_prepare.append(_tag_response)
     app.on_cleanup.append(_close_state)
@@ -536,10 +533,11 @@ def make_app(config: SimConfig) -> web.Application:
     app.router.add_post("/v1/responses", _route("responses"))
     app.router.add_post("/v1/embeddings", _route("embeddings"))
     app.router.add_post("/v1/messages", _route("messages"))
-    app.router.add_post("/inference/v1/generate", _route("generate"))
-    apis.add_routes(app, apis.Hooks(SIM_STATE, _parse, _within_context, _error))
+    if config.scale_out:
+        app.router.add_post("/inference/v1/generate", _route("generate"))
+    hooks = apis.Hooks(SIM_STATE, _parse, _within_context, _error, _unknown_model)
+    apis.add_routes(app, hooks, scale_out=config.scale_out)
     app.router.add_get("/v1/models", _models)
-    app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/health", _health)
@@ -558,7 +556,7 @@ async def start_sim_server(host: str, port: int, *, config: SimConfig | None = N
     cfg = config or SimConfig()
     app = make_app(cfg)
     # handler_cancellation: a client disconnect aborts the request, freeing its slot (as vLLM).
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, logger=server_logger())
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

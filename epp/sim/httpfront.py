@@ -1,0 +1,70 @@
+"""What vLLM's HTTP stack (uvicorn and FastAPI) answers where aiohttp, which serves the simulator,
+would answer otherwise: the bytes a peer router or a client sees besides the routes themselves.
+
+Checked against a real vLLM 0.32 (the CPU build) with the same requests (docs/simulator.md, "The
+routes, against vLLM 0.32"):
+
+- JSON bodies are compact and typed `application/json` with no charset, as FastAPI's
+  `JSONResponse` writes them (`json_response`).
+- A path no route serves is 404 `{"detail": "Not Found"}`, a method a route does not take 405
+  `{"detail": "Method Not Allowed"}`: FastAPI's answers, where aiohttp writes plain text
+  (`fastapi_errors`).
+- Bytes that are not HTTP/1.1 (sglang-router opens an HTTP/2 prior-knowledge connection to every
+  worker, `PRI * HTTP/2.0`, to tell gRPC workers from HTTP ones) get a 400 and the connection
+  closed, as from uvicorn, and one WARNING line, uvicorn's "Invalid HTTP request received.", not
+  aiohttp's ERROR with a traceback (`server_logger`). The 400's body is aiohttp's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+INVALID_REQUEST = "Invalid HTTP request received."  # uvicorn's words, at WARNING
+
+
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    """`data` as FastAPI's JSONResponse writes it."""
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def fastapi_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """404 and 405 as FastAPI answers them (JSON `detail`), for paths and methods no route takes."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as exc:
+        allow = {"allow": ", ".join(sorted(exc.allowed_methods))}
+        return json_response({"detail": "Method Not Allowed"}, 405, headers=allow)
+    except web.HTTPNotFound:
+        return json_response({"detail": "Not Found"}, 404)
+
+
+class _UvicornWords(logging.Filter):
+    """Rewrites aiohttp's "Error handling request" record for bytes that do not parse as HTTP
+    into uvicorn's one-line warning (no traceback); other records pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = INVALID_REQUEST, ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def server_logger() -> logging.Logger:
+    """The logger for the simulator's aiohttp request handlers (`AppRunner(logger=...)`)."""
+    logger = logging.getLogger("epp.sim.http")
+    if not any(isinstance(f, _UvicornWords) for f in logger.filters):
+        logger.addFilter(_UvicornWords())
+    return logger

