@@ -170,13 +170,15 @@ _HISTOGRAMS = (
 class LabelSets:
     """llm-d's per-request label values for a request, capped: fairness IDs at
     `metrics.MAX_LABEL_VALUES` (llm-d's own cap), and the (model, target, fairness, priority) sets
-    at `metrics.MAX_LABEL_SETS` (epp's, for the page's size): later sets are
-    ("other", "other", "other", priority). One per Director, as `metrics.ModelLabels`."""
+    at `metrics.MAX_LABEL_SETS` and within `metrics.SET_LABEL_BUDGET` (epp's, for the page's size,
+    as `metrics.ModelLabels` bounds GIE's pairs): later sets are ("other", "other", "other",
+    priority). One per Director."""
 
-    __slots__ = ("_limit", "_sets", "fairness")
+    __slots__ = ("_budget", "_limit", "_sets", "fairness")
 
-    def __init__(self, limit: int = metrics.MAX_LABEL_SETS) -> None:
+    def __init__(self, limit: int = metrics.MAX_LABEL_SETS, budget: int = metrics.SET_LABEL_BUDGET) -> None:
         self._limit = limit
+        self._budget = budget  # what is left of it
         self._sets: set[Key] = set()
         self.fairness = metrics.LabelCap()
 
@@ -185,9 +187,11 @@ class LabelSets:
         key = (model, target, self.fairness(fairness or DEFAULT_FAIRNESS_ID), str(priority))
         if key in self._sets:
             return key
-        if len(self._sets) >= self._limit:
+        cost = len(key[0]) + len(key[1]) + len(key[2]) + metrics.PAIR_LINE_CHARS
+        if len(self._sets) >= self._limit or cost > self._budget:
             return (metrics.OTHER, metrics.OTHER, metrics.OTHER, key[3])
         self._sets.add(key)
+        self._budget -= cost
         return key
 
 

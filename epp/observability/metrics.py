@@ -387,15 +387,17 @@ MAX_LABEL_SETS = 32
 """The same for llm-d's per-request series, per (model_name, target_model_name, fairness_id,
 priority): later sets are ("other", "other", "other", priority). With both generations written the
 page at the caps stays at what GIE's alone took with 64 pairs, ~2 MB (scripts/metrics_page_size.py)."""
-PAIR_LABEL_BUDGET = 3_000
+PAIR_LABEL_BUDGET = 2_000
+SET_LABEL_BUDGET = 2_000
 PAIR_LINE_CHARS = 110
-"""The page's bound on per-pair series: a kept pair costs its two names' length plus
+"""The page's bound on per-request series: a kept GIE pair costs its two names' length plus
 PAIR_LINE_CHARS (the rest of one series line: metric name, label names, bucket, value) from
-PAIR_LABEL_BUDGET, and a pair that would overdraw it is counted as ("other", "other"), so the pairs'
-series stay under ~0.7 MB of /metrics page whatever the names' length: ~23 pairs of short names, ~8
-of 128-character ones. (Pairs capped by count alone let the page grow 1.9 MB with 8-character names
-and 5.7 MB with 128-character ones.) Pairs of configured rewrites' names are kept regardless: the
-configuration bounds them."""
+PAIR_LABEL_BUDGET, a kept llm-d label set its three names' length plus as much from
+SET_LABEL_BUDGET, and one that would overdraw its budget is counted as "other". Both generations'
+series together stay under 1 MB of /metrics page whatever the names' length: ~15 pairs and sets of
+short names, ~5 of 128-character ones (tests/observability/test_bounded_labels.py). (Pairs capped by
+count alone let the page grow 1.9 MB with 8-character names and 5.7 MB with 128-character ones.)
+Pairs of configured rewrites' names are kept regardless: the configuration bounds them."""
 MAX_LABEL_CHARS = 128
 """A longer client-chosen value is counted as "other" (it would be stored in every series)."""
 OTHER = "other"

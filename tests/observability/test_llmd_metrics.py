@@ -193,7 +193,7 @@ def test_pool_series_under_llm_ds_names(sources: None) -> None:
 
 
 def test_model_names_share_one_cap_of_1000_as_in_llm_d() -> None:
-    labels = metrics.ModelLabels(limit=10_000)
+    labels = metrics.ModelLabels(limit=10_000, budget=10**9)
     for i in range(500):
         assert labels(f"model-{i}", f"target-{i}") == (f"model-{i}", f"target-{i}")
     assert labels("one-more", "t") == ("other", "other")  # 1,000 names between the two labels
