@@ -92,5 +92,8 @@ def test_inference_perf_sends_the_load(
         # ~20 req/s for 2 s, Poisson: over 20 requests, every one answered.
         assert run["requests"] > 20 and run["served"] == run["requests"], (name, run)
         assert 0 < run["ttft_p50_s"] <= run["ttft_p99_s"], (name, run)
-        # Every tenant's system prompt is cached after its first request on a pod.
-        assert run["fleet_hit_rate"] > 0.3, (name, run)
+        # The pods' prefix-cache counters were read: some system prompts were reused.
+        assert run["fleet_hit_rate"] > 0, (name, run)
+    # epp sends a tenant back to the pod holding its system prompt: most prompt tokens hit (smg
+    # spread them here, ~0.2, which is its routing, not this test's subject).
+    assert entry["policies"]["epp"]["fleet_hit_rate"] > 0.3, entry["policies"]["epp"]
