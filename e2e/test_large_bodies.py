@@ -35,9 +35,11 @@ async def _exchange(addr: str, big: bytes) -> None:
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)
         sized = h.post_headers(**{"content-length": str(len(big))})
-        first = stub.Process()  # holds the one lane from its headers on
+        first = stub.Process()  # takes the one lane once its bytes pass --large-body-min-bytes
         await first.write(h.headers_msg(sized))
-        await first.write(h.body_msg(big[:100_000], eos=False))
+        sent = 200_000
+        await first.write(h.body_msg(big[:sent], eos=False))
+        await asyncio.sleep(0.2)
         second = stub.Process()
         await second.write(h.headers_msg(sized))
         await second.write(h.body_msg(big))
@@ -46,9 +48,14 @@ async def _exchange(addr: str, big: bytes) -> None:
         await small.write(h.headers_msg(h.post_headers()))
         await small.write(h.body_msg(SMALL))
         assert _routed(await asyncio.wait_for(small.read(), 10))
-        await asyncio.sleep(0.5)
-        assert not waiting.done()
-        await first.write(h.body_msg(big[100_000:]))
+        # The first upload goes on arriving (more often than the lane's idle second): it keeps the
+        # lane, and the second body waits unread.
+        for _ in range(5):
+            await asyncio.sleep(0.3)
+            await first.write(h.body_msg(big[sent : sent + 10_000], eos=False))
+            sent += 10_000
+            assert not waiting.done()
+        await first.write(h.body_msg(big[sent:]))
         assert _routed(await asyncio.wait_for(first.read(), 30))
         resp = await asyncio.wait_for(waiting, 30)
         assert _routed(resp)
