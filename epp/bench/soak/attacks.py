@@ -39,11 +39,11 @@ def _chat(text: str) -> bytes:
 
 class Attacker:
     """Sends one attack every 1/`rate` seconds at `host:port` until cancelled; `results` holds
-    (t, kind, status) with status 0 for no answer (the gateway closed the connection)."""
+    (t, kind, status, seconds) with status 0 for no answer (the gateway closed the connection)."""
 
     def __init__(self, host: str, port: int, rate: float, now: Callable[[], float]) -> None:
         self.host, self.port, self.rate, self.now = host, port, rate, now
-        self.results: list[tuple[float, str, int]] = []
+        self.results: list[tuple[float, str, int, float]] = []
         self._held: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -67,8 +67,9 @@ class Attacker:
             statuses = await attack()
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             statuses = [0]
+        took = self.now() - t
         for status in statuses:
-            self.results.append((t, kind, status))
+            self.results.append((t, kind, status, took))
 
     async def _send(self, head: str, body: bytes, *, stop_short: int = 0, hold: float = 0.0) -> int:
         """Write one HTTP/1.1 request (its body cut `stop_short` bytes early), optionally hold the
@@ -138,15 +139,21 @@ class Attacker:
         return [await self._send(self._head(body, path="/v1/../v1/chat/completions?%00=1"), body)]
 
 
-def summary(results: list[tuple[float, str, int]]) -> dict[str, dict[str, int]]:
+def summary(results: list[tuple[float, str, int, float]]) -> dict[str, dict[str, int]]:
     """Per kind: the count of each status (as text; "none" for no answer, "held" for still held)."""
     out: dict[str, dict[str, int]] = {}
-    for _, kind, status in results:
+    for _, kind, status, _ in results:
         key = {0: "none", -1: "held"}.get(status, str(status))
         counts = out.setdefault(kind, {})
         counts[key] = counts.get(key, 0) + 1
     return out
 
 
-def server_errors(results: list[tuple[float, str, int]]) -> int:
-    return sum(1 for _, _, status in results if status >= 500)
+def server_errors(
+    results: list[tuple[float, str, int, float]], in_fault: Callable[[float, float], bool]
+) -> tuple[int, int]:
+    """5xx answers (outside any fault window, inside one): an attack in flight while a pod or an
+    epp replica is killed is judged as an honest request is, by `in_fault(t, seconds)`."""
+    errors = [(t, took) for t, _, status, took in results if status >= 500]
+    inside = sum(1 for t, took in errors if in_fault(t, took))
+    return len(errors) - inside, inside

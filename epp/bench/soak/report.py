@@ -255,7 +255,8 @@ def render(r: dict[str, Any]) -> str:
     if r.get("attacks"):
         lines += [
             "",
-            f"Client attacks (epp.bench.soak.attacks), answers by kind; **5xx: {r['attack_5xx']}**",
+            f"Client attacks (epp.bench.soak.attacks), answers by kind; **5xx outside fault windows: "
+            f"{r['attack_5xx']}** (inside them: {r.get('attack_5xx_in_faults', 0)})",
             "",
             "| attack | answers |",
             "|---|---|",

@@ -192,10 +192,13 @@ class Soak:
             await asyncio.sleep(self.cfg.sample_every)
 
     def report(self) -> dict[str, Any]:
-        report = Observations(
-            self.cfg, self.records, self.faults, self.rss, self.samples, len(self.pods)
-        ).report()
+        seen = Observations(self.cfg, self.records, self.faults, self.rss, self.samples, len(self.pods))
+        report = seen.report()
         attacks = self.attacker.results if self.attacker is not None else []
         report["attacks"] = attacks_summary(attacks)
-        report["attack_5xx"] = server_errors(attacks)
+
+        def in_fault(t: float, seconds: float) -> bool:
+            return seen.in_fault(Record(t, seconds, 500, "")) is not None
+
+        report["attack_5xx"], report["attack_5xx_in_faults"] = server_errors(attacks, in_fault)
         return report
