@@ -683,6 +683,21 @@ def test_grafana_dashboard_uses_only_metrics_epp_exports() -> None:
         for name in ("metrics.py", "collectors.py")  # the series, and those built at scrape time
     )
     exported = set(re.findall(r'"((?:epp|inference)_[a-z_]+)"', source))
+    # Families named at scrape time: a real exposition with a pool's snapshot registered.
+    from prometheus_client import generate_latest
+
+    from epp.observability import collectors
+    from epp.observability.metrics import REGISTRY
+
+    def snap() -> collectors.PoolSnapshot:
+        return collectors.PoolSnapshot("pool", [collectors.PodLoad("a", 1, 2, 0.5, True)])
+
+    collectors.pool_collector.add(snap)
+    try:
+        page = generate_latest(REGISTRY).decode()
+    finally:
+        collectors.pool_collector.discard(snap)
+    exported |= set(re.findall(r"^# TYPE ((?:epp|inference)_[a-z_]+) ", page, re.MULTILINE))
     # prometheus-client appends _total to counters whose name lacks it.
     exported |= {f"{n}_total" for n in exported}
     assert used and used <= exported, used - exported

@@ -237,3 +237,14 @@ def test_the_worker_merge_folds_llm_ds_series(exposed: dict[str, Family]) -> Non
         ("llm_d_epp_ready_endpoints", "llm_d_epp_ready_endpoints"),
     ):
         assert sample(both, family, name) == sample(one, family, name), name
+
+
+def test_docs_list_every_llm_d_series_and_why_some_are_not_written() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text(encoding="utf-8")
+    section = text[text.index("## llm-d's series") : text.index("## epp's own series")]
+    for s in llmd.SERIES:
+        assert f"`{s.name}`" in section, s.name
+    for name in llmd.NOT_EXPORTED:
+        assert f"- `{name}`: " in section, name
