@@ -37,10 +37,16 @@ def test_the_llm_d_flags_epp_lacks_are_the_ones_named() -> None:
 
 
 def test_the_metrics_auth_default_is_the_one_stated() -> None:
-    args = cli.build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:8000"])
-    off = not args.metrics_endpoint_auth
-    assert ("and `epp serve`'s is off" in FLAT) is off
-    assert FLAT.count("and `epp serve`'s is off") in (0, 2)  # GIE's section and llm-d's agree
+    from epp.flags.metrics_port import metrics_auth
+
+    def default(*argv: str) -> bool:
+        return metrics_auth(cli.build_parser().parse_args(["serve", *argv]))
+
+    assert default("--pool-name", "p") and default("--endpoint-selector", "app=vllm")
+    assert not default("--endpoints", "127.0.0.1:8000")
+    assert "on whenever epp watches Kubernetes (`--pool-name`, `--endpoint-selector`)" in FLAT
+    assert "off only with `--endpoints` or `--endpoints-file`" in FLAT
+    assert "and `epp serve`'s is off" not in FLAT
 
 
 def test_the_request_apis_named_are_the_ones_parsed() -> None:
