@@ -62,8 +62,11 @@ async def test_an_alias_reaches_the_pod_as_its_targets_by_weight_and_returns_as_
 
     epp = EppProcess(
         tmp_path,
-        extra_args=["--pool-name", "pool", "--pool-namespace", "default", "--kubeconfig", str(kubeconfig)],
-    )
+        # Metrics auth (on by default with a pool) is tests/k8s/test_metricsauth.py's: off here, so
+        # the test reads the decisions without a token.
+        extra_args=["--pool-name", "pool", "--pool-namespace", "default", "--kubeconfig", str(kubeconfig),
+                    "--metrics-endpoint-auth=false"],
+    )  # fmt: skip
     cleanup.add_log("epp log", epp.process.log_path)
     cleanup.push("epp", epp.stop)
     # Starting blocks while it waits for epp: off this loop, which serves the API server.
