@@ -1,4 +1,6 @@
-"""Build hook: compile protos/ (epp's own gRPC API) with grpcio-tools before building the package.
+"""Build hooks: compile protos/ (epp's own gRPC API) with grpcio-tools before building the package,
+and the C extensions of the KV index (epp/kvcache/*.c; a C compiler and Python's headers
+are needed to build epp, not to run it).
 
 Everything else about the package is declared in pyproject.toml. The generated modules land in
 epp/rpc/v1/ in the source tree, so regular and editable installs both find them; they are
@@ -10,7 +12,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 ROOT = pathlib.Path(__file__).parent.resolve()
@@ -45,4 +47,20 @@ class BuildPyWithProtos(build_py):
         return list(super().get_outputs(*args, **kwargs))
 
 
-setup(cmdclass={"build_py": BuildPyWithProtos})
+# -O3 for the index's probe loops; C11 for the designated initialisers.
+_C_FLAGS = [
+    "-O3",
+    "-std=c11",
+    "-Wall",
+    "-Wextra",
+    "-Wno-missing-field-initializers",
+    "-Wno-cast-function-type",
+]
+
+setup(
+    cmdclass={"build_py": BuildPyWithProtos},
+    ext_modules=[
+        Extension(f"epp.kvcache.{name}", [f"epp/kvcache/{name}.c"], extra_compile_args=_C_FLAGS)
+        for name in ("_records", "_keys")
+    ],
+)

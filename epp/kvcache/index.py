@@ -5,14 +5,13 @@ Two keys, as llm-d does it. An engine's block hash cannot be derived from a prom
 token ids, from which epp computes its keys chained from the parent's key, and each pod maps
 engine hash -> key, which is all `BlockRemoved` and later stores need.
 
-Records: one per (pod, tier, engine hash), one int, the "pe" `(slot << 4 | tier) << 64 | hash`.
-A pod maps `engine: dict[pe, key]`; key -> holders holds that same pe object when one record holds
-the key (the common case), else a tuple `(pod mask, gpu mask, pe, ...)`. A record thus allocates
-one int shared by both maps, holders of a key share one key object (vLLM's union-typed
-BlockHashToBlockMap, PR #24830), and the masks make each block of `match` a few int operations.
-Extra copies of a pe (vLLM may store a hash twice) are counted in the pod's `dups`; a removal
-drops one copy. Tiers: `medium` lower-cased, None is "gpu", 16 at most; a block on GPU and CPU is
-two records, matched as GPU. Pod slots: lowest free first, reused after `remove_pod` purged all.
+Records: one per (pod, tier, engine hash), held by `epp.kvcache._records.RecordTable` (C: ~30
+bytes a record; the same records as Python dicts and ints took 215-314, BENCHMARKS.md 5). This
+module turns events into its calls and keeps what is per pod (name, slot, block size, model,
+tiers). Extra copies of a record (vLLM may store a hash twice) are counted; a removal drops one
+copy. Tiers: `medium` lower-cased, None is "gpu", 16 at most; a block on GPU and CPU is two
+records, matched as GPU. Pod slots: lowest free first, reused after `remove_pod` purged all;
+65,535 at most.
 
 Events (reference kv-events.md 1.6):
 - `BlockStored`: keys from its tokens at its `block_size` (else `default_block_size`), from
@@ -30,22 +29,17 @@ Prompts must be hashed at the pods' block size (`block_size_of`). Not in the key
 prompt-embedding digests. kv_cache_report_mode="full" re-reports reused blocks, which the
 reference counts cannot tell from copies.
 
-Cap and recency: past `max_entries` records, whole keys go, least recently used first; storing or
-matching a key touches it. Exact LRU moves a key per touch: with a plain dict (pop, re-insert)
-`match` was 3-6x slower and its p99 spiky (touches use up dict slots: a 1M-key dict rebuilt every
-~1M touches); an OrderedDict costs ~49 more bytes per key (tracemalloc, 2M keys). So recency lives
-in three generations (segmented LRU): `_young` (stored or touched since the last rotation; touching
-is free), `_probation` (a touch moves a key back to `_young`) and `_old` (eviction walks it in
-insertion order; a touch still rescues). When `_old` is used up all age by one; while `_probation`
-is empty, `_young` moves there after `max_entries // 3` records entered it, and each generation
-then lasts about as long as the one before: a key touched once per third of the cap's worth of
-stores is never evicted. `_old` loses keys by value (None), never by deletion, so one iterator walks
-it across calls (deleting from a dict's front leaves dead slots each `next(iter(d))` scans again:
-1.3 ms per million, measured). An evicted key's engine hashes go too, orphaning events chained to
-them: size `max_entries` above the pods' cached blocks (all tiers); the cap is a safety net.
+Cap and recency: past `max_entries` records, whole keys go, least recently used first (to 1/64 of
+the cap: the table stamps records with epochs of max_entries/64 stamps); storing or matching a
+key touches it, and an event's first block ends youngest (a prefix match needs the leading
+blocks, and losing one voids every block after it; vLLM frees a request's blocks tail first for
+the same reason). An evicted key's engine hashes go too, orphaning events chained to them: size
+`max_entries` above the pods' cached blocks (all tiers); the cap is a safety net.
+`AllBlocksCleared` and `remove_pod` walk the whole table (~4 bytes read per record).
 
 Synchronous and single-threaded by design: the asyncio ingestion task calls `apply` between
-awaits and the scheduler `match` on the same loop, so no call sees another half done.
+awaits and the scheduler `match` on the same loop, so no call sees another half done (the table's
+methods hold the GIL throughout).
 Costs: tests/kvcache/bench_index.py.
 """
 
@@ -53,11 +47,12 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Collection, Iterator, Sequence
-from typing import Any, Final, TypeAlias, cast
+from collections.abc import Collection, Sequence
+from typing import Any, Final
 
 import msgspec
 
+from epp.kvcache._records import MAX_SLOTS, RecordTable
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from epp.kvcache.keys import BlockKey, block_keys, seed_for
 from epp.observability.histogram import Histogram
@@ -68,10 +63,6 @@ LOOKUP_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0
 MAX_TIERS: Final = 16
 
 _E_MASK: Final = (1 << 64) - 1
-_SLOT_SHIFT: Final = 68  # pe >> 68 is the pod slot, (pe >> 64) & 15 the tier
-
-# A key's holders: one record (pe), or (pod mask, gpu mask, pe, pe, ...) for several.
-_Holders: TypeAlias = "int | tuple[int, ...]"
 
 
 class MatchResult(msgspec.Struct, frozen=True, gc=False):
@@ -117,15 +108,11 @@ class IndexStats(msgspec.Struct, frozen=True, gc=False):
 class _Pod:
     """One pod's side of the index."""
 
-    __slots__ = ("block_size", "dups", "engine", "mask", "model", "name", "prefixes", "slot", "tiers")
+    __slots__ = ("block_size", "model", "name", "slot", "tiers")
 
     def __init__(self, name: str, slot: int) -> None:
         self.name = name
         self.slot = slot
-        self.mask = 1 << slot
-        self.prefixes = [((slot << 4) | t) << 64 for t in range(MAX_TIERS)]  # | hash: a pe
-        self.engine: dict[int, int] = {}  # pe -> key
-        self.dups: dict[int, int] = {}  # pe -> extra copies, only while > 0
         self.tiers = 0  # a bit per tier stored in (parent lookups try those)
         self.block_size: int | None = None
         self.model = ""
@@ -142,23 +129,13 @@ class BlockIndex:
     def __init__(self, *, max_entries: int = 10_000_000) -> None:
         if max_entries <= 0:
             raise ValueError(f"max_entries must be > 0, got {max_entries}")
-        self._max = max_entries
-        self._young_added = 0  # records that entered `_young` (stored, promoted) since it was new
-        self._rotate_at = max(1, max_entries // 3)
-        self._young: dict[int, _Holders] = {}
-        self._probation: dict[int, _Holders] = {}
-        self._old: dict[int, _Holders | None] = {}
-        self._old_live = 0
-        self._old_iter: Iterator[int] = iter(self._old)
+        self._table = RecordTable(max_entries)
         self._pods: dict[str, _Pod] = {}
         self._slots: list[_Pod | None] = []
+        self._live: list[int] = []  # slots of every pod, for a match over all of them
         self._free: list[int] = []  # heap of released slots
-        self._all = 0  # mask of every pod's slot
         self._tiers: dict[str | None, int] = {None: 0, GPU: 0}  # medium, also lower-cased -> tier
         self._tier_count = 1
-        self._masks: dict[int, int] = {}  # interned holder masks (a few distinct pod sets)
-        self._entries = 0
-        self._evictions = 0
         self._orphans = 0
         self._missed = 0
         self._malformed = 0
@@ -183,12 +160,11 @@ class BlockIndex:
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 self._stored(p, ev, model, default_block_size, st)
-                if self._entries > self._max:
-                    self._evict(st)
             elif isinstance(ev, BlockRemoved):
                 self._removed(p, ev, st)
             elif isinstance(ev, AllBlocksCleared):
-                self._clear(p)
+                self._table.clear(p.slot)
+                p.tiers = 0
                 st.cleared += 1
             else:
                 st.malformed += 1
@@ -205,19 +181,21 @@ class BlockIndex:
         p = self._pods.pop(pod, None)
         if p is None:
             return
-        self._clear(p)
+        self._table.clear(p.slot)
         self._slots[p.slot] = None
         heapq.heappush(self._free, p.slot)
-        self._all &= ~p.mask
+        self._live.remove(p.slot)
 
     def _add_pod(self, name: str) -> _Pod:
         if self._free:
             slot = heapq.heappop(self._free)
-        else:
+        elif len(self._slots) < MAX_SLOTS:
             slot = len(self._slots)
             self._slots.append(None)
+        else:
+            raise ValueError(f"KV index: more than {MAX_SLOTS} pods")
         p = self._slots[slot] = self._pods[name] = _Pod(name, slot)
-        self._all |= p.mask
+        self._live.append(slot)
         return p
 
     def _tier(self, medium: str | None) -> int:
@@ -243,14 +221,17 @@ class BlockIndex:
         tier = self._tiers.get(ev.medium)
         if tier is None:
             tier = self._tier(ev.medium)
-        # Hashes outside uint64 would corrupt the pod and tier bits of their records; min and max
-        # run in C, cheaper than masking each hash.
+        # Hashes outside uint64 would not fit the table; min and max run in C.
         if tier < 0 or n == 0 or min(hashes) < 0 or max(hashes) > _E_MASK:
             st.malformed += 1
             return
         tokens = ev.token_ids
         if not tokens:
-            self._retier(p, tier, hashes, st)
+            stored, orphans, _, evicted = self._table.retier(p.slot, tier, p.tiers, hashes)
+            p.tiers |= 1 << tier
+            st.stored += stored
+            st.orphans += orphans
+            st.evicted += evicted
             return
         size = ev.block_size if ev.block_size > 0 else (default_block_size or 0)
         if size <= 0 or len(tokens) != n * size:
@@ -261,234 +242,31 @@ class BlockIndex:
             seed = seed_for(model, lora_name=ev.lora_name, cache_salt=_cache_salt(ev))
             new = block_keys(tokens, size, seed=seed)
         else:
-            pk = self._resolve(p, parent, tier)
+            pk = self._table.resolve(p.slot, tier, p.tiers, parent & _E_MASK)
             if pk is None:
                 st.orphans += n
                 return
             new = block_keys(tokens, size, seed=0, parent=pk)
         p.block_size = size
         p.tiers |= 1 << tier
-        prefix = p.prefixes[tier]
-        engine = p.engine
-        young = self._young
-        probation = self._probation
-        added = 0
-        # Last block first, so the event's first block ends youngest: a prefix match needs the
-        # leading blocks, and losing one voids every block after it (vLLM frees a request's
-        # blocks tail first for the same reason).
-        for e, key in zip(reversed(hashes), reversed(new), strict=True):
-            pe = prefix | e
-            # `_add` inlined for a key no one holds (the bulk of prefill): the call alone cost
-            # ~25% of apply (cProfile, 128-block events).
-            if (
-                pe in engine
-                or key in young
-                or (probation and key in probation)
-                or (self._old_live and self._old.get(key) is not None)
-            ):
-                added += self._add(p, pe, key)
-            else:
-                engine[pe] = key
-                young[key] = pe
-                added += 1
-        self._entries += added
-        self._young_added += added
+        _, evicted = self._table.store(p.slot, tier, hashes, new)
         st.stored += n
-        self._maybe_rotate()
-
-    def _retier(self, p: _Pod, tier: int, hashes: list[int], st: ApplyStats) -> None:
-        prefix = p.prefixes[tier]
-        p.tiers |= 1 << tier
-        for e in hashes:
-            k = self._resolve(p, e, tier)
-            if k is None:
-                st.orphans += 1
-            else:
-                added = self._add(p, prefix | e, k)
-                self._entries += added
-                self._young_added += added
-                st.stored += 1
-
-    def _resolve(self, p: _Pod, engine_hash: int, tier: int) -> int | None:
-        """The key `engine_hash` stands for on `p`, looked up in `tier` first, then its others."""
-        e = engine_hash & _E_MASK
-        k = p.engine.get(p.prefixes[tier] | e)
-        for t in _bits(p.tiers & ~(1 << tier)) if k is None else ():
-            k = p.engine.get(p.prefixes[t] | e)
-            if k is not None:
-                break
-        return k
-
-    def _add(self, p: _Pod, pe: int, key: int) -> int:
-        """Record `pe` -> `key` and touch `key`; 1 if a new entry, 0 if another copy."""
-        engine = p.engine
-        known = engine.get(pe)
-        if known is not None:
-            # Another copy of a block this pod+tier already holds; its key stays the first one.
-            p.dups[pe] = p.dups.get(pe, 0) + 1
-            if known not in self._young:
-                self._promote(known)  # a use all the same
-            return 0
-        young = self._young
-        v = young.get(key)
-        if v is None:
-            v = self._promote(key)
-        if v is None:
-            engine[pe] = key
-            young[key] = pe
-        else:
-            # Updating in place keeps the key object the other holders' engine maps reference;
-            # this record references it too (a second int would cost 32 bytes).
-            engine[pe] = self._key_object(v)
-            young[key] = self._pack((v, pe) if isinstance(v, int) else (*v[2:], pe))
-        return 1
+        st.evicted += evicted
 
     def _removed(self, p: _Pod, ev: BlockRemoved, st: ApplyStats) -> None:
-        # Most events are removals of one hash (vLLM sends one per evicted block), so this path
-        # avoids calls and second lookups: ~40% of apply time on a decode-heavy stream (cProfile).
         tier = self._tiers.get(ev.medium)
         if tier is None:
             tier = self._tier(ev.medium)
             if tier < 0:
                 st.malformed += 1
                 return
-        prefix = p.prefixes[tier]
-        engine = p.engine
-        dups = p.dups
-        young = self._young
-        for e in ev.block_hashes:
-            pe = prefix | (e & _E_MASK)
-            k = engine.pop(pe, None)
-            if k is None:
-                st.missed_removals += 1
-                continue
-            st.removed += 1
-            if dups:
-                extra = dups.get(pe)
-                if extra is not None:
-                    engine[pe] = k  # another copy remains
-                    st.deduplicated += 1
-                    if extra == 1:
-                        del dups[pe]
-                    else:
-                        dups[pe] = extra - 1
-                    continue
-            self._entries -= 1
-            if isinstance(young.get(k), int):
-                del young[k]  # its only record, this one
-            else:
-                self._unlink(k, pe)
-
-    def _clear(self, p: _Pod) -> None:
-        for pe, k in p.engine.items():
-            self._unlink(k, pe)
-        self._entries -= len(p.engine)
-        p.engine = {}
-        p.dups = {}
-        p.tiers = 0
-
-    # --- holders and recency --------------------------------------------------------------------
-
-    def _pack(self, records: tuple[int, ...]) -> _Holders:
-        """Holders value for `records` (pe ints, one per (pod, tier, engine hash))."""
-        if len(records) == 1:
-            return records[0]
-        mask = gpu = 0
-        for pe in records:
-            pt = pe >> 64
-            bit = 1 << (pt >> 4)
-            mask |= bit
-            if not pt & 15:
-                gpu |= bit
-        masks = self._masks
-        if len(masks) > 4096:  # only sharing is lost; values already stored stay valid
-            masks.clear()
-        return (masks.setdefault(mask, mask), masks.setdefault(gpu, gpu), *records)
-
-    def _key_object(self, v: _Holders) -> int:
-        """The key int object the engine maps reference for a key whose holders are `v`."""
-        pe = v if isinstance(v, int) else v[2]
-        p = self._slots[pe >> _SLOT_SHIFT]
-        assert p is not None
-        return p.engine[pe]
-
-    def _unlink(self, key: int, pe: int) -> None:
-        """Drop record `pe` from `key`'s holders (a removal, not a use: recency unchanged)."""
-        gen: dict[int, _Holders] | dict[int, _Holders | None] = self._young
-        v = self._young.get(key)
-        if v is None and self._probation:
-            gen = self._probation
-            v = gen.get(key)
-        if v is None:
-            gen = self._old
-            v = gen.get(key)
-            if v is None:
-                return
-        rest = None if isinstance(v, int) else self._pack(tuple(r for r in v[2:] if r != pe))
-        if rest is not None:
-            gen[key] = rest
-        elif gen is self._old:
-            self._old[key] = None  # never deleted: `_old_iter` must stay valid
-            self._old_live -= 1
-        else:
-            del gen[key]
-
-    def _promote(self, key: int) -> _Holders | None:
-        """Move `key` from an older generation to the young one; its holders, or None if absent."""
-        v = self._probation.pop(key, None) if self._probation else None
-        if v is None:
-            if not self._old_live:
-                return None
-            v = self._old.get(key)
-            if v is None:
-                return None
-            self._old[key] = None
-            self._old_live -= 1
-        self._young[self._key_object(v)] = v  # the key object the engine maps reference
-        self._young_added += 1 if isinstance(v, int) else len(v) - 2
-        return v
-
-    def _maybe_rotate(self) -> None:
-        # A key is safe if touched once on probation, so a short probation (say, one event long)
-        # would let hot keys go. Records are the unit, not keys (a key may have many holders).
-        if not self._probation and self._young_added >= self._rotate_at:
-            self._probation = self._young
-            self._young = {}
-            self._young_added = 0
-
-    def _evict(self, st: ApplyStats) -> None:
-        while self._entries > self._max:
-            old = self._old
-            for key in self._old_iter:
-                v = old[key]
-                if v is None:
-                    continue
-                old[key] = None
-                self._old_live -= 1
-                records = (v,) if isinstance(v, int) else v[2:]
-                for pe in records:
-                    p = self._slots[pe >> _SLOT_SHIFT]
-                    assert p is not None
-                    del p.engine[pe]
-                    if p.dups:
-                        p.dups.pop(pe, None)
-                n = len(records)
-                self._entries -= n
-                self._evictions += n
-                st.evicted += n
-                if self._entries <= self._max:
-                    return
-            # `_old` is used up: every generation ages by one.
-            nxt = self._probation or self._young
-            if not nxt:
-                return  # nothing left to evict; cannot happen while records exist
-            if self._probation:
-                self._probation = self._young
-            self._young = {}
-            self._young_added = 0
-            self._old = cast("dict[int, _Holders | None]", nxt)
-            self._old_live = len(nxt)
-            self._old_iter = iter(nxt)
+        hashes = ev.block_hashes
+        if hashes and (min(hashes) < 0 or max(hashes) > _E_MASK):
+            hashes = [e & _E_MASK for e in hashes]
+        removed, missed, deduplicated = self._table.remove(p.slot, tier, hashes)
+        st.removed += removed
+        st.missed_removals += missed
+        st.deduplicated += deduplicated
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -508,88 +286,21 @@ class BlockIndex:
 
     def _match(self, keys: Sequence[BlockKey], pods: Collection[str] | None) -> dict[str, MatchResult]:
         if pods is None:
-            alive = self._all
+            slots: Sequence[int] = self._live
         else:
-            alive = 0
             known = self._pods
-            for name in pods:
-                p = known.get(name)
-                if p is not None:
-                    alive |= p.mask
-        if not alive or not keys:
+            slots = [p.slot for p in (known.get(name) for name in pods) if p is not None]
+        if not slots or not keys:
             return {}
-        yget = self._young.get
-        pget = self._probation.get if self._probation else None
-        oget = self._old.get if self._old_live else None
-        older: list[int] = []  # matched keys to move back to the young generation
-        ended: list[tuple[int, int]] = []  # (mask of pods that dropped out, their run)
-        off_gpu: dict[int, int] = {}  # slot -> blocks of its run held off GPU only
-        # The previous block's holders (pod+tier of a single record, or a tuple's masks) when
-        # every pod still alive has it on GPU; -1 otherwise.
-        same_pt = same_mask = same_gpu = -1
-        run = 0
-        for k in keys:
-            v = yget(k)
-            if v is None:
-                if pget is not None:
-                    v = pget(k)
-                if v is None and oget is not None:
-                    v = oget(k)
-                if v is None:
-                    break
-                older.append(k)
-            # Fast path: a block held like the previous one changes nothing. That is most blocks
-            # of a prompt, and it skips ~8 int operations (~40% of the walk).
-            if isinstance(v, int):
-                pt = v >> 64
-                if pt == same_pt:
-                    run += 1
-                    continue
-                mask = 1 << (pt >> 4)
-                gpu = 0 if pt & 15 else mask
-            else:
-                mask = v[0]
-                gpu = v[1]
-                if mask == same_mask and gpu == same_gpu:
-                    run += 1
-                    continue
-                pt = -1
-            held = alive & mask
-            if held != alive:
-                if not held:
-                    if older and older[-1] is k:
-                        older.pop()
-                    break
-                if run:
-                    ended.append((alive ^ held, run))
-                alive = held
-            if gpu & alive != alive:
-                for slot in _bits(alive & ~gpu):
-                    off_gpu[slot] = off_gpu.get(slot, 0) + 1
-                same_pt = same_mask = same_gpu = -1
-            elif pt >= 0:
-                same_pt = pt
-                same_mask = same_gpu = -1
-            else:
-                same_pt = -1
-                same_mask = mask
-                same_gpu = gpu
-            run += 1
-        if not run:
+        found = self._table.match(keys, slots)
+        if not found:
             return {}
-        ended.append((alive, run))
-        # Leading blocks last, so they end youngest.
-        for i in range(len(older) - 1, -1, -1):
-            self._promote(older[i])
-        if older:
-            self._maybe_rotate()
+        names = self._slots
         out: dict[str, MatchResult] = {}
-        slots = self._slots
-        for mask, blocks in ended:
-            for slot in _bits(mask):
-                p = slots[slot]
-                assert p is not None
-                out[p.name] = MatchResult(blocks, blocks - off_gpu.get(slot, 0))
+        for slot, blocks, gpu_blocks in found:
+            p = names[slot]
+            assert p is not None
+            out[p.name] = MatchResult(blocks, gpu_blocks)
         return out
 
     def block_size_of(self, pod: str) -> int | None:
@@ -610,11 +321,12 @@ class BlockIndex:
         return None if p is None else p.model
 
     def stats(self) -> IndexStats:
+        entries, keys, evictions = self._table.stats()
         return IndexStats(
-            entries=self._entries,
-            keys=len(self._young) + len(self._probation) + self._old_live,
+            entries=entries,
+            keys=keys,
             pods=len(self._pods),
-            evictions=self._evictions,
+            evictions=evictions,
             orphans=self._orphans,
             missed_removals=self._missed,
             malformed=self._malformed,
@@ -625,13 +337,9 @@ class BlockIndex:
             lookup_hits=self._lookup_hits,
         )
 
-
-def _bits(mask: int) -> Iterator[int]:
-    """The positions of the set bits of `mask` (pod slots, tiers), lowest first."""
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
+    def nbytes(self) -> int:
+        """Bytes the records take (the table's arrays; the per-pod objects are not counted)."""
+        return self._table.nbytes()
 
 
 def _cache_salt(ev: BlockStored) -> str | None:

@@ -11,13 +11,15 @@ Scheme:
 - `key_i = hash((key_{i-1}, block_i)) & (2**60 - 1)` with `block_i` the tuple of the block's token
   ids, so a key stands for the whole prefix up to and including its block. The chain starts from a
   seed (`seed_for`: model, LoRA adapter, cache salt), or from the key of the block just before.
-- CPython's `hash` of a tuple of ints is not randomised: `PYTHONHASHSEED` salts only str, bytes and
+- Computed in C (`epp/kvcache/_keys.c`: CPython's tuple hash written out, no tuple built; the
+  values are exactly Python's `hash((h, tuple(block)))`, which the tests check). CPython's `hash`
+  of a tuple of ints is not randomised: `PYTHONHASHSEED` salts only str, bytes and
   datetime hashes. An int hashes to itself modulo 2**61 - 1 and a tuple combines its items' hashes
   with the fixed xxHash-style mixer of CPython >= 3.8, so keys are the same in every process and on
   every 64-bit machine running the same CPython. tests/kvcache/test_keys.py checks this against a
   pure-integer re-implementation of that mixer and in a subprocess with another `PYTHONHASHSEED`.
-  A future CPython that changed tuple hashing would change the keys; that is harmless for the index
-  (both sides hash in the same process) and the tests would say so.
+  The C code fixes the mixer of CPython 3.8-3.13, so a future CPython that changed tuple hashing
+  would not change the keys; the tests would say that they no longer equal its `hash`.
 - Collisions: keys are 60-bit, so among 10M distinct blocks the chance of any is ~4e-5. They are
   not resistant to a crafted prompt, which at worst skews a routing hint (the model server checks
   its own cache).
@@ -25,11 +27,11 @@ Scheme:
   in two 30-bit digits, a 32-byte object instead of 48 (measured with RSS over 2M keys; the
   index keeps one such object per distinct block).
 
-Cost (tests/kvcache/bench_index.py, Python 3.11, this machine): 195-300 ns per block, i.e. 50-80 us
-for a 4k-token prompt. Measured alternatives per 4k-token prompt (256 blocks of 16), p50: this list
-comprehension over `zip(*[iter(ids)] * 16)` 51 us; the same as a for loop 52 us; slicing the list
-into tuples 64-75 us; blake2b(digest_size=8) over `array('q')` bytes 250 us (180 us over 4-byte
-tokens with `update` on a memoryview). blake2b is used only for the seed, once per model.
+Cost (tests/kvcache/bench_index.py keys, Python 3.11, this machine): see BENCHMARKS.md 5. In
+Python (a list comprehension over `zip(*[iter(ids)] * 16)`, the fastest of the pure-Python forms
+measured) it was 195-300 ns per block, 51 us for a 4k-token prompt; slicing the list into tuples
+64-75 us; blake2b(digest_size=8) over `array('q')` bytes 250 us. blake2b is used only for the
+seed, once per model.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import functools
 import hashlib
 from collections.abc import Sequence
 from typing import NewType, cast
+
+from epp.kvcache import _keys
 
 BlockKey = NewType("BlockKey", int)
 """A block key: an int in [0, 2**60), standing for a token prefix ending at a block boundary."""
@@ -75,10 +79,4 @@ def block_keys(
         parent: the key of the block just before `token_ids[0]`, to continue a chain; the
             seed is then not used (the parent key already covers it).
     """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be > 0, got {block_size}")
-    h = seed if parent is None else parent
-    # zip over one iterator taken block_size times builds each block's tuple in C and drops the
-    # trailing partial block; the comprehension keeps the chain in `h` (no per-block call).
-    blocks = zip(*[iter(token_ids)] * block_size, strict=False)
-    return cast(list[BlockKey], [h := hash((h, blk)) & KEY_MASK for blk in blocks])
+    return cast(list[BlockKey], _keys.chain(token_ids, block_size, seed if parent is None else parent))

@@ -2,6 +2,8 @@
 
     .venv/bin/python tests/kvcache/bench_index.py            # everything (~20 min, mostly memory)
     .venv/bin/python tests/kvcache/bench_index.py memory     # one section: keys|apply|match|memory
+    .venv/bin/python tests/kvcache/bench_index.py memory --records 20000000   # at 20M records
+    .venv/bin/python tests/kvcache/bench_index.py --baseline 3bf6331   # and the dict-based index
 
 Events are built before timing (decoding is measured elsewhere); `gc.collect()` before each timed
 loop. Synthetic engine: block size 16, random 64-bit engine hashes, chunked prefill (2,048-token
@@ -14,12 +16,16 @@ fake pod's LRU cache (20,000 blocks) drops, 16 events per batch.
 - match: a warm index (~1M entries) over 8 and 64 pods in which every pod holds a 1,024-token
   system prompt and its own conversations; the query is one pod's stored conversation (the whole
   prompt matches, the worst case for the walk). keys + match per query, p50 and p99.
-- memory: bytes per record after filling 2M records (tracemalloc's traced bytes, which leave out
-  allocator rounding, and RSS growth of this process), for unique blocks (one holder per key), for
-  blocks shared by all 8 pods, after a 2x turnover by BlockRemoved (the steady state of real
-  engines) and after a 1x turnover by the cap (evictions).
+- memory: bytes per record after filling 2M records (or `--records N`; tracemalloc's traced bytes,
+  which leave out allocator rounding, RSS growth of this process, and the record table's own
+  count of its arrays), for unique blocks (one holder per key), for blocks shared by all 8 pods,
+  after a 2x turnover by BlockRemoved (the steady state of real engines) and after a 1x turnover
+  by the cap (evictions). Each case runs in a fresh process.
+`--baseline REV` runs apply, match and memory with the BlockIndex (and block keys) of git revision
+REV too, in the same run: 3bf6331 is the last dict-based index, in Python.
 
-Results (2026-11-22, 2-vCPU VM, Python 3.11.7; runs vary by ~30% on this VM, ranges are over runs):
+Results of the dict-based index (commit 3bf6331 and before; the C record table's: BENCHMARKS.md 5)
+(2026-11-22, 2-vCPU VM, Python 3.11.7; runs vary by ~30% on this VM, ranges are over runs):
 - keys: 14-21 us (1k tokens), 51-79 us (4k), 0.2-0.3 ms (16k), 1.3-1.9 ms p50 / 1.7-2.1 ms p99
   (100k); 195-300 ns per block.
 - apply: 0.77-1.0M blocks/s stored + removed (0.39-0.50M stored/s in the same time); evicting at
@@ -36,18 +42,23 @@ Results (2026-11-22, 2-vCPU VM, Python 3.11.7; runs vary by ~30% on this VM, ran
 
 from __future__ import annotations
 
+import argparse
 import gc
+import itertools
 import random
 import subprocess
 import sys
 import time
 import tracemalloc
-from collections import OrderedDict
+import types
+from array import array
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from epp.kvcache.events import BlockRemoved, BlockStored, Event, EventBatch
 from epp.kvcache.index import BlockIndex
-from epp.kvcache.keys import block_keys, seed_for
+from epp.kvcache.keys import KEY_MASK, block_keys, seed_for
 
 BS = 16
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -56,6 +67,11 @@ RNG = random.Random(7)
 
 def tokens(n: int) -> list[int]:
     return [RNG.randrange(128_000) for _ in range(n)]
+
+
+def fast_tokens(n: int) -> list[int]:
+    """Random token ids below 65,536, ~20x faster than `tokens` (the memory cases store 40M+)."""
+    return list(array("H", RNG.randbytes(2 * n)))
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -133,19 +149,30 @@ def event_batches(engines: list[FakeEngine], requests: int) -> list[tuple[int, l
     return out
 
 
+def python_block_keys(token_ids: list[int], block_size: int, *, seed: int) -> list[int]:
+    """The keys as epp computed them in Python before epp/kvcache/_keys.c (the baseline)."""
+    h = seed
+    blocks = zip(*[iter(token_ids)] * block_size, strict=False)
+    return [h := hash((h, blk)) & KEY_MASK for blk in blocks]
+
+
 def bench_keys() -> None:
-    print("== block_keys (block size 16)")
+    print("== block_keys (block size 16): C, and the Python comprehension it replaced")
     for n in (1024, 4096, 16384, 100_000):
         ids = tokens(n)
         seed = seed_for(MODEL)
-        s = timed(lambda ids=ids, seed=seed: block_keys(ids, BS, seed=seed), 2000 if n < 20000 else 200)
-        print(
-            f"  {n:>7} tokens  p50 {pct(s, 0.5) * 1e6:8.1f} us  p99 {pct(s, 0.99) * 1e6:8.1f} us"
-            f"  ({pct(s, 0.5) * 1e9 / (n // BS):.0f} ns/block)"
-        )
+        assert block_keys(ids, BS, seed=seed) == python_block_keys(ids, BS, seed=seed)
+        reps = 2000 if n < 20000 else 200
+        for label, fn in (("C", block_keys), ("Python", python_block_keys)):
+            s = timed(lambda ids=ids, seed=seed, fn=fn: fn(ids, BS, seed=seed), reps)
+            print(
+                f"  {n:>7} tokens {label:>6}  p50 {pct(s, 0.5) * 1e6:8.1f} us"
+                f"  p99 {pct(s, 0.99) * 1e6:8.1f} us"
+                f"  ({pct(s, 0.5) * 1e9 / (n // BS):.0f} ns/block)"
+            )
 
 
-def bench_apply() -> None:
+def bench_apply(classes: list[tuple[str, Any]]) -> None:
     print("== apply: 8 pods, chunked prefill + decode + removals from a full 20,000-block cache")
     system = tokens(1024)
     engines = [FakeEngine(20_000, system) for _ in range(8)]
@@ -153,8 +180,11 @@ def bench_apply() -> None:
     batches = event_batches(engines, 1600)
     names = [f"10.0.0.{i}:8000" for i in range(8)]
     seed = seed_for(MODEL)
-    for label, cap in (("uncapped", 10_000_000), ("capped at 100k (evicting)", 100_000)):
-        index = BlockIndex(max_entries=cap)
+    for (label, cap), (impl, cls) in itertools.product(
+        (("uncapped", 10_000_000), ("capped at 100k (evicting)", 100_000)), classes
+    ):
+        label = f"{impl} {label}"
+        index = cls(max_entries=cap)
         # The router matches each request's prompt before the engine reports it, which keeps the
         # keys of a shared prefix recently used (else evicting them would orphan every later
         # event chained to them); done outside the timed loop.
@@ -177,14 +207,14 @@ def bench_apply() -> None:
             evicted += st.evicted
         n_events = sum(len(b.events) for _, _, b in batches)
         print(
-            f"  {label:26} stored {stored / elapsed / 1e3:4.0f}k blocks/s, stored+removed"
+            f"  {label:36} stored {stored / elapsed / 1e3:4.0f}k blocks/s, stored+removed"
             f" {(stored + removed) / elapsed / 1e3:4.0f}k/s  ({stored} stored, {removed} removed,"
             f" {evicted} evicted; {n_events} events in {len(batches)} batches, {elapsed:.2f} s)"
             f"\n    {index.stats()}"
         )
 
 
-def fill(index: BlockIndex, pods: list[str], system: list[int], target: int) -> None:
+def fill(index: Any, pods: list[str], system: list[int], target: int) -> None:
     """Every pod stores `system`, then conversations (4k-8k tokens) until `target` records."""
     for pod in pods:
         sys_ev = BlockStored(
@@ -212,10 +242,10 @@ def stored_event(seq: list[int]) -> BlockStored:
     )
 
 
-def bench_match() -> None:
+def bench_match(classes: list[tuple[str, Any]]) -> None:
     print("== keys + match, warm index (~1M records), system prompt on every pod, whole prompt matches")
-    for n_pods in (8, 64):
-        index = BlockIndex(max_entries=10_000_000)
+    for n_pods, (impl, cls) in itertools.product((8, 64), classes):
+        index = cls(max_entries=10_000_000)
         pods = [f"10.0.{i // 256}.{i % 256}:8000" for i in range(n_pods)]
         system = tokens(1024)
         fill(index, pods, system, 1_000_000)
@@ -243,58 +273,61 @@ def bench_match() -> None:
                     both.append(t2 - t0)
             assert max(r.blocks for r in res.values()) == n // BS, res
             print(
-                f"  {n_pods:>2} pods {n:>7} tokens: keys+match p50 {pct(both, 0.5) * 1e3:6.3f} ms"
+                f"  {impl:8} {n_pods:>2} pods {n:>7} tokens: keys+match p50 {pct(both, 0.5) * 1e3:6.3f} ms"
                 f" p99 {pct(both, 0.99) * 1e3:6.3f} ms  (keys p50 {pct(k_s, 0.5) * 1e3:6.3f},"
                 f" match p50 {pct(m_s, 0.5) * 1e3:6.3f} p99 {pct(m_s, 0.99) * 1e3:6.3f})"
             )
         print(f"     index {index.stats()}")
 
 
-MEM_TARGET = 2_000_000
 MEM_PODS = [f"10.0.0.{i}:8000" for i in range(8)]
 
 
-def mem_unique(index: BlockIndex) -> None:
+def mem_unique(index: Any, target: int) -> None:
     i = 0
-    while index.stats().entries < MEM_TARGET:
-        index.apply(MEM_PODS[i % 8], EventBatch(ts=0.0, events=[stored_event(tokens(4096))]), model=MODEL)
+    while index.stats().entries < target:
+        index.apply(MEM_PODS[i % 8], EventBatch(ts=0.0, events=[mem_event(4096)]), model=MODEL)
         i += 1
 
 
-def mem_shared(index: BlockIndex) -> None:
-    while index.stats().entries < MEM_TARGET:
-        ids = tokens(4096)
+def mem_shared(index: Any, target: int) -> None:
+    while index.stats().entries < target:
+        ids = fast_tokens(4096)
         for pod in MEM_PODS:
             index.apply(pod, EventBatch(ts=0.0, events=[stored_event(ids)]), model=MODEL)
 
 
-def mem_steady(index: BlockIndex) -> None:
+def mem_steady(index: Any, target: int) -> None:
     """Fill, then as many records again stored while the oldest are removed (the engines' LRU)."""
-    live: list[tuple[str, list[int]]] = []
+    live: deque[tuple[str, list[int]]] = deque()
     i = stored_total = 0
-    while stored_total < 2 * MEM_TARGET:
+    while stored_total < 2 * target:
         pod = MEM_PODS[i % 8]
-        ev = stored_event(tokens(4096))
+        ev = mem_event(4096)
         index.apply(pod, EventBatch(ts=0.0, events=[ev]), model=MODEL)
         live.append((pod, ev.block_hashes))
         stored_total += len(ev.block_hashes)
-        while index.stats().entries > MEM_TARGET - 256:
-            p, hs = live.pop(0)
+        while index.stats().entries > target - 256:
+            p, hs = live.popleft()
             index.apply(
                 p, EventBatch(ts=0.0, events=[BlockRemoved(block_hashes=[h]) for h in hs]), model=MODEL
             )
         i += 1
 
 
-def mem_evicting(index: BlockIndex) -> None:
+def mem_evicting(index: Any, target: int) -> None:
     """Fill to the cap, then as many records again, each store evicting (no removals)."""
     i = 0
-    while index.stats().evictions < MEM_TARGET:
-        index.apply(MEM_PODS[i % 8], EventBatch(ts=0.0, events=[stored_event(tokens(4096))]), model=MODEL)
+    while index.stats().evictions < target:
+        index.apply(MEM_PODS[i % 8], EventBatch(ts=0.0, events=[mem_event(4096)]), model=MODEL)
         i += 1
 
 
-MEM_CASES: dict[str, tuple[str, Callable[[BlockIndex], None]]] = {
+def mem_event(n: int) -> BlockStored:
+    return stored_event(fast_tokens(n))
+
+
+MEM_CASES: dict[str, tuple[str, Callable[[Any, int], None]]] = {
     "unique": ("unique blocks (1 holder per key)", mem_unique),
     "shared": ("every block on all 8 pods", mem_shared),
     "steady": ("unique, after 2x turnover by removals", mem_steady),
@@ -302,7 +335,23 @@ MEM_CASES: dict[str, tuple[str, Callable[[BlockIndex], None]]] = {
 }
 
 
-def measure_memory(case: str, method: str) -> None:
+def index_class(rev: str | None) -> Any:
+    """BlockIndex, or the one of git revision `rev` with that revision's block keys."""
+    if rev is None:
+        return BlockIndex
+    modules = {}
+    for name in ("keys", "index"):  # keys first: the old index calls the old block_keys
+        source = subprocess.run(
+            ["git", "show", f"{rev}:epp/kvcache/{name}.py"], capture_output=True, text=True, check=True
+        ).stdout
+        module = types.ModuleType(f"baseline_{name}")
+        exec(compile(source, f"{rev}:epp/kvcache/{name}.py", "exec"), module.__dict__)
+        modules[name] = module
+    modules["index"].block_keys = modules["keys"].block_keys
+    return modules["index"].BlockIndex
+
+
+def measure_memory(case: str, method: str, target: int, baseline: str | None) -> None:
     """One measurement, in a fresh process (RSS never gives memory back between cases)."""
     label, build = MEM_CASES[case]
     gc.collect()
@@ -311,28 +360,56 @@ def measure_memory(case: str, method: str) -> None:
         base = tracemalloc.get_traced_memory()[0]
     else:
         base = rss()
-    index = BlockIndex(max_entries=MEM_TARGET)
-    build(index)
+    index = index_class(baseline)(max_entries=target)
+    build(index, target)
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - base if method == "tracemalloc" else rss() - base
     st = index.stats()
-    per = used / st.entries
-    print(f"  {label:34} {method:11} {per:6.1f} B/record  ({st.entries} records, {st.keys} keys)")
+    table = f", table {index.nbytes() / st.entries:5.1f} B/record" if hasattr(index, "nbytes") else ""
+    which = "baseline " if baseline else ""
+    print(
+        f"  {which}{label:34} {method:11} {used / st.entries:6.1f} B/record{table}"
+        f"  ({st.entries} records, {st.keys} keys)",
+        flush=True,
+    )
 
 
-def bench_memory() -> None:
-    print("== bytes per record, 2M records, 8 pods (tracemalloc: traced bytes; rss: process growth)")
-    for case in MEM_CASES:
-        for method in ("tracemalloc", "rss"):
-            subprocess.run([sys.executable, __file__, "_memory", case, method], check=True)
+def bench_memory(target: int, baseline: str | None) -> None:
+    print(
+        f"== bytes per record, {target:,} records, 8 pods (tracemalloc: traced bytes; rss: process"
+        " growth; table: the record table's arrays)"
+    )
+    for path in (None, baseline) if baseline else (None,):
+        for case in MEM_CASES:
+            for method in ("tracemalloc", "rss"):
+                extra = ["--baseline", path] if path else []
+                subprocess.run(
+                    [sys.executable, __file__, "_memory", case, method, "--records", str(target), *extra],
+                    check=True,
+                )
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["_memory"]:
-        measure_memory(sys.argv[2], sys.argv[3])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("sections", nargs="*")
+    parser.add_argument("--records", type=int, default=2_000_000, help="records in the memory cases")
+    parser.add_argument(
+        "--baseline", help="an index.py whose BlockIndex is measured too (apply, match, memory)"
+    )
+    args = parser.parse_args()
+    if args.sections[:1] == ["_memory"]:
+        measure_memory(args.sections[1], args.sections[2], args.records, args.baseline)
         return
-    sections = {"keys": bench_keys, "apply": bench_apply, "match": bench_match, "memory": bench_memory}
-    for name in sys.argv[1:] or list(sections):
+    classes = [("C", BlockIndex)]
+    if args.baseline:
+        classes.append(("baseline", index_class(args.baseline)))
+    sections: dict[str, Callable[[], None]] = {
+        "keys": bench_keys,
+        "apply": lambda: bench_apply(classes),
+        "match": lambda: bench_match(classes),
+        "memory": lambda: bench_memory(args.records, args.baseline),
+    }
+    for name in args.sections or list(sections):
         sections[name]()
     print(f"Python {sys.version.split()[0]}")
 

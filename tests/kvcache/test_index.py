@@ -43,35 +43,19 @@ def apply(index: BlockIndex, pod: str, *events: Any, **kw: Any) -> Any:
 
 
 def check_consistency(index: BlockIndex) -> None:
-    """Every internal structure agrees with the others (white box)."""
-    gens = [index._young, index._probation, {k: v for k, v in index._old.items() if v is not None}]
-    seen: set[int] = set()
-    for gen in gens:
-        assert not seen & gen.keys(), "a key in two generations"
-        seen |= gen.keys()
-    assert index._old_live == len(gens[2])
-    holders: dict[int, set[int]] = {}
-    for gen in gens:
-        for key, v in gen.items():
-            records = (v,) if isinstance(v, int) else v[2:]
-            assert records and len(set(records)) == len(records)
-            holders[key] = set(records)
-            if not isinstance(v, int):
-                assert len(records) >= 2
-                assert v[0] == sum({1 << (pe >> 68) for pe in records})
-                assert v[1] == sum({1 << (pe >> 68) for pe in records if not (pe >> 64) & 15})
-    objects = {k: k for gen in gens for k in gen}  # key value -> the key object the index keeps
-    entries = 0
+    """Every internal structure agrees with the others (white box: the C table checks its own)."""
+    index._table.check()
     for name, p in index._pods.items():
         assert p.name == name and index._slots[p.slot] is p
-        for pe, key in p.engine.items():
-            assert pe >> 68 == p.slot
-            assert pe in holders[key]
-            assert key is objects[key]  # one int object per key, whoever holds it
-        assert set(p.dups) <= set(p.engine) and all(c > 0 for c in p.dups.values())
-        entries += len(p.engine)
-    assert sum(len(r) for r in holders.values()) == entries == index.stats().entries
-    assert index.stats().keys == len(holders)
+    assert sorted(index._live) == sorted(p.slot for p in index._pods.values())
+    slots = {p.slot for p in index._pods.values()}
+    assert all(slot in slots for slot, *_ in index._table.records())
+
+
+def records_of(index: BlockIndex) -> dict[tuple[str, int, int], tuple[int, int]]:
+    """(pod, tier, engine hash) -> (key, copies), as the table holds them."""
+    names = {p.slot: name for name, p in index._pods.items()}
+    return {(names[s], t, e): (k, n) for s, t, e, k, n, _ in index._table.records()}
 
 
 # --- stores, removals, matches ------------------------------------------------------------------
@@ -616,11 +600,7 @@ class IndexMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self) -> None:
         check_consistency(self.index)
-        records = {
-            (name, pe >> 64 & 15, pe & ((1 << 64) - 1)): (key, 1 + p.dups.get(pe, 0))
-            for name, p in self.index._pods.items()
-            for pe, key in p.engine.items()
-        }
+        records = records_of(self.index)
         tiers = {name: t for name, t in self.index._tiers.items() if name and name.islower()}
         expected = {(pod, tiers[t], e): (key, n) for (pod, t, e), (key, n) in self.ref.records.items()}
         if self.cap is None:

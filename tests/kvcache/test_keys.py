@@ -72,6 +72,22 @@ def test_equal_to_the_tuple_hash_spec(tokens: list[int], size: int, start: int) 
     assert block_keys(tokens, size, seed=start) == reference_keys(tokens, size, start)
 
 
+@given(
+    tokens=st.lists(st.integers(-(1 << 70), 1 << 70) | st.integers(-3, 3), max_size=60),
+    size=st.sampled_from([1, 2, 5, 16]),
+    start=st.integers(0, KEY_MASK),
+)
+def test_equal_to_pythons_own_tuple_hash(tokens: list[int], size: int, start: int) -> None:
+    # The C chain (epp/kvcache/_keys.c) writes out CPython's tuple hash; ints of any size and sign
+    # take CPython's own int hash.
+    expected = []
+    h = start
+    for blk in zip(*[iter(tokens)] * size, strict=False):
+        h = hash((h, blk)) & KEY_MASK
+        expected.append(h)
+    assert block_keys(tokens, size, seed=start) == expected
+
+
 def test_same_in_processes_with_other_hash_seeds() -> None:
     seed = seed_for("m", lora_name="a", cache_salt="s")
     expected = [seed, block_keys(TOKENS, 16, seed=seed), block_keys(TOKENS, 8, seed=1, parent=99)]
