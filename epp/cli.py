@@ -55,8 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     from epp.bench import overhead
 
     bench_cli.add_arguments(bench)
-    bench_sub = bench.add_subparsers(dest="bench", metavar="overhead | pd")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="overhead | pd | fleet")
     overhead.add_arguments(bench_sub.add_parser("overhead", help="Envoy alone vs Envoy + epp"))
+    from epp.bench import fleet as bench_fleet
+
+    bench_fleet.add_arguments(
+        bench_sub.add_parser("fleet", help="epp's CPU and memory in front of 10, 100, 1,000 simulated pods")
+    )
     from epp.bench import pd as bench_pd
 
     bench_pd.add_arguments(bench_sub.add_parser("pd", help="prefill/decode disaggregation, fast mode"))
@@ -93,6 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from epp.bench import pd as bench_pd
 
         return bench_pd.run(args)
+    if args.command == "bench" and args.bench == "fleet":
+        from epp.bench import fleet as bench_fleet
+
+        return bench_fleet.run(args)
     if args.command == "bench" and args.bench == "overhead":
         from epp.bench import overhead
 

@@ -116,6 +116,41 @@ def binds(endpoint: str) -> bool:
         return False
 
 
+def _map_event(e: Event, digests: bool, spec_kind: str | None) -> _MapStored | _MapRemoved | _MapCleared:
+    """`e` as vLLM >= 0.24 writes it (see the module docstring for the fields epp does not keep)."""
+
+    def hashes(hs: list[int]) -> list[int | bytes]:
+        return [_digest(h) for h in hs] if digests else list(hs)
+
+    if isinstance(e, BlockStored):
+        parent = e.parent_block_hash
+        return _MapStored(
+            hashes(e.block_hashes),
+            _digest(parent) if digests and parent is not None else parent,
+            e.token_ids,
+            e.block_size,
+            e.lora_id,
+            _medium(e.medium),
+            e.lora_name,
+            [None] * len(e.block_hashes) if e.extra_keys is None else e.extra_keys,
+            0 if e.group_idx is None else e.group_idx,
+            spec_kind,
+        )
+    if isinstance(e, BlockRemoved):
+        return _MapRemoved(hashes(e.block_hashes), _medium(e.medium), e.group_idx or 0)
+    return _MapCleared()
+
+
+_ENCODE = msgspec.msgpack.Encoder().encode
+
+
+def encode_map_events(events: Sequence[Event], spec_kind: str | None = "full_attention") -> bytes:
+    """The msgpack array of `events` in map form with integer hashes, as the second element of a
+    vLLM >= 0.24 batch: for a caller that writes the batch around it (`epp.bench.fleet_pods`
+    writes the timestamp at send time)."""
+    return _ENCODE([_map_event(e, False, spec_kind) for e in events])
+
+
 def _digest(h: int) -> bytes:
     """A 32-byte digest whose last 8 bytes, big-endian, are `h` (what epp's decoder keeps)."""
     low = h.to_bytes(8, "big")
@@ -290,22 +325,7 @@ class KVEventPublisher:
         return self._digest_of(parent) if self._digests and parent is not None else parent
 
     def _map_event(self, e: Event) -> _MapStored | _MapRemoved | _MapCleared:
-        if isinstance(e, BlockStored):
-            return _MapStored(
-                self._hashes(e.block_hashes),
-                self._parent(e.parent_block_hash),
-                e.token_ids,
-                e.block_size,
-                e.lora_id,
-                _medium(e.medium),
-                e.lora_name,
-                [None] * len(e.block_hashes) if e.extra_keys is None else e.extra_keys,
-                0 if e.group_idx is None else e.group_idx,
-                self._spec_kind,
-            )
-        if isinstance(e, BlockRemoved):
-            return _MapRemoved(self._hashes(e.block_hashes), _medium(e.medium), e.group_idx or 0)
-        return _MapCleared()
+        return _map_event(e, self._digests, self._spec_kind)
 
     def _array_event(self, e: Event) -> list[Any]:
         if isinstance(e, BlockStored):
