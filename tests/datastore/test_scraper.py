@@ -277,7 +277,7 @@ async def test_stop_cancels_everything_and_later_syncs_start_nothing(server: Fak
     await until(lambda: server.requests > 0)
     await sc.stop()
     assert scrape_tasks() == []
-    assert sc._session is None
+    assert sc._http is None
     ds.sync("t", [spec(server.port), spec(free_port()), spec(free_port())])
     assert scrape_tasks() == []
     await asyncio.sleep(INTERVAL * 2)  # a request sent just before stop() may still land
