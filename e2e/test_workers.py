@@ -182,6 +182,15 @@ async def test_two_workers_share_the_port_metrics_events_and_restarts(
     # Every worker's log lines say which worker wrote them.
     log = stack.epp.process.log_text(max_chars=200_000)
     assert '"worker":0' in log.replace(" ", "") and '"worker":1' in log.replace(" ", "")
+    # The pod scrapes the model servers once, in the supervisor; the workers follow its scrapes.
+    scrapers = [line for line in log.splitlines() if "scraping /metrics of" in line]
+    assert len(scrapers) == 1 and '"worker"' not in scrapers[0], scrapers
+    for index in (0, 1):
+        async with session.get(
+            f"http://{HOST}:{stack.epp.metrics_port}/debug/endpoints", headers={"X-Epp-Worker": str(index)}
+        ) as resp:
+            listed = (await resp.json())["endpoints"]
+        assert all(0 <= ep["metrics_age_seconds"] < 2 for ep in listed), (index, listed)
 
     # A crashed worker is restarted (and counted); the pod keeps serving meanwhile.
     pids = stack.worker_pids()

@@ -57,12 +57,14 @@ pools should raise the interval; with `--workers N` the supervisor scrapes once 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import logging
 import random
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -129,6 +131,31 @@ class _Cards(msgspec.Struct):
 _CARDS_DECODER = msgspec.json.Decoder(_Cards)
 
 
+def from_flags(
+    args: argparse.Namespace,
+    datastore: Datastore,
+    pool_name: str,
+    on_update: Callable[[Endpoint], None] | None = None,
+    engines: Engines = DEFAULT_ENGINES,
+) -> MetricsScraper:
+    """The scraper GIE's flags describe (`--refresh-metrics-interval`, `--model-server-metrics-*`,
+    ...), naming metrics by `engines` (the `--*-metric` flags' overrides applied by the caller)."""
+    return MetricsScraper(
+        datastore,
+        interval=args.refresh_metrics_interval,
+        staleness=args.metrics_staleness_threshold,
+        failure_threshold=args.scrape_failure_threshold,
+        pool_name=pool_name,
+        path=args.model_server_metrics_path.strip('"') or "/metrics",
+        scheme=args.model_server_metrics_scheme,
+        port=args.model_server_metrics_port or None,
+        # GIE's default is to skip verification (model servers' certificates are often self-signed).
+        insecure_skip_verify=args.model_server_metrics_https_insecure_skip_verify is not False,
+        engines=engines,
+        on_update=on_update,
+    )
+
+
 class MetricsScraper:
     """Keeps every datastore endpoint's metrics fresh; see the module docstring."""
 
@@ -149,6 +176,7 @@ class MetricsScraper:
         insecure_skip_verify: bool = False,
         tls: TLSFiles | None = None,
         engines: Engines = DEFAULT_ENGINES,
+        on_update: Callable[[Endpoint], None] | None = None,
     ) -> None:
         """`timeout` (per request) defaults to max(20 x interval, 0.5 s): 1 s at the default 50 ms.
 
@@ -158,7 +186,9 @@ class MetricsScraper:
         any server certificate over https (GIE's default is to verify); `tls` (llm-d's
         metrics-data-source `caCertPath`, `clientCertPath`, `clientKeyPath`) the CA to verify with
         and a client certificate to present. `engines` names each endpoint's metrics by its
-        engine (`epp.datastore.engines`; vLLM's by default)."""
+        engine (`epp.datastore.engines`; vLLM's by default). `on_update` is called after every
+        scrape of an endpoint and every change of its model limits (epp.workers passes what
+        changed on to the workers)."""
         if interval <= 0 or failure_threshold < 1 or staleness <= 0:
             raise ValueError("interval and staleness must be > 0 and failure_threshold >= 1")
         if scheme not in ("http", "https"):
@@ -185,6 +215,7 @@ class MetricsScraper:
         # them too, so none is left using the session it closes.
         self._retired: set[asyncio.Task[None]] = set()
         self._subscribed = False
+        self._on_update = on_update
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -391,12 +422,16 @@ class MetricsScraper:
                 or "no model with a max_model_len",
             )
             self._datastore.set_model_limits(ep, limits)
+            if self._on_update is not None:
+                self._on_update(ep)
         return True
 
     def _succeeded(self, ep: Endpoint, result: ModelServerMetrics) -> None:
         result.updated_at = time.monotonic()
         ep.metrics = result
         ep.scrape_failures = 0
+        if self._on_update is not None:
+            self._on_update(ep)
         if ep.excluded:
             ep.excluded = False
             log.info("endpoint recovered: %s (%s), back in rotation", ep.name, ep.hostport)
@@ -406,6 +441,8 @@ class MetricsScraper:
 
     def _failed(self, ep: Endpoint, reason: str, started: float, attempted: float) -> None:
         ep.scrape_failures += 1
+        if self._on_update is not None:
+            self._on_update(ep)
         metrics.scrape_errors_total.labels(endpoint=ep.name).inc()
         metrics.datalayer_poll_errors.labels(metrics.METRICS_DATA_SOURCE).inc()
         log.debug("scrape of %s failed (%d in a row): %s", ep.name, ep.scrape_failures, reason)

@@ -53,6 +53,7 @@ from epp.tokenize.registry import Tokenizers
 from epp.tokenize.render import Renderer
 from epp.workers import memory as workers_memory
 from epp.workers import worker as workers_worker
+from epp.workers.shared_metrics import MetricsFollower
 
 log = logging.getLogger("epp")
 
@@ -122,7 +123,7 @@ async def run_until_stopped(
     pool_gauge.set(len(datastore.routable()))
     if ingester is not None:
         ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
-    scraper = _scraper(args, datastore, pool_label, config.data_layer.metrics)
+    metrics_source = _scraper(args, datastore, pool_label, config.data_layer.metrics, role)
     dcgm = [
         DcgmPoller(
             datastore, dataclasses.replace(src, interval=_tick(src.interval, args.refresh_metrics_interval))
@@ -150,7 +151,7 @@ async def run_until_stopped(
             metrics.REGISTRY.register(render_metrics)
             running.callback(metrics.REGISTRY.unregister, render_metrics)
         await _start_http(args, director, role, running)
-        for part in (ingester, scraper, endpoints_file, discovery, *dcgm):
+        for part in (ingester, metrics_source, endpoints_file, discovery, *dcgm):
             if part is not None:
                 await part.start()
                 running.push_async_callback(part.stop)
@@ -340,11 +341,27 @@ def _endpoint_sources(
 
 
 def _scraper(
-    args: argparse.Namespace, datastore: Datastore, pool_label: str, source: datalayer.MetricsScrape
-) -> MetricsScraper:
+    args: argparse.Namespace,
+    datastore: Datastore,
+    pool_label: str,
+    source: datalayer.MetricsScrape,
+    role: workers_worker.WorkerRole | None,
+) -> MetricsScraper | MetricsFollower:
     """The metrics scrape: GIE's --model-server-metrics-* flags, or the config's metrics source
     (llm-d's metrics-data-source; a flag given that says otherwise is a startup error), with the
-    engines' metric names of its core-metrics-extractor and GIE's --*-metric flags."""
+    engines' metric names of its core-metrics-extractor and GIE's --*-metric flags.
+
+    A worker follows its supervisor's scrape (epp.workers.shared_metrics), which the flags alone
+    describe (the supervisor reads no config): one whose config's metrics source sets anything
+    of its own scrapes for itself, so that nothing of the config is ignored."""
+    if role is not None:
+        if _flags_only(source):
+            return role.metrics_follower(datastore, pool_label)
+        log.info(
+            "metrics: each worker scrapes the model servers itself: the config's %s sets its own "
+            "scheme, path, port, TLS, interval or metric names, which the supervisor does not read",
+            source.name,
+        )
     scheme = _one_way("model-server-metrics-scheme", args.model_server_metrics_scheme, "http", source.scheme)
     path = _one_way(
         "model-server-metrics-path",
@@ -392,6 +409,14 @@ def _scraper(
         engines=engines,
         models_path=source.models_path or "/v1/models",
         models_interval=source.models_interval or 30.0,
+    )
+
+
+def _flags_only(source: datalayer.MetricsScrape) -> bool:
+    """Whether the config's metrics source leaves every setting to the flags (its name aside)."""
+    engines = None if source.engines == DEFAULT_ENGINES else source.engines
+    return dataclasses.replace(source, name=datalayer.MetricsScrape().name, engines=engines) == (
+        datalayer.MetricsScrape()
     )
 
 

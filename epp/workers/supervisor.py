@@ -9,6 +9,8 @@ It does no routing. It
 - serves the metrics port: /metrics folds every worker's registry into one (epp.workers.merge)
   and adds per-worker series (epp_worker_*); every other path (the debug endpoints) is passed to
   one worker, the lowest live one or the one the `X-Epp-Worker` request header names,
+- scrapes every model server once for the pod, and passes the results to the workers
+  (epp.workers.shared_metrics), which list their endpoints to it,
 - leaves the KV events to the workers: in connect mode each subscribes to every pod, so every
   worker's index sees every event. Bind mode runs one process (`--workers auto` falls back to 1,
   an explicit N > 1 is a startup error): one process only can bind the port, and the bound
@@ -37,22 +39,26 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from epp import drain, tasks
+from epp.datastore import scraper
+from epp.datastore.engines import DEFAULT_ENGINES, with_default_overrides
 from epp.datastore.endpoints import Datastore
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
+from epp.flags.compat import metric_flag_specs
 from epp.k8s import from_flags as k8s_from_flags
 from epp.k8s import leader as k8s_leader
 from epp.k8s import metricsauth as k8s_metricsauth
 from epp.observability import http as obs_http
-from epp.observability import metrics_tls
-from epp.workers import merge, worker
+from epp.observability import metrics, metrics_tls
+from epp.workers import merge, shared_metrics, worker
 
 log = logging.getLogger("epp.workers")
 
@@ -62,6 +68,7 @@ BACKOFF_MAX_S = 30.0
 STABLE_S = 60.0
 """A worker that ran this long before exiting restarts after BACKOFF_FIRST_S again."""
 SCRAPE_TIMEOUT_S = 5.0
+MAX_UNREAD_BYTES = 16 * 1024 * 1024
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "host", "content-length"})
 
 
@@ -77,6 +84,8 @@ class Slot:
     restarts: int = 0
     families: list[Metric] = field(default_factory=list)
     """Its last scraped families (kept as the floor of the pod's counters when it exits)."""
+    resync: bool = False
+    """Scrape results were not written to it (its socket's buffer was full): send all again."""
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -102,8 +111,15 @@ class Supervisor:
         self.failed: int | None = None
         self._stop = asyncio.Event()
         self.retired = merge.Retired()
-        self.registry = CollectorRegistry(auto_describe=True)
-        ProcessCollector(registry=self.registry)
+        # The supervisor's own series: process_*, and the scrapes it makes for the pod.
+        self.registry = metrics.REGISTRY
+        pool = args.pool_name or "standalone"
+        # The flags' scrape (a worker whose config's metrics source says more scrapes for itself).
+        overrides = metric_flag_specs(args)
+        engines = with_default_overrides(DEFAULT_ENGINES, overrides) if overrides else DEFAULT_ENGINES
+        self.hub = shared_metrics.MetricsHub(
+            lambda datastore, on_update: scraper.from_flags(args, datastore, pool, on_update, engines)
+        )
         self._sessions: dict[int, aiohttp.ClientSession] = {}
         self._health_changed = asyncio.Event()
         self.lease: k8s_leader.LeaderElector | None = None
@@ -137,7 +153,7 @@ class Supervisor:
             raise
         finally:
             theirs.close()
-        reader, slot.writer = await asyncio.open_unix_connection(sock=ours)
+        reader, slot.writer = await asyncio.open_unix_connection(sock=ours, limit=worker.CONTROL_LINE_LIMIT)
         slot.started = slot.ready = False
         if self.lease is not None:
             await self._send(slot, leading=self._leading)
@@ -151,6 +167,28 @@ class Supervisor:
         with contextlib.suppress(ConnectionError):
             await slot.writer.drain()
 
+    def _write(self, slot: Slot, message: dict[str, Any]) -> bool:
+        """Write without waiting; False (and nothing written) while the worker's socket holds more
+        than MAX_UNREAD_BYTES it has not read (a worker stuck for seconds)."""
+        writer = slot.writer
+        if writer is None or writer.is_closing():
+            return False
+        if writer.transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
+            return False
+        writer.write(json.dumps(message).encode() + b"\n")
+        return True
+
+    def _broadcast(self, message: dict[str, Any]) -> None:
+        for slot in self.slots:
+            if not slot.started:
+                continue
+            if slot.resync:
+                slot.resync = not all(self._write(slot, m) for m in self.hub.snapshot())
+                if slot.resync:
+                    continue
+            if not self._write(slot, message):
+                slot.resync = True
+
     async def _follow(self, slot: Slot, reader: asyncio.StreamReader) -> None:
         with contextlib.suppress(ConnectionError):
             while line := await reader.readline():
@@ -162,6 +200,10 @@ class Supervisor:
                     continue
                 if message.get("started"):
                     slot.started = True
+                if "endpoints" in message:
+                    slot.resync = False
+                    for update in self.hub.listed(slot.index, message["endpoints"]):
+                        slot.resync |= not self._write(slot, update)
                 if "ready" in message:
                     slot.ready = bool(message["ready"])
                     self._health_changed.set()
@@ -191,6 +233,7 @@ class Supervisor:
                 slot.writer.close()
             slot.ready = False
             self._health_changed.set()
+            self.hub.gone(slot.index)
             if slot.families:
                 self.retired.add(slot.families)
                 slot.families = []
@@ -369,6 +412,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in drain.SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
+        await self.hub.start(self._broadcast)
         # Plain tasks: each returns when the pod stops; an exception is logged below.
         keepers = [asyncio.create_task(self._keep(slot), name=f"worker {slot.index}") for slot in self.slots]
         followers: list[asyncio.Task[None]] = []
@@ -399,6 +443,7 @@ class Supervisor:
                         slot.proc.kill()
             await asyncio.wait(keepers, timeout=10)
             await tasks.cancel_and_wait([*followers, *keepers])
+            await self.hub.stop()
             for keeper in keepers:
                 if not keeper.cancelled() and keeper.exception() is not None:
                     log.error("%s failed", keeper.get_name(), exc_info=keeper.exception())

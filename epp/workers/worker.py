@@ -10,12 +10,15 @@ without a writable /tmp (GIE's chart runs epp so). The worker then
   behind the supervisor's,
 - consumes the KV events itself (connect mode: it subscribes to every pod; bind mode allows one
   process only, see epp.workers.supervisor),
+- does not scrape the model servers: it tells the supervisor its endpoints and applies the
+  supervisor's scrapes (epp.workers.shared_metrics),
 - follows the supervisor's Lease instead of campaigning itself,
 - reports on the control socket: "started" once its servers are up, then its readiness; and
   shuts down (drains) when the socket closes, so a supervisor that is killed takes its workers
   with it.
-Messages are JSON lines: worker -> supervisor {"started": true} / {"ready": bool};
-supervisor -> worker {"leading": bool}.
+Messages are JSON lines: worker -> supervisor {"started": true} / {"ready": bool} /
+{"endpoints": [...]}; supervisor -> worker {"leading": bool}, and the scrapes ({"metrics": ...},
+{"limits": ...}, {"fresh": ...}: epp.workers.shared_metrics).
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ import socket
 import struct
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from epp import tasks
+from epp.datastore.endpoints import Datastore
 from epp.observability import metrics
 from epp.workers import merge
+from epp.workers.shared_metrics import MetricsFollower
 
 log = logging.getLogger("epp.workers")
 
@@ -50,6 +55,8 @@ COUNT_ENV = "EPP_WORKERS"
 SUPERVISOR_ENV = "EPP_SUPERVISOR_PID"
 TLS_ENV = "EPP_WORKER_TLS"
 """The pod's self-signed key and certificate (PEM, JSON), when --secure-serving has no --cert-path."""
+CONTROL_LINE_LIMIT = 64 * 1024 * 1024
+"""Longest control message (a line): a full scrape of 1,000 endpoints is ~150 KB."""
 WORKER_METRICS_PATH = "/worker/metrics"
 """The worker's registry, for the supervisor only (on the worker's Unix socket)."""
 
@@ -122,6 +129,8 @@ class WorkerRole:
         self.lease: LeaseFromSupervisor | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self._unsent: list[bytes] = []  # written once the control socket is open
+        self.follower: MetricsFollower | None = None
 
     def adjust(self, args: argparse.Namespace) -> None:
         """The flags as this worker applies them (after the config's kvEventsConfig is read)."""
@@ -149,10 +158,26 @@ class WorkerRole:
         await web.UnixSite(runner, http_socket(self.sockets, self.index)).start()
         return runner
 
+    def metrics_follower(self, datastore: Datastore, pool_name: str) -> MetricsFollower:
+        """What stands in for this worker's scraper: the supervisor's scrapes, applied."""
+        self.follower = MetricsFollower(datastore, pool_name, self.send)
+        return self.follower
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Write `message` to the supervisor (held until the control socket is open)."""
+        line = json.dumps(message).encode() + b"\n"
+        if self._writer is None:
+            self._unsent.append(line)
+        elif not self._writer.is_closing():
+            self._writer.write(line)
+
     async def connect(self, on_lost: Callable[[], None]) -> None:
         """Open the control socket; `on_lost` runs when the supervisor is gone."""
         sock = socket.socket(fileno=self._control_fd)
-        reader, self._writer = await asyncio.open_unix_connection(sock=sock)
+        reader, self._writer = await asyncio.open_unix_connection(sock=sock, limit=CONTROL_LINE_LIMIT)
+        for line in self._unsent:
+            self._writer.write(line)
+        self._unsent.clear()
 
         async def read() -> None:
             try:
@@ -161,8 +186,12 @@ class WorkerRole:
                         message = json.loads(line)
                     except ValueError:
                         continue
-                    if isinstance(message, dict) and "leading" in message and self.lease is not None:
+                    if not isinstance(message, dict):
+                        continue
+                    if "leading" in message and self.lease is not None:
                         self.lease.set(bool(message["leading"]))
+                    elif self.follower is not None:
+                        self.follower.apply(message)
             except ConnectionError:
                 pass
             log.warning("worker %d: the supervisor is gone; stopping", self.index)
