@@ -1,0 +1,302 @@
+"""Benchmark (a script, not a test): epp's CPU per routed request for long prompts, and where a
+shared-prefix request's time goes.
+
+    .venv/bin/python -m tests.requestcontrol.bench_long_prompts                  # both sections
+    .venv/bin/python -m tests.requestcontrol.bench_long_prompts long --sizes 8000,32000 --reps 5
+    .venv/bin/python -m tests.requestcontrol.bench_long_prompts breakdown --requests 400
+
+Both run epp's real request path in this process, without gRPC: `Director.route` (parse, tokenize
+with epp-tiny through the prefix-tokenization cache, the default precise config's scorers over 8
+pods with a real KV index, book) and `RequestContext.finish` (release), on one event loop, with
+the tokenizer's worker threads as `epp serve` has them. CPU is the process's (every thread), per
+request, from `time.process_time`; "loop" is the longest stretch the event loop was held during
+the request (a 1 ms ticker's largest gap), which is what other streams wait for.
+
+- long: completions and chats of 8k, 32k, 100k and 200k tokens, cold (text never seen) and
+  "seen" (the first 90% was sent before and a pod's KV events hold it: only the last 10% is
+  new). Targets (issue 28): a 100k-token request whose first 90k were seen <= 5 ms of CPU; a cold
+  one <= 40 ms, kept off the event loop.
+- breakdown: the peers' shared-prefix workload's shape (inference-perf's `shared_prefix`: 30
+  system prompts of 2k-4k tokens, short questions; here as chats) routed one after another; CPU
+  per request, then the same under cProfile, by phase (parse, tokenize, keys, scheduling by
+  plugin, book and release), in microseconds per request. cProfile inflates every call by about
+  the same factor: read its column as shares of the measured total.
+
+Run it on a quiet machine: on a shared one the CPU figures move with the neighbours (compare
+rows of one run, not runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import itertools
+import pstats
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from epp.api.context_length import ContextLimits
+from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.kvcache.events import BlockStored, EventBatch
+from epp.kvcache.index import BlockIndex
+from epp.requestcontrol.director import Director
+from epp.scheduling import config as sched_config
+from epp.scheduling.interfaces import Handle
+from epp.tokenize.chat import encode_chat
+from epp.tokenize.registry import Tokenizers
+from epp.tokenize.tokenizer import Tokenizer, load_shipped
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "tiny"
+PODS = 8
+BLOCK = 16
+
+
+def corpus() -> str:
+    files = sorted(p for pattern in ("*.md", "docs/**/*.md", "epp/**/*.py") for p in ROOT.glob(pattern))
+    return "\n".join(p.read_text(encoding="utf-8") for p in files if ".venv" not in p.parts)
+
+
+class Text:
+    """Slices of the repository's text of about n tokens, each unlike the others."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok = tok
+        base = corpus()
+        self.text = base
+        while len(self.text) < 4_000_000:
+            self.text += "\n" + base
+        self.chars_per_token = len(base) / len(tok.encode(base, add_special_tokens=False))
+        self.rng = random.Random(7)
+
+    def piece(self, tokens: int, tag: str) -> str:
+        """About `tokens` tokens (+-2%) from a random place, led by `tag`."""
+        size = int(tokens * self.chars_per_token)
+        start = self.rng.randrange(0, len(self.text) - size)
+        return f"[{tag}] " + self.text[start : start + size]
+
+
+def make_director(tokenizers: Tokenizers) -> tuple[Director, BlockIndex]:
+    ds = Datastore()
+    ds.sync(
+        "bench",
+        [
+            EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000, model=MODEL)
+            for i in range(PODS)
+        ],
+    )
+    index = BlockIndex()
+    cfg = sched_config.load_config(None, Handle(datastore=ds, kv_index=index))  # the precise default
+    director = Director(
+        datastore=ds,
+        scheduler=cfg.scheduler,
+        pre_request=cfg.pre_request,
+        response_complete=cfg.response_complete,
+        tokenizer=tokenizers,
+        context_limits=ContextLimits(overrides={"*": 1_000_000}),
+    )
+    return director, index
+
+
+_ids = itertools.count()
+
+
+def next_headers() -> dict[str, str]:
+    """What Envoy adds to every request (epp makes an id only when it is missing)."""
+    return {"x-request-id": f"bench-{next(_ids)}", "content-type": "application/json"}
+
+
+def body_of(kind: str, text: str, tail: str) -> bytes:
+    if kind == "completions":
+        return msgspec.json.encode({"model": MODEL, "prompt": text + tail, "max_tokens": 16})
+    return msgspec.json.encode(
+        {
+            "model": MODEL,
+            "max_tokens": 16,
+            "messages": [{"role": "system", "content": text}, {"role": "user", "content": tail}],
+        }
+    )
+
+
+def path_of(kind: str) -> str:
+    return "/v1/completions" if kind == "completions" else "/v1/chat/completions"
+
+
+def report_blocks(index: BlockIndex, tok: Tokenizer, kind: str, body: bytes, pod: str) -> None:
+    """What the pod's engine would report after serving `body`: its prompt's full blocks."""
+    request = msgspec.json.decode(body)
+    ids = tok.encode(request["prompt"]) if kind == "completions" else encode_chat(tok, request)
+    n = len(ids) // BLOCK
+    event = BlockStored(
+        block_hashes=[random.getrandbits(63) for _ in range(n)],
+        parent_block_hash=None,
+        token_ids=ids[: n * BLOCK],
+        block_size=BLOCK,
+    )
+    index.apply(pod, EventBatch(ts=time.time(), events=[event]), model=MODEL)
+
+
+async def one(director: Director, kind: str, body: bytes) -> tuple[float, float, float]:
+    """(CPU s, wall s, longest loop hold s) of routing and finishing one request."""
+    gaps = [0.0]
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps[0] = max(gaps[0], now - last - 0.001)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0.003)
+    c0, w0 = time.process_time(), time.perf_counter()
+    ctx = await director.route(path=path_of(kind), headers=next_headers(), body=body, subset=None)
+    ctx.finish(complete=True)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    done.set()
+    await tick
+    return cpu, wall, gaps[0]
+
+
+async def bench_long(sizes: list[int], reps: int) -> None:
+    tok = load_shipped()
+    text = Text(tok)
+    print("== long prompts: CPU per request (all threads), wall, longest loop hold; medians of", reps)
+    print(f"{'kind':12} {'tokens':>7} {'prefix':6} {'CPU ms':>8} {'wall ms':>8} {'loop ms':>8}")
+    for kind in ("completions", "chat"):
+        for size in sizes:
+            for seen in (False, True):
+                tokenizers = Tokenizers(default=tok)
+                director, index = make_director(tokenizers)
+                try:
+                    prefix = text.piece(int(size * 0.9), f"{kind}-{size}") if seen else ""
+                    if seen:  # sent once before, and reported by the pod that served it
+                        first = body_of(kind, prefix, text.piece(size // 10, "warm"))
+                        await one(director, kind, first)
+                        await tokenizers.drain()
+                        report_blocks(index, tok, kind, first, "pod-0")
+                    samples = []
+                    for r in range(reps):
+                        if seen:
+                            body = body_of(kind, prefix, text.piece(size // 10, f"q{r}"))
+                        else:
+                            whole = text.piece(size, f"cold-{kind}-{size}-{r}")
+                            cut = int(len(whole) * 0.9)
+                            body = body_of(kind, whole[:cut], whole[cut:])
+                        gc.collect()
+                        samples.append(await one(director, kind, body))
+                        await tokenizers.drain()  # the cache's commit step is not this request's
+                    cpu, wall, hold = (statistics.median(s[i] for s in samples) for i in range(3))
+                    label = "seen" if seen else "cold"
+                    print(
+                        f"{kind:12} {size:>7} {label:6} {cpu * 1e3:8.2f} {wall * 1e3:8.2f} {hold * 1e3:8.2f}"
+                    )
+                finally:
+                    tokenizers.close()
+
+
+PHASES: list[tuple[str, Callable[[str, str], bool]]] = [
+    ("parse the body", lambda file, fn: "api/requests.py" in file and fn.startswith("parse")),
+    (
+        "tokenize (render + prefix cache + encode)",
+        lambda file, fn: "tokenize/registry.py" in file and fn.startswith("encode"),
+    ),
+    ("block keys (prepare)", lambda file, fn: "precise_prefix_cache_scorer.py" in file and fn == "prepare"),
+    (
+        "scheduling (filters, scorers, picker)",
+        lambda file, fn: "scheduling/framework.py" in file and fn == "schedule",
+    ),
+    ("pre-request hooks", lambda file, fn: fn == "pre_request" and "scheduling/plugins" in file),
+    ("book and release", lambda file, fn: "director.py" in file and fn in ("finish", "book")),
+]
+
+
+async def bench_breakdown(requests: int) -> None:
+    tok = load_shipped()
+    text = Text(tok)
+    tokenizers = Tokenizers(default=tok)
+    director, index = make_director(tokenizers)
+    systems = [text.piece(random.Random(i).randrange(2000, 4000), f"system-{i}") for i in range(30)]
+    rng = random.Random(1)
+
+    def body() -> bytes:
+        return body_of(
+            "chat", rng.choice(systems), f"question {rng.randrange(10**6)}: what does it say about routing?"
+        )
+
+    try:
+        for i, system in enumerate(systems):  # each system prompt seen once and held by a pod
+            warm = body_of("chat", system, "hello")
+            await one(director, "chat", warm)
+            report_blocks(index, tok, "chat", warm, f"pod-{i % PODS}")
+        await tokenizers.drain()
+        bodies = [body() for _ in range(requests)]
+        gc.collect()
+        c0 = time.process_time()
+        for b in bodies:
+            ctx = await director.route(
+                path="/v1/chat/completions", headers=next_headers(), body=b, subset=None
+            )
+            ctx.finish(complete=True)
+        total = (time.process_time() - c0) / requests
+        await tokenizers.drain()
+        print(
+            "== shared-prefix chats (30 system prompts of 2k-4k tokens, 8 pods):"
+            f" {total * 1e6:.0f} us CPU per request"
+        )
+        prof = cProfile.Profile()
+        bodies = [body() for _ in range(requests)]
+        prof.enable()
+        for b in bodies:
+            ctx = await director.route(
+                path="/v1/chat/completions", headers=next_headers(), body=b, subset=None
+            )
+            ctx.finish(complete=True)
+        prof.disable()
+        await tokenizers.drain()
+        stats = pstats.Stats(prof)
+        raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+        grand = sum(tt for (_, _, _), (_, _, tt, _, _) in raw.items())
+        print(
+            f"   under cProfile {grand / requests * 1e6:.0f} us per request;"
+            " by phase (cumulative, us per request):"
+        )
+        for label, match in PHASES:
+            cum = sum(ct for (file, _, fn), (_, _, _, ct, _) in raw.items() if match(file, fn))
+            print(f"   {label:45} {cum / requests * 1e6:8.1f}  ({100 * cum / grand:4.1f}%)")
+        print("   top functions by own time (us per request):")
+        rows = sorted(raw.items(), key=lambda kv: kv[1][2], reverse=True)[:15]
+        for (file, line, fn), (_, calls, tt, _, _) in rows:
+            where = f"{Path(file).name}:{line} {fn}"
+            print(f"   {where:70} {tt / requests * 1e6:8.1f}  ({calls / requests:.1f} calls)")
+    finally:
+        tokenizers.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("sections", nargs="*", default=["long", "breakdown"])
+    parser.add_argument("--sizes", default="8000,32000,100000,200000")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=300)
+    args = parser.parse_args()
+    runs: dict[str, Callable[[], Awaitable[None]]] = {
+        "long": lambda: bench_long([int(s) for s in args.sizes.split(",")], args.reps),
+        "breakdown": lambda: bench_breakdown(args.requests),
+    }
+    for name in args.sections:
+        asyncio.run(runs[name]())
+
+
+if __name__ == "__main__":
+    main()
