@@ -23,12 +23,27 @@
  * found by a hand walking the stamps in slab order (~64 stamps read per record evicted). Stamps
  * are 12 bits: before an epoch would alias a live one, the oldest half is merged into one epoch.
  *
- * Single-threaded: every method runs holding the GIL, so a call sees no other half done.
+ * One writer, any number of readers: the table lives in one mapping (anonymous, or a memfd that
+ * other processes map: `epp --workers N` shares the supervisor's index with its workers), laid out
+ * for the most records `max_entries` allows, so nothing ever moves: pages are committed as they
+ * are first touched, and the two indexes are double-buffered (a rebuild fills the idle copy, then
+ * switches; the old copy's pages are given back). The writer brackets every change of the
+ * indexes with a sequence counter (odd while it changes them); a reader (RecordTable.attach)
+ * looks up each block's records, then checks the counter did not move, and looks again if it
+ * did: a seqlock, so the writer never waits for a reader. Readers do not restamp: they mark the
+ * records they matched in a byte array the writer reads when it evicts (a marked key is
+ * restamped instead: a second chance).
+ *
+ * Within a process every method runs holding the GIL, so a call sees no other half done.
  */
+#define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define ID_BITS 28
 #define ID_MASK ((1u << ID_BITS) - 1u)
@@ -43,6 +58,9 @@
 #define MAX_LOAD_NUM 9u /* grow the indexes past 9/10 full */
 #define MAX_LOAD_DEN 10u
 #define EPOCHS_PER_CAP 64u
+#define REGION_MAGIC 0x3178646e69766b65ULL /* "ekvindx1" */
+#define PAGE 4096u
+#define RD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
 
 #define META(st, stamp) (((uint32_t)(st) << STAMP_BITS) | ((stamp) & STAMP_MASK))
 #define M_ST(m) ((m) >> STAMP_BITS)          /* slot << 4 | tier */
@@ -52,32 +70,45 @@
 #define FREE_META ((uint32_t)FREE_SLOT << (STAMP_BITS + 4))
 #define IS_FREE(m) (M_SLOT(m) == FREE_SLOT)
 
+/* Shared by the writer and its readers, at the start of the mapping. */
+typedef struct {
+    uint64_t magic;
+    uint64_t seq; /* odd while the writer changes the indexes */
+    uint64_t max_entries;
+    uint64_t max_slab; /* ids below it fit the slab */
+    uint64_t max_cap;  /* entries each index copy has room for */
+    uint64_t off_key, off_eng, off_meta, off_ref, off_ix[4]; /* key index copies 0, 1; engine 0, 1 */
+    uint64_t size;
+    uint64_t entries, keys, evictions;
+    uint64_t fill; /* records stamped in this epoch */
+    uint64_t epoch_len;
+    uint32_t top;       /* ids below it were used at some time */
+    uint32_t free_head; /* freed ids, chained through eng[] */
+    uint32_t cap;       /* entries of the active index copies */
+    uint32_t active;    /* which copies: 0 or 1 */
+    uint32_t epoch;     /* absolute; its stamp is epoch & STAMP_MASK */
+    uint32_t oldest;    /* no live record is older */
+    uint32_t hand;      /* the eviction scan's next id */
+    uint32_t reserved;
+    uint32_t count[STAMPS]; /* records per stamp */
+} Header;
+
 typedef struct {
     PyObject_HEAD
-    /* slab */
+    void *base; /* the mapping */
+    size_t size;
+    int writer;
+    Header *h;
     uint64_t *key;
     uint64_t *eng;
     uint32_t *meta;
-    uint32_t slab_cap; /* allocated ids, 0 included */
-    uint32_t top;      /* ids below it were used at some time */
-    uint32_t free_head;
-    /* indexes */
+    uint8_t *ref; /* a reader matched the record since the writer last looked */
+    uint32_t *ixr[4];
+    /* the writer's view of the active copies */
     uint32_t *ia; /* by key */
     uint32_t *ib; /* by (slot, tier, engine) */
     uint32_t cap;
-    /* counts */
-    uint64_t entries;
-    uint64_t keys;
-    uint64_t max_entries;
-    uint64_t evictions;
-    PyObject *dups; /* {id: extra copies} */
-    /* recency */
-    uint32_t epoch;  /* absolute; its stamp is epoch & STAMP_MASK */
-    uint32_t oldest; /* no live record is older */
-    uint64_t fill;   /* records stamped in this epoch */
-    uint64_t epoch_len;
-    uint32_t hand;
-    uint32_t count[STAMPS];
+    PyObject *dups; /* {id: extra copies}, the writer's */
     /* match scratch, per slot */
     uint32_t nscratch;
     int32_t *alive_pos;
@@ -85,8 +116,9 @@ typedef struct {
     uint32_t *offmark;
     uint32_t *offgpu;
     uint32_t *alive;
-    /* ids scratch (a key's records) */
+    /* a key's records: ids (and, for readers, their meta as read) */
     uint32_t *ids;
+    uint32_t *metas;
     uint32_t ids_cap;
 } Table;
 
@@ -104,21 +136,32 @@ static inline uint64_t mix(uint64_t x) { /* murmur3's finalizer: keys and engine
 static inline uint32_t home_of(uint64_t h, uint32_t cap) { return (uint32_t)(((h >> 32) * (uint64_t)cap) >> 32); }
 static inline uint64_t hash_a(uint64_t key) { return mix(key); }
 static inline uint64_t hash_b(uint32_t st, uint64_t eng) { return mix(eng ^ ((uint64_t)st * 0x9E3779B97F4A7C15ULL)); }
-static inline uint32_t home_a(const Table *t, uint32_t id) { return home_of(hash_a(t->key[id]), t->cap); }
-static inline uint32_t home_b(const Table *t, uint32_t id) { return home_of(hash_b(M_ST(t->meta[id]), t->eng[id]), t->cap); }
+static inline uint32_t home_a(const Table *t, uint32_t id, uint32_t cap) { return home_of(hash_a(t->key[id]), cap); }
+static inline uint32_t home_b(const Table *t, uint32_t id, uint32_t cap) {
+    return home_of(hash_b(M_ST(t->meta[id]), t->eng[id]), cap);
+}
 static inline uint32_t next_pos(uint32_t p, uint32_t cap) { return p + 1 == cap ? 0 : p + 1; }
 static inline uint32_t pack(uint32_t id, uint32_t dist) { return ((dist < DIST_SAT ? dist : DIST_SAT) << ID_BITS) | id; }
 
-/* The probe distance of entry x at pos of index `which` (0: by key, 1: by engine). */
-static inline uint32_t dist_of(const Table *t, int which, uint32_t x, uint32_t pos) {
+/* The probe distance of entry x at pos of an index of `cap` entries, `which` (0: by key, 1: by engine). */
+static inline uint32_t dist_of(const Table *t, int which, uint32_t x, uint32_t pos, uint32_t cap) {
     uint32_t d = x >> ID_BITS;
     if (d < DIST_SAT) return d;
     uint32_t id = x & ID_MASK;
-    uint32_t home = which ? home_b(t, id) : home_a(t, id);
-    return pos >= home ? pos - home : pos + t->cap - home;
+    uint32_t home = which ? home_b(t, id, cap) : home_a(t, id, cap);
+    return pos >= home ? pos - home : pos + cap - home;
 }
 
-static void ix_insert(Table *t, int which, uint32_t *e, uint32_t home, uint32_t id) {
+/* The writer brackets every change of the indexes (readers retry a lookup that overlapped one). */
+static inline void write_begin(Table *t) {
+    uint64_t s = t->h->seq;
+    __atomic_store_n(&t->h->seq, s + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static inline void write_end(Table *t) { __atomic_store_n(&t->h->seq, t->h->seq + 1, __ATOMIC_RELEASE); }
+
+static void ix_insert(Table *t, int which, uint32_t *e, uint32_t cap, uint32_t home, uint32_t id) {
     uint32_t pos = home, dist = 0, cur = id;
     for (;;) {
         uint32_t x = e[pos];
@@ -126,13 +169,13 @@ static void ix_insert(Table *t, int which, uint32_t *e, uint32_t home, uint32_t 
             e[pos] = pack(cur, dist);
             return;
         }
-        uint32_t xd = dist_of(t, which, x, pos);
+        uint32_t xd = dist_of(t, which, x, pos, cap);
         if (xd < dist) { /* Robin Hood: the richer entry moves on */
             e[pos] = pack(cur, dist);
             cur = x & ID_MASK;
             dist = xd;
         }
-        pos = next_pos(pos, t->cap);
+        pos = next_pos(pos, cap);
         dist++;
     }
 }
@@ -142,7 +185,7 @@ static void ix_delete_at(Table *t, int which, uint32_t *e, uint32_t pos) {
         uint32_t nxt = next_pos(pos, t->cap);
         uint32_t x = e[nxt];
         if (!x) break;
-        uint32_t xd = dist_of(t, which, x, nxt);
+        uint32_t xd = dist_of(t, which, x, nxt, t->cap);
         if (!xd) break;
         e[pos] = pack(x & ID_MASK, xd - 1);
         pos = nxt;
@@ -152,12 +195,12 @@ static void ix_delete_at(Table *t, int which, uint32_t *e, uint32_t pos) {
 
 /* Position in the key index of record `id`, or UINT32_MAX. */
 static uint32_t find_a_id(const Table *t, uint32_t id) {
-    uint32_t pos = home_a(t, id), dist = 0;
+    uint32_t pos = home_a(t, id, t->cap), dist = 0;
     for (;;) {
         uint32_t x = t->ia[pos];
         if (!x) return UINT32_MAX;
         if ((x & ID_MASK) == id) return pos;
-        if (dist_of(t, 0, x, pos) < dist) return UINT32_MAX;
+        if (dist_of(t, 0, x, pos, t->cap) < dist) return UINT32_MAX;
         pos = next_pos(pos, t->cap);
         dist++;
     }
@@ -170,7 +213,7 @@ static uint32_t find_b(const Table *t, uint32_t st, uint64_t eng) {
     for (;;) {
         uint32_t x = t->ib[pos];
         if (!x) return UINT32_MAX;
-        uint32_t xd = dist_of(t, 1, x, pos);
+        uint32_t xd = dist_of(t, 1, x, pos, t->cap);
         if (xd < dist) return UINT32_MAX;
         if (xd == dist) {
             uint32_t id = x & ID_MASK;
@@ -181,7 +224,23 @@ static uint32_t find_b(const Table *t, uint32_t st, uint64_t eng) {
     }
 }
 
-/* The records holding `key` into t->ids; their number, or -1 (memory error). */
+/* Room for n + 1 ids (and metas) in the scratch: 0, or -1 (memory error set). */
+static int reserve_ids(Table *t, Py_ssize_t n) {
+    if ((uint32_t)n < t->ids_cap) return 0;
+    uint32_t ncap = t->ids_cap ? t->ids_cap * 2 : 64;
+    uint32_t *ids = PyMem_Realloc(t->ids, (size_t)ncap * sizeof(uint32_t));
+    if (ids) t->ids = ids;
+    uint32_t *metas = PyMem_Realloc(t->metas, (size_t)ncap * sizeof(uint32_t));
+    if (metas) t->metas = metas;
+    if (!ids || !metas) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->ids_cap = ncap;
+    return 0;
+}
+
+/* The writer: the records holding `key` into t->ids; their number, or -1 (memory error). */
 static Py_ssize_t holders(Table *t, uint64_t key) {
     Py_ssize_t n = 0;
     if (!t->cap) return 0;
@@ -189,21 +248,12 @@ static Py_ssize_t holders(Table *t, uint64_t key) {
     for (;;) {
         uint32_t x = t->ia[pos];
         if (!x) return n;
-        uint32_t xd = dist_of(t, 0, x, pos);
+        uint32_t xd = dist_of(t, 0, x, pos, t->cap);
         if (xd < dist) return n;
         if (xd == dist) {
             uint32_t id = x & ID_MASK;
             if (t->key[id] == key) {
-                if ((uint32_t)n == t->ids_cap) {
-                    uint32_t ncap = t->ids_cap ? t->ids_cap * 2 : 64;
-                    uint32_t *ids = PyMem_Realloc(t->ids, (size_t)ncap * sizeof(uint32_t));
-                    if (!ids) {
-                        PyErr_NoMemory();
-                        return -1;
-                    }
-                    t->ids = ids;
-                    t->ids_cap = ncap;
-                }
+                if (reserve_ids(t, n) < 0) return -1;
                 t->ids[n++] = id;
             }
         }
@@ -212,129 +262,216 @@ static Py_ssize_t holders(Table *t, uint64_t key) {
     }
 }
 
-/* --- growth ----------------------------------------------------------------------------------- */
-
-static int grow_slab(Table *t) {
-    uint64_t ncap = t->slab_cap ? (uint64_t)t->slab_cap + t->slab_cap / 8 : 1024;
-    if (ncap > (uint64_t)MAX_ID + 1) ncap = (uint64_t)MAX_ID + 1;
-    if (ncap <= t->slab_cap) {
-        PyErr_SetString(PyExc_MemoryError, "KV index: more than 2**28 records");
-        return -1;
+/* A reader: the records holding `key` into t->ids and their meta into t->metas, as the writer
+ * left them between two changes (retried until no change overlapped); their number, or -1. */
+static Py_ssize_t holders_read(Table *t, uint64_t key) {
+    Header *h = t->h;
+    uint32_t max_slab = (uint32_t)h->max_slab;
+    for (unsigned spins = 0;; spins++) {
+        uint64_t s1 = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
+        if (s1 & 1) {
+            if (spins > 64) sched_yield(); /* the writer is in a change (microseconds) */
+            continue;
+        }
+        uint32_t cap = RD(h->cap);
+        const uint32_t *ia = t->ixr[RD(h->active) & 1];
+        Py_ssize_t n = 0;
+        int torn = 0;
+        if (cap) {
+            uint32_t pos = home_of(hash_a(key), cap), dist = 0;
+            for (uint32_t steps = 0;; steps++) {
+                uint32_t x = RD(ia[pos]);
+                uint32_t id = x & ID_MASK;
+                if (!x) break;
+                if (id >= max_slab || steps > cap) { /* a torn read: look again */
+                    torn = 1;
+                    break;
+                }
+                uint32_t xd = x >> ID_BITS;
+                if (xd == DIST_SAT) {
+                    uint32_t home = home_of(hash_a(RD(t->key[id])), cap);
+                    xd = pos >= home ? pos - home : pos + cap - home;
+                }
+                if (xd < dist) break;
+                if (xd == dist && RD(t->key[id]) == key) {
+                    if (reserve_ids(t, n) < 0) return -1;
+                    t->ids[n] = id;
+                    t->metas[n++] = RD(t->meta[id]);
+                }
+                pos = next_pos(pos, cap);
+                dist++;
+            }
+        }
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (!torn && __atomic_load_n(&h->seq, __ATOMIC_RELAXED) == s1) return n;
     }
-    /* Large blocks are mmap'ed by the allocator, so realloc moves pages, not bytes. */
-    uint64_t *key = PyMem_RawRealloc(t->key, ncap * sizeof(uint64_t));
-    if (!key) goto nomem;
-    t->key = key;
-    uint64_t *eng = PyMem_RawRealloc(t->eng, ncap * sizeof(uint64_t));
-    if (!eng) goto nomem;
-    t->eng = eng;
-    uint32_t *meta = PyMem_RawRealloc(t->meta, ncap * sizeof(uint32_t));
-    if (!meta) goto nomem;
-    t->meta = meta;
-    t->slab_cap = (uint32_t)ncap;
-    return 0;
-nomem:
-    PyErr_NoMemory();
-    return -1;
 }
 
-static int rebuild(Table *t, uint32_t ncap) {
-    uint32_t *ia = PyMem_RawCalloc(ncap, sizeof(uint32_t));
-    uint32_t *ib = PyMem_RawCalloc(ncap, sizeof(uint32_t));
-    if (!ia || !ib) {
-        PyMem_RawFree(ia);
-        PyMem_RawFree(ib);
-        PyErr_NoMemory();
-        return -1;
+/* --- layout and growth ------------------------------------------------------------------------ */
+
+static uint64_t round_page(uint64_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
+
+/* The index capacities the table grows through: 64, then 1.25x each time. */
+static uint64_t next_cap(uint64_t cap) { return cap ? cap + cap / 4 : 64; }
+
+/* The mapping's layout for `max_entries`: header fields set, size returned. */
+static uint64_t layout(Header *h, uint64_t max_entries) {
+    /* Room for one event's blocks past the cap before it evicts, and for id 0. */
+    uint64_t slab = max_entries + (max_entries / 8 > 65536 ? max_entries / 8 : 65536) + 1;
+    if (slab > (uint64_t)MAX_ID + 1) slab = (uint64_t)MAX_ID + 1;
+    uint64_t cap = 0;
+    while (cap * MAX_LOAD_NUM < slab * MAX_LOAD_DEN) cap = next_cap(cap);
+    h->max_entries = max_entries;
+    h->max_slab = slab;
+    h->max_cap = cap;
+    uint64_t off = round_page(sizeof(Header));
+    h->off_key = off;
+    off = round_page(off + slab * sizeof(uint64_t));
+    h->off_eng = off;
+    off = round_page(off + slab * sizeof(uint64_t));
+    h->off_meta = off;
+    off = round_page(off + slab * sizeof(uint32_t));
+    h->off_ref = off;
+    off = round_page(off + slab);
+    for (int i = 0; i < 4; i++) {
+        h->off_ix[i] = off;
+        off = round_page(off + cap * sizeof(uint32_t));
     }
-    PyMem_RawFree(t->ia);
-    PyMem_RawFree(t->ib);
+    h->size = off;
+    return off;
+}
+
+static void point(Table *t) {
+    char *b = t->base;
+    Header *h = t->h = (Header *)t->base;
+    t->key = (uint64_t *)(b + h->off_key);
+    t->eng = (uint64_t *)(b + h->off_eng);
+    t->meta = (uint32_t *)(b + h->off_meta);
+    t->ref = (uint8_t *)(b + h->off_ref);
+    for (int i = 0; i < 4; i++) t->ixr[i] = (uint32_t *)(b + h->off_ix[i]);
+    t->ia = t->ixr[h->active];
+    t->ib = t->ixr[2 + h->active];
+    t->cap = h->cap;
+}
+
+/* Give an index copy's pages back (they read as zeros again). */
+static void release(uint32_t *region, uint64_t entries) {
+    uint64_t bytes = round_page(entries * sizeof(uint32_t));
+    if (!bytes) return;
+    /* A shared mapping (memfd) frees its pages with MADV_REMOVE, a private one with DONTNEED. */
+    if (madvise(region, bytes, MADV_REMOVE) != 0 && madvise(region, bytes, MADV_DONTNEED) != 0) {
+        memset(region, 0, entries * sizeof(uint32_t));
+    }
+}
+
+/* Fill the idle index copies for `ncap` entries, then switch to them. Readers go on reading the
+ * active copies meanwhile (the slab does not change): only the switch is a change to them. */
+static void rebuild(Table *t, uint32_t ncap) {
+    Header *h = t->h;
+    uint32_t idle = h->active ^ 1;
+    uint32_t *ia = t->ixr[idle], *ib = t->ixr[2 + idle];
+    for (uint32_t id = 1; id < h->top; id++) {
+        if (IS_FREE(t->meta[id])) continue;
+        ix_insert(t, 0, ia, ncap, home_a(t, id, ncap), id);
+        ix_insert(t, 1, ib, ncap, home_b(t, id, ncap), id);
+    }
+    uint32_t *old_a = t->ia, *old_b = t->ib, old_cap = t->cap;
+    write_begin(t);
+    h->cap = ncap;
+    h->active = idle;
+    write_end(t);
     t->ia = ia;
     t->ib = ib;
     t->cap = ncap;
-    for (uint32_t id = 1; id < t->top; id++) {
-        if (IS_FREE(t->meta[id])) continue;
-        ix_insert(t, 0, ia, home_a(t, id), id);
-        ix_insert(t, 1, ib, home_b(t, id), id);
-    }
-    return 0;
+    release(old_a, old_cap);
+    release(old_b, old_cap);
 }
+
+static uint64_t evict_to(Table *t, uint64_t limit);
 
 /* Room for one more record in the slab and the indexes; its id, or 0 (error set). */
 static uint32_t alloc_id(Table *t) {
-    if ((uint64_t)(t->entries + 1) * MAX_LOAD_DEN > (uint64_t)t->cap * MAX_LOAD_NUM) {
-        uint64_t ncap = t->cap ? (uint64_t)t->cap + t->cap / 4 : 64;
-        if (ncap >= ((uint64_t)1 << 32)) {
-            PyErr_SetString(PyExc_MemoryError, "KV index: table too large");
-            return 0;
-        }
-        if (rebuild(t, (uint32_t)ncap) < 0) return 0;
+    Header *h = t->h;
+    if ((uint64_t)(h->entries + 1) * MAX_LOAD_DEN > (uint64_t)t->cap * MAX_LOAD_NUM) {
+        uint64_t ncap = next_cap(t->cap);
+        if (ncap > h->max_cap) ncap = h->max_cap;
+        if (ncap > t->cap) rebuild(t, (uint32_t)ncap);
     }
-    uint32_t id = t->free_head;
+    if (!h->free_head && h->top == h->max_slab) {
+        /* One event brought more blocks than the slab's room past the cap: make room now. */
+        evict_to(t, h->entries ? h->entries - 1 : 0);
+    }
+    uint32_t id = h->free_head;
     if (id) {
-        t->free_head = (uint32_t)t->eng[id];
+        h->free_head = (uint32_t)t->eng[id];
         return id;
     }
-    if (t->top == t->slab_cap && grow_slab(t) < 0) return 0;
-    if (t->top == 0) t->top = 1; /* id 0 marks an empty index slot */
-    return t->top++;
+    if (h->top == h->max_slab) {
+        PyErr_SetString(PyExc_MemoryError, "KV index: no room for another record");
+        return 0;
+    }
+    if (h->top == 0) h->top = 1; /* id 0 marks an empty index slot */
+    return h->top++;
 }
 
 /* --- recency ---------------------------------------------------------------------------------- */
 
-static inline uint32_t age_of(const Table *t, uint32_t m) { return (t->epoch - M_STAMP(m)) & STAMP_MASK; }
+static inline uint32_t age_of(const Table *t, uint32_t m) { return (t->h->epoch - M_STAMP(m)) & STAMP_MASK; }
 
 /* Merge every record older than half the stamp range into one epoch, so the next ones never
  * alias a live stamp. Runs once per STAMPS/2 epochs at most. */
 static void renormalize(Table *t) {
     uint32_t limit = STAMPS / 2;
-    uint32_t to = (t->epoch - limit) & STAMP_MASK;
-    for (uint32_t id = 1; id < t->top; id++) {
+    uint32_t to = (t->h->epoch - limit) & STAMP_MASK;
+    for (uint32_t id = 1; id < t->h->top; id++) {
         uint32_t m = t->meta[id];
         if (IS_FREE(m) || age_of(t, m) <= limit) continue;
-        t->count[M_STAMP(m)]--;
-        t->count[to]++;
+        t->h->count[M_STAMP(m)]--;
+        t->h->count[to]++;
         t->meta[id] = META(M_ST(m), to);
     }
-    t->oldest = t->epoch - limit;
+    t->h->oldest = t->h->epoch - limit;
 }
 
 /* Called between operations on whole keys, never within one: a key's records share a stamp. */
 static inline void maybe_advance(Table *t) {
-    if (t->fill < t->epoch_len) return;
-    t->fill = 0;
-    while (t->oldest != t->epoch && !t->count[t->oldest & STAMP_MASK]) t->oldest++;
-    if (t->epoch + 1 - t->oldest >= STAMPS - 1) renormalize(t);
-    t->epoch++;
+    if (t->h->fill < t->h->epoch_len) return;
+    t->h->fill = 0;
+    while (t->h->oldest != t->h->epoch && !t->h->count[t->h->oldest & STAMP_MASK]) t->h->oldest++;
+    if (t->h->epoch + 1 - t->h->oldest >= STAMPS - 1) renormalize(t);
+    t->h->epoch++;
 }
 
 static inline void stamp(Table *t, uint32_t id) {
-    uint32_t m = t->meta[id], s = t->epoch & STAMP_MASK;
+    uint32_t m = t->meta[id], s = t->h->epoch & STAMP_MASK;
     if (M_STAMP(m) == s) return;
-    t->count[M_STAMP(m)]--;
-    t->count[s]++;
+    t->h->count[M_STAMP(m)]--;
+    t->h->count[s]++;
     t->meta[id] = META(M_ST(m), s);
-    t->fill++;
+    t->h->fill++;
 }
 
 /* --- records ---------------------------------------------------------------------------------- */
 
 static void free_record(Table *t, uint32_t id) {
     uint32_t m = t->meta[id];
-    t->count[M_STAMP(m)]--;
+    t->h->count[M_STAMP(m)]--;
     t->meta[id] = FREE_META;
-    t->eng[id] = t->free_head;
-    t->free_head = id;
-    t->entries--;
+    t->eng[id] = t->h->free_head;
+    t->h->free_head = id;
+    t->h->entries--;
 }
 
 /* Drop record `id` (found at `pos_b` in the engine index) and its copies. 1 if it was the key's
  * last record. */
 static int drop_record(Table *t, uint32_t id, uint32_t pos_b) {
     uint64_t key = t->key[id];
-    ix_delete_at(t, 1, t->ib, pos_b);
     uint32_t pos_a = find_a_id(t, id);
+    write_begin(t);
+    ix_delete_at(t, 1, t->ib, pos_b);
     if (pos_a != UINT32_MAX) ix_delete_at(t, 0, t->ia, pos_a);
+    free_record(t, id);
+    write_end(t);
     if (PyDict_GET_SIZE(t->dups)) {
         PyObject *k = PyLong_FromUnsignedLong(id);
         if (k) {
@@ -344,11 +481,10 @@ static int drop_record(Table *t, uint32_t id, uint32_t pos_b) {
             PyErr_Clear();
         }
     }
-    free_record(t, id);
     Py_ssize_t left = holders(t, key);
     if (left < 0) PyErr_Clear();
     if (left == 0) {
-        t->keys--;
+        t->h->keys--;
         return 1;
     }
     return 0;
@@ -395,72 +531,104 @@ static int add(Table *t, uint32_t st, uint64_t eng, uint64_t key) {
         if (add_copy(t, id, 1, NULL) < 0) return -1;
         return touch(t, t->key[id]);
     }
-    Py_ssize_t n = holders(t, key);
-    if (n < 0) return -1;
-    for (Py_ssize_t i = 0; i < n; i++) stamp(t, t->ids[i]);
-    uint32_t id = alloc_id(t);
+    uint32_t id = alloc_id(t); /* first: it may rebuild the indexes, or evict */
     if (!id) return -1;
-    uint32_t s = t->epoch & STAMP_MASK;
+    Py_ssize_t n = holders(t, key);
+    if (n < 0) {
+        t->meta[id] = FREE_META;
+        t->eng[id] = t->h->free_head;
+        t->h->free_head = id;
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) stamp(t, t->ids[i]);
+    uint32_t s = t->h->epoch & STAMP_MASK;
     t->key[id] = key;
     t->eng[id] = eng;
     t->meta[id] = META(st, s);
-    t->count[s]++;
-    t->fill++;
-    t->entries++;
-    if (!n) t->keys++;
-    ix_insert(t, 0, t->ia, home_a(t, id), id);
-    ix_insert(t, 1, t->ib, home_b(t, id), id);
+    t->ref[id] = 0;
+    t->h->count[s]++;
+    t->h->fill++;
+    t->h->entries++;
+    if (!n) t->h->keys++;
+    write_begin(t);
+    ix_insert(t, 0, t->ia, t->cap, home_a(t, id, t->cap), id);
+    ix_insert(t, 1, t->ib, t->cap, home_b(t, id, t->cap), id);
+    write_end(t);
     return 1;
 }
 
-static uint64_t evict(Table *t) {
+/* Evict whole keys, oldest epoch first, until at most `limit` records are left. A key a reader
+ * matched since the writer last looked (its records' `ref` marks) is restamped instead. */
+static uint64_t evict_to(Table *t, uint64_t limit) {
+    Header *h = t->h;
     uint64_t evicted = 0;
-    while (t->entries > t->max_entries) {
-        while (t->oldest != t->epoch && !t->count[t->oldest & STAMP_MASK]) t->oldest++;
-        uint32_t want = t->oldest & STAMP_MASK;
-        if (!t->count[want]) break; /* nothing live: cannot happen while entries > 0 */
-        uint32_t id = t->hand;
+    while (h->entries > limit) {
+        while (h->oldest != h->epoch && !h->count[h->oldest & STAMP_MASK]) h->oldest++;
+        uint32_t want = h->oldest & STAMP_MASK;
+        if (!h->count[want]) break; /* nothing live: cannot happen while entries > 0 */
+        uint32_t id = h->hand;
         uint64_t scanned = 0;
         for (;; id++) {
-            if (id == 0 || id >= t->top) id = 1;
+            if (id == 0 || id >= h->top) id = 1;
             uint32_t m = t->meta[id];
             if (!IS_FREE(m) && M_STAMP(m) == want) break;
-            if (++scanned > 2 * (uint64_t)t->top) { /* counts disagree: cannot happen */
-                t->evictions += evicted;
+            if (++scanned > 2 * (uint64_t)h->top) { /* counts disagree: cannot happen */
+                h->evictions += evicted;
                 return evicted;
             }
         }
-        t->hand = id + 1;
+        h->hand = id + 1;
         Py_ssize_t n = holders(t, t->key[id]);
         if (n <= 0) { /* a memory error (or a record not in the key index: cannot happen) */
             PyErr_Clear();
             break;
         }
+        int used = 0;
+        for (Py_ssize_t i = 0; i < n; i++) used |= RD(t->ref[t->ids[i]]);
+        if (used) { /* a second chance: the key is as young as the epoch */
+            for (Py_ssize_t i = 0; i < n; i++) {
+                t->ref[t->ids[i]] = 0;
+                stamp(t, t->ids[i]);
+            }
+            continue;
+        }
+        uint32_t *pos_b = t->metas; /* the scratch's second array: the engine index positions */
         for (Py_ssize_t i = 0; i < n; i++) {
             uint32_t r = t->ids[i];
-            uint32_t m = t->meta[r];
-            uint32_t pos_b = find_b(t, M_ST(m), t->eng[r]);
-            if (pos_b != UINT32_MAX) ix_delete_at(t, 1, t->ib, pos_b);
+            pos_b[i] = find_b(t, M_ST(t->meta[r]), t->eng[r]);
             if (PyDict_GET_SIZE(t->dups)) {
                 PyObject *k = PyLong_FromUnsignedLong(r);
                 if (!k || PyDict_DelItem(t->dups, k) < 0) PyErr_Clear();
                 Py_XDECREF(k);
             }
         }
-        /* All of the key's entries in the key index, then the slab ids. */
+        write_begin(t);
+        /* Positions move as entries are deleted: look each up again but for the first. */
         for (Py_ssize_t i = 0; i < n; i++) {
-            uint32_t pos_a = find_a_id(t, t->ids[i]);
-            if (pos_a != UINT32_MAX) ix_delete_at(t, 0, t->ia, pos_a);
+            uint32_t r = t->ids[i];
+            uint32_t pb = i ? find_b(t, M_ST(t->meta[r]), t->eng[r]) : pos_b[0];
+            if (pb != UINT32_MAX) ix_delete_at(t, 1, t->ib, pb);
+            uint32_t pa = find_a_id(t, r);
+            if (pa != UINT32_MAX) ix_delete_at(t, 0, t->ia, pa);
         }
         for (Py_ssize_t i = 0; i < n; i++) free_record(t, t->ids[i]);
-        t->keys--;
+        write_end(t);
+        h->keys--;
         evicted += (uint64_t)n;
     }
-    t->evictions += evicted;
+    h->evictions += evicted;
     return evicted;
 }
 
+static uint64_t evict(Table *t) { return evict_to(t, t->h->max_entries); }
+
 /* --- Python methods --------------------------------------------------------------------------- */
+
+static int not_writer(Table *t) {
+    if (t->writer) return 0;
+    PyErr_SetString(PyExc_TypeError, "a reader of the KV index cannot change it");
+    return 1;
+}
 
 static int check_st(long slot, long tier) {
     if (slot < 0 || slot > (long)MAX_SLOT || tier < 0 || tier > (long)MAX_TIER) {
@@ -483,6 +651,7 @@ PyDoc_STRVAR(store_doc,
              "youngest), touching each key; then evict past the cap. `added` counts new records.");
 
 static PyObject *Table_store(Table *t, PyObject *args) {
+    if (not_writer(t)) return NULL;
     long slot, tier;
     PyObject *engs, *keys;
     if (!PyArg_ParseTuple(args, "llOO", &slot, &tier, &engs, &keys) || check_st(slot, tier) < 0) return NULL;
@@ -529,6 +698,7 @@ PyDoc_STRVAR(resolve_doc,
              "of the bit mask `tiers`, lowest first.");
 
 static PyObject *Table_resolve(Table *t, PyObject *args) {
+    if (not_writer(t)) return NULL;
     long slot, tier;
     unsigned long tiers;
     PyObject *eo;
@@ -546,6 +716,7 @@ PyDoc_STRVAR(retier_doc,
              "in `tier`; the others are orphans. Then evict past the cap.");
 
 static PyObject *Table_retier(Table *t, PyObject *args) {
+    if (not_writer(t)) return NULL;
     long slot, tier;
     unsigned long tiers;
     PyObject *engs;
@@ -584,6 +755,7 @@ PyDoc_STRVAR(remove_doc,
              "counts the removals (of `removed`) that left another copy, so the record stays.");
 
 static PyObject *Table_remove(Table *t, PyObject *args) {
+    if (not_writer(t)) return NULL;
     long slot, tier;
     PyObject *engs;
     if (!PyArg_ParseTuple(args, "llO", &slot, &tier, &engs) || check_st(slot, tier) < 0) return NULL;
@@ -625,11 +797,12 @@ static PyObject *Table_remove(Table *t, PyObject *args) {
 PyDoc_STRVAR(clear_doc, "clear(slot) -> records dropped\n\nEvery record of the pod in `slot` (a walk of the slab).");
 
 static PyObject *Table_clear(Table *t, PyObject *arg) {
+    if (not_writer(t)) return NULL;
     long slot = PyLong_AsLong(arg);
     if (slot == -1 && PyErr_Occurred()) return NULL;
     if (check_st(slot, 0) < 0) return NULL;
     long dropped = 0;
-    for (uint32_t id = 1; id < t->top; id++) {
+    for (uint32_t id = 1; id < t->h->top; id++) {
         uint32_t m = t->meta[id];
         if (IS_FREE(m) || M_SLOT(m) != (uint32_t)slot) continue;
         uint32_t pos = find_b(t, M_ST(m), t->eng[id]);
@@ -703,11 +876,11 @@ static PyObject *Table_match(Table *t, PyObject *args) {
     for (; run < n && nalive; run++) {
         uint64_t k;
         if (u64(PySequence_Fast_GET_ITEM(fk, run), &k) < 0) goto fail;
-        Py_ssize_t h = holders(t, k);
+        Py_ssize_t h = t->writer ? holders(t, k) : holders_read(t, k);
         if (h < 0) goto fail;
         uint32_t mark = (uint32_t)run + 1, seen = 0;
         for (Py_ssize_t j = 0; j < h; j++) {
-            uint32_t m = t->meta[t->ids[j]], s = M_SLOT(m);
+            uint32_t m = t->writer ? t->meta[t->ids[j]] : t->metas[j], s = M_SLOT(m);
             if (s >= t->nscratch || t->alive_pos[s] < 0) continue;
             if (t->seen[s] != mark) {
                 t->seen[s] = mark;
@@ -744,12 +917,20 @@ static PyObject *Table_match(Table *t, PyObject *args) {
         t->alive_pos[s] = -1;
     }
     nalive = 0;
-    /* Touch the matched keys, the last first, so the leading ones end youngest. */
+    /* Touch the matched keys, the last first, so the leading ones end youngest; a reader marks
+     * their records for the writer instead (a byte store: a lost or stray mark only moves one
+     * key's place in the eviction order). */
     for (Py_ssize_t i = run - 1; i >= 0; i--) {
         uint64_t k;
         if (u64(PySequence_Fast_GET_ITEM(fk, i), &k) < 0) goto fail;
-        maybe_advance(t);
-        if (touch(t, k) < 0) goto fail;
+        if (t->writer) {
+            maybe_advance(t);
+            if (touch(t, k) < 0) goto fail;
+            continue;
+        }
+        Py_ssize_t h = holders_read(t, k);
+        if (h < 0) goto fail;
+        for (Py_ssize_t j = 0; j < h; j++) __atomic_store_n(&t->ref[t->ids[j]], 1, __ATOMIC_RELAXED);
     }
     Py_DECREF(fk);
     Py_DECREF(fs);
@@ -763,9 +944,10 @@ fail:
 }
 
 static PyObject *Table_records(Table *t, PyObject *Py_UNUSED(ignored)) {
+    if (not_writer(t)) return NULL;
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
-    for (uint32_t id = 1; id < t->top; id++) {
+    for (uint32_t id = 1; id < t->h->top; id++) {
         uint32_t m = t->meta[id];
         if (IS_FREE(m)) continue;
         PyObject *k = PyLong_FromUnsignedLong(id);
@@ -797,17 +979,18 @@ fail:
     } while (0)
 
 static PyObject *Table_check(Table *t, PyObject *Py_UNUSED(ignored)) {
+    if (not_writer(t)) return NULL;
     uint32_t counts[STAMPS] = {0};
     uint64_t live = 0, in_a = 0, in_b = 0;
     uint32_t id = 0;
     PyObject *keyset = PySet_New(NULL);
     if (!keyset) return NULL;
-    for (id = 1; id < t->top; id++) {
+    for (id = 1; id < t->h->top; id++) {
         uint32_t m = t->meta[id];
         if (IS_FREE(m)) continue;
         live++;
         counts[M_STAMP(m)]++;
-        CHECK(age_of(t, m) <= t->epoch - t->oldest, "a record older than the oldest epoch");
+        CHECK(age_of(t, m) <= t->h->epoch - t->h->oldest, "a record older than the oldest epoch");
         CHECK(find_a_id(t, id) != UINT32_MAX, "a record missing from the key index");
         uint32_t pos = find_b(t, M_ST(m), t->eng[id]);
         CHECK(pos != UINT32_MAX && (t->ib[pos] & ID_MASK) == id, "a record missing from the engine index");
@@ -822,16 +1005,17 @@ static PyObject *Table_check(Table *t, PyObject *Py_UNUSED(ignored)) {
         Py_DECREF(k);
     }
     id = 0;
-    CHECK(live == t->entries, "entries miscounted");
-    CHECK((uint64_t)PySet_GET_SIZE(keyset) == t->keys, "keys miscounted");
-    CHECK(memcmp(counts, t->count, sizeof(counts)) == 0, "stamp counts wrong");
+    CHECK(live == t->h->entries, "entries miscounted");
+    CHECK((uint64_t)PySet_GET_SIZE(keyset) == t->h->keys, "keys miscounted");
+    CHECK(memcmp(counts, t->h->count, sizeof(counts)) == 0, "stamp counts wrong");
+    CHECK(t->cap == t->h->cap && t->ia == t->ixr[t->h->active] && t->ib == t->ixr[2 + t->h->active], "stale view");
     for (uint32_t p = 0; p < t->cap; p++) {
         for (int which = 0; which < 2; which++) {
             uint32_t x = (which ? t->ib : t->ia)[p];
             if (!x) continue;
             id = x & ID_MASK;
-            CHECK(id < t->top && !IS_FREE(t->meta[id]), "an index entry for a free id");
-            uint32_t home = which ? home_b(t, id) : home_a(t, id);
+            CHECK(id < t->h->top && !IS_FREE(t->meta[id]), "an index entry for a free id");
+            uint32_t home = which ? home_b(t, id, t->cap) : home_a(t, id, t->cap);
             uint32_t d = p >= home ? p - home : p + t->cap - home;
             CHECK((x >> ID_BITS) == (d < DIST_SAT ? d : DIST_SAT), "a wrong probe distance");
             which ? in_b++ : in_a++;
@@ -843,7 +1027,7 @@ static PyObject *Table_check(Table *t, PyObject *Py_UNUSED(ignored)) {
     Py_ssize_t i = 0;
     while (PyDict_Next(t->dups, &i, &key, &value)) {
         id = (uint32_t)PyLong_AsUnsignedLong(key);
-        CHECK(id && id < t->top && !IS_FREE(t->meta[id]) && PyLong_AsLong(value) > 0, "copies of a free id");
+        CHECK(id && id < t->h->top && !IS_FREE(t->meta[id]) && PyLong_AsLong(value) > 0, "copies of a free id");
     }
     Py_DECREF(keyset);
     Py_RETURN_NONE;
@@ -853,15 +1037,20 @@ fail:
 }
 
 static PyObject *Table_stats(Table *t, PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("KKK", (unsigned long long)t->entries, (unsigned long long)t->keys,
-                         (unsigned long long)t->evictions);
+    Header *h = t->h;
+    return Py_BuildValue("KKK", (unsigned long long)RD(h->entries), (unsigned long long)RD(h->keys),
+                         (unsigned long long)RD(h->evictions));
 }
 
 static PyObject *Table_nbytes(Table *t, PyObject *Py_UNUSED(ignored)) {
-    size_t n = (size_t)t->slab_cap * (2 * sizeof(uint64_t) + sizeof(uint32_t)) + (size_t)t->cap * 2 * sizeof(uint32_t) +
-               (size_t)t->nscratch * 5 * sizeof(uint32_t) + (size_t)t->ids_cap * sizeof(uint32_t) + sizeof(Table);
-    return PyLong_FromSize_t(n);
+    /* What the records use: the slab up to its highest id ever used, the active index copies. */
+    Header *h = t->h;
+    uint64_t n = round_page(sizeof(Header)) + (uint64_t)RD(h->top) * (2 * sizeof(uint64_t) + sizeof(uint32_t) + 1) +
+                 (uint64_t)RD(h->cap) * 2 * sizeof(uint32_t);
+    return PyLong_FromUnsignedLongLong(n);
 }
+
+static PyObject *Table_mapped(Table *t, PyObject *Py_UNUSED(ignored)) { return PyLong_FromSize_t(t->size); }
 
 static PyMethodDef Table_methods[] = {
     {"store", (PyCFunction)Table_store, METH_VARARGS, store_doc},
@@ -871,51 +1060,91 @@ static PyMethodDef Table_methods[] = {
     {"clear", (PyCFunction)Table_clear, METH_O, clear_doc},
     {"match", (PyCFunction)Table_match, METH_VARARGS, match_doc},
     {"stats", (PyCFunction)Table_stats, METH_NOARGS, "stats() -> (entries, keys, evictions)"},
-    {"nbytes", (PyCFunction)Table_nbytes, METH_NOARGS, "nbytes() -> bytes allocated (slab, indexes, scratch)"},
+    {"nbytes", (PyCFunction)Table_nbytes, METH_NOARGS, "nbytes() -> bytes the records use (slab, active indexes)"},
+    {"mapped", (PyCFunction)Table_mapped, METH_NOARGS, "mapped() -> bytes of address space mapped (committed as used)"},
     {"records", (PyCFunction)Table_records, METH_NOARGS,
      "records() -> [(slot, tier, engine_hash, key, copies, age), ...] (tests)"},
     {"check", (PyCFunction)Table_check, METH_NOARGS, "check(): raise AssertionError if the structures disagree (tests)"},
     {NULL, NULL, 0, NULL},
 };
 
+static int map_region(Table *t, int fd, size_t size, int shared) {
+    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                      shared ? MAP_SHARED : (MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE), fd, 0);
+    if (base == MAP_FAILED) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    t->base = base;
+    t->size = size;
+    return 0;
+}
+
 static int Table_init(Table *t, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"max_entries", NULL};
-    unsigned long long max_entries;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "K", kwlist, &max_entries)) return -1;
+    static char *kwlist[] = {"max_entries", "fd", "attach", NULL};
+    unsigned long long max_entries = 0;
+    int fd = -1, attach = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|Kip", kwlist, &max_entries, &fd, &attach)) return -1;
+    if (t->base) {
+        PyErr_SetString(PyExc_RuntimeError, "RecordTable is initialised once");
+        return -1;
+    }
+    if (attach) { /* a reader of another process's table */
+        Header probe;
+        if (fd < 0 || pread(fd, &probe, sizeof(probe), 0) != (ssize_t)sizeof(probe)) {
+            PyErr_SetString(PyExc_ValueError, "attach needs the fd of a KV index");
+            return -1;
+        }
+        if (probe.magic != REGION_MAGIC) {
+            PyErr_SetString(PyExc_ValueError, "not a KV index (bad magic)");
+            return -1;
+        }
+        if (map_region(t, fd, probe.size, 1) < 0) return -1;
+        t->writer = 0;
+        point(t);
+        return 0;
+    }
     if (max_entries == 0 || max_entries > (unsigned long long)MAX_ID - (1u << 20)) {
         PyErr_Format(PyExc_ValueError, "max_entries must be in [1, %u]", MAX_ID - (1u << 20));
         return -1;
     }
-    if (t->dups) {
-        PyErr_SetString(PyExc_RuntimeError, "RecordTable is initialised once");
+    Header h;
+    memset(&h, 0, sizeof(h));
+    uint64_t size = layout(&h, max_entries);
+    if (fd >= 0 && ftruncate(fd, (off_t)size) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
+    if (map_region(t, fd, size, fd >= 0) < 0) return -1;
     t->dups = PyDict_New();
     if (!t->dups) return -1;
-    t->max_entries = max_entries;
-    t->epoch_len = max_entries / EPOCHS_PER_CAP ? max_entries / EPOCHS_PER_CAP : 1;
+    h.top = 1; /* id 0 marks an empty index slot */
+    h.epoch_len = max_entries / EPOCHS_PER_CAP ? max_entries / EPOCHS_PER_CAP : 1;
+    h.magic = 0;
+    memcpy(t->base, &h, sizeof(h));
+    __atomic_store_n(&((Header *)t->base)->magic, REGION_MAGIC, __ATOMIC_RELEASE);
+    t->writer = 1;
+    point(t);
     return 0;
 }
 
 static void Table_dealloc(Table *t) {
-    PyMem_RawFree(t->key);
-    PyMem_RawFree(t->eng);
-    PyMem_RawFree(t->meta);
-    PyMem_RawFree(t->ia);
-    PyMem_RawFree(t->ib);
+    if (t->base) munmap(t->base, t->size);
     PyMem_Free(t->alive_pos);
     PyMem_Free(t->seen);
     PyMem_Free(t->offmark);
     PyMem_Free(t->offgpu);
     PyMem_Free(t->alive);
     PyMem_Free(t->ids);
+    PyMem_Free(t->metas);
     Py_XDECREF(t->dups);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
 static PyTypeObject TableType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "epp.kvcache._records.RecordTable",
-    .tp_doc = PyDoc_STR("RecordTable(max_entries): (slot, tier, engine hash) -> key records, capped."),
+    .tp_doc = PyDoc_STR("RecordTable(max_entries, fd=-1): (slot, tier, engine hash) -> key records, capped;\n"
+                        "in a memfd when fd >= 0. RecordTable(fd=fd, attach=True): a reader of one."),
     .tp_basicsize = sizeof(Table),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,

@@ -39,13 +39,18 @@ the same reason). An evicted key's engine hashes go too, orphaning events chaine
 
 Synchronous and single-threaded by design: the asyncio ingestion task calls `apply` between
 awaits and the scheduler `match` on the same loop, so no call sees another half done (the table's
-methods hold the GIL throughout).
+methods hold the GIL throughout). `BlockIndex(shared=True)` keeps its records in a memfd that
+other processes read (`IndexReader`: match and the per-pod facts, which the writer's process
+sends them, `pods_table`): `epp serve --workers N` ingests once, in the supervisor, and every
+worker matches against that one index (epp.workers.shared_kv; the table's seqlock makes each
+block's lookup consistent, see epp/kvcache/_records.c).
 Costs: tests/kvcache/bench_index.py.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import time
 from collections.abc import Collection, Sequence
 from typing import Any, Final
@@ -96,8 +101,8 @@ class IndexStats(msgspec.Struct, frozen=True, gc=False):
     missed_removals: int
     malformed: int
     # Cumulative, for llm-d's `kv_cache_*` series: blocks stored (records and copies), records
-    # removed by BlockRemoved, removals that only dropped a copy; `match` calls, and the longest
-    # leading run any pod held, summed over them.
+    # removed by BlockRemoved, removals that only dropped a copy (the writer's: a reader's are 0);
+    # `match` calls, and the longest leading run any pod held, summed over them (this process's).
     admissions: int = 0
     removals: int = 0
     deduplicated: int = 0
@@ -118,22 +123,131 @@ class _Pod:
         self.model = ""
 
 
-class BlockIndex:
+class KVIndexView:
+    """What the scheduler reads of a KV index: matches and, per pod, how its prompts are keyed."""
+
+    def __init__(self, table: RecordTable) -> None:
+        self._table = table
+        self._pods: dict[str, _Pod] = {}
+        self._slots: list[_Pod | None] = []
+        self._live: list[int] = []  # slots of every pod, for a match over all of them
+        self._lookups = 0
+        self._lookup_hits = 0
+        # Seconds per `match` (llm-d's lookup latency), in plain numbers: no lock per lookup.
+        self.lookup_seconds = Histogram(LOOKUP_BUCKETS)
+
+    def match(self, keys: Sequence[BlockKey], pods: Collection[str] | None = None) -> dict[str, MatchResult]:
+        """Each pod's run of leading blocks of `keys` it holds (pods with none are left out).
+
+        Only `pods` are considered when given (unknown names are ignored). The walk stops at the
+        first block no pod still in the running holds. The matched blocks are touched.
+        """
+        started = time.perf_counter()
+        found = self._match(keys, pods)
+        self.lookup_seconds.observe(time.perf_counter() - started)
+        self._lookups += 1
+        if found:
+            self._lookup_hits += max(m.blocks for m in found.values())
+        return found
+
+    def _match(self, keys: Sequence[BlockKey], pods: Collection[str] | None) -> dict[str, MatchResult]:
+        if pods is None:
+            slots: Sequence[int] = self._live
+        else:
+            known = self._pods
+            slots = [p.slot for p in (known.get(name) for name in pods) if p is not None]
+        if not slots or not keys:
+            return {}
+        found = self._table.match(keys, slots)
+        if not found:
+            return {}
+        names = self._slots
+        out: dict[str, MatchResult] = {}
+        for slot, blocks, gpu_blocks in found:
+            p = names[slot] if slot < len(names) else None
+            if p is not None:  # (a reader's pod list may lag the writer's by a moment)
+                out[p.name] = MatchResult(blocks, gpu_blocks)
+        return out
+
+    def block_size_of(self, pod: str) -> int | None:
+        """The block size of `pod`'s last stored event (prompts must be hashed at it to match)."""
+        p = self._pods.get(pod)
+        return None if p is None else p.block_size
+
+    def pod_info(self, pod: str) -> tuple[int | None, str] | None:
+        """(`block_size_of`, `model_of`) in one lookup, None for a pod without events: what a
+        scorer needs per endpoint to key a prompt as the pod's events were keyed."""
+        p = self._pods.get(pod)
+        return None if p is None else (p.block_size, p.model)
+
+    def model_of(self, pod: str) -> str | None:
+        """The model `pod`'s last batch was applied with (the base of its key seeds); None if the
+        pod has no events. A request must seed its keys with the same name to match."""
+        p = self._pods.get(pod)
+        return None if p is None else p.model
+
+    def stats(self) -> IndexStats:
+        entries, keys, evictions = self._table.stats()
+        return IndexStats(
+            entries=entries,
+            keys=keys,
+            pods=len(self._pods),
+            evictions=evictions,
+            orphans=0,
+            missed_removals=0,
+            malformed=0,
+            lookups=self._lookups,
+            lookup_hits=self._lookup_hits,
+        )
+
+    def nbytes(self) -> int:
+        """Bytes the records use (the table's slab and indexes; the per-pod objects are not counted)."""
+        return self._table.nbytes()
+
+
+class IndexReader(KVIndexView):
+    """Another process's `BlockIndex(shared=True)`, read through its memfd `fd`: matches (which
+    mark the matched records for the writer's eviction order) and the pod facts `set_pods` gives."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(RecordTable(fd=fd, attach=True))
+
+    def set_pods(self, rows: Sequence[Sequence[Any]]) -> None:
+        """The writer's `pods_table()`: [[name, slot, block_size, model], ...]."""
+        pods: dict[str, _Pod] = {}
+        slots: list[_Pod | None] = []
+        for name, slot, block_size, model in rows:
+            p = _Pod(str(name), int(slot))
+            p.block_size = None if block_size is None else int(block_size)
+            p.model = str(model)
+            pods[p.name] = p
+            slots.extend([None] * (p.slot + 1 - len(slots)))
+            slots[p.slot] = p
+        self._pods = pods
+        self._slots = slots
+        self._live = [p.slot for p in pods.values()]
+
+
+class BlockIndex(KVIndexView):
     """Which pods hold which blocks (by epp key), fed by `apply`, read by `match`.
 
     Args:
         max_entries: cap on records (`IndexStats.entries`); past it the least recently used keys
             are evicted with all their records.
+        shared: keep the records in a memfd other processes can read (`shared_fd`, `IndexReader`).
     """
 
-    def __init__(self, *, max_entries: int = 10_000_000) -> None:
+    SLOT_QUARANTINE_S = 5.0
+    """A removed pod's slot is not given to another for this long: a reader's pod list lags the
+    writer's by its message's trip (epp.workers: one flush interval), and must never name a new
+    pod's records after the old one."""
+
+    def __init__(self, *, max_entries: int = 10_000_000, shared: bool = False) -> None:
         if max_entries <= 0:
             raise ValueError(f"max_entries must be > 0, got {max_entries}")
-        self._table = RecordTable(max_entries)
-        self._pods: dict[str, _Pod] = {}
-        self._slots: list[_Pod | None] = []
-        self._live: list[int] = []  # slots of every pod, for a match over all of them
-        self._free: list[int] = []  # heap of released slots
+        self.shared_fd: int | None = os.memfd_create("epp-kv-index") if shared else None
+        super().__init__(RecordTable(max_entries, -1 if self.shared_fd is None else self.shared_fd))
+        self._free: list[tuple[float, int]] = []  # heap of (released at, slot)
         self._tiers: dict[str | None, int] = {None: 0, GPU: 0}  # medium, also lower-cased -> tier
         self._tier_count = 1
         self._orphans = 0
@@ -142,10 +256,17 @@ class BlockIndex:
         self._admissions = 0
         self._removals = 0
         self._deduplicated = 0
-        self._lookups = 0
-        self._lookup_hits = 0
-        # Seconds per `match` (llm-d's lookup latency), in plain numbers: no lock per lookup.
-        self.lookup_seconds = Histogram(LOOKUP_BUCKETS)
+        self.pods_version = 0  # goes up when a pod, its block size or its model changes
+
+    def close(self) -> None:
+        """Close the memfd (the mapping stays until the index is freed)."""
+        if self.shared_fd is not None:
+            os.close(self.shared_fd)
+            self.shared_fd = None
+
+    def pods_table(self) -> list[list[Any]]:
+        """[[name, slot, block_size, model], ...]: what an `IndexReader` needs besides the records."""
+        return [[p.name, p.slot, p.block_size, p.model] for p in self._pods.values()]
 
     # --- ingestion ------------------------------------------------------------------------------
 
@@ -156,7 +277,9 @@ class BlockIndex:
         `default_block_size` stands in for a BlockStored's `block_size` of 0."""
         st = ApplyStats()
         p = self._pods.get(pod) or self._add_pod(pod)
-        p.model = model
+        if p.model != model:
+            p.model = model
+            self.pods_version += 1
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 self._stored(p, ev, model, default_block_size, st)
@@ -183,12 +306,15 @@ class BlockIndex:
             return
         self._table.clear(p.slot)
         self._slots[p.slot] = None
-        heapq.heappush(self._free, p.slot)
+        heapq.heappush(self._free, (time.monotonic(), p.slot))
         self._live.remove(p.slot)
+        self.pods_version += 1
 
     def _add_pod(self, name: str) -> _Pod:
-        if self._free:
-            slot = heapq.heappop(self._free)
+        if self._free and (
+            self.shared_fd is None or time.monotonic() - self._free[0][0] > self.SLOT_QUARANTINE_S
+        ):
+            _, slot = heapq.heappop(self._free)
         elif len(self._slots) < MAX_SLOTS:
             slot = len(self._slots)
             self._slots.append(None)
@@ -196,6 +322,7 @@ class BlockIndex:
             raise ValueError(f"KV index: more than {MAX_SLOTS} pods")
         p = self._slots[slot] = self._pods[name] = _Pod(name, slot)
         self._live.append(slot)
+        self.pods_version += 1
         return p
 
     def _tier(self, medium: str | None) -> int:
@@ -247,7 +374,9 @@ class BlockIndex:
                 st.orphans += n
                 return
             new = block_keys(tokens, size, seed=0, parent=pk)
-        p.block_size = size
+        if p.block_size != size:
+            p.block_size = size
+            self.pods_version += 1
         p.tiers |= 1 << tier
         _, evicted = self._table.store(p.slot, tier, hashes, new)
         st.stored += n
@@ -268,78 +397,22 @@ class BlockIndex:
         st.missed_removals += missed
         st.deduplicated += deduplicated
 
-    # --- queries --------------------------------------------------------------------------------
-
-    def match(self, keys: Sequence[BlockKey], pods: Collection[str] | None = None) -> dict[str, MatchResult]:
-        """Each pod's run of leading blocks of `keys` it holds (pods with none are left out).
-
-        Only `pods` are considered when given (unknown names are ignored). The walk stops at the
-        first block no pod still in the running holds. The matched blocks are touched.
-        """
-        started = time.perf_counter()
-        found = self._match(keys, pods)
-        self.lookup_seconds.observe(time.perf_counter() - started)
-        self._lookups += 1
-        if found:
-            self._lookup_hits += max(m.blocks for m in found.values())
-        return found
-
-    def _match(self, keys: Sequence[BlockKey], pods: Collection[str] | None) -> dict[str, MatchResult]:
-        if pods is None:
-            slots: Sequence[int] = self._live
-        else:
-            known = self._pods
-            slots = [p.slot for p in (known.get(name) for name in pods) if p is not None]
-        if not slots or not keys:
-            return {}
-        found = self._table.match(keys, slots)
-        if not found:
-            return {}
-        names = self._slots
-        out: dict[str, MatchResult] = {}
-        for slot, blocks, gpu_blocks in found:
-            p = names[slot]
-            assert p is not None
-            out[p.name] = MatchResult(blocks, gpu_blocks)
-        return out
-
-    def block_size_of(self, pod: str) -> int | None:
-        """The block size of `pod`'s last stored event (prompts must be hashed at it to match)."""
-        p = self._pods.get(pod)
-        return None if p is None else p.block_size
-
-    def pod_info(self, pod: str) -> tuple[int | None, str] | None:
-        """(`block_size_of`, `model_of`) in one lookup, None for a pod without events: what a
-        scorer needs per endpoint to key a prompt as the pod's events were keyed."""
-        p = self._pods.get(pod)
-        return None if p is None else (p.block_size, p.model)
-
-    def model_of(self, pod: str) -> str | None:
-        """The model `pod`'s last batch was applied with (the base of its key seeds); None if the
-        pod has no events. A request must seed its keys with the same name to match."""
-        p = self._pods.get(pod)
-        return None if p is None else p.model
-
     def stats(self) -> IndexStats:
-        entries, keys, evictions = self._table.stats()
+        view = super().stats()
         return IndexStats(
-            entries=entries,
-            keys=keys,
-            pods=len(self._pods),
-            evictions=evictions,
+            entries=view.entries,
+            keys=view.keys,
+            pods=view.pods,
+            evictions=view.evictions,
             orphans=self._orphans,
             missed_removals=self._missed,
             malformed=self._malformed,
             admissions=self._admissions,
             removals=self._removals,
             deduplicated=self._deduplicated,
-            lookups=self._lookups,
-            lookup_hits=self._lookup_hits,
+            lookups=view.lookups,
+            lookup_hits=view.lookup_hits,
         )
-
-    def nbytes(self) -> int:
-        """Bytes the records take (the table's arrays; the per-pod objects are not counted)."""
-        return self._table.nbytes()
 
 
 def _cache_salt(ev: BlockStored) -> str | None:

@@ -17,8 +17,9 @@ fake pod's LRU cache (20,000 blocks) drops, 16 events per batch.
   system prompt and its own conversations; the query is one pod's stored conversation (the whole
   prompt matches, the worst case for the walk). keys + match per query, p50 and p99.
 - memory: bytes per record after filling 2M records (or `--records N`; tracemalloc's traced bytes,
-  which leave out allocator rounding, RSS growth of this process, and the record table's own
-  count of its arrays), for unique blocks (one holder per key), for blocks shared by all 8 pods,
+  which leave out allocator rounding and see none of the C table's mapping, i.e. only the Python
+  side; RSS growth of this process, which includes the case's own lists of live hashes; and the
+  record table's own count of the slab and index pages in use), for unique blocks (one holder per key), for blocks shared by all 8 pods,
   after a 2x turnover by BlockRemoved (the steady state of real engines) and after a 1x turnover
   by the cap (evictions). Each case runs in a fresh process.
 `--baseline REV` runs apply, match and memory with the BlockIndex (and block keys) of git revision
