@@ -47,13 +47,15 @@ async def complete(session: aiohttp.ClientSession, stack: Stack, prompt: str) ->
     return reply.received_destination, reply.json()["usage"]
 
 
-@pytest.mark.parametrize("mode", ["connect", "bind"])
+@pytest.mark.parametrize("mode", ["connect", "bind", "connect-workers"])
 async def test_routes_on_blocks_the_pods_report_and_predicts_their_cached_tokens(
     stacks: Any, session: aiohttp.ClientSession, mode: str
 ) -> None:
     """connect: epp subscribes to each pod's publisher (endpoints file); bind: the pods connect to
-    epp's socket and are told apart by their topics, kv@<ip:port>@<model>."""
-    stack: Stack = stacks(StackOptions(n_backends=3, kv_events=mode))
+    epp's socket and are told apart by their topics, kv@<ip:port>@<model>; connect-workers: with
+    `--workers 2` the supervisor subscribes and the workers route on its shared index."""
+    workers = ["--workers", "2"] if mode == "connect-workers" else []
+    stack: Stack = stacks(StackOptions(n_backends=3, kv_events=mode.split("-")[0], epp_args=workers))
     await wait_routable(session, stack.url)
     first, usage = await complete(session, stack, SHARED + "Question one: can I return a rake?")
     assert usage["prompt_tokens_details"]["cached_tokens"] == 0
@@ -92,10 +94,11 @@ async def test_routes_on_blocks_the_pods_report_and_predicts_their_cached_tokens
     assert parse_prometheus(metrics, "epp_kv_index_entries")[""] > 0
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
 async def test_reset_prefix_cache_clears_the_pods_entries(
-    stacks: Any, session: aiohttp.ClientSession
+    stacks: Any, session: aiohttp.ClientSession, workers: str
 ) -> None:
-    stack: Stack = stacks(StackOptions(n_backends=2, kv_events="connect"))
+    stack: Stack = stacks(StackOptions(n_backends=2, kv_events="connect", epp_args=["--workers", workers]))
     await wait_routable(session, stack.url)
     prompt = SHARED + "Question: which gloves fit?"
     served, _ = await complete(session, stack, prompt)

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Datastore, Endpoint
-from epp.kvcache.index import BlockIndex
+from epp.kvcache.index import KVIndexView
 
 CycleState = dict[str, Any]
 
@@ -209,7 +209,7 @@ class Handle:
 
     datastore: Datastore
     # Where vLLM's KV-cache events land (None when KV events are off): precise prefix scoring.
-    kv_index: BlockIndex | None = None
+    kv_index: KVIndexView | None = None
     extras: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 

@@ -35,7 +35,7 @@ from epp.flags import compat as flags_compat
 from epp.flags import extproc as flags_extproc
 from epp.flags import kv_events as kv_events_flags
 from epp.flags import metrics_port as flags_metrics_port
-from epp.kvcache.index import BlockIndex
+from epp.kvcache.index import BlockIndex, IndexReader, KVIndexView
 from epp.observability import collectors, logs, metrics, tracing
 from epp.requestcontrol.offload import BodyParsers
 from epp.scheduling import config as sched_config
@@ -160,7 +160,11 @@ async def _run_traced(args: argparse.Namespace, role: workers_worker.WorkerRole 
     if role is not None:
         role.adjust(args)
     datastore = Datastore()
-    index = BlockIndex(max_entries=args.kv_index_max_entries) if args.kv_events != "off" else None
+    index: KVIndexView | None = None
+    if role is not None and role.kv_index_fd is not None:
+        index = role.kv_reader = IndexReader(role.kv_index_fd)  # the supervisor's (epp.workers.shared_kv)
+    elif args.kv_events != "off":
+        index = BlockIndex(max_entries=args.kv_index_max_entries)
     handle = Handle(datastore=datastore, kv_index=index)
     # epp-tiny as the default is decided in _run, once the config and the endpoints file are read.
     tokenizers = Tokenizers.from_spec(

@@ -20,7 +20,7 @@ from epp.api.context_length import ContextLimits
 from epp.api.limits import RequestLimits
 from epp.datastore import standalone
 from epp.datastore.dcgm import DcgmPoller
-from epp.datastore.endpoints import Datastore, Endpoint
+from epp.datastore.endpoints import Datastore
 from epp.datastore.engines import DEFAULT_ENGINES, with_default_overrides
 from epp.datastore.file_discovery import FileDiscovery
 from epp.datastore.model_rewrites import ModelRewriteStore
@@ -36,7 +36,8 @@ from epp.k8s import metricsauth as k8s_metricsauth
 from epp.k8s import objectives as k8s_objectives
 from epp.k8s.from_flags import kubernetes_source, leader_elector
 from epp.k8s.operator import PoolOperator
-from epp.kvcache.ingest import FeedSpec, KVEventIngester
+from epp.kvcache.index import BlockIndex
+from epp.kvcache.ingest import KVEventIngester
 from epp.observability import collectors, metrics, metrics_tls
 from epp.observability import http as obs_http
 from epp.observability.looplag import LoopLagMonitor
@@ -52,38 +53,11 @@ from epp.tokenize import registry as tokenize_registry
 from epp.tokenize.registry import Tokenizers
 from epp.tokenize.render import Renderer
 from epp.workers import memory as workers_memory
+from epp.workers import shared_kv
 from epp.workers import worker as workers_worker
 from epp.workers.shared_metrics import MetricsFollower
 
 log = logging.getLogger("epp")
-
-_warned_bind_ranks: list[bool] = []  # warn once per process
-
-
-def feed_spec(ep: Endpoint, args: argparse.Namespace) -> FeedSpec:
-    """Where `ep`'s KV events come from: its entry's kvEvents/kvReplay, else the default ports
-    offset by its data-parallel rank (vLLM's DP ranks publish on base port + rank)."""
-    spec = ep.spec
-    if args.kv_events == "bind" and spec.rank > 0 and not _warned_bind_ranks:
-        # vLLM offsets every rank's endpoint port, connect or bind: rank r dials <epp>:5557+r,
-        # and epp binds one port. Until it binds one per rank, DP servers need connect mode.
-        _warned_bind_ranks.append(True)
-        log.warning(
-            "kv events: bind mode receives only data-parallel rank 0 (rank %d of %s dials another "
-            "port); use --kv-events connect for data-parallel servers",
-            spec.rank,
-            ep.name,
-        )
-    host = f"[{spec.address}]" if ":" in spec.address else spec.address
-    events = None
-    if args.kv_events == "connect":
-        events = spec.kv_events or f"tcp://{host}:{args.kv_events_port + spec.rank}"
-    replay = spec.kv_replay
-    if replay is None and args.kv_replay_port is not None:
-        replay = f"tcp://{host}:{args.kv_replay_port + spec.rank}"
-    return FeedSpec(
-        pod=ep.name, model=spec.model, events=events, replay=replay, hostport=ep.hostport, rank=spec.rank
-    )
 
 
 async def run_until_stopped(
@@ -122,7 +96,7 @@ async def run_until_stopped(
         elector = leader_elector(args, pool_operator)
     pool_gauge.set(len(datastore.routable()))
     if ingester is not None:
-        ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
+        ingester.set_feeds(shared_kv.feed_spec(ep, args) for ep in datastore.endpoints())
     metrics_source = _scraper(args, datastore, pool_label, config.data_layer.metrics, role)
     dcgm = [
         DcgmPoller(
@@ -272,25 +246,16 @@ def _director(
 
 
 def _kv_ingester(args: argparse.Namespace, handle: Handle, datastore: Datastore) -> KVEventIngester | None:
-    """The KV-event ingestion feeding `handle.kv_index`, following the pool's membership."""
-    if handle.kv_index is None:
+    """The KV-event ingestion feeding `handle.kv_index`; none for a worker, which reads its
+    supervisor's index (epp.workers.shared_kv)."""
+    if not isinstance(handle.kv_index, BlockIndex):
         return None
-    ingester = KVEventIngester(
+    return shared_kv.kv_ingester(
+        args,
         handle.kv_index,
-        bind=args.kv_events_bind if args.kv_events == "bind" else None,
-        default_block_size=args.kv_block_size,
-        access=args.kv_events_allow,
-        max_message_bytes=args.kv_events_max_message_bytes,
+        datastore,
         routed_tokens=lambda pod: ep.routed_tokens if (ep := datastore.get(pod)) is not None else 0,
-        silence_grace=args.kv_events_silence_grace,
     )
-
-    def follow_membership(added: list[Endpoint], removed: list[Endpoint]) -> None:
-        # Every change re-states the whole set: the ingester reconciles (new, gone, moved).
-        ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
-
-    datastore.subscribe(follow_membership)
-    return ingester
 
 
 def _endpoint_sources(

@@ -5,10 +5,11 @@ workers x endpoints (~0.4% of a core per endpoint and worker at the 50 ms defaul
 supervisor scrapes (`MetricsHub`: a `MetricsScraper` over a datastore of its own) and the workers
 follow (`MetricsFollower`), over the control socket each worker already has (JSON lines):
 
-- worker -> supervisor `{"endpoints": [[name, address, port, metrics_port, pod], ...]}`: its
-  datastore's endpoints, sent when they change. The supervisor scrapes the union of what its
-  live workers listed (every worker reads the same sources, so they differ only for a moment),
-  and answers a worker that (re)starts with every endpoint's current state.
+- worker -> supervisor `{"endpoints": [[name, address, port, metrics_port, pod, rank, model,
+  kv_events, kv_replay], ...]}`: its datastore's endpoints, sent when they change. The
+  supervisor scrapes the union of what its live workers listed (every worker reads the same
+  sources, so they differ only for a moment), and answers a worker that (re)starts with every
+  endpoint's current state.
 - supervisor -> workers `{"metrics": [entry, ...]}` with the endpoints whose scrape changed
   anything a worker reads (values, exclusion, failures; an unchanged page sends nothing),
   `{"limits": [[name, {model: max_model_len}], ...]}` when a server's model cards change, and a
@@ -46,9 +47,20 @@ waiting_loras, requests_total, updated_at, excluded, scrape_failures]"""
 
 
 def endpoint_list(datastore: Datastore) -> list[list[Any]]:
-    """What a worker tells the supervisor about its endpoints (what scraping needs)."""
+    """What a worker tells the supervisor about its endpoints (what scraping and the KV events
+    need)."""
     return [
-        [ep.name, ep.spec.address, ep.spec.port, ep.spec.metrics_port, ep.spec.pod]
+        [
+            ep.name,
+            ep.spec.address,
+            ep.spec.port,
+            ep.spec.metrics_port,
+            ep.spec.pod,
+            ep.spec.rank,
+            ep.spec.model,
+            ep.spec.kv_events,
+            ep.spec.kv_replay,
+        ]
         for ep in datastore.endpoints()
     ]
 
@@ -107,7 +119,7 @@ class MetricsHub:
         """Worker `worker`'s endpoints; the messages that bring it up to date."""
         specs = []
         for item in endpoints:
-            name, address, port, metrics_port, pod = item
+            name, address, port, metrics_port, pod, rank, model, kv_events, kv_replay = item
             specs.append(
                 EndpointSpec(
                     name=str(name),
@@ -115,6 +127,10 @@ class MetricsHub:
                     port=int(port),
                     metrics_port=metrics_port,
                     pod=str(pod),
+                    rank=int(rank),
+                    model=str(model),
+                    kv_events=kv_events,
+                    kv_replay=kv_replay,
                 )
             )
         self._listed[worker] = specs

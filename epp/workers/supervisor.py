@@ -11,11 +11,11 @@ It does no routing. It
   one worker, the lowest live one or the one the `X-Epp-Worker` request header names,
 - scrapes every model server once for the pod, and passes the results to the workers
   (epp.workers.shared_metrics), which list their endpoints to it,
-- leaves the KV events to the workers: in connect mode each subscribes to every pod, so every
-  worker's index sees every event. Bind mode runs one process (`--workers auto` falls back to 1,
-  an explicit N > 1 is a startup error): one process only can bind the port, and the bound
-  socket's door (which pod may publish, checked per connection against the sender's address)
-  would not survive a forwarder between vLLM and the workers,
+- consumes the KV events once for the pod (connect mode): one ingester, one index in a memfd
+  every worker maps and matches against (epp.workers.shared_kv). Bind mode runs one process
+  (`--workers auto` falls back to 1, an explicit N > 1 is a startup error): one process only
+  can bind the port, and the bound socket's door (which pod may publish, checked per connection
+  against the sender's address) would not survive a forwarder between vLLM and the workers,
 - with --ha-enable-leader-election, campaigns for the Lease once for the pod and tells the workers,
 - restarts a worker that exits (logged, counted in epp_worker_restarts_total, backoff 1 s doubling
   to 30 s); a worker that fails before it ever started serving stops the pod with its exit code
@@ -58,7 +58,7 @@ from epp.k8s import leader as k8s_leader
 from epp.k8s import metricsauth as k8s_metricsauth
 from epp.observability import http as obs_http
 from epp.observability import metrics, metrics_tls
-from epp.workers import merge, shared_metrics, worker
+from epp.workers import merge, shared_kv, shared_metrics, worker
 
 log = logging.getLogger("epp.workers")
 
@@ -120,6 +120,8 @@ class Supervisor:
         self.hub = shared_metrics.MetricsHub(
             lambda datastore, on_update: scraper.from_flags(args, datastore, pool, on_update, engines)
         )
+        # Connect mode only: bind mode runs one process (epp.serve._worker_count).
+        self.kv = shared_kv.KVHub(args, self.hub.datastore) if args.kv_events == "connect" else None
         self._sessions: dict[int, aiohttp.ClientSession] = {}
         self._health_changed = asyncio.Event()
         self.lease: k8s_leader.LeaderElector | None = None
@@ -142,11 +144,15 @@ class Supervisor:
         )
         if self._tls_pair is not None:
             env[worker.TLS_ENV] = self._tls_pair
+        fds = [theirs.fileno()]
+        if self.kv is not None:
+            env[worker.KV_INDEX_ENV] = str(self.kv.fd)
+            fds.append(self.kv.fd)
         try:
             # Its own session: a terminal's Ctrl-C reaches the supervisor only, which passes it on
             # once (twice would end the workers' drain at once).
             slot.proc = await asyncio.create_subprocess_exec(
-                *self.command, env=env, pass_fds=(theirs.fileno(),), start_new_session=True
+                *self.command, env=env, pass_fds=fds, start_new_session=True
             )
         except BaseException:
             ours.close()  # no worker to talk to
@@ -178,12 +184,15 @@ class Supervisor:
         writer.write(json.dumps(message).encode() + b"\n")
         return True
 
+    def _snapshot(self) -> list[dict[str, Any]]:
+        return self.hub.snapshot() + (self.kv.snapshot() if self.kv is not None else [])
+
     def _broadcast(self, message: dict[str, Any]) -> None:
         for slot in self.slots:
             if not slot.started:
                 continue
             if slot.resync:
-                slot.resync = not all(self._write(slot, m) for m in self.hub.snapshot())
+                slot.resync = not all(self._write(slot, m) for m in self._snapshot())
                 if slot.resync:
                     continue
             if not self._write(slot, message):
@@ -202,7 +211,8 @@ class Supervisor:
                     slot.started = True
                 if "endpoints" in message:
                     slot.resync = False
-                    for update in self.hub.listed(slot.index, message["endpoints"]):
+                    updates = self.hub.listed(slot.index, message["endpoints"])
+                    for update in updates + (self.kv.snapshot() if self.kv is not None else []):
                         slot.resync |= not self._write(slot, update)
                 if "ready" in message:
                     slot.ready = bool(message["ready"])
@@ -413,6 +423,8 @@ class Supervisor:
         for sig in drain.SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         await self.hub.start(self._broadcast)
+        if self.kv is not None:
+            await self.kv.start(self._broadcast)
         # Plain tasks: each returns when the pod stops; an exception is logged below.
         keepers = [asyncio.create_task(self._keep(slot), name=f"worker {slot.index}") for slot in self.slots]
         followers: list[asyncio.Task[None]] = []
@@ -444,6 +456,8 @@ class Supervisor:
             await asyncio.wait(keepers, timeout=10)
             await tasks.cancel_and_wait([*followers, *keepers])
             await self.hub.stop()
+            if self.kv is not None:
+                await self.kv.stop()
             for keeper in keepers:
                 if not keeper.cancelled() and keeper.exception() is not None:
                     log.error("%s failed", keeper.get_name(), exc_info=keeper.exception())

@@ -8,8 +8,9 @@ without a writable /tmp (GIE's chart runs epp so). The worker then
 - does not serve the health port (the supervisor answers for the pod) nor the metrics port: its
   /metrics and debug endpoints are on an abstract Unix socket that answers its own user only,
   behind the supervisor's,
-- consumes the KV events itself (connect mode: it subscribes to every pod; bind mode allows one
-  process only, see epp.workers.supervisor),
+- reads the supervisor's KV index (a memfd it inherits, EPP_WORKER_KV_INDEX_FD) instead of
+  consuming the KV events itself (epp.workers.shared_kv; bind mode allows one process only, see
+  epp.workers.supervisor),
 - does not scrape the model servers: it tells the supervisor its endpoints and applies the
   supervisor's scrapes (epp.workers.shared_metrics),
 - follows the supervisor's Lease instead of campaigning itself,
@@ -17,8 +18,9 @@ without a writable /tmp (GIE's chart runs epp so). The worker then
   shuts down (drains) when the socket closes, so a supervisor that is killed takes its workers
   with it.
 Messages are JSON lines: worker -> supervisor {"started": true} / {"ready": bool} /
-{"endpoints": [...]}; supervisor -> worker {"leading": bool}, and the scrapes ({"metrics": ...},
-{"limits": ...}, {"fresh": ...}: epp.workers.shared_metrics).
+{"endpoints": [...]}; supervisor -> worker {"leading": bool}, the scrapes ({"metrics": ...},
+{"limits": ...}, {"fresh": ...}: epp.workers.shared_metrics) and the KV index's pod table
+({"kv_pods": ...}: epp.workers.shared_kv).
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from epp import tasks
 from epp.datastore.endpoints import Datastore
+from epp.kvcache.index import IndexReader
 from epp.observability import metrics
 from epp.workers import merge
+from epp.workers.shared_kv import ReaderStats
 from epp.workers.shared_metrics import MetricsFollower
 
 log = logging.getLogger("epp.workers")
@@ -54,6 +58,8 @@ CONTROL_ENV = "EPP_WORKER_CONTROL_FD"
 COUNT_ENV = "EPP_WORKERS"
 SUPERVISOR_ENV = "EPP_SUPERVISOR_PID"
 TLS_ENV = "EPP_WORKER_TLS"
+KV_INDEX_ENV = "EPP_WORKER_KV_INDEX_FD"
+"""The supervisor's KV index (a memfd this worker inherited), when KV events are on."""
 """The pod's self-signed key and certificate (PEM, JSON), when --secure-serving has no --cert-path."""
 CONTROL_LINE_LIMIT = 64 * 1024 * 1024
 """Longest control message (a line): a full scrape of 1,000 endpoints is ~150 KB."""
@@ -131,6 +137,10 @@ class WorkerRole:
         self._reader_task: asyncio.Task[None] | None = None
         self._unsent: list[bytes] = []  # written once the control socket is open
         self.follower: MetricsFollower | None = None
+        fd = os.environ.get(KV_INDEX_ENV)
+        self.kv_index_fd = int(fd) if fd else None
+        self.kv_reader: IndexReader | None = None
+        self._kv_stats: ReaderStats | None = None
 
     def adjust(self, args: argparse.Namespace) -> None:
         """The flags as this worker applies them (after the config's kvEventsConfig is read)."""
@@ -161,6 +171,9 @@ class WorkerRole:
     def metrics_follower(self, datastore: Datastore, pool_name: str) -> MetricsFollower:
         """What stands in for this worker's scraper: the supervisor's scrapes, applied."""
         self.follower = MetricsFollower(datastore, pool_name, self.send)
+        if self.kv_reader is not None and self._kv_stats is None:
+            self._kv_stats = ReaderStats(self.kv_reader)
+            self._kv_stats.start()
         return self.follower
 
     def send(self, message: dict[str, Any]) -> None:
@@ -190,6 +203,9 @@ class WorkerRole:
                         continue
                     if "leading" in message and self.lease is not None:
                         self.lease.set(bool(message["leading"]))
+                    elif "kv_pods" in message:
+                        if self.kv_reader is not None:
+                            self.kv_reader.set_pods(message["kv_pods"])
                     elif self.follower is not None:
                         self.follower.apply(message)
             except ConnectionError:
@@ -207,6 +223,8 @@ class WorkerRole:
             await self._writer.drain()
 
     async def close(self) -> None:
+        if self._kv_stats is not None:
+            self._kv_stats.stop()
         if self._reader_task is not None:
             await tasks.cancel_and_wait([self._reader_task])
         if self._writer is not None:

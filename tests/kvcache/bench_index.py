@@ -16,12 +16,13 @@ fake pod's LRU cache (20,000 blocks) drops, 16 events per batch.
 - match: a warm index (~1M entries) over 8 and 64 pods in which every pod holds a 1,024-token
   system prompt and its own conversations; the query is one pod's stored conversation (the whole
   prompt matches, the worst case for the walk). keys + match per query, p50 and p99.
-- memory: bytes per record after filling 2M records (or `--records N`; tracemalloc's traced bytes,
-  which leave out allocator rounding and see none of the C table's mapping, i.e. only the Python
-  side; RSS growth of this process, which includes the case's own lists of live hashes; and the
-  record table's own count of the slab and index pages in use), for unique blocks (one holder per key), for blocks shared by all 8 pods,
-  after a 2x turnover by BlockRemoved (the steady state of real engines) and after a 1x turnover
-  by the cap (evictions). Each case runs in a fresh process.
+- memory: bytes per record after filling 2M records (or `--records N`): tracemalloc's traced
+  bytes (they leave out allocator rounding and see none of the C table's mapping, i.e. only the
+  Python side), RSS growth of this process (which includes the case's own lists of live hashes),
+  and the record table's own count of the slab and index pages in use; for unique blocks (one
+  holder per key), for blocks shared by all 8 pods, after a 2x turnover by BlockRemoved (the
+  steady state of real engines) and after a 1x turnover by the cap (evictions). Each case runs
+  in a fresh process.
 `--baseline REV` runs apply, match and memory with the BlockIndex (and block keys) of git revision
 REV too, in the same run: 3bf6331 is the last dict-based index, in Python.
 

@@ -56,6 +56,10 @@ async def servers() -> AsyncIterator[list[FakeVLLM]]:
         await s.stop()
 
 
+def listing(s: EndpointSpec) -> list[Any]:
+    return [s.name, s.address, s.port, None, "", 0, "", None, None]
+
+
 def specs_of(servers: list[FakeVLLM]) -> list[EndpointSpec]:
     return [EndpointSpec(name=f"pod-{i}", address="127.0.0.1", port=s.port) for i, s in enumerate(servers)]
 
@@ -68,9 +72,7 @@ async def test_workers_follow_the_supervisors_scrapes(servers: list[FakeVLLM]) -
     try:
         for i, w in enumerate(workers):
             await w.follower.start()
-            assert w.sent == [
-                {"endpoints": [[f"pod-{j}", "127.0.0.1", s.port, None, ""] for j, s in enumerate(servers)]}
-            ]
+            assert w.sent == [{"endpoints": [listing(s) for s in specs_of(servers)]}]
             for m in hub.listed(i, w.sent[0]["endpoints"]):
                 w.follower.apply(wire(m))
         assert sorted(ep.name for ep in hub.datastore.endpoints()) == ["pod-0", "pod-1"]
@@ -133,13 +135,13 @@ async def test_a_restarted_worker_gets_everything_and_lists_are_merged(servers: 
     await hub.start(lambda m: None)
     try:
         specs = specs_of(servers)
-        hub.listed(0, [[s.name, s.address, s.port, None, ""] for s in specs[:1]])
-        hub.listed(1, [[s.name, s.address, s.port, None, ""] for s in specs])
+        hub.listed(0, [listing(s) for s in specs[:1]])
+        hub.listed(1, [listing(s) for s in specs])
         assert sorted(ep.name for ep in hub.datastore.endpoints()) == ["pod-0", "pod-1"]  # the union
         servers[0].waiting = 3
         await until(lambda: hub.datastore.get("pod-0").metrics.waiting == 3, within=5)  # type: ignore[union-attr]
         late = Worker(specs)
-        for m in hub.listed(2, [[s.name, s.address, s.port, None, ""] for s in specs]):
+        for m in hub.listed(2, [listing(s) for s in specs]):
             late.follower.apply(wire(m))
         assert late.ep("pod-0").metrics.waiting == 3
         hub.gone(1)

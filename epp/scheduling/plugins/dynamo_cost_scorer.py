@@ -42,7 +42,7 @@ import msgspec
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.kvcache.index import BlockIndex
+from epp.kvcache.index import KVIndexView
 from epp.kvcache.keys import BlockKey, block_keys, seed_for
 from epp.scheduling import framework, interfaces, registry
 
@@ -64,7 +64,7 @@ class DynamoCostScorer(registry.PluginBase):
                 f"plugin {name!r} (type {self.type!r}) needs vLLM KV events: start epp with "
                 "--kv-events connect (or bind)"
             )
-        self._index: BlockIndex = handle.kv_index
+        self._index: KVIndexView = handle.kv_index
         self._weight = params.overlapScoreWeight
         self._block_size = params.blockSize
         # Active blocks per endpoint: key -> active requests using it (prefix-closed: each booking

@@ -68,7 +68,7 @@ import msgspec
 from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.kvcache.index import BlockIndex, MatchResult
+from epp.kvcache.index import KVIndexView, MatchResult
 from epp.kvcache.keys import BlockKey, block_keys, seed_for
 from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.plugins import precise_llmd
@@ -123,7 +123,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
                 f"plugin {name!r} (type {self.type!r}) needs vLLM KV events: start epp with "
                 "--kv-events connect (or bind), or use prefix-cache-scorer (approximate) instead"
             )
-        self._index: BlockIndex = handle.kv_index
+        self._index: KVIndexView = handle.kv_index
         # llm-d's form, mapped onto epp's parameters; what serve must apply, and notes to log.
         self.llmd: precise_llmd.Mapped = precise_llmd.apply(f"plugin {name!r} (type {self.type!r})", params)
         self._block_size = params.blockSize
