@@ -18,7 +18,14 @@ epp's process tree (/proc: supervisor, workers, body parsers):
 - memory: the tree's proportional set size (PSS) idle, and after the KV stages over the index's
   entries (bytes per indexed block, index and all);
 and writes `fleet.json`, a table (`fleet.md`) and, with matplotlib, `fleet-cpu.png` and
-`fleet-memory.png` (idle CPU and memory against pods, one line per worker count).
+`fleet-memory.png` (idle CPU and memory against pods, one line per worker count). The table's
+scrapes/s is what the pods served while idle: pods x (scraping processes) / interval when they
+kept up; below that, the pods' processes were the limit (add some: `--pods-per-process`) and
+epp's idle figure is low.
+
+CPU per request and per 1,000 blocks are each stretch's CPU less the idle rate's share: when
+scraping is a large part of the idle CPU and a busy epp scrapes late, the difference
+understates them; read them against each other at one pod count.
 
 Every figure is the whole epp pod's (all its workers); divide by the workers for one, and a
 replica is one such pod. The pods and the client run on the same machine and are not counted:
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -72,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--refresh-metrics-interval", default="50ms", help="epp's scrape interval (GIE's default 50ms)"
     )
     parser.add_argument("--epp-arg", action="append", default=[], help="an extra `epp serve` argument")
+    parser.add_argument(
+        "--epp-python",
+        action="append",
+        default=[],
+        help="the Python whose epp to run (repeat to compare installs, e.g. a baseline commit's venv; "
+        "default: this one)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/fleet"))
 
 
@@ -203,7 +218,7 @@ class Epp:
     """`epp serve` in front of the pods (its own session: stopped with its workers)."""
 
     def __init__(
-        self, pods: list[dict[str, Any]], workers: int, args: argparse.Namespace, workdir: Path
+        self, pods: list[dict[str, Any]], workers: int, args: argparse.Namespace, workdir: Path, python: str
     ) -> None:
         endpoints = workdir / "endpoints.yaml"
         entries = [
@@ -218,9 +233,9 @@ class Epp:
         ]
         endpoints.write_text(yaml.safe_dump({"endpoints": entries}))
         self.grpc_port, health, self.metrics_port = free_ports(3)
-        self.log = open(workdir / f"epp-{len(pods)}-{workers}.log", "w")  # noqa: SIM115 (closed in stop)
+        self.log = open(workdir / f"epp-{len(pods)}-{workers}-{abs(hash(python)) % 10_000}.log", "w")  # noqa: SIM115 (closed in stop)
         argv = [
-            sys.executable, "-m", "epp", "serve",
+            python, "-m", "epp", "serve",
             "--secure-serving=false",
             "--endpoints-file", str(endpoints),
             "--kv-events", "connect",
@@ -363,17 +378,21 @@ async def send_requests(port: int, rate: float, duration: float) -> tuple[int, i
 # --- one run -----------------------------------------------------------------------------------------
 
 
-def measure(n_pods: int, workers: int, args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {"pods": n_pods, "workers": workers}
+def measure(n_pods: int, workers: int, args: argparse.Namespace, python: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"epp": python, "pods": n_pods, "workers": workers}
     pods = Pods(n_pods, args.pods_per_process)
     epp: Epp | None = None
     try:
-        epp = Epp(pods.listing, workers, args, args.out)
+        epp = Epp(pods.listing, workers, args, args.out, python)
         epp.wait_ready()
         time.sleep(3.0)  # the first scrapes' and connections' start-up
+        scrapes0 = pods.totals()["scrapes"]
         c0, t0 = epp.cpu(), time.monotonic()
         time.sleep(args.duration)
         idle = (epp.cpu() - c0) / (time.monotonic() - t0)
+        # What the pods served: pods x workers (before epp.workers.shared_metrics: each worker
+        # scraped) / interval when they keep up; less means the pods' processes were the limit.
+        out["scrapes_per_s"] = (pods.totals()["scrapes"] - scrapes0) / (time.monotonic() - t0)
         out["idle_core"] = idle
         out["idle_core_per_pod"] = idle / n_pods
         out["pss_idle"] = epp.pss()
@@ -432,9 +451,10 @@ def measure(n_pods: int, workers: int, args: argparse.Namespace) -> dict[str, An
 
 def table(results: Sequence[dict[str, Any]]) -> str:
     rows = [
-        "| pods | workers | idle (% core) | idle per pod (% core) | CPU/request (ms) | PSS idle (MB) |"
+        "| epp | pods | workers | scrapes/s | idle (% core) | idle per pod (% core) | CPU/request (ms) |"
+        " PSS idle (MB) |"
         " KV: rate -> core, ms/1k blocks, catch-up | bytes per indexed block |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         kv = "; ".join(
@@ -445,8 +465,10 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         )
         per_block = r.get("bytes_per_indexed_block")
         cells = [
+            r.get("epp", sys.executable),
             str(r["pods"]),
             str(r["workers"]),
+            f"{r.get('scrapes_per_s', float('nan')):.0f}",
             f"{100 * r['idle_core']:.1f}",
             f"{100 * r['idle_core_per_pod']:.3f}",
             f"{r.get('cpu_ms_per_request', float('nan')):.2f}",
@@ -456,6 +478,10 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+def args_pythons(results: Sequence[dict[str, Any]]) -> set[str]:
+    return {r.get("epp", "") for r in results}
 
 
 def plot(results: Sequence[dict[str, Any]], out: Path) -> list[Path]:
@@ -472,8 +498,11 @@ def plot(results: Sequence[dict[str, Any]], out: Path) -> list[Path]:
         ("pss_idle", "memory, PSS (MB)", 1e-6, "fleet-memory.png"),
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for workers in sorted({r["workers"] for r in results}):
-            rows = sorted((r for r in results if r["workers"] == workers), key=lambda r: r["pods"])
+        for python, workers in sorted({(r.get("epp", ""), r["workers"]) for r in results}):
+            rows = sorted(
+                (r for r in results if r["workers"] == workers and r.get("epp", "") == python),
+                key=lambda r: r["pods"],
+            )
             ax.plot(
                 [r["pods"] for r in rows],
                 [r[key] * scale for r in rows],
@@ -496,13 +525,13 @@ def plot(results: Sequence[dict[str, Any]], out: Path) -> list[Path]:
 def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
-    for workers in args.workers:
-        for n_pods in args.pods:
-            print(f"fleet: {n_pods} pods, --workers {workers} ...", flush=True)
-            result = measure(n_pods, workers, args)
-            print(json.dumps(result), flush=True)
-            results.append(result)
-            (args.out / "fleet.json").write_text(json.dumps(results, indent=2))
+    runs = itertools.product(args.epp_python or [sys.executable], args.workers, args.pods)
+    for python, workers, n_pods in runs:
+        print(f"fleet: {python}: {n_pods} pods, --workers {workers} ...", flush=True)
+        result = measure(n_pods, workers, args, python)
+        print(json.dumps(result), flush=True)
+        results.append(result)
+        (args.out / "fleet.json").write_text(json.dumps(results, indent=2))
     text = table(results)
     (args.out / "fleet.md").write_text(text)
     print(text)
