@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/kvcache/bench_index.py            # everything (~20 min, mostly memory)
     .venv/bin/python tests/kvcache/bench_index.py memory     # one section: keys|apply|match|memory
-    .venv/bin/python tests/kvcache/bench_index.py memory --records 20000000   # at 20M records
+    .venv/bin/python tests/kvcache/bench_index.py memory --records 20000000 --methods rss   # at 20M
     .venv/bin/python tests/kvcache/bench_index.py --baseline 3bf6331   # and the dict-based index
 
 Events are built before timing (decoding is measured elsewhere); `gc.collect()` before each timed
@@ -376,14 +376,14 @@ def measure_memory(case: str, method: str, target: int, baseline: str | None) ->
     )
 
 
-def bench_memory(target: int, baseline: str | None) -> None:
+def bench_memory(target: int, baseline: str | None, methods: list[str]) -> None:
     print(
         f"== bytes per record, {target:,} records, 8 pods (tracemalloc: traced bytes; rss: process"
         " growth; table: the record table's arrays)"
     )
     for path in (None, baseline) if baseline else (None,):
         for case in MEM_CASES:
-            for method in ("tracemalloc", "rss"):
+            for method in methods:
                 extra = ["--baseline", path] if path else []
                 subprocess.run(
                     [sys.executable, __file__, "_memory", case, method, "--records", str(target), *extra],
@@ -396,8 +396,11 @@ def main() -> None:
     parser.add_argument("sections", nargs="*")
     parser.add_argument("--records", type=int, default=2_000_000, help="records in the memory cases")
     parser.add_argument(
-        "--baseline", help="an index.py whose BlockIndex is measured too (apply, match, memory)"
+        "--methods",
+        default="tracemalloc,rss",
+        help="memory: tracemalloc,rss (tracemalloc slows the fill ~3x)",
     )
+    parser.add_argument("--baseline", help="a git revision whose BlockIndex and block keys are measured too")
     args = parser.parse_args()
     if args.sections[:1] == ["_memory"]:
         measure_memory(args.sections[1], args.sections[2], args.records, args.baseline)
@@ -409,7 +412,7 @@ def main() -> None:
         "keys": bench_keys,
         "apply": lambda: bench_apply(classes),
         "match": lambda: bench_match(classes),
-        "memory": lambda: bench_memory(args.records, args.baseline),
+        "memory": lambda: bench_memory(args.records, args.baseline, args.methods.split(",")),
     }
     for name in args.sections or list(sections):
         sections[name]()
