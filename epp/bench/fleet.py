@@ -204,6 +204,9 @@ class Pods:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
 
 
 def _readline(stream: IO[str] | None) -> str:
