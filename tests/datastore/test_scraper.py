@@ -9,6 +9,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,6 +78,32 @@ async def test_metrics_follow_the_server(server: FakeVLLM) -> None:
     # an uncompressed page.
     assert len(server.client_ports) <= 3 < server.requests, server.client_ports
     assert all(h.get("Accept-Encoding") == "identity" for h in server.headers)
+
+
+async def test_an_unchanged_page_is_not_parsed_again(
+    server: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[bytes] = []
+    real = scraper_mod.promtext.parse
+
+    def counting(data: bytes | str) -> Any:
+        parsed.append(bytes(data) if isinstance(data, bytes) else data.encode())
+        return real(data)
+
+    monkeypatch.setattr(scraper_mod.promtext, "parse", counting)
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.waiting = 3
+    async with make(ds):
+        await until(lambda: server.requests >= 10, "ten scrapes")
+        assert len(parsed) == 1 and ep.metrics.waiting == 3
+        before = ep.metrics.updated_at
+        await until(lambda: ep.metrics.updated_at > before, "a fresh scrape time for the same page")
+        assert ep.metrics is not None and ep.metrics.waiting == 3
+        server.waiting = 4  # a new page is parsed
+        await until(lambda: ep.metrics.waiting == 4)
+        assert len(parsed) == 2
 
 
 async def test_scrapes_metrics_port_when_set(server: FakeVLLM) -> None:
