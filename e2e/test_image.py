@@ -54,15 +54,16 @@ MODEL = E2E_SIM.served_model
 NONROOT_UID = 65532
 
 
-# Digests of epp's package files, by path under the package (generated protobuf modules left out:
-# protoc's output may differ in a byte where the code does not).
+# Digests of epp's package files, by path under the package (generated protobuf modules and the
+# compiled C extensions left out: protoc's output may differ in a byte where the code does not, and
+# the image compiles epp/kvcache/*.c with its own compiler).
 DIGEST_SCRIPT = """
 import hashlib, json, pathlib, sys
 root = pathlib.Path(sys.argv[1])
 print(json.dumps({
     str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
     for p in sorted(root.rglob("*"))
-    if p.is_file() and "__pycache__" not in p.parts and "_pb2" not in p.name
+    if p.is_file() and "__pycache__" not in p.parts and "_pb2" not in p.name and p.suffix != ".so"
 }))
 """
 
