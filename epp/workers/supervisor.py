@@ -48,8 +48,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from epp import drain, tasks
 from epp.datastore import scraper
-from epp.datastore.engines import DEFAULT_ENGINES, with_default_overrides
 from epp.datastore.endpoints import Datastore
+from epp.datastore.engines import DEFAULT_ENGINES, with_default_overrides
 from epp.extproc import server as extproc_server
 from epp.extproc import tls
 from epp.flags.compat import metric_flag_specs
