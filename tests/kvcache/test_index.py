@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from epp.kvcache._records import RecordTable
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from epp.kvcache.index import BlockIndex, MatchResult
 from epp.kvcache.keys import BlockKey, block_keys, seed_for
@@ -127,14 +128,32 @@ def test_duplicate_stores_are_reference_counted() -> None:
     apply(index, "a", ev, ev, ev)  # three physical copies of the same blocks
     assert index.stats().entries == 2
     for _ in range(2):
-        apply(index, "a", BlockRemoved(block_hashes=[ev.block_hashes[0]]))
+        st_ = apply(index, "a", BlockRemoved(block_hashes=[ev.block_hashes[0]]))
+        assert (st_.removed, st_.deduplicated) == (1, 1)  # a copy went, the record stays
         assert index.match(keys_of(tokens)) == {"a": MatchResult(2, 2)}
-    apply(index, "a", BlockRemoved(block_hashes=[ev.block_hashes[0]]))
+    st_ = apply(index, "a", BlockRemoved(block_hashes=[ev.block_hashes[0]]))
+    assert (st_.removed, st_.deduplicated) == (1, 0)
     assert index.match(keys_of(tokens)) == {}
     st_ = apply(index, "a", BlockRemoved(block_hashes=[ev.block_hashes[0], 424242]))
-    assert (st_.removed, st_.missed_removals) == (0, 2)
-    assert index.stats().missed_removals == 2
+    assert (st_.removed, st_.missed_removals, st_.deduplicated) == (0, 2, 0)
+    stats = index.stats()
+    assert stats.missed_removals == 2
+    # llm-d's counters: 6 blocks stored (copies too), 1 record removed, 2 removals of a copy.
+    assert (stats.admissions, stats.removals, stats.deduplicated) == (6, 1, 2)
+    assert (stats.lookups, stats.lookup_hits) == (3, 4)  # the three matches above: 2 + 2 + 0 blocks
+    assert index.lookup_seconds.buckets()[-1][1] == 3
     check_consistency(index)
+
+
+def test_the_tables_remove_tells_a_dropped_copy_from_a_removed_record() -> None:
+    table = RecordTable(100)
+    assert table.store(0, 0, [1, 2], [11, 12]) == (2, 0)
+    assert table.store(0, 0, [1], [11]) == (0, 0)  # a second copy of engine hash 1
+    # (removed, missed, deduplicated): hash 1 drops a copy, 2 its record, 3 is unknown.
+    assert table.remove(0, 0, [1, 2, 3]) == (2, 1, 1)
+    assert table.remove(0, 0, [1, 1]) == (1, 1, 0)
+    assert table.records() == []
+    table.check()
 
 
 def test_one_key_under_two_engine_hashes() -> None:
@@ -451,6 +470,8 @@ class Reference:
 
     def __init__(self) -> None:
         self.records: dict[tuple[str, str, int], list[int]] = {}
+        # llm-d's counters: blocks stored (copies too), records removed, removals of a copy.
+        self.admissions = self.removals = self.deduplicated = 0
 
     @staticmethod
     def tier(medium: str | None) -> str:
@@ -485,6 +506,7 @@ class Reference:
     def add(self, pod: str, tier: str, e: int, key: int) -> None:
         rec = self.records.setdefault((pod, tier, e), [key, 0])
         rec[1] += 1
+        self.admissions += 1
 
     def remove(self, pod: str, ev: BlockRemoved) -> None:
         for e in ev.block_hashes:
@@ -493,6 +515,9 @@ class Reference:
                 rec[1] -= 1
                 if not rec[1]:
                     del self.records[(pod, self.tier(ev.medium), e)]
+                    self.removals += 1
+                else:
+                    self.deduplicated += 1
 
     def clear(self, pod: str) -> None:
         self.records = {r: v for r, v in self.records.items() if r[0] != pod}
@@ -605,6 +630,13 @@ class IndexMachine(RuleBasedStateMachine):
         expected = {(pod, tiers[t], e): (key, n) for (pod, t, e), (key, n) in self.ref.records.items()}
         if self.cap is None:
             assert records == expected
+            st_ = self.index.stats()
+            ref = self.ref
+            assert (st_.admissions, st_.removals, st_.deduplicated) == (
+                ref.admissions,
+                ref.removals,
+                ref.deduplicated,
+            )
         else:
             # Evictions only take away: whatever the index holds, the reference holds, with at
             # least as many copies.
