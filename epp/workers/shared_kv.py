@@ -10,9 +10,12 @@ so every event was received, decoded and keyed N times, and the pod held N index
   every worker it starts (`EPP_WORKER_KV_INDEX_FD`);
 - a worker maps it (`IndexReader`) and matches against it; what the records do not carry (each
   pod's slot, block size and model) comes over the control socket: `{"kv_pods": [[name, slot,
-  block_size, model], ...]}` whenever it changes, and whole to a worker that (re)starts.
-The `epp_kv_events_*` series are the supervisor's; each worker exports the index's size as it
-reads it (`epp_kv_index_*`).
+  block_size, model], ...]}` whenever it changes, and whole to a worker that (re)starts;
+- the routing is the workers', so each tells the supervisor the prompt tokens it routed to each
+  pod (`{"routed_tokens": {pod: tokens}}`, what changed, every `ROUTED_S`): with their sum the
+  ingester warns of a pod sent work that publishes no KV event (epp.kvcache.feed.Silence).
+The `epp_kv_events_*` series and llm-d's index admissions and removals are the supervisor's; each
+worker exports the index's size as it reads it (`epp_kv_index_*`) and its own lookups.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ log = logging.getLogger("epp.workers")
 
 POLL_S = 0.05
 """How often the supervisor looks for a change in the index's pod table."""
+ROUTED_S = 1.0
+"""How often a worker tells the supervisor the prompt tokens it routed to each pod (the silence
+check's clock, `--kv-events-silence-grace`: tens of seconds)."""
 
 _warned_bind_ranks: list[bool] = []  # warn once per process
 
@@ -119,11 +125,14 @@ class KVHub:
         await self.ingester.stop()
         self.index.close()
 
-    def routed(self, worker: int, counts: dict[str, Any]) -> None:
+    def routed(self, worker: int, counts: Any) -> None:
         """Worker `worker`'s prompt tokens routed to each pod so far (`{"routed_tokens": ...}`)."""
+        if not isinstance(counts, dict):
+            return
         mine = self._routed.setdefault(worker, {})
         for pod, tokens in counts.items():
-            mine[str(pod)] = int(tokens)
+            if isinstance(tokens, int):
+                mine[str(pod)] = tokens
 
     def routed_tokens(self, pod: str) -> int:
         """Prompt tokens the workers routed to `pod` (the KV-event silence check's clock; a
@@ -144,7 +153,9 @@ class KVHub:
 
 
 class ReaderStats:
-    """A worker's `epp_kv_index_*` series: the shared index's size as this worker reads it."""
+    """A worker's `epp_kv_index_*` series (the shared index's size as this worker reads it) and
+    its own lookups (llm-d's `kv_cache_index_lookup_*`, summed over the workers by
+    epp.workers.merge; the admissions and removals are the supervisor's)."""
 
     def __init__(self, reader: IndexReader) -> None:
         self._reader = reader
@@ -157,4 +168,42 @@ class ReaderStats:
 
     def _snapshot(self) -> collectors.KVSnapshot:
         st = self._reader.stats()
-        return collectors.KVSnapshot({}, {}, st.entries, st.keys, st.evictions)
+        return collectors.KVSnapshot(
+            {}, {}, st.entries, st.keys, st.evictions, index=st, lookup_seconds=self._reader.lookup_seconds
+        )
+
+
+class RoutedTokens:
+    """A worker's side of the silence check: the prompt tokens it routed to each pod so far, sent
+    to the supervisor (`KVHub.routed`) every `ROUTED_S` when they changed."""
+
+    def __init__(self, datastore: Datastore, send: Callable[[dict[str, Any]], None]) -> None:
+        self._datastore = datastore
+        self._send = send
+        self._sent: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = tasks.create_guarded_task(self._loop(), name="kv routed tokens", logger=log)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await tasks.cancel_and_wait([self._task])
+            self._task = None
+
+    def changes(self) -> dict[str, int]:
+        """The pods whose count changed since the last call."""
+        changed = {
+            ep.name: ep.routed_tokens
+            for ep in self._datastore.endpoints()
+            if self._sent.get(ep.name) != ep.routed_tokens
+        }
+        self._sent.update(changed)
+        return changed
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(ROUTED_S)
+            changed = self.changes()
+            if changed:
+                self._send({"routed_tokens": changed})

@@ -18,9 +18,9 @@ without a writable /tmp (GIE's chart runs epp so). The worker then
   shuts down (drains) when the socket closes, so a supervisor that is killed takes its workers
   with it.
 Messages are JSON lines: worker -> supervisor {"started": true} / {"ready": bool} /
-{"endpoints": [...]}; supervisor -> worker {"leading": bool}, the scrapes ({"metrics": ...},
-{"limits": ...}, {"fresh": ...}: epp.workers.shared_metrics) and the KV index's pod table
-({"kv_pods": ...}: epp.workers.shared_kv).
+{"endpoints": [...]} / {"routed_tokens": {...}}; supervisor -> worker {"leading": bool}, the
+scrapes ({"metrics": ...}, {"limits": ...}, {"fresh": ...}: epp.workers.shared_metrics) and the
+KV index's pod table ({"kv_pods": ...}: epp.workers.shared_kv).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from epp.datastore.endpoints import Datastore
 from epp.kvcache.index import IndexReader
 from epp.observability import metrics
 from epp.workers import merge
-from epp.workers.shared_kv import ReaderStats
+from epp.workers.shared_kv import ReaderStats, RoutedTokens
 from epp.workers.shared_metrics import MetricsFollower
 
 log = logging.getLogger("epp.workers")
@@ -58,9 +58,9 @@ CONTROL_ENV = "EPP_WORKER_CONTROL_FD"
 COUNT_ENV = "EPP_WORKERS"
 SUPERVISOR_ENV = "EPP_SUPERVISOR_PID"
 TLS_ENV = "EPP_WORKER_TLS"
+"""The pod's self-signed key and certificate (PEM, JSON), when --secure-serving has no --cert-path."""
 KV_INDEX_ENV = "EPP_WORKER_KV_INDEX_FD"
 """The supervisor's KV index (a memfd this worker inherited), when KV events are on."""
-"""The pod's self-signed key and certificate (PEM, JSON), when --secure-serving has no --cert-path."""
 CONTROL_LINE_LIMIT = 64 * 1024 * 1024
 """Longest control message (a line): a full scrape of 1,000 endpoints is ~150 KB."""
 WORKER_METRICS_PATH = "/worker/metrics"
@@ -141,6 +141,7 @@ class WorkerRole:
         self.kv_index_fd = int(fd) if fd else None
         self.kv_reader: IndexReader | None = None
         self._kv_stats: ReaderStats | None = None
+        self._routed: RoutedTokens | None = None
 
     def adjust(self, args: argparse.Namespace) -> None:
         """The flags as this worker applies them (after the config's kvEventsConfig is read)."""
@@ -174,6 +175,8 @@ class WorkerRole:
         if self.kv_reader is not None and self._kv_stats is None:
             self._kv_stats = ReaderStats(self.kv_reader)
             self._kv_stats.start()
+            self._routed = RoutedTokens(datastore, self.send)
+            self._routed.start()
         return self.follower
 
     def send(self, message: dict[str, Any]) -> None:
@@ -225,6 +228,8 @@ class WorkerRole:
     async def close(self) -> None:
         if self._kv_stats is not None:
             self._kv_stats.stop()
+        if self._routed is not None:
+            await self._routed.stop()
         if self._reader_task is not None:
             await tasks.cancel_and_wait([self._reader_task])
         if self._writer is not None:
