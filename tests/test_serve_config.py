@@ -130,3 +130,28 @@ def test_file_discovery_replaces_the_endpoint_flags(tmp_path: Any) -> None:
     done = _run_serve("--endpoints=127.0.0.1:1", "--config-text", config)
     assert done.returncode == 2, done.stderr
     assert "the config's dataLayer.discovery lists the endpoints: drop --endpoints" in done.stderr
+
+
+def test_a_worker_follows_the_supervisors_scrape_unless_the_config_says_otherwise() -> None:
+    from epp.datastore.endpoints import Datastore
+    from epp.scheduling import datalayer
+    from epp.serve import parts
+    from epp.workers.shared_metrics import MetricsFollower
+    from epp.workers.worker import WorkerRole
+
+    role = WorkerRole(0, "epp-test", -1, 4)
+    # Listed without parameters, or repeating the flags: the supervisor's scrape is the same.
+    for same in (
+        datalayer.MetricsScrape(),
+        datalayer.MetricsScrape(scheme="http", path="/metrics", engines=parts.DEFAULT_ENGINES),
+        datalayer.MetricsScrape(interval=0.05, models_path="/v1/models"),
+    ):
+        assert isinstance(parts._scraper(serve_args(), Datastore(), "p", same, role), MetricsFollower)
+    source = datalayer.MetricsScrape(scheme="https", path="/m", interval=0.12)
+    with pytest.raises(
+        ValueError, match=r"--workers 4: the config's metrics-data-source sets scheme, path, interval"
+    ):
+        parts._scraper(serve_args(), Datastore(), "p", source, role)
+    # A contrary flag is the same error as in one process.
+    with pytest.raises(ValueError, match="--model-server-metrics-path=/other, but the config's"):
+        parts._scraper(serve_args("--model-server-metrics-path=/other"), Datastore(), "p", source, role)

@@ -310,23 +310,33 @@ def _scraper(
     datastore: Datastore,
     pool_label: str,
     source: datalayer.MetricsScrape,
-    role: workers_worker.WorkerRole | None,
+    role: workers_worker.WorkerRole | None = None,
 ) -> MetricsScraper | MetricsFollower:
     """The metrics scrape: GIE's --model-server-metrics-* flags, or the config's metrics source
     (llm-d's metrics-data-source; a flag given that says otherwise is a startup error), with the
     engines' metric names of its core-metrics-extractor and GIE's --*-metric flags.
 
-    A worker follows its supervisor's scrape (epp.workers.shared_metrics), which the flags alone
-    describe (the supervisor reads no config): one whose config's metrics source sets anything
-    of its own scrapes for itself, so that nothing of the config is ignored."""
+    A worker follows its supervisor's scrape (epp.workers.shared_metrics: one scrape per model
+    server for the pod), which the flags alone describe: the supervisor reads no config. A config
+    whose metrics source sets anything of its own is refused with more than one worker, never
+    scraped with other settings than it says."""
+    own = _own_scraper(args, datastore, pool_label, source)  # a contrary flag is an error either way
     if role is not None:
-        if _flags_only(source):
-            return role.metrics_follower(datastore, pool_label)
-        log.info(
-            "metrics: each worker scrapes the model servers itself: the config's %s sets its own "
-            "scheme, path, port, TLS, interval or metric names, which the supervisor does not read",
-            source.name,
-        )
+        given = _config_settings(args, source)
+        if given:
+            raise ValueError(
+                f"--workers {role.workers}: the config's {source.name} sets {', '.join(given)}, but the "
+                "supervisor scrapes every model server once for all workers, as the "
+                "--model-server-metrics-* flags (and --refresh-metrics-interval, the --*-metric flags) "
+                "say: give those flags instead, or run one worker (--workers 1)"
+            )
+        return role.metrics_follower(datastore, pool_label)
+    return own
+
+
+def _own_scraper(
+    args: argparse.Namespace, datastore: Datastore, pool_label: str, source: datalayer.MetricsScrape
+) -> MetricsScraper:
     scheme = _one_way("model-server-metrics-scheme", args.model_server_metrics_scheme, "http", source.scheme)
     path = _one_way(
         "model-server-metrics-path",
@@ -377,12 +387,24 @@ def _scraper(
     )
 
 
-def _flags_only(source: datalayer.MetricsScrape) -> bool:
-    """Whether the config's metrics source leaves every setting to the flags (its name aside)."""
-    engines = None if source.engines == DEFAULT_ENGINES else source.engines
-    return dataclasses.replace(source, name=datalayer.MetricsScrape().name, engines=engines) == (
-        datalayer.MetricsScrape()
-    )
+def _config_settings(args: argparse.Namespace, source: datalayer.MetricsScrape) -> list[str]:
+    """What the config's metrics source sets otherwise than the flags' scrape does (which the
+    supervisor of several workers runs); none when it only repeats the flags or the defaults."""
+    flag_path = args.model_server_metrics_path.strip('"') or "/metrics"
+    base = args.refresh_metrics_interval
+    flag_insecure = args.model_server_metrics_https_insecure_skip_verify is not False
+    differs = {
+        "scheme": source.scheme not in (None, args.model_server_metrics_scheme),
+        "path": source.path not in (None, flag_path),
+        "port": source.port not in (None, args.model_server_metrics_port or None),
+        "insecureSkipVerify": source.insecure_skip_verify not in (None, flag_insecure),
+        "TLS files": source.tls is not None,
+        "interval": source.interval is not None and _tick(source.interval, base) != base,
+        "a models-data-source path": source.models_path not in (None, "/v1/models"),
+        "a models-data-source interval": source.models_interval not in (None, 30.0),
+        "its core-metrics-extractor's engines": source.engines not in (None, DEFAULT_ENGINES),
+    }
+    return [label for label, given in differs.items() if given]
 
 
 def _one_way(flag: str, given: Any, default: Any, configured: Any) -> Any:
