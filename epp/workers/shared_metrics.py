@@ -6,7 +6,8 @@ supervisor scrapes (`MetricsHub`: a `MetricsScraper` over a datastore of its own
 follow (`MetricsFollower`), over the control socket each worker already has (JSON lines):
 
 - worker -> supervisor `{"endpoints": [[name, address, port, metrics_port, pod, rank, model,
-  kv_events, kv_replay], ...]}`: its datastore's endpoints, sent when they change. The
+  kv_events, kv_replay, engine_labels], ...]}`: its datastore's endpoints, sent when they change
+  (of the labels, the engine-type ones: they choose the metric names a page is read with). The
   supervisor scrapes the union of what its live workers listed (every worker reads the same
   sources, so they differ only for a moment), and answers a worker that (re)starts with every
   endpoint's current state.
@@ -33,6 +34,7 @@ from typing import Any
 
 from epp import tasks
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from epp.datastore.engines import ENGINE_LABEL, GIE_ENGINE_LABEL
 from epp.datastore.scraper import MetricsScraper
 from epp.observability import collectors, metrics
 
@@ -44,6 +46,10 @@ SOURCE = "workers"
 Entry = list[Any]
 """[name, waiting, running, kv_usage, block_size, num_gpu_blocks, max_lora, running_loras,
 waiting_loras, requests_total, updated_at, excluded, scrape_failures]"""
+
+
+ENGINE_LABELS = frozenset({ENGINE_LABEL, GIE_ENGINE_LABEL})
+"""The labels the supervisor's scrape reads (the flags' scrape: llm-d's and GIE's engine type)."""
 
 
 def endpoint_list(datastore: Datastore) -> list[list[Any]]:
@@ -60,6 +66,7 @@ def endpoint_list(datastore: Datastore) -> list[list[Any]]:
             ep.spec.model,
             ep.spec.kv_events,
             ep.spec.kv_replay,
+            {k: v for k, v in ep.spec.labels.items() if k in ENGINE_LABELS},
         ]
         for ep in datastore.endpoints()
     ]
@@ -119,7 +126,7 @@ class MetricsHub:
         """Worker `worker`'s endpoints; the messages that bring it up to date."""
         specs = []
         for item in endpoints:
-            name, address, port, metrics_port, pod, rank, model, kv_events, kv_replay = item
+            name, address, port, metrics_port, pod, rank, model, kv_events, kv_replay, labels = item
             specs.append(
                 EndpointSpec(
                     name=str(name),
@@ -131,6 +138,7 @@ class MetricsHub:
                     model=str(model),
                     kv_events=kv_events,
                     kv_replay=kv_replay,
+                    labels={str(k): str(v) for k, v in labels.items()},
                 )
             )
         self._listed[worker] = specs

@@ -14,7 +14,7 @@ import pytest
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
 from epp.datastore.scraper import MetricsScraper
 from epp.observability import metrics
-from epp.workers.shared_metrics import MetricsFollower, MetricsHub
+from epp.workers.shared_metrics import MetricsFollower, MetricsHub, endpoint_list
 from tests.datastore.fake_vllm import FakeVLLM, until
 
 POOL = "shared-test"
@@ -57,7 +57,7 @@ async def servers() -> AsyncIterator[list[FakeVLLM]]:
 
 
 def listing(s: EndpointSpec) -> list[Any]:
-    return [s.name, s.address, s.port, None, "", 0, "", None, None]
+    return [s.name, s.address, s.port, None, "", 0, "", None, None, {}]
 
 
 def specs_of(servers: list[FakeVLLM]) -> list[EndpointSpec]:
@@ -156,3 +156,17 @@ def test_model_limits_are_passed_on() -> None:
     w.follower.apply({"limits": [["pod-0", {"tiny": 4096}]], "metrics": [["unknown", *range(12)]]})
     assert w.ep("pod-0").model_limits == {"tiny": 4096}
     assert w.datastore.max_model_len("tiny") == 4096
+
+
+def test_the_engine_type_label_reaches_the_supervisors_scrape() -> None:
+    datastore = Datastore()
+    labels = {"llm-d.ai/engine-type": "sglang", "app": "x", "inference.networking.k8s.io/engine-type": "vllm"}
+    datastore.sync("file", [EndpointSpec(name="s", address="127.0.0.1", port=1, labels=labels)])
+    listed = wire({"endpoints": endpoint_list(datastore)})["endpoints"]
+    del labels["app"]  # only the labels that choose the metric names travel
+    assert listed[0][9] == labels
+    hub = hub_for()
+    hub.listed(0, listed)
+    ep = hub.datastore.get("s")
+    assert ep is not None and dict(ep.spec.labels) == labels
+    assert hub.scraper._engines.for_labels(ep.spec.labels).name == "sglang"
