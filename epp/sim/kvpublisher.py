@@ -116,17 +116,20 @@ def binds(endpoint: str) -> bool:
         return False
 
 
-def _map_event(e: Event, digests: bool, spec_kind: str | None) -> _MapStored | _MapRemoved | _MapCleared:
-    """`e` as vLLM >= 0.24 writes it (see the module docstring for the fields epp does not keep)."""
+def _map_event(
+    e: Event, digest: Callable[[int], bytes] | None, spec_kind: str | None
+) -> _MapStored | _MapRemoved | _MapCleared:
+    """`e` as vLLM >= 0.24 writes it (see the module docstring for the fields epp does not keep),
+    its hashes as `digest` gives them (None: integers)."""
 
     def hashes(hs: list[int]) -> list[int | bytes]:
-        return [_digest(h) for h in hs] if digests else list(hs)
+        return [digest(h) for h in hs] if digest is not None else list(hs)
 
     if isinstance(e, BlockStored):
         parent = e.parent_block_hash
         return _MapStored(
             hashes(e.block_hashes),
-            _digest(parent) if digests and parent is not None else parent,
+            digest(parent) if digest is not None and parent is not None else parent,
             e.token_ids,
             e.block_size,
             e.lora_id,
@@ -148,7 +151,7 @@ def encode_map_events(events: Sequence[Event], spec_kind: str | None = "full_att
     """The msgpack array of `events` in map form with integer hashes, as the second element of a
     vLLM >= 0.24 batch: for a caller that writes the batch around it (`epp.bench.fleet_pods`
     writes the timestamp at send time)."""
-    return _ENCODE([_map_event(e, False, spec_kind) for e in events])
+    return _ENCODE([_map_event(e, None, spec_kind) for e in events])
 
 
 def _digest(h: int) -> bytes:
@@ -325,7 +328,7 @@ class KVEventPublisher:
         return self._digest_of(parent) if self._digests and parent is not None else parent
 
     def _map_event(self, e: Event) -> _MapStored | _MapRemoved | _MapCleared:
-        return _map_event(e, self._digests, self._spec_kind)
+        return _map_event(e, self._digest_of if self._digests else None, self._spec_kind)
 
     def _array_event(self, e: Event) -> list[Any]:
         if isinstance(e, BlockStored):
