@@ -86,9 +86,9 @@ async def test_an_unchanged_page_is_not_parsed_again(
     parsed: list[bytes] = []
     real = scraper_mod.promtext.parse
 
-    def counting(data: bytes | str) -> Any:
+    def counting(data: bytes | str, *rest: Any) -> Any:
         parsed.append(bytes(data) if isinstance(data, bytes) else data.encode())
-        return real(data)
+        return real(data, *rest)
 
     monkeypatch.setattr(scraper_mod.promtext, "parse", counting)
     ds = Datastore()
