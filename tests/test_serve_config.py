@@ -134,6 +134,7 @@ def test_file_discovery_replaces_the_endpoint_flags(tmp_path: Any) -> None:
 
 def test_a_worker_follows_the_supervisors_scrape_unless_the_config_says_otherwise() -> None:
     from epp.datastore.endpoints import Datastore
+    from epp.datastore.scraper import MetricsScraper
     from epp.scheduling import datalayer
     from epp.serve import parts
     from epp.workers.shared_metrics import MetricsFollower
@@ -147,11 +148,10 @@ def test_a_worker_follows_the_supervisors_scrape_unless_the_config_says_otherwis
         datalayer.MetricsScrape(interval=0.05, models_path="/v1/models"),
     ):
         assert isinstance(parts._scraper(serve_args(), Datastore(), "p", same, role), MetricsFollower)
+    # A config that says otherwise: the worker scrapes itself, as the config says.
     source = datalayer.MetricsScrape(scheme="https", path="/m", interval=0.12)
-    with pytest.raises(
-        ValueError, match=r"--workers 4: the config's metrics-data-source sets scheme, path, interval"
-    ):
-        parts._scraper(serve_args(), Datastore(), "p", source, role)
+    own = parts._scraper(serve_args(), Datastore(), "p", source, role)
+    assert isinstance(own, MetricsScraper) and not isinstance(own, MetricsFollower)
     # A contrary flag is the same error as in one process.
     with pytest.raises(ValueError, match="--model-server-metrics-path=/other, but the config's"):
         parts._scraper(serve_args("--model-server-metrics-path=/other"), Datastore(), "p", source, role)

@@ -317,20 +317,25 @@ def _scraper(
     engines' metric names of its core-metrics-extractor and GIE's --*-metric flags.
 
     A worker follows its supervisor's scrape (epp.workers.shared_metrics: one scrape per model
-    server for the pod), which the flags alone describe: the supervisor reads no config. A config
-    whose metrics source sets anything of its own is refused with more than one worker, never
-    scraped with other settings than it says."""
+    server for the pod), which the flags alone describe: the supervisor reads no config. With a
+    config whose metrics source sets anything of its own, each worker scrapes for itself, never
+    with other settings than the config says."""
     own = _own_scraper(args, datastore, pool_label, source)  # a contrary flag is an error either way
-    if role is not None:
-        given = _config_settings(args, source)
-        if given:
-            raise ValueError(
-                f"--workers {role.workers}: the config's {source.name} sets {', '.join(given)}, but the "
-                "supervisor scrapes every model server once for all workers, as the "
-                "--model-server-metrics-* flags (and --refresh-metrics-interval, the --*-metric flags) "
-                "say: give those flags instead, or run one worker (--workers 1)"
-            )
+    if role is None:
+        return own
+    given = _config_settings(args, source)
+    if not given:
         return role.metrics_follower(datastore, pool_label)
+    # The supervisor reads no config, so it cannot scrape as this one says: each worker scrapes for
+    # itself, as every worker did before the supervisor scraped (correct, at workers x the cost).
+    log.warning(
+        "metrics: with --workers %d each worker scrapes the model servers itself, because the "
+        "config's %s sets %s, which the supervisor's scrape (the --model-server-metrics-* flags) "
+        "does not say; give those flags instead to scrape once for the pod",
+        role.workers,
+        source.name,
+        ", ".join(given),
+    )
     return own
 
 
