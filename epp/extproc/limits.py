@@ -29,7 +29,7 @@ Why: every large body costs epp's own process a few copies of itself, each holdi
 in FULL_DUPLEX_STREAMED, one answer per 62000 bytes sent back. Unpaced, clients sending 16 MiB
 bodies back to back got 25-40 of them a second through, and other requests' routing p99 went from
 3 ms to 25-250 ms. The lanes bound how many are in progress (and queued at the parsers); the rate
-bounds the copying, which is what the rest of the traffic feels (BENCHMARKS.md 1f, by rate).
+bounds the copying, which is what the rest of the traffic feels (BENCHMARKS.md#large-bodies, by rate).
 
 Every answer here is counted in epp_request_errors_total like other early answers. Envoy's own
 limits (epp.gateway.envoy: request timeouts, per-connection buffer limits) catch most of this

@@ -249,12 +249,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 # Off-sample responses skip epp where Envoy allows it. A sampled stream costs epp ~40 ms of CPU
 # when few others stream beside it (per-message costs without batching), an off-sample one ~1.3
-# ms: 1 in 100 keeps a 200-token stream near 1.7 ms on average (BENCHMARKS.md 1e) and still feeds
+# ms: 1 in 100 keeps a 200-token stream near 1.7 ms on average (BENCHMARKS.md#mode-override) and still feeds
 # usage metrics and TTFT learning a few samples a second at production rates.
 DEFAULT_RESPONSE_SAMPLE_RATIO = 0.01
 # ...but the learned per-endpoint rates need samples from every endpoint, also quiet ones: one per
 # endpoint every 2 s at least (Director: the floor). Bounded by endpoints / 2 s sampled streams a
-# second per worker, each ~13-45 ms of CPU (BENCHMARKS.md 1c, 1e).
+# second per worker, each ~13-45 ms of CPU (BENCHMARKS.md#streamed, #mode-override).
 DEFAULT_RESPONSE_SAMPLE_MIN_INTERVAL_S = 2.0
 
 # GIE's terminationGracePeriodSeconds (its chart's and epp's): how long in-flight streams may run

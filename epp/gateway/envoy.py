@@ -39,7 +39,7 @@ Envoy facts this module relies on (found by running the 1.40 binary):
   response *headers*, and ignores it whenever the request or response body mode is
   ``FULL_DUPLEX_STREAMED`` (GIE's config). With request body ``BUFFERED`` and response body
   ``STREAMED`` an override to response body ``NONE`` stops the body; Envoy then ends the ext_proc
-  stream when the HTTP stream ends (a few ms at most, BENCHMARKS.md 1e), alike for a finished
+  stream when the HTTP stream ends (a few ms at most, BENCHMARKS.md#mode-override), alike for a finished
   response and a client reset. A ``BUFFERED`` request body over the listener's buffer limit
   (1 MiB by default) is answered 413 by Envoy itself.
 * Envoy sets ``PR_SET_PDEATHSIG``: the process that starts it must stay alive; and two Envoys on

@@ -95,7 +95,7 @@ Parameters (each checked at startup; a misspelt or out-of-range one is a `Config
 - `homeTolerance` (0.2), `homeSlackSeconds` (0.1): how near the minimum a home may be.
 - `trafficShare` (1, "auto", or a share in [1/64, 1]): this epp's share of the pods' traffic, which
   scales the prefill it books; "auto" learns it from the pods' `vllm:request_success_total`
-  (opt-in: BENCHMARKS 7c measured no gain from it on the shipped default).
+  (opt-in: BENCHMARKS.md#replicas measured no gain from it on the shipped default).
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ class PredictedTTFTScorer(registry.PluginBase):
         popularityWindowSeconds: _NonNegative = 60.0
         missPenaltyPerWaiting: _NonNegative = 1.0
         # 1 by default: on the shipped default the learned share did not improve replicas
-        # (BENCHMARKS 7c); "auto" opts in.
+        # (BENCHMARKS.md#replicas); "auto" opts in.
         trafficShare: Literal["auto"] | float = 1.0
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:

@@ -70,7 +70,7 @@ Parameters: predicted-ttft-scorer's, and
 - `othersWeight` (1.0, >= 0): weight of the slowdown and stalls it imposes on others.
 - `stallWeight` (1.0, >= 0): the prefill stall's share of that (0: the slowdown of their steps
   only; on `unique` traffic, where every request is a miss, 0.3 trades a few of the others'
-  per-token milliseconds for a lower TTFT tail: BENCHMARKS.md section 7).
+  per-token milliseconds for a lower TTFT tail: BENCHMARKS.md#five-seeds).
 - `tpotForgetting` (0.999, (0.9, 1]): how fast old observations of the step model fade.
 - `meanOutputTokens` (256, >= 1): the prior mean output of a request without `max_tokens`.
 """
@@ -325,7 +325,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
 
         Not a share of the whole objective, nor of its TTFT: those add the request's decode and
         its waits, which grow with load, so 20% of them admitted homes whose queue alone was
-        longer than the whole first token elsewhere (BENCHMARKS.md section 7a): cold prompts
+        longer than the whole first token elsewhere (BENCHMARKS.md#five-seeds): cold prompts
         waited behind another's prefill, and past capacity the hash, not the queues, placed
         nearly every request."""
         scoring = self._scoring
