@@ -16,6 +16,8 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
 from epp.bench.measure import cpu_seconds
 from epp.bench.peers import Launch, Peer
 from epp.bench.policies import Policy
@@ -60,6 +62,18 @@ class Gateway(abc.ABC):
     def stop(self) -> None: ...
 
 
+def _has_flow_control(config_text: str) -> bool:
+    """Whether the config's `featureGates` turn flow control on (`flowControl`, or with a value Go
+    reads as true)."""
+    doc = yaml.safe_load(config_text)
+    gates = doc.get("featureGates") if isinstance(doc, dict) else None
+    for gate in gates or []:
+        name, _, value = str(gate).partition("=")
+        if name.strip() == "flowControl" and value.strip().lower() not in ("false", "f", "0"):
+            return True
+    return False
+
+
 class EppGateway(Gateway):
     """Envoy, then `epp serve` with `policy`'s configuration."""
 
@@ -68,6 +82,9 @@ class EppGateway(Gateway):
         self.policy = policy
         self.name = policy.name
         self.kv_events = policy.kv_events
+        # Whether the bench reads epp's /metrics for flow control's queues while it runs: only
+        # then, since rendering the page costs epp CPU that would be charged to its requests.
+        self.flow_control = _has_flow_control(policy.config_text())
         self._epp: EppServer | None = None
         self._envoy: EnvoyServer | None = None
 

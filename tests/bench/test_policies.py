@@ -62,3 +62,18 @@ def test_all_is_the_routing_comparison_and_admission_the_overload_one() -> None:
     assert [p.name for p in plan_policies(Args())] == NAMES[:11]  # type: ignore[arg-type]
     Args.policies = "admission"
     assert [p.name for p in plan_policies(Args())] == list(ADMISSION)  # type: ignore[arg-type]
+
+
+def test_the_live_bench_reads_epps_metrics_only_for_flow_control() -> None:
+    # Reading /metrics 10 times a second costs epp CPU, charged to its requests: only the flow
+    # control arms, whose queues the bench plots, pay it.
+    from epp.bench.gateways import _has_flow_control
+    from epp.bench.policies import POLICIES
+
+    assert {n for n, p in POLICIES.items() if _has_flow_control(p.config_text())} == {
+        "flow-control",
+        "llm-d-flow-control",
+    }
+    assert _has_flow_control("featureGates: [flowControl=true]")
+    assert not _has_flow_control("featureGates: [flowControl=false]")
+    assert not _has_flow_control("plugins: []")
