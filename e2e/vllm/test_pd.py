@@ -220,7 +220,7 @@ def test_split_request_decodes_the_pulled_kv_and_matches_an_aggregated_pod(pd: P
 
 def test_split_request_streams(pd: PDStack) -> None:
     headers, raw = pd.post({**BODY, "prompt": _prompt(41), "stream": True})
-    assert headers.get("x-epp-prefill") == pd.prefill.address
+    assert headers.get("x-epp-prefill") == pd.prefill.address, headers
     events = [line for line in raw.decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and len(events) >= 3
 
