@@ -21,6 +21,7 @@ import yaml
 from epp.bench.measure import cpu_seconds
 from epp.bench.peers import Launch, Peer
 from epp.bench.policies import Policy
+from epp.scheduling import config_compat
 
 if TYPE_CHECKING:
     from epp.gateway.processes import EnvoyServer, EppServer, ManagedProcess
@@ -63,15 +64,11 @@ class Gateway(abc.ABC):
 
 
 def _has_flow_control(config_text: str) -> bool:
-    """Whether the config's `featureGates` turn flow control on (`flowControl`, or with a value Go
-    reads as true)."""
+    """Whether the config's `featureGates` turn flow control on, read as epp serve reads them."""
     doc = yaml.safe_load(config_text)
     gates = doc.get("featureGates") if isinstance(doc, dict) else None
-    for gate in gates or []:
-        name, _, value = str(gate).partition("=")
-        if name.strip() == "flowControl" and value.strip().lower() not in ("false", "f", "0"):
-            return True
-    return False
+    flow, _ = config_compat.feature_gates([str(g) for g in gates or []], lambda _at, msg: ValueError(msg))
+    return flow
 
 
 class EppGateway(Gateway):
