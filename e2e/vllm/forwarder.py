@@ -21,13 +21,22 @@ thread's requests are queued to it and waited for.
 
 from __future__ import annotations
 
+import errno
 import queue
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import zmq
 
 from epp.gateway.processes import HOST
+
+
+@dataclass
+class _Reply:
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Exception | None = None
 
 
 class Forwarder:
@@ -40,7 +49,7 @@ class Forwarder:
         self._ctx = zmq.Context()
         self._sub: zmq.Socket[bytes] | None = None
         self._pub: zmq.Socket[bytes] | None = None
-        self._calls: queue.Queue[tuple[Callable[[], None], threading.Event]] = queue.Queue()
+        self._calls: queue.Queue[tuple[Callable[[], None], _Reply]] = queue.Queue()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kv-forwarder", daemon=True)
         self._started = threading.Event()
@@ -55,7 +64,9 @@ class Forwarder:
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join(10)
-        self._ctx.term()
+        # destroy, not term: term waits forever for any socket left open (a thread that died
+        # mid-call leaves one), and a hung teardown once cost a whole CI run.
+        self._ctx.destroy(linger=0)
 
     # --- faults (called from the test's thread) ---------------------------------------------------
 
@@ -89,16 +100,28 @@ class Forwarder:
     # --- the forwarder's thread -------------------------------------------------------------------
 
     def _bind_pub(self) -> zmq.Socket[bytes]:
-        pub = self._ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.LINGER, 0)
-        pub.bind(self.downstream)
-        return pub
+        """Bind the downstream PUB. Right after `cut()` the port can still be held: ZMQ closes a
+        socket on its I/O thread, after `close()` returns, so EADDRINUSE is retried briefly."""
+        deadline = time.monotonic() + 5
+        while True:
+            pub = self._ctx.socket(zmq.PUB)
+            pub.setsockopt(zmq.LINGER, 0)
+            try:
+                pub.bind(self.downstream)
+                return pub
+            except zmq.ZMQError as exc:
+                pub.close(linger=0)
+                if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _call(self, fn: Callable[[], None]) -> None:
-        done = threading.Event()
-        self._calls.put((fn, done))
-        if not done.wait(10):
+        reply = _Reply()
+        self._calls.put((fn, reply))
+        if not reply.done.wait(10):
             raise TimeoutError("forwarder thread did not answer")
+        if reply.error is not None:
+            raise RuntimeError("forwarder call failed") from reply.error
 
     def _run(self) -> None:
         try:
@@ -119,11 +142,14 @@ class Forwarder:
             while not self._stopping.is_set():
                 while True:
                     try:
-                        fn, done = self._calls.get_nowait()
+                        fn, reply = self._calls.get_nowait()
                     except queue.Empty:
                         break
-                    fn()
-                    done.set()
+                    try:  # a failed call is the caller's error; the thread goes on forwarding
+                        fn()
+                    except Exception as exc:
+                        reply.error = exc
+                    reply.done.set()
                 if not poller.poll(20):
                     continue
                 frames = sub.recv_multipart()

@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=10,
         help="times a request's ext-proc stream is tried again when epp cannot be reached (a "
-        "restart): with back-off from 0.25 s to 1 s, ~4.5 s in all on average (default 10, 0: none)",
+        "restart): with back-off from 0.25 s to 2 s, ~8 s in all on average (default 10, 0: none)",
     )
     flags.go_bool(
         g,

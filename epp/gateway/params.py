@@ -103,12 +103,14 @@ class GatewayParams:
     epp_status_on_error: int = 503
     # A stream that cannot reach epp (connection refused, reset before epp answered, UNAVAILABLE)
     # is retried this many times, with exponential back-off (jittered) from the base interval to
-    # the max: a lone epp restarting holds new requests for a few seconds (~4.5 s on average in
-    # all, ~9 s at most) rather than failing them. Safe: epp has not answered such a stream, so it
-    # has booked nothing. 0: no retries.
+    # the max: a lone epp restarting holds new requests for a few seconds (~8 s on average in
+    # all, ~17 s at most) rather than failing them. Safe: epp has not answered such a stream, so it
+    # has booked nothing. 0: no retries. The max was 1 s (~4.5 s in all): a restart on a loaded
+    # 2-core machine (old process drained, new one importing and binding) then outlasted the
+    # retries once in CI.
     epp_retries: int = 10
     epp_retry_base_interval: float = 0.25
-    epp_retry_max_interval: float = 1.0
+    epp_retry_max_interval: float = 2.0
     # CONTROL_HEADERS a client may send (e.g. a trusted proxy in front sets the model rewrite);
     # the others are removed from every request before Envoy routes it.
     client_control_headers: tuple[str, ...] = ()
