@@ -48,6 +48,14 @@ flowControl:
 HELD_PAST = 6.0  # seconds: past Envoy's message_timeout (5 s) in the BUFFERED mode
 
 
+async def routable_and_idle(session: aiohttp.ClientSession, stack: Stack) -> None:
+    """The gateway routes, and the probe's own booking is released: a test that waits for "one
+    request booked" must not count the probe's (GET /v1/models is routed and booked too, and its
+    stream may end after the client has its answer)."""
+    await wait_routable(session, stack.url)
+    await eventually(lambda: sum(stack.epp.inflight().values()) == 0, within=30, what="the probe released")
+
+
 def body(max_tokens: int) -> dict[str, Any]:
     return {"model": "sim-model", "prompt": "hello there", "max_tokens": max_tokens}
 
@@ -78,7 +86,7 @@ async def test_a_critical_request_overtakes_a_queued_sheddable_one(
             epp_args=["--config-text", CONFIG],
         )
     )
-    await wait_routable(session, stack.url)
+    await routable_and_idle(session, stack)
     assert flow_state(stack)["enabled"]
     url = stack.url + "/v1/completions"
 
@@ -148,7 +156,7 @@ async def test_eviction_cuts_an_in_flight_sheddable_request_for_a_critical_one(
             epp_args=["--config-text", EVICTING],
         )
     )
-    await wait_routable(session, stack.url)
+    await routable_and_idle(session, stack)
     url = stack.url + "/v1/completions"
     batch_headers = {"x-gateway-inference-objective": "batch"}
     # A long sheddable request (40 s of generation, not streamed) takes the pod's one place.
@@ -187,7 +195,7 @@ async def test_sigterm_answers_the_requests_still_held_at_the_end_of_the_drain(
             epp_args=["--config-text", CONFIG, "--drain-delay", "0s", "--drain-timeout", "3s"],
         )
     )
-    await wait_routable(session, stack.url)
+    await routable_and_idle(session, stack)
     url = stack.url + "/v1/completions"
     long_request = asyncio.create_task(request(session, "POST", url, body=body(2000), total=120))
     await eventually(
