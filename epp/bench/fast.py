@@ -484,6 +484,7 @@ class FastRun:
         for req in res.first_tokens:
             flight = self._inflight[req.request_id]
             flight.ctx.tracker.first_chunk_at = now
+            flight.ctx.prefill_done()
             flight.record.first_token = now - START
         for req in res.finished:
             flight = self._inflight.pop(req.request_id)

@@ -86,6 +86,9 @@ class Endpoint:
     # epp's own accounting, booked at pick time and released when the request's stream ends.
     inflight_requests: int = 0
     inflight_tokens: int = 0
+    # Prompt tokens of the requests booked here whose answer's first byte has not come back: the
+    # prefill work epp sent that the pod has not finished (concurrency-detector's maxPrefillTokens).
+    prefill_tokens: int = 0
     # Prompt tokens (estimated) of every request booked on it: what a KV-event publisher's silence
     # is measured against (epp.kvcache.ingest).
     routed_tokens: int = 0
@@ -106,7 +109,12 @@ class Endpoint:
     def book(self, prompt_tokens: int) -> None:
         self.inflight_requests += 1
         self.inflight_tokens += prompt_tokens
+        self.prefill_tokens += prompt_tokens
         self.routed_tokens += prompt_tokens
+
+    def prefilled(self, prompt_tokens: int) -> None:
+        """A request booked here has its first byte back (or ended without one)."""
+        self.prefill_tokens = max(0, self.prefill_tokens - prompt_tokens)
 
     def release(self, prompt_tokens: int) -> None:
         # Never below zero: a release after an endpoint was re-created must not go negative.

@@ -131,6 +131,7 @@ class RequestContext:
         "labels",
         "last_chunk_at",
         "picked_at",
+        "prefilling",
         "received_at",
         "remove_headers",
         "request",
@@ -160,6 +161,8 @@ class RequestContext:
             h for h in STAGE_HEADERS if h in request.headers and h not in result.headers
         )
         self.helpers: list[Endpoint] = [ep for pods in result.stages.values() for ep in pods]
+        # Booked as prefill work on `booked` until the answer's first byte (`prefill_done`).
+        self.prefilling = False
         self.served: Endpoint | None = None
         self.picked_at = clock.now()
         # When epp had the request's headers (llm-d's series time from there); the decision's
@@ -225,6 +228,14 @@ class RequestContext:
             added.update(plugin.response_headers(self.request, self.result, served_hostport))
         return added
 
+    def prefill_done(self) -> None:
+        """The answer's first byte arrived, or the stream ended: the prefill work is over, the
+        decode pod's and the other stages' (their bookings go). Safe to call more than once."""
+        if self.prefilling:
+            self.prefilling = False
+            self.booked.prefilled(self.request.prompt_tokens_estimate)
+        self.release_helpers()
+
     def release_helpers(self) -> None:
         """Release the other stages' bookings (prefill, encode): their work is done once the first
         byte of the answer arrives, or the stream ended. Safe to call more than once."""
@@ -236,8 +247,8 @@ class RequestContext:
                 ep.release(tokens)
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> bytes:
-        if self.helpers and chunk:
-            self.release_helpers()
+        if chunk and (self.prefilling or self.helpers):
+            self.prefill_done()
         if self.response_skipped:  # the gateway ignored the skip: account as usual
             self.response_skipped = False
             metrics.response_bodies_skipped.labels("ignored").inc()
@@ -306,6 +317,10 @@ class Director:
         self.prompts = Prompts(datastore, settings.limits, context_limits, body_parsers, renderer)
         # The per-request series of GIE and llm-d (epp.requestcontrol.accounting).
         self.accounting = Accounting()
+        # A detector that counts prefill work (concurrency-detector's maxPrefillTokens) learns a
+        # prefill ended from the answer's first byte: every response body must pass through epp.
+        detector = admission_controller.detector if admission_controller is not None else None
+        self._first_byte_required = bool(getattr(detector, "counts_prefill", False))
         # Deterministic sampling: every request adds the ratio, a whole unit buys one sample.
         ratio = settings.response_sample_ratio
         self._sample_credit = 1.0 - ratio if ratio > 0.0 else 0.0  # the first request is sampled
@@ -393,10 +408,11 @@ class Director:
         ctx = RequestContext(self, request, result)
         ctx.received_at = received
         primary = ctx.booked
-        ctx.sampled = self._sample(primary, ctx.rewrites_response)
+        ctx.sampled = self._sample(primary, ctx.rewrites_response or self._first_byte_required)
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(request, result)
         primary.book(request.prompt_tokens_estimate)
+        ctx.prefilling = True
         for ep in ctx.helpers:
             ep.book(request.prompt_tokens_estimate)
         if self.flow_control is not None:
@@ -578,7 +594,7 @@ class Director:
         request = ctx.request
         ep = ctx.booked
         ep.release(request.prompt_tokens_estimate)
-        ctx.release_helpers()
+        ctx.prefill_done()
         if self.datastore.get(ep.name) is ep:  # a removed endpoint's series stay dropped
             self.accounting.child(metrics.inflight_requests, ep.name).set(ep.inflight_requests)
         tracker = ctx.tracker

@@ -68,6 +68,7 @@ def test_bookings_are_released_and_scrapes_feed_the_datastore() -> None:
     r = fast.FastRun(helpers.small(), POLICIES["epp"], profile=helpers.PROFILE, pods=helpers.PODS, seed=7)
     result = r.run()
     assert all(ep.inflight_requests == 0 and ep.inflight_tokens == 0 for ep in r.endpoints)
+    assert all(ep.prefill_tokens == 0 for ep in r.endpoints)
     assert all(ep.metrics.updated_at > 0 and ep.metrics.block_size == 32 for ep in r.endpoints)
     assert r.index is not None and r.index.stats().keys > 0  # KV events reached the index
     # Samples every 50 ms of virtual time while anything was left to do.

@@ -112,6 +112,24 @@ def test_concurrency_defaults_and_headroom_filter() -> None:
     assert d.filter({}, builders.request(), [over]) == [over]
 
 
+def test_prefill_tokens_saturate_and_filter() -> None:
+    # maxPrefillTokens: the larger of the request count and the prompt tokens awaiting their first
+    # byte; the filter keeps the endpoints under either limit.
+    d = builders.plugin("concurrency-detector", {"maxConcurrency": 10, "maxPrefillTokens": 1000})
+    a = builders.endpoint("a", inflight_requests=2)
+    b = builders.endpoint("b", inflight_requests=2)
+    a.prefill_tokens, b.prefill_tokens = 1500, 300
+    assert d.counts_prefill
+    assert d.saturation([a, b]) == pytest.approx(1800 / 2000)
+    assert d.filter({}, builders.request(), [a, b]) == [b]
+    b.prefill_tokens = 1000
+    assert d.saturation([a, b]) == pytest.approx(1.25)
+    assert d.filter({}, builders.request(), [a, b]) == [a, b]  # none under: all kept
+    b.prefill_tokens, b.inflight_requests = 0, 10  # full on requests, idle on prefill
+    assert d.filter({}, builders.request(), [a, b]) == [a, b]
+    assert not builders.plugin("concurrency-detector", {"maxConcurrency": 10}).counts_prefill
+
+
 # ---- parameters and configuration -------------------------------------------------------------------
 
 
@@ -128,6 +146,7 @@ def test_concurrency_defaults_and_headroom_filter() -> None:
         ("concurrency-detector", {"concurrencyMode": "bytes"}, "$.concurrencyMode"),
         ("concurrency-detector", {"maxConcurrency": 0}, "$.maxConcurrency"),
         ("concurrency-detector", {"maxTokenConcurrency": -1}, "$.maxTokenConcurrency"),
+        ("concurrency-detector", {"maxPrefillTokens": -1}, "$.maxPrefillTokens"),
     ],
 )
 def test_bad_parameters_are_config_errors(
