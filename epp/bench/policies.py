@@ -60,11 +60,17 @@ POLICIES: dict[str, Policy] = {
         Policy("llm-d-flow-control", "llm-d's flow control with its defaults, GIE profile", False),
         Policy(
             "flow-control",
-            "epp's flow control for overload: concurrency limit, priority holdback, round-robin tenants",
+            "epp's flow control for overload: prefill and concurrency limits, priority holdback, "
+            "round-robin tenants",
+            False,
+        ),
+        Policy(
+            "flow-control-requests",
+            "epp's flow control counting requests only (48 per pod), priority holdback, round-robin",
             False,
         ),
     )
 }
 # The policies `epp bench` runs by default (`--policies all`): the routing comparison. The
 # admission ones above take part where a workload is about overload (`Workload.policies`).
-ADMISSION = ("gie-approx", "smg-veto", "llm-d-flow-control", "flow-control")
+ADMISSION = ("gie-approx", "smg-veto", "llm-d-flow-control", "flow-control-requests", "flow-control")

@@ -16,7 +16,7 @@ from epp.scheduling.interfaces import Handle
 NAMES = [
     "round-robin", "random", "least-request", "load-only", "gie-approx", "llm-d-precise",
     "sglang-cache-aware", "dynamo-cost", "ranvier-bounded", "epp-ttft", "epp",
-    "smg-veto", "llm-d-flow-control", "flow-control",
+    "smg-veto", "llm-d-flow-control", "flow-control", "flow-control-requests",
 ]  # fmt: skip
 
 
@@ -41,7 +41,9 @@ def test_policy_loads_without_warnings(name: str) -> None:
     assert cfg.flow_control is not None
     flow = fc_config.build(cfg.flow_control, cfg.plugins, cfg.saturation_detector)
     assert flow.warnings == []
-    assert (flow.config is not None) == (name in ("llm-d-flow-control", "flow-control"))
+    assert (flow.config is not None) == (
+        name in ("llm-d-flow-control", "flow-control", "flow-control-requests")
+    )
     # A policy reading the KV index says so (the fast fleet then publishes events); one that does
     # not must load without an index.
     types = {p.type for p in cfg.plugins.values()}
@@ -72,6 +74,7 @@ def test_the_live_bench_reads_epps_metrics_only_for_flow_control() -> None:
 
     assert {n for n, p in POLICIES.items() if _has_flow_control(p.config_text())} == {
         "flow-control",
+        "flow-control-requests",
         "llm-d-flow-control",
     }
     assert _has_flow_control("featureGates: [flowControl=true]")
