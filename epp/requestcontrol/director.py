@@ -122,6 +122,8 @@ class RequestContext:
     __slots__ = (
         "_director",
         "_finished",
+        "answer_headers",
+        "answered_at",
         "booked",
         "destination",
         "evict_hook",
@@ -164,6 +166,9 @@ class RequestContext:
         # Booked as prefill work on `booked` until the answer's first byte (`prefill_done`).
         self.prefilling = False
         self.served: Endpoint | None = None
+        # The model server's response headers and when they came (RequestOutcome.headers).
+        self.answer_headers: Mapping[str, str] = {}
+        self.answered_at: float | None = None
         self.picked_at = clock.now()
         # When epp had the request's headers (llm-d's series time from there); the decision's
         # time when the caller does not say.
@@ -221,6 +226,9 @@ class RequestContext:
         add to the response to the client (session tokens, ...)."""
         self.response_started_at = clock.now()
         self.tracker.on_headers(headers)
+        if self.answered_at is None:
+            self.answered_at = clock.now()
+            self.answer_headers = headers
         if served_hostport:
             self.served = self._director.datastore.by_hostport(served_hostport)
         added: dict[str, str] = {}
@@ -614,6 +622,8 @@ class Director:
             cached_tokens=usage.cached_tokens if usage else None,
             ttft_s=(tracker.first_chunk_at - ctx.picked_at) if tracker.first_chunk_at else None,
             duration_s=now - ctx.picked_at,
+            headers=ctx.answer_headers,
+            headers_s=(ctx.answered_at - ctx.picked_at) if ctx.answered_at is not None else None,
         )
         for hook in self._response_complete:
             try:

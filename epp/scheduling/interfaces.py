@@ -201,6 +201,11 @@ class RequestOutcome:
     cached_tokens: int | None = None
     ttft_s: float | None = None  # seconds from pick to the first response body byte
     duration_s: float = 0.0  # seconds from pick to the end of the stream
+    # The model server's response headers (lower-case names; empty if none arrived) and when they
+    # did: a P/D decode pod's sidecar answers only once the prefill stage has (epp.sidecar adds
+    # x-epp-prefill and x-epp-prefill-seconds), so P/D deciders learn the prefill pods from them.
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    headers_s: float | None = None  # seconds from pick to the response headers
 
 
 @dataclasses.dataclass(slots=True)
