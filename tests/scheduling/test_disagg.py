@@ -4,6 +4,7 @@ Director, the stage headers and bookings, the deciders, and epp's pd-latency-dec
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import msgspec
@@ -15,7 +16,12 @@ from epp.requestcontrol.director import Director
 from epp.scheduling import config as sched_config
 from epp.scheduling.disagg import runner
 from epp.scheduling.interfaces import Handle
-from epp.sidecar.protocol import ENCODER_HEADER, PREFILL_HEADER
+from epp.sidecar.protocol import (
+    ENCODER_HEADER,
+    PREFILL_HEADER,
+    PREFILL_RESULT_HEADER,
+    PREFILL_SECONDS_HEADER,
+)
 
 LLMD = Path(__file__).parent / "data" / "llmd-pd"
 ROLE = "llm-d.ai/role"
@@ -314,3 +320,136 @@ async def test_debug_score_explains_each_stage_and_the_decision() -> None:
 
     message = json_format.ParseDict(payload, pb.ExplainResponse())
     assert message.stages[0].pick == "10.0.0.1:8000"
+
+
+def test_prefill_loads_price_the_queue_a_prefill_joins() -> None:
+    from epp.scheduling.disagg.latency_decider import PrefillLoads
+
+    loads = PrefillLoads(window=10.0, max_rho=0.9)
+    assert loads.behind("p", 1.0, 0.0, now=0.0) == 0.0  # nothing sent there: nobody behind it
+    for _ in range(5):  # 5 prefills of 1 s in the window: 0.5 a second, half the pod's time
+        loads.add("p", 1.0, now=0.0)
+    lam, rho = loads.rates("p", now=0.0)
+    assert lam == pytest.approx(0.5) and rho == pytest.approx(0.5)
+    # 1 s of prefill joining 2 s of queue: 0.5/s x 3 s arrive behind it, each delayed 1 s, and
+    # the busy period stretches by 1 / (1 - 0.5).
+    assert loads.behind("p", 1.0, 2.0, now=0.0) == pytest.approx(1.0 * 0.5 * 3.0 / 0.5)
+    # Near capacity the price is capped at maxUtilization, not infinite.
+    for _ in range(20):
+        loads.add("p", 1.0, now=0.0)
+    assert loads.behind("p", 1.0, 0.0, now=0.0) == pytest.approx(1.0 * 2.5 * 1.0 / (1 - 0.9))
+    # The load decays over the window, and a pod that leaves is forgotten.
+    assert loads.rates("p", now=30.0)[0] == pytest.approx(2.5 * math.exp(-3.0))
+    loads.forget("p")
+    assert loads.rates("p", now=30.0) == (0.0, 0.0)
+
+
+async def test_latency_decider_prices_the_prefills_queued_behind_its_own() -> None:
+    ds = pool("prefill", "decode")
+    d, _ = director(LATENCY, ds)
+    dec = ds.get("decode-1")
+    assert dec is not None
+    dec.metrics = dataclasses.replace(dec.metrics, running=8, updated_at=1.0)
+    _, first = await d.explain(path="/v1/completions", headers={}, body=body(10000))
+    assert first.profiles["prefill"].facts["endpoints"]["prefill-0"]["behind_others_s"] == 0.0
+    ctxs = [
+        await d.route(path="/v1/completions", headers={}, body=body(10000, 7 * i), subset=None)
+        for i in range(3)
+    ]
+    assert all(c.headers == {PREFILL_HEADER: "10.0.0.1:8000"} for c in ctxs)
+    _, later = await d.explain(path="/v1/completions", headers={}, body=body(10000))
+    terms = later.profiles["prefill"].facts["endpoints"]["prefill-0"]
+    # Three 1 s prefills sent there: the next one delays those arriving behind it.
+    assert terms["behind_others_s"] > 0.0
+    assert terms["split_s"] > first.profiles["prefill"].facts["endpoints"]["prefill-0"]["split_s"]
+    assert "local_behind_s" in later.profiles["prefill"].facts["request"]
+    for c in ctxs:
+        c.finish(complete=False)
+
+
+async def test_latency_decider_min_prompt_tokens_keeps_short_prompts_local() -> None:
+    ds = pool("prefill", "decode")
+    d, _ = director(
+        LATENCY.replace("kvBytesPerToken: 1000,", "kvBytesPerToken: 1000, minPromptTokens: 20000,"), ds
+    )
+    dec = ds.get("decode-1")
+    assert dec is not None
+    dec.metrics = dataclasses.replace(dec.metrics, running=8, updated_at=1.0)
+    ctx = await d.route(path="/v1/completions", headers={}, body=body(10000), subset=None)
+    assert ctx.headers == {}  # it would split (the test above) but for minPromptTokens
+    _, result = await d.explain(path="/v1/completions", headers={}, body=body(10000))
+    assert "minPromptTokens" in result.profiles["prefill"].facts["request"]["reason"]
+    ctx.finish(complete=False)
+
+
+@pytest.mark.parametrize(
+    ("answer", "learns"),
+    [
+        (
+            {
+                "content-type": "application/json",
+                PREFILL_RESULT_HEADER: "10.0.0.1:8000",
+                PREFILL_SECONDS_HEADER: "4",
+            },
+            True,
+        ),
+        (
+            {"content-type": "application/json", PREFILL_RESULT_HEADER: "local", PREFILL_SECONDS_HEADER: "4"},
+            False,
+        ),
+        ({"content-type": "application/json", PREFILL_SECONDS_HEADER: "nan"}, False),
+    ],
+)
+async def test_latency_decider_learns_the_prefill_pod_from_the_sidecar(
+    answer: dict[str, str], learns: bool
+) -> None:
+    from epp.scheduling.disagg.latency_decider import PDLatencyDecider
+
+    ds = pool("prefill", "decode")
+    d, cfg = director(LATENCY, ds)
+    decider = next(p for p in cfg.plugins.values() if isinstance(p, PDLatencyDecider))
+    latency = decider._latency
+    assert latency is not None
+    dec = ds.get("decode-1")
+    assert dec is not None
+    dec.metrics = dataclasses.replace(dec.metrics, running=8, updated_at=1.0)
+    before = latency.prefill_tokens_per_second("prefill-0")
+    ctx = await d.route(path="/v1/completions", headers={}, body=body(10000), subset=None)
+    assert ctx.headers == {PREFILL_HEADER: "10.0.0.1:8000"}
+    # The sidecar says the prefill leg took 4 s where the prior rate predicts about 1 s.
+    ctx.on_response_headers({":status": "200", **answer}, None)
+    ctx.on_response_body(b"{}", True)
+    ctx.finish(complete=True)
+    after = latency.prefill_tokens_per_second("prefill-0")
+    assert (after < before) if learns else (after == before), (before, after)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "learns"), [("text/event-stream", True), ("application/json", False)]
+)
+async def test_latency_decider_learns_from_a_streamed_answers_headers(
+    content_type: str, learns: bool
+) -> None:
+    """llm-d's sidecar names no prefill seconds; a streamed answer's headers come once the
+    prefill pod has answered, so their time is the leg. A whole JSON answer says nothing."""
+    from epp import clock
+    from epp.scheduling.disagg.latency_decider import PDLatencyDecider
+
+    t = [100.0]
+    with clock.use(lambda: t[0]):
+        ds = pool("prefill", "decode")
+        d, cfg = director(LATENCY, ds)
+        decider = next(p for p in cfg.plugins.values() if isinstance(p, PDLatencyDecider))
+        assert decider._latency is not None
+        dec = ds.get("decode-1")
+        assert dec is not None
+        dec.metrics = dataclasses.replace(dec.metrics, running=8, updated_at=t[0])
+        before = decider._latency.prefill_tokens_per_second("prefill-0")
+        ctx = await d.route(path="/v1/completions", headers={}, body=body(10000), subset=None)
+        assert ctx.headers == {PREFILL_HEADER: "10.0.0.1:8000"}
+        t[0] += 4.0
+        ctx.on_response_headers({":status": "200", "content-type": content_type}, None)
+        # No first byte: the TTFT fallback is not taken either, so only the headers can teach.
+        ctx.finish(complete=False)
+        after = decider._latency.prefill_tokens_per_second("prefill-0")
+    assert (after < before) if learns else (after == before), (before, after)

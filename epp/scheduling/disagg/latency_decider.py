@@ -15,11 +15,21 @@ candidate `P` by its prefill leg plus the transfer to `D`; this plugin then comp
 the latency scorer's objective:
 
     local(D) = ttftWeight * ttft(D)                     queue + overhead + uncached prefill on D
-             + othersWeight * stall(D)                  D's running streams stalled by that prefill
+             + othersWeight * (stall(D) + behind(D))    D's streams stalled; later prefills delayed
     split(P) = ttftWeight * (max(leg(P) + transfer(P, D), queue(D)) + overhead(D))
-             + othersWeight * stall(P)                  P's own running streams, when it decodes too
+             + othersWeight * (stall(P) + behind(P))    P's own streams, when it decodes too
     leg(P)   = queue(P) + overhead(P) + prefill(P)      P's learned rate and fluid queue
     transfer(P, D) = kvBytesPerToken * uncached(D) / bandwidth(P, D)
+    stall(X) = stallWeight * running(X) * the prefill's compute at X's rate
+    behind(X) = prefill(X) * lam(X) * (queue(X) + prefill(X)) / (1 - min(rho(X), maxUtilization))
+
+`behind` is what the prefill costs the requests that arrive at that pod while its prefill queue
+is busy (M/G/1: `lam` arrivals a second, `rho` the share of the pod's time prefills took, both
+from this decider's own bookings, decaying over `loadWindowSeconds`). Without it a pod near its
+prefill capacity looks as cheap as an idle one to each request alone, and the decider piles
+prefills onto whichever pod its queue estimate flatters (`epp bench pd`, pd-long-prompt at
+`--load 4`: always-split waits 40 s for the first token at p50; with `behind` the decider keeps
+47% of the prefills on the decode pods and waits 8 s).
 
 (`ttftWeight`, `othersWeight`: this plugin's) and splits when
 `split(P) + marginSeconds < local(D) x (1 - marginRatio)` and the prompt has `minPromptTokens`.
@@ -34,9 +44,14 @@ not explain is the transfer, per byte moved (a log-space moving average, weight
 
 Effects: on a split, the prefill is booked on P's fluid queue in the latency scorer (the decode
 pod's booking then holds no prefill), and the request's pair and bytes are kept for the learning.
+The learning (`response_complete`): the prefill leg's duration, from `x-epp-prefill-seconds`
+(`epp sidecar`) or the time to the decode pod's streamed response headers (any sidecar sends the
+decode leg only once the prefill pod answered), teaches the latency scorer P's prefill rate; the
+rest of the TTFT, less D's first step, is the transfer.
 Explain: per prefill candidate `leg_s`, `queue_s`, `prefill_s`, `uncached_tokens`,
-`transfer_s`, `transfer_bytes`, `bandwidth_bytes_per_s`, `split_s`; per request `local_s`,
-`local_ttft_s`, `local_stall_s`, `best_split_s`, `split`, `decode_pod`.
+`transfer_s`, `transfer_bytes`, `bandwidth_bytes_per_s`, `stall_others_s`, `behind_others_s`,
+`split_s`; per request `local_s`, `local_ttft_s`, `local_stall_s`, `local_behind_s`,
+`best_split_s`, `split`, `decode_pod`.
 
 Parameters:
 - `latencyScorer` (""): the decode profile's `request-latency-scorer` / `predicted-ttft-scorer`
@@ -53,7 +68,12 @@ Parameters:
   token after it of each stream it hits, and a decode pod's streams are the long ones: with 1,
   `epp bench pd` (pd-mixed, --load 4, seeds 1-2) kept prefills local that left its E2E p99 3%
   above llm-d's always-split; with 2 it is 0.4% below, with a third lower TTFT p99.
-- `minPromptTokens` (0): shorter prompts never split.
+- `stallWeight` (1): scales `stall`.
+- `loadWindowSeconds` (10), `maxUtilization` (0.95, (0, 1)): `behind`'s window and cap on `rho`.
+- `minPromptTokens` (0): shorter prompts never split. On `prefill-decode` pools a short prompt's
+  leg waits behind the prefill pod's own long prefills, which its fluid queue does not show
+  (`epp bench pd`, pd-mixed at `--load 6`: 0.26 s predicted, 0.70 s seen): there it pays to
+  split only long prompts (`epp bench pd` runs `minPromptTokens: 2048` on them).
 """
 
 from __future__ import annotations
@@ -74,6 +94,7 @@ from epp.scheduling.disagg import deciders
 from epp.scheduling.disagg.runner import PEER_KEY
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
 from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer, TTFTDecision
+from epp.sidecar.protocol import PREFILL_RESULT_HEADER, PREFILL_SECONDS_HEADER
 
 MAX_PENDING: Final = 65536
 
@@ -90,7 +111,10 @@ class _Leg:
     transfer_bytes: float
     bandwidth: float
     stall_s: float
+    behind_s: float  # the delay this prefill adds to the prefills that will queue behind it there
     split_s: float
+    queue_tokens: float  # the queue, in prompt tokens at the pod's learned rate (for the learning)
+    decodes: int
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,8 +122,11 @@ class _Pricing:
     request: InferenceRequest
     decode: Endpoint | None
     legs: dict[str, _Leg]
+    first_s: float = 0.0  # the decode pod's first step once the KV is in
     local_ttft_s: float = 0.0
+    local_prefill_s: float = 0.0  # the prefill's own time on the decode pod (booked if kept)
     local_stall_s: float = 0.0
+    local_behind_s: float = 0.0
     local_s: float = 0.0
     best_split_s: float = math.inf
     split: bool = False
@@ -107,12 +134,79 @@ class _Pricing:
 
 
 @dataclasses.dataclass(slots=True)
+class _Load:
+    """Prefills booked on one pod: their count and seconds, decaying over the window."""
+
+    count: float = 0.0
+    seconds: float = 0.0
+    at: float = 0.0
+
+
+class PrefillLoads:
+    """Per pod, the rate of prefills sent there (`lam`, per second) and the share of its time they
+    take (`rho`), from this decider's own bookings, each an exponentially decaying sum over
+    `window` seconds; and from them the price of queueing there.
+
+    A prefill of `s` seconds joining a pod whose prefill queue holds `V` seconds delays each
+    prefill that arrives while that queue is busy by `s`: about `lam x (V + s)` of them, and the
+    busy period stretches by `1 / (1 - rho)` as work arrives during it (M/G/1). So it costs the
+    others `s x lam x (V + s) / (1 - rho)` (`behind`), with `rho` capped at `max_rho`: near a
+    pod's capacity each prefill sent there costs everyone after it, which a split's own TTFT
+    does not show.
+    """
+
+    __slots__ = ("_loads", "_max_rho", "_window")
+
+    def __init__(self, window: float, max_rho: float) -> None:
+        self._window = window
+        self._max_rho = max_rho
+        self._loads: dict[str, _Load] = {}
+
+    def _decayed(self, name: str, now: float) -> _Load | None:
+        load = self._loads.get(name)
+        if load is not None and now > load.at:
+            f = math.exp(-(now - load.at) / self._window)
+            load.count *= f
+            load.seconds *= f
+            load.at = now
+        return load
+
+    def add(self, name: str, seconds: float, now: float) -> None:
+        load = self._decayed(name, now)
+        if load is None:
+            if len(self._loads) >= MAX_PENDING:  # pod names come from the pool: bounded anyway
+                self._loads.clear()
+            load = self._loads[name] = _Load(at=now)
+        load.count += 1.0
+        load.seconds += seconds
+
+    def rates(self, name: str, now: float) -> tuple[float, float]:
+        """(prefills a second, share of the pod's time) sent to `name` lately."""
+        load = self._decayed(name, now)
+        if load is None:
+            return 0.0, 0.0
+        return load.count / self._window, load.seconds / self._window
+
+    def behind(self, name: str, seconds: float, queue_s: float, now: float) -> float:
+        lam, rho = self.rates(name, now)
+        return seconds * lam * (queue_s + seconds) / (1.0 - min(rho, self._max_rho))
+
+    def forget(self, name: str) -> None:
+        self._loads.pop(name, None)
+
+
+@dataclasses.dataclass(slots=True)
 class _Pending:
+    """A split request's prices, kept until its response completes (the learning reads them)."""
+
     request: InferenceRequest
-    pair: tuple[str, str]
+    pair: tuple[str, str]  # (prefill pod, decode pod)
     bytes: float
-    leg_s: float
-    overhead_s: float
+    queue_tokens: float  # the prefill pod's queue at pick time, in prompt tokens
+    uncached: float  # the prompt tokens the prefill pod computes
+    decodes: int  # the prefill pod's running requests at pick time
+    transfer_s: float  # the predicted transfer
+    first_s: float  # the decode pod's first step once the KV is in: its overhead at its batch
 
 
 @registry.register("pd-latency-decider")
@@ -129,7 +223,10 @@ class PDLatencyDecider(registry.PluginBase):
         marginRatio: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.0
         ttftWeight: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
         othersWeight: Annotated[float, msgspec.Meta(ge=0.0)] = 2.0
+        stallWeight: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
         minPromptTokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+        loadWindowSeconds: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 10.0
+        maxUtilization: Annotated[float, msgspec.Meta(gt=0.0, lt=1.0)] = 0.95
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         self.name = name
@@ -147,12 +244,13 @@ class PDLatencyDecider(registry.PluginBase):
         self._latency: PredictedTTFTScorer | None = None
         self._ttft_w = params.ttftWeight
         self._others_w = params.othersWeight
-        self._stall_w = 1.0
+        self._stall_w = params.stallWeight
         self._prefix = ""  # the prefill profile's prefix scorer (P's cached tokens)
         self._bandwidth: dict[tuple[str, str], float] = {}
         self._samples: dict[tuple[str, str], int] = collections.Counter()
         self._last: _Pricing | None = None
         self._pending: collections.OrderedDict[int, _Pending] = collections.OrderedDict()
+        self._loads = PrefillLoads(params.loadWindowSeconds, params.maxUtilization)
         handle.datastore.subscribe(self._on_endpoints_changed)
 
     def bind(self, decode: framework.Profile, prefill: framework.Profile) -> None:
@@ -172,7 +270,6 @@ class PDLatencyDecider(registry.PluginBase):
                 f"{label}: the decode profile {decode.name!r} has no {what} to price with"
             )
         self._latency = found[0]
-        self._stall_w = float(getattr(found[0], "_stall_w", 1.0))
         scorers = [s for s, _ in prefill.scorers]
         if self not in scorers:
             raise registry.ConfigError(
@@ -208,20 +305,31 @@ class PDLatencyDecider(registry.PluginBase):
         costs: list[float] = []
         d_queue = local.queue_s if local is not None else 0.0
         d_overhead = latency.overhead_seconds * (local.slowdown if local is not None else 1.0)
+        k = latency.decode_interference
         for ep in endpoints:
             uncached = float(tokens) - _held(match, ep, tokens)
             queue_s, overhead_s, prefill_s = latency.prefill_stage(ep, uncached, now)
+            m = ep.metrics
+            decodes = max(m.running, ep.inflight_requests - m.waiting, 0)
+            per_token = (1.0 + k * decodes) / latency.prefill_tokens_per_second(ep.name)
             bw = self._bandwidth.get((ep.name, decode.name), self._prior_bw)
             nbytes = moved * self._kv_bytes if ep is not decode else 0.0
             transfer = nbytes / bw
             leg = queue_s + overhead_s + prefill_s
-            # A prefill pod that also decodes (role prefill-decode) stalls its own streams.
-            m = ep.metrics
-            stall = self._stall_w * max(m.running - m.waiting, 0) * prefill_s
-            split = self._ttft_w * (max(leg + transfer, d_queue) + d_overhead) + self._others_w * stall
-            legs[ep.name] = _Leg(queue_s, overhead_s, prefill_s, uncached, transfer, nbytes, bw, stall, split)
+            # A prefill pod that also decodes (role prefill-decode) stalls its own streams: each
+            # step the prefill shares is longer by the prefill's own compute.
+            own = prefill_s / (1.0 + k * decodes)
+            stall = self._stall_w * max(m.running - m.waiting, 0) * own
+            behind = self._loads.behind(ep.name, prefill_s, queue_s, now)
+            split = self._ttft_w * (max(leg + transfer, d_queue) + d_overhead) + self._others_w * (
+                stall + behind
+            )
+            legs[ep.name] = _Leg(
+                queue_s, overhead_s, prefill_s, uncached, transfer, nbytes, bw, stall, behind, split,
+                queue_s / per_token, decodes,
+            )  # fmt: skip
             costs.append(split)
-        self._last = _Pricing(request, decode, legs)
+        self._last = _Pricing(request, decode, legs, d_overhead)
         best = min(costs)
         return [best / c if c > 0 else 1.0 for c in costs]
 
@@ -234,21 +342,31 @@ class PDLatencyDecider(registry.PluginBase):
         decode: Endpoint | None,
         prefill: interfaces.ProfileResult | None,
     ) -> bool:
-        pricing = self._last
+        pricing, latency = self._last, self._latency
         if decode is None or prefill is None or pricing is None or pricing.request is not request:
             return False
         if pricing.decode is not decode:
             pricing.reason = "the prefill pods were not priced for this decode pod"
             return False
-        decided = cycle.get(self._latency.name) if self._latency is not None else None
+        decided = cycle.get(latency.name) if latency is not None else None
         local = decided.terms.get(decode.name) if isinstance(decided, TTFTDecision) else None
-        if local is None:
+        if local is None or latency is None:
             pricing.reason = "the decode pod was not priced"
             return False
         extras = decided.extras.get(decode.name, {}) if isinstance(decided, TTFTDecision) else {}
         pricing.local_ttft_s = local.ttft
-        pricing.local_stall_s = extras.get("prefill_stall_others_s", 0.0)
-        pricing.local_s = self._ttft_w * local.ttft + self._others_w * pricing.local_stall_s
+        own = local.uncached / latency.prefill_tokens_per_second(decode.name)
+        pricing.local_prefill_s = own * local.slowdown
+        # The latency scorer's stall prices the prefill at its slowed rate (its own TTFT); the
+        # streams it stalls lose the step time the prefill adds: its compute alone.
+        running = max(extras.get("batch", float(decode.metrics.running)) - decode.metrics.waiting, 0.0)
+        pricing.local_stall_s = self._stall_w * running * own
+        pricing.local_behind_s = self._loads.behind(
+            decode.name, pricing.local_prefill_s, local.queue_s, clock.now()
+        )
+        pricing.local_s = self._ttft_w * local.ttft + self._others_w * (
+            pricing.local_stall_s + pricing.local_behind_s
+        )
         leg = pricing.legs.get(prefill.targets[0].name)
         if leg is None:
             pricing.reason = "the prefill pick was not priced"
@@ -270,34 +388,76 @@ class PDLatencyDecider(registry.PluginBase):
     def pre_request(self, request: InferenceRequest, result: interfaces.SchedulingResult) -> None:
         pricing = self._last
         self._last = None
-        prefill = result.stages.get("prefill")
-        if pricing is None or pricing.request is not request or not prefill or self._latency is None:
+        if pricing is None or pricing.request is not request or self._latency is None:
             return
+        now = clock.now()
+        prefill = result.stages.get("prefill")
+        if pricing.decode is None:
+            return
+        if not prefill:
+            self._loads.add(pricing.decode.name, pricing.local_prefill_s, now)
+            return
+        # A split request's first step waits behind the decode pod's prefills too: it counts
+        # among the arrivals there, with no prefill of its own.
+        self._loads.add(pricing.decode.name, 0.0, now)
         pod = prefill[0]
         leg = pricing.legs.get(pod.name)
-        if leg is None or pricing.decode is None:
+        if leg is None:
             return
-        self._latency.book_prefill(pod, leg.uncached, clock.now())
+        self._latency.book_prefill(pod, leg.uncached, now)
+        self._loads.add(pod.name, leg.prefill_s, now)
         pending = self._pending
         pending[id(request)] = _Pending(
             request,
             (pod.name, pricing.decode.name),
             leg.transfer_bytes,
-            leg.queue_s + leg.overhead_s + leg.prefill_s,
-            self._latency.overhead_seconds,
+            leg.queue_tokens,
+            leg.uncached,
+            leg.decodes,
+            leg.transfer_s,
+            pricing.first_s,
         )
         while len(pending) > MAX_PENDING:
             pending.popitem(last=False)
 
     def response_complete(self, request: InferenceRequest, outcome: interfaces.RequestOutcome) -> None:
+        """Learn the prefill pod's rate and the pair's transfer from what the split request did.
+
+        The prefill leg's own duration, where it is known: `x-epp-prefill-seconds` (`epp sidecar`
+        measures it), else the time to the decode pod's response headers when the answer streams
+        (a sidecar, llm-d's or epp's, relays the decode leg's headers only once the prefill pod
+        has answered, and vLLM sends a stream's headers before its first token). The prefill pod's
+        rate learns from it as the latency scorer learns a pod from a TTFT, and the rest of the
+        TTFT, less the decode pod's first step, is the transfer. Without it (a whole JSON answer
+        through llm-d's sidecar) the leg is the TTFT less the predicted transfer and first step,
+        and the bandwidth is not learned: one TTFT cannot tell the two apart. A local fallback
+        (`x-epp-prefill: local`) or a failed request teaches nothing."""
         booked = self._pending.pop(id(request), None)
-        if booked is None or booked.request is not request or not outcome.ok or outcome.ttft_s is None:
+        latency = self._latency
+        if booked is None or booked.request is not request or latency is None:
             return
-        if booked.bytes <= 0.0:
+        headers = outcome.headers
+        if headers.get(PREFILL_RESULT_HEADER) == "local" or not 200 <= outcome.status < 300:
             return
-        residual = outcome.ttft_s - booked.leg_s - booked.overhead_s
+        leg = _seconds(headers.get(PREFILL_SECONDS_HEADER))
+        if leg is None and outcome.headers_s is not None and _streamed(headers):
+            leg = outcome.headers_s
+        ttft = outcome.ttft_s if outcome.ok else None
+        prefill, _ = booked.pair
+        if leg is None:
+            if ttft is None:
+                return
+            leg = ttft - booked.transfer_s - booked.first_s
+            if leg <= 0.0:
+                return
+            latency.learn(prefill, leg, booked.queue_tokens + booked.uncached, booked.decodes)
+            return
+        latency.learn(prefill, leg, booked.queue_tokens + booked.uncached, booked.decodes)
+        if ttft is None or booked.bytes <= 0.0:
+            return
+        residual = ttft - leg - booked.first_s
         if residual <= 0.0:
-            return  # the prediction of the leg was high: nothing to say about the transfer
+            return  # the decode pod's step hid the transfer: nothing to say about the link
         seen = booked.bytes / residual
         old = self._bandwidth.get(booked.pair, self._prior_bw)
         new = math.exp(math.log(old) + self._learn_w * (math.log(seen) - math.log(old)))
@@ -311,6 +471,8 @@ class PDLatencyDecider(registry.PluginBase):
     def _on_endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         if removed:
             gone = {ep.name for ep in removed}
+            for name in gone:
+                self._loads.forget(name)
             for pair in [p for p in self._bandwidth if gone.intersection(p)]:
                 del self._bandwidth[pair]
                 self._samples.pop(pair, None)
@@ -334,6 +496,7 @@ class PDLatencyDecider(registry.PluginBase):
                 "bandwidth_bytes_per_s": leg.bandwidth,
                 "bandwidth_samples": self._samples.get((name, pricing.decode.name), 0),
                 "stall_others_s": leg.stall_s,
+                "behind_others_s": leg.behind_s,
                 "split_s": leg.split_s,
             }
             for name, leg in pricing.legs.items()
@@ -343,12 +506,28 @@ class PDLatencyDecider(registry.PluginBase):
             "local_s": pricing.local_s,
             "local_ttft_s": pricing.local_ttft_s,
             "local_stall_s": pricing.local_stall_s,
+            "local_behind_s": pricing.local_behind_s,
             "best_split_s": pricing.best_split_s if math.isfinite(pricing.best_split_s) else -1.0,
             "split": pricing.split,
             "reason": pricing.reason,
             "kv_bytes_per_token": self._kv_bytes,
         }
         return {"request": request, "endpoints": endpoints}
+
+
+def _seconds(value: str | None) -> float | None:
+    """A duration header's seconds, or None when absent or not a finite number >= 0."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0.0 else None
+
+
+def _streamed(headers: Mapping[str, str]) -> bool:
+    return "text/event-stream" in headers.get("content-type", "").lower()
 
 
 def _held(match: Any, ep: Endpoint, tokens: int) -> float:
