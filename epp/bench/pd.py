@@ -46,6 +46,7 @@ from epp.datastore.endpoints import EndpointSpec
 from epp.observability import metrics
 from epp.scheduling import config as sched_config
 from epp.scheduling.plugins.role_filter import ROLE_LABEL
+from epp.sidecar.protocol import PREFILL_RESULT_HEADER, PREFILL_SECONDS_HEADER
 from epp.sim import core
 from epp.sim.profiles import Profile, get_profile
 
@@ -57,6 +58,8 @@ PODS: Final = 8
 SLO_TTFT_S: Final = 2.0
 SLO_TPOT_S: Final = 0.08
 _TRANSFER, _CANCEL = 10, 11  # event kinds (above epp.bench.fast's)
+SIDECARS: Final = ("epp", "llm-d")
+_ANSWER: Final = {":status": "200", "content-type": "text/event-stream"}
 
 
 # --- workloads --------------------------------------------------------------------------------
@@ -213,6 +216,10 @@ _DYNAMO = _llmd(16, "dynamo-pd-decider").replace(
     "- type: disagg-profile-handler", "- type: dynamo-pd-decider\n- type: disagg-profile-handler"
 )
 
+# On prefill-decode pods a short prompt's prefill leg waits behind the prefill pod's own long
+# prefills, which the decider's queue estimate does not see: only long prompts split there.
+_FLEX: Final = "marginRatio: 0.5, minPromptTokens: 2048, kvBytesPerToken:"
+
 PD_POLICIES: Final[dict[str, PDPolicy]] = {
     p.name: p
     for p in (
@@ -226,8 +233,9 @@ PD_POLICIES: Final[dict[str, PDPolicy]] = {
         PDPolicy("threshold-2048", "llm-d's P/D, nonCachedTokens 2048 (xPyD)", "xpyd", _llmd(2048), False),
         PDPolicy("threshold-8192", "llm-d's P/D, nonCachedTokens 8192 (xPyD)", "xpyd", _llmd(8192), False),
         PDPolicy("epp-pd", "epp's pd-latency-decider on the same xPyD pods", "xpyd", _EPP_PD, True),
-        PDPolicy("epp-pd-flex", "epp's pd-latency-decider, marginRatio 0.5, every pod prefill-decode", "flex",
-                 _EPP_PD.replace("kvBytesPerToken:", "marginRatio: 0.5, kvBytesPerToken:"), True),
+        PDPolicy("epp-pd-flex", "epp's pd-latency-decider, marginRatio 0.5, minPromptTokens 2048, every pod "
+                 "prefill-decode", "flex",
+                 _EPP_PD.replace("kvBytesPerToken:", _FLEX), True),
     )
 }  # fmt: skip
 
@@ -260,12 +268,19 @@ class PDFastRun(fast.FastRun):
         link_bytes_per_s: float = LINK_BYTES_PER_S,
         kv_bytes_per_token: float = KV_BYTES_PER_TOKEN,
         faults: float = 0.0,
+        sidecar: str = "epp",
     ) -> None:
-        """`faults`: the share of split requests whose prefill pod dies mid-transfer (the
-        sidecar then prefills on the decode pod: `fallbacks`), and, apart, the share of requests
-        whose client goes away at a random moment of its first 10 s (`cancelled`: both stages'
-        engine requests are aborted and epp's stream ends)."""
+        """`sidecar`: whose sidecar the decode pods run, as epp sees it: `epp` (its answer carries
+        `x-epp-prefill` and `x-epp-prefill-seconds`) or `llm-d` (neither); either sends the
+        decode leg's headers once the prefill pod has answered. `faults`: the share of split
+        requests whose prefill pod dies mid-transfer (the sidecar then prefills on the decode
+        pod: `fallbacks`), and, apart, the share of requests whose client goes away at a random
+        moment of its first 10 s (`cancelled`: both stages' engine requests are aborted and
+        epp's stream ends)."""
+        if sidecar not in SIDECARS:
+            raise ValueError(f"unknown sidecar {sidecar!r}: {', '.join(SIDECARS)}")
         self._roles = roles(policy.topology, pods)
+        self.sidecar = sidecar
         self.faults = faults
         self._fault_rng = random.Random(f"pd-faults:{seed}")
         self.fallbacks = 0
@@ -338,8 +353,19 @@ class PDFastRun(fast.FastRun):
                 # The prefill pod died after its answer: the KV pull fails at once and the
                 # sidecar prefills on the decode pod (epp.sidecar's --prefill-fallback local).
                 self.fallbacks += 1
+                if self.sidecar == "epp":
+                    flight.ctx.on_response_headers({**_ANSWER, PREFILL_RESULT_HEADER: "local"}, None)
                 self.dispatch(rid, prompt, prefix, decode, remote_tokens=0, local=True)
                 continue
+            # The sidecar has the prefill's answer and sends the decode leg, whose stream headers
+            # vLLM answers at once (before the KV pull): they reach epp now.
+            marks = {}
+            if self.sidecar == "epp":
+                marks = {
+                    PREFILL_RESULT_HEADER: flight.ctx.result.stages["prefill"][0].hostport,
+                    PREFILL_SECONDS_HEADER: f"{self.now - flight.ctx.picked_at:.6f}",
+                }
+            flight.ctx.on_response_headers({**_ANSWER, **marks}, None)
             held = self.engines[decode].cached_digest_blocks(prefix) * bs if prefix else 0
             moved = max(len(prompt.token_ids) - held, 0)
             nbytes = moved * self.kv_bytes_per_token
@@ -428,6 +454,7 @@ def run_one(
     link_bytes_per_s: float,
     load: float = 1.0,
     faults: float = 0.0,
+    sidecar: str = "epp",
 ) -> dict[str, Any]:
     profile = get_profile(PROFILE)
     fleet = Fleet(pods, profile.kv_capacity_tokens, profile.max_model_len)
@@ -440,6 +467,7 @@ def run_one(
         seed=seed,
         link_bytes_per_s=link_bytes_per_s,
         faults=faults,
+        sidecar=sidecar,
     )
     before = _scheduler_seconds()
     result = run.run()
@@ -509,6 +537,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of split requests whose prefill pod dies mid-transfer, and of requests whose "
         "client cancels (default 0); the run then reports fallbacks, cancels and leaked bookings",
     )
+    parser.add_argument(
+        "--sidecar",
+        choices=SIDECARS,
+        default="epp",
+        help="the decode pods' sidecar: epp (reports the prefill leg's seconds to epp) or llm-d "
+        "(does not: epp learns the prefill pods from the time to the answer's headers)",
+    )
     parser.add_argument("--out", default="", help="write results.json here")
 
 
@@ -547,6 +582,7 @@ def run(args: argparse.Namespace) -> int:
                     link_bytes_per_s=link,
                     load=args.load,
                     faults=args.faults,
+                    sidecar=args.sidecar,
                 )
                 for s in seeds
             ]
