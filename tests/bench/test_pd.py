@@ -7,16 +7,25 @@ import pytest
 
 from epp.bench import pd
 from epp.bench.workload import Fleet
+from epp.scheduling.disagg.latency_decider import PDLatencyDecider
 from epp.sim.profiles import get_profile
 
 
 def _run(
-    workload: str, policy: str, *, faults: float = 0.0, scale: float = 0.08, load: float = 1.0
+    workload: str,
+    policy: str,
+    *,
+    faults: float = 0.0,
+    scale: float = 0.08,
+    load: float = 1.0,
+    sidecar: str = "epp",
 ) -> pd.PDFastRun:
     profile = get_profile(pd.PROFILE)
     fleet = Fleet(pd.PODS, profile.kv_capacity_tokens, profile.max_model_len)
     wl = pd.PD_WORKLOADS[workload](seed=3, scale=scale, fleet=fleet, load=load)
-    run = pd.PDFastRun(wl, pd.PD_POLICIES[policy], profile=profile, pods=pd.PODS, seed=3, faults=faults)
+    run = pd.PDFastRun(
+        wl, pd.PD_POLICIES[policy], profile=profile, pods=pd.PODS, seed=3, faults=faults, sidecar=sidecar
+    )
     run.run()
     return run
 
@@ -64,3 +73,22 @@ def test_summary_and_targets_read_the_runs() -> None:
     assert 0.0 <= out["split_share"] <= 1.0 and out["ttft_p99_s"] >= out["ttft_p50_s"] > 0
     lines = pd.targets({"w": {"epp-pd": [out], "llm-d-pd": [out]}})
     assert lines and "1.000x ok" in lines[0]
+
+
+@pytest.mark.parametrize("sidecar", pd.SIDECARS)
+def test_epp_pd_learns_the_prefill_pods_from_either_sidecar(sidecar: str) -> None:
+    """The prefill pods serve only remote prefills: their rates move from the prior only through
+    the split requests' answers (epp sidecar's seconds, or llm-d's streamed headers)."""
+    run = _run("pd-long-prompt", "epp-pd", sidecar=sidecar)
+    (decider,) = [h for h in run.director._response_complete if isinstance(h, PDLatencyDecider)]
+    latency = decider._latency
+    assert latency is not None
+    roles = pd.roles("xpyd", pd.PODS)
+    split = {r.prefill_pod for r in run.result.records if r.prefill_pod >= 0}
+    assert split
+    prior = 10000.0
+    for i in split:
+        assert roles[i] == "prefill"
+        assert latency.prefill_tokens_per_second(run.endpoints[i].name) != pytest.approx(prior, rel=1e-3)
+    with pytest.raises(ValueError, match="unknown sidecar"):
+        _run("pd-long-prompt", "epp-pd", sidecar="nginx")
