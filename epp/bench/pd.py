@@ -34,14 +34,15 @@ import json
 import math
 import random
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from epp.bench import fast
+from epp.bench.pd_workloads import PD_WORKLOADS, PODS, PROFILE
 from epp.bench.policies import Policy
 from epp.bench.report import percentile
-from epp.bench.workload import Fleet, OpenLoop, Prompt, Workload, poisson_times, token_ids
+from epp.bench.workload import Fleet, Prompt, Workload
 from epp.datastore.endpoints import EndpointSpec
 from epp.observability import metrics
 from epp.scheduling import config as sched_config
@@ -50,86 +51,14 @@ from epp.sidecar.protocol import PREFILL_RESULT_HEADER, PREFILL_SECONDS_HEADER
 from epp.sim import core
 from epp.sim.profiles import Profile, get_profile
 
-PROFILE: Final = "llama-3.1-70b-h100"
 KV_BYTES_PER_TOKEN: Final = 327680  # Llama-3.1-70B, bf16: 80 layers x 2 x 8 KV heads x 128 x 2
 LINK_BYTES_PER_S: Final = 50e9  # one 400 Gb/s RDMA NIC per pod pair
 TRANSFER_LATENCY_S: Final = 0.001  # NIXL's handshake and notification per transfer
-PODS: Final = 8
 SLO_TTFT_S: Final = 2.0
 SLO_TPOT_S: Final = 0.08
 _TRANSFER, _CANCEL = 10, 11  # event kinds (above epp.bench.fast's)
 SIDECARS: Final = ("epp", "llm-d")
 _ANSWER: Final = {":status": "200", "content-type": "text/event-stream"}
-
-
-# --- workloads --------------------------------------------------------------------------------
-
-
-class _PDWorkload(OpenLoop):
-    default_profile = PROFILE
-    default_pods = PODS
-    qps = 1.0
-    seconds = 120.0
-
-    def __init__(self, *, seed: int, scale: float, fleet: Fleet, load: float = 1.0) -> None:
-        super().__init__(seed=seed, scale=scale, fleet=fleet)
-        qps = self.qps * load
-        self.stages = self.scaled_stages([(f"qps={qps:g}", self.seconds, qps, None)])
-        rng = self.rng("prefixes")
-        self.prefixes = [token_ids(rng, 4096) for _ in range(8)]
-
-    def arrivals(self) -> Iterator[tuple[float, Prompt]]:
-        rng = self.rng("prompts")
-        for t, stage in poisson_times(self.rng("arrivals"), self.stages):
-            yield t, self.prompt(rng, stage)
-
-    def prompt(self, rng: random.Random, stage: int) -> Prompt:
-        raise NotImplementedError
-
-    def long_prompt(self, rng: random.Random, stage: int, shared: float) -> Prompt:
-        """3k-8k tokens, 16-128 out; a `shared` share starts with one of 8 4k-token prefixes."""
-        if rng.random() < shared:
-            g = rng.randrange(len(self.prefixes))
-            prefix = self.prefixes[g]
-            tail = token_ids(rng, rng.randint(256, 4096))
-            return Prompt([*prefix, *tail], rng.randint(16, 128), f"prefix-{g}", len(prefix), stage)
-        return Prompt(token_ids(rng, rng.randint(3072, 8192)), rng.randint(16, 128), "", 0, stage)
-
-    def long_answer(self, rng: random.Random, stage: int) -> Prompt:
-        """256-1k tokens, 512-1,536 out."""
-        return Prompt(token_ids(rng, rng.randint(256, 1024)), rng.randint(512, 1536), "", 0, stage)
-
-
-class LongPrompt(_PDWorkload):
-    name = "pd-long-prompt"
-    description = "3k-8k-token prompts (20% on 8 shared 4k prefixes), 16-128 tokens out; Poisson"
-    qps = 7.0
-
-    def prompt(self, rng: random.Random, stage: int) -> Prompt:
-        return self.long_prompt(rng, stage, 0.2)
-
-
-class LongAnswer(_PDWorkload):
-    name = "pd-long-answer"
-    description = "256-1k-token prompts, 512-1,536 tokens out; Poisson"
-    qps = 6.0
-
-    def prompt(self, rng: random.Random, stage: int) -> Prompt:
-        return self.long_answer(rng, stage)
-
-
-class Mixed(_PDWorkload):
-    name = "pd-mixed"
-    description = "half long prompts (50% on 8 shared 4k prefixes), half long answers; Poisson"
-    qps = 5.0
-
-    def prompt(self, rng: random.Random, stage: int) -> Prompt:
-        if rng.random() < 0.5:
-            return self.long_prompt(rng, stage, 0.5)
-        return self.long_answer(rng, stage)
-
-
-PD_WORKLOADS: Final[dict[str, type[_PDWorkload]]] = {w.name: w for w in (LongPrompt, LongAnswer, Mixed)}
 
 
 # --- policies -----------------------------------------------------------------------------------
@@ -282,7 +211,7 @@ class PDFastRun(fast.FastRun):
         self._roles = roles(policy.topology, pods)
         self.sidecar = sidecar
         self.faults = faults
-        self._fault_rng = random.Random(f"pd-faults:{seed}")
+        self._fault_seed = seed
         self.fallbacks = 0
         self.cancelled = 0
         self.link_bytes_per_s = link_bytes_per_s
@@ -329,8 +258,17 @@ class PDFastRun(fast.FastRun):
         self._arrive_faults(rid)
 
     def _arrive_faults(self, rid: str) -> None:
-        if self.faults and self._fault_rng.random() < self.faults:
-            self._push(self.now + self._fault_rng.uniform(0.0, 10.0), _CANCEL, rid)
+        rng = self._fault(rid, "cancel")
+        if rng is not None and rng.random() < self.faults:
+            self._push(self.now + rng.uniform(0.0, 10.0), _CANCEL, rid)
+
+    def _fault(self, rid: str, what: str) -> random.Random | None:
+        """Request `rid`'s own draws for fault `what` (None without faults): the same requests are
+        cancelled, at the same moments, and lose their prefill pod under every policy. One stream
+        shared by all requests would hit different requests under each policy (a policy that
+        splits fewer draws fewer prefill deaths), and on pd-mixed, whose E2E p50 falls between
+        its short and long answers, which requests a cancel removes moves the median by seconds."""
+        return random.Random(f"pd-faults:{self._fault_seed}:{rid}:{what}") if self.faults else None
 
     def _step_end(self, payload: tuple[int, core.StepResult]) -> None:
         pod, res = payload
@@ -349,7 +287,8 @@ class PDFastRun(fast.FastRun):
             if flight is None:
                 continue
             flight.ctx.release_helpers()  # the prefill pod's work is done
-            if self.faults and self._fault_rng.random() < self.faults:
+            death = self._fault(rid, "prefill-death")
+            if death is not None and death.random() < self.faults:
                 # The prefill pod died after its answer: the KV pull fails at once and the
                 # sidecar prefills on the decode pod (epp.sidecar's --prefill-fallback local).
                 self.fallbacks += 1

@@ -92,3 +92,27 @@ def test_epp_pd_learns_the_prefill_pods_from_either_sidecar(sidecar: str) -> Non
         assert latency.prefill_tokens_per_second(run.endpoints[i].name) != pytest.approx(prior, rel=1e-3)
     with pytest.raises(ValueError, match="unknown sidecar"):
         _run("pd-long-prompt", "epp-pd", sidecar="nginx")
+
+
+def test_faults_hit_the_same_requests_under_every_policy() -> None:
+    """Each request draws its own faults: a cancel is scheduled for the same requests, at the same
+    moments, whatever the policy (one shared stream would hit different ones per policy)."""
+
+    class Spy(pd.PDFastRun):
+        cancels: list[tuple[float, str]]
+
+        def _push(self, at: float, kind: int, payload: object) -> None:
+            if kind == pd._CANCEL:
+                self.cancels.append((round(at, 9), str(payload)))
+            super()._push(at, kind, payload)
+
+    drawn = []
+    for policy in ("llm-d-pd", "epp-pd"):
+        profile = get_profile(pd.PROFILE)
+        fleet = Fleet(pd.PODS, profile.kv_capacity_tokens, profile.max_model_len)
+        wl = pd.PD_WORKLOADS["pd-mixed"](seed=3, scale=0.08, fleet=fleet)
+        Spy.cancels = []
+        run = Spy(wl, pd.PD_POLICIES[policy], profile=profile, pods=pd.PODS, seed=3, faults=0.2)
+        run.run()
+        drawn.append(sorted(Spy.cancels))
+    assert drawn[0] and drawn[0] == drawn[1]
