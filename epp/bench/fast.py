@@ -61,7 +61,8 @@ from epp.flowcontrol import controller as flowcontrol
 from epp.kvcache.events import EventBatch
 from epp.kvcache.index import BlockIndex
 from epp.requestcontrol import admission
-from epp.requestcontrol.director import Director, RequestContext
+from epp.requestcontrol.context import RequestContext
+from epp.requestcontrol.director import Director
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 from epp.sim import blocks, core

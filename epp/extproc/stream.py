@@ -46,7 +46,8 @@ from epp.extproc.limits import StreamGuard
 from epp.flowcontrol.outcomes import evicted_error
 from epp.observability import metrics
 from epp.observability.logs import Throttle
-from epp.requestcontrol.director import Director, RequestContext
+from epp.requestcontrol.context import RequestContext
+from epp.requestcontrol.director import Director
 
 log = logging.getLogger("epp.extproc")
 

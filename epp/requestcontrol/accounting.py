@@ -26,7 +26,7 @@ from epp.observability import llmd_metrics, metrics
 from epp.scheduling.interfaces import RequestOutcome
 
 if TYPE_CHECKING:
-    from epp.requestcontrol.director import RequestContext
+    from epp.requestcontrol.context import RequestContext
 
 
 class Accounting:

@@ -14,7 +14,8 @@ from epp import flags
 from epp.extproc import messages as m
 from epp.extproc.stream import Stream
 from epp.observability import metrics
-from epp.requestcontrol.director import Director, DirectorSettings, RequestContext
+from epp.requestcontrol.context import RequestContext
+from epp.requestcontrol.director import Director, DirectorSettings
 from epp.scheduling.interfaces import RequestOutcome
 from tests.extproc import helpers as h
 

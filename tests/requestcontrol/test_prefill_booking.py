@@ -12,7 +12,8 @@ import msgspec
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.flowcontrol import controller as flowcontrol
 from epp.requestcontrol import admission
-from epp.requestcontrol.director import Director, DirectorSettings, RequestContext
+from epp.requestcontrol.context import RequestContext
+from epp.requestcontrol.director import Director, DirectorSettings
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 
@@ -69,10 +70,14 @@ async def test_counting_prefill_reads_every_response() -> None:
     d, _ = make(4096)
     contexts = [await d.route(path="/v1/completions", headers={}, body=BODY, subset=[POD]) for _ in range(20)]
     assert all(ctx.sampled for ctx in contexts)
+    for ctx in contexts:
+        ctx.finish(complete=True)  # the running-requests gauges are the process's
     # Without maxPrefillTokens the ratio (1 in 100) holds: the first request only.
     d, _ = make(0)
     contexts = [await d.route(path="/v1/completions", headers={}, body=BODY, subset=[POD]) for _ in range(20)]
     assert sum(ctx.sampled for ctx in contexts) == 1
+    for ctx in contexts:
+        ctx.finish(complete=True)
 
 
 FLOW = """
