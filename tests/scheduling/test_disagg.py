@@ -129,6 +129,7 @@ async def test_no_prefill_pod_left_means_decode_only() -> None:
     d, _ = director(PD, ds)
     ctx = await d.route(path="/v1/completions", headers={}, body=body(300), subset=None)
     assert ctx.headers == {}
+    ctx.finish(complete=True)  # the running-requests gauges are the process's
     _, result = await d.explain(path="/v1/completions", headers={}, body=body(300, start=5000))
     assert "skipped: no endpoints available" in result.cycle[runner.DECISION_KEY]["why"]["prefill"]
 
@@ -200,6 +201,7 @@ async def test_prefill_first_always_splits() -> None:
     d, _ = director(first, ds)
     ctx = await d.route(path="/v1/completions", headers={}, body=body(5), subset=None)
     assert ctx.headers == {PREFILL_HEADER: "10.0.0.1:8000"}
+    ctx.finish(complete=True)  # the running-requests gauges are the process's
 
 
 LATENCY = """
@@ -249,6 +251,7 @@ async def test_latency_decider_keeps_short_prompts_on_the_decode_pod() -> None:
     # 100 tokens: 10 ms of prefill locally, 1 s to move 100 KB at 100 KB/s: keep it.
     ctx = await d.route(path="/v1/completions", headers={}, body=body(100), subset=None)
     assert ctx.headers == {}
+    ctx.finish(complete=True)  # the running-requests gauges are the process's
 
 
 def test_latency_decider_needs_its_scorers() -> None:
