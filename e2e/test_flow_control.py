@@ -214,3 +214,57 @@ async def test_sigterm_answers_the_requests_still_held_at_the_end_of_the_drain(
     assert reply.headers.get("x-llm-d-request-dropped-reason") == "rejected-shutting-down"
     long_request.cancel()
     await asyncio.gather(long_request, return_exceptions=True)
+
+
+PREFILL_LIMITED = CONFIG.replace(
+    "parameters: {maxConcurrency: 1}", "parameters: {maxConcurrency: 100, maxPrefillTokens: 50}"
+)
+# 10 ms per prompt token: a 400-token prompt's prefill takes ~4 s, then tokens come at 20 ms.
+SLOW_PREFILL = E2E_SIM.__class__(time_scale=1.0, prefill_per_token=0.01)
+
+
+@pytest.mark.parametrize("mode_override", [False, True], ids=["full-duplex", "mode-override"])
+async def test_a_request_waits_for_the_pods_prefill_then_goes_on_its_first_byte(
+    stacks: StackFactory, session: aiohttp.ClientSession, mode_override: bool
+) -> None:
+    """`maxPrefillTokens`: far under `maxConcurrency`, a pod still prefilling a long prompt holds
+    the next request in epp; the first byte of that answer, seen through Envoy (also where epp
+    could have skipped the response body), lets it go."""
+    stack = stacks(
+        StackOptions(
+            n_backends=1,
+            sim_configs=[SLOW_PREFILL],
+            mode_override=mode_override,
+            endpoints_source="file",
+            objectives={"critical": 10},
+            epp_args=["--config-text", PREFILL_LIMITED],
+        )
+    )
+    await routable_and_idle(session, stack)
+    url = stack.url + "/v1/completions"
+    long_prompt = {**body(200), "prompt": "word " * 400, "stream": True}  # ~4 s prefill, 4 s of tokens
+    first = asyncio.create_task(request(session, "POST", url, body=long_prompt, total=120))
+    await eventually(
+        lambda: sum(stack.epp.inflight().values()) == 1, within=30, what="the long prompt booked"
+    )
+    sent = time.monotonic()
+    critical = asyncio.create_task(
+        request(
+            session,
+            "POST",
+            url,
+            body=body(2),
+            headers={"x-gateway-inference-objective": "critical"},
+            total=120,
+        )
+    )
+    await eventually(
+        lambda: queued(stack) == {10: 1}, within=3, what="the next request held during the prefill"
+    )
+    assert (await asyncio.wait_for(critical, 60)).status == 200
+    assert time.monotonic() - sent > 1.0  # it waited for the prefill...
+    assert not first.done()  # ...not for the whole answer
+    assert (await asyncio.wait_for(first, 60)).status == 200
+    await eventually(
+        lambda: sum(stack.epp.inflight().values()) == 0, within=30, what="every booking released"
+    )
