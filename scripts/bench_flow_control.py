@@ -67,9 +67,11 @@ def run(name: str, policy: str, seed: int, scale: float, pods: int) -> tuple[fas
     fleet = Fleet(pods, profile.num_gpu_blocks * profile.block_size, profile.max_model_len)
     workload = cls(seed=seed, scale=scale, fleet=fleet)
     if LIVE:
+        from epp.bench.gateways import EppGateway
         from epp.bench.live import LiveRun
 
-        live = LiveRun(workload, POLICIES[policy], profile=profile, pods=pods, seed=seed, **LIVE)
+        gateway = EppGateway(POLICIES[policy])
+        live = LiveRun(workload, gateway, profile=profile, pods=pods, seed=seed, **LIVE)
         result = live.run()
         if live.behind_s > 0.5:
             print(f"warning: {name} / {policy} fell {live.behind_s:.1f} s behind real time", file=sys.stderr)

@@ -96,6 +96,9 @@ class EppGateway(Gateway):
         objectives = "objectives:\n" + "".join(f"  {OBJECTIVE_PREFIX}{n}: {n}\n" for n in range(-10, 11))
         endpoints.write_text(endpoints_yaml(fleet) + objectives)
         extra = ["--log-level", "warning", "--config-text", self.policy.config_text()]
+        # As fast mode loads them (epp.bench.fast): the policies are the benchmark's own, and some
+        # use plugins llm-d marks Alpha (priority-holdback-policy in the flow-control ones).
+        extra.append("--allow-experimental-plugins")
         if self.kv_events:
             extra += ["--kv-events", "connect"]
         subscribed = fleet.kv_subscriptions()
