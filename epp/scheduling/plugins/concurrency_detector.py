@@ -19,9 +19,9 @@ tokens over `len(endpoints) * maxPrefillTokens`, and the filter also keeps only 
 `maxPrefillTokens * (1 + headroom)`. Why: vLLM runs every request it is sent (256 at once by
 default) and prefills them first come, first served, so a critical request sent to a pod behind
 others' prefills waits for them there, where no priority reorders them. Counting requests in
-flight does not see this (a pod decoding 48 requests prefills a new one at once; one with four
-prompts just sent does not). With the limit, the prefills wait in epp's queues, in priority and
-fairness order, and a dispatched request's prefill starts within about one engine step. It
+flight does not see this: a pod decoding many requests takes a new prompt's prefill in its next
+step, one with several prompts just sent does not. With the limit, the prefills wait in epp's
+queues, in priority and fairness order (BENCHMARKS.md, "Flow control under overload"). It
 learns a prefill ended from the first byte of the answer, so every response body passes through
 epp while it is set (`--response-sample-ratio` is then 1 in effect).
 
