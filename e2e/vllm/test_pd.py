@@ -82,6 +82,13 @@ class PDStack:
         self.epp, self.envoy = epp, envoy
 
     def post(self, body: dict[str, Any], url: str | None = None) -> tuple[dict[str, str], bytes]:
+        if url is None:
+            # Through epp: both pods routable first. A request that found the prefill pod out of
+            # the pool (epp's loop once stalled 4.8 s on a loaded CI machine, its scrapes with it)
+            # is served decode-only, and the split tests fail for a reason not theirs.
+            deadline = time.monotonic() + 30
+            while self.routable() < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
         req = urllib.request.Request(
             f"{url or self.envoy.url}/v1/completions",
             data=json.dumps(body).encode(),
