@@ -4,35 +4,24 @@ and a mix with shared prefixes (Poisson arrivals; `load` multiplies the rate).""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Final
 
-from epp.bench.workload import Fleet, OpenLoop, Prompt, poisson_times, token_ids
+from epp.bench.workload import Fleet, PoissonMix, Prompt, token_ids
 
 PROFILE: Final = "llama-3.1-70b-h100"
 PODS: Final = 8
 
 
-class _PDWorkload(OpenLoop):
+class _PDWorkload(PoissonMix):
     default_profile = PROFILE
     default_pods = PODS
-    qps = 1.0
     seconds = 120.0
 
     def __init__(self, *, seed: int, scale: float, fleet: Fleet, load: float = 1.0) -> None:
+        self.qps = type(self).qps * load  # PoissonMix's stage runs at this rate
         super().__init__(seed=seed, scale=scale, fleet=fleet)
-        qps = self.qps * load
-        self.stages = self.scaled_stages([(f"qps={qps:g}", self.seconds, qps, None)])
         rng = self.rng("prefixes")
         self.prefixes = [token_ids(rng, 4096) for _ in range(8)]
-
-    def arrivals(self) -> Iterator[tuple[float, Prompt]]:
-        rng = self.rng("prompts")
-        for t, stage in poisson_times(self.rng("arrivals"), self.stages):
-            yield t, self.prompt(rng, stage)
-
-    def prompt(self, rng: random.Random, stage: int) -> Prompt:
-        raise NotImplementedError
 
     def long_prompt(self, rng: random.Random, stage: int, shared: float) -> Prompt:
         """3k-8k tokens, 16-128 out; a `shared` share starts with one of 8 4k-token prefixes."""

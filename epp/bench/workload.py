@@ -141,6 +141,26 @@ class OpenLoop(Workload):
         """(time, prompt) in time order, lazily (a long run never holds every prompt at once)."""
 
 
+class PoissonMix(OpenLoop):
+    """Poisson arrivals at one QPS for `seconds`; subclasses choose each prompt."""
+
+    qps = 1.0
+    seconds = 600.0
+    output_tokens = (128, 512)
+
+    def __init__(self, *, seed: int, scale: float, fleet: Fleet) -> None:
+        super().__init__(seed=seed, scale=scale, fleet=fleet)
+        self.stages = self.scaled_stages([(f"qps={self.qps:g}", self.seconds, self.qps, None)])
+
+    def arrivals(self) -> Iterator[tuple[float, Prompt]]:
+        rng = self.rng("prompts")
+        for t, stage in poisson_times(self.rng("arrivals"), self.stages):
+            yield t, self.prompt(rng, stage)
+
+    def prompt(self, rng: random.Random, stage: int) -> Prompt:
+        raise NotImplementedError
+
+
 class ClosedLoop(Workload):
     """`users` users, each sending a request, waiting for it, thinking, and sending the next."""
 
