@@ -138,16 +138,46 @@ async def wait_routable(session: aiohttp.ClientSession, url: str, within: float 
         await asyncio.sleep(0.2)
 
 
-async def probe(session: aiohttp.ClientSession, url: str, stop: asyncio.Event) -> list[float]:
-    """One small request every 100 ms until `stop`: each one's latency to its last byte."""
-    out: list[float] = []
+async def probe(session: aiohttp.ClientSession, url: str, stop: asyncio.Event) -> list[tuple[float, float]]:
+    """One small request every 100 ms until `stop`: each one's start (time.monotonic(), which
+    other processes on the machine share) and its latency to its last byte. It asks for no
+    tokens, so its latency is the gateway's and epp's, not the backend's pacing."""
+    out: list[tuple[float, float]] = []
     while not stop.is_set():
-        t0 = time.perf_counter()
-        async with session.post(url, data=chat("probe", False), headers={"x-bench-chunks": "1"}) as r:
+        t0 = time.monotonic()
+        async with session.post(url, data=chat("probe", False), headers={"x-bench-chunks": "0"}) as r:
             await r.read()
-        out.append(time.perf_counter() - t0)
+        out.append((t0, time.monotonic() - t0))
         await asyncio.sleep(0.1)
     return out
+
+
+async def probe_main(url: str) -> None:
+    """The probe in a process of its own (`bench_abuse.py probe URL`), so that the load's client
+    loop is not in its latency: it runs until stdin closes, then prints its latencies as JSON."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def closed() -> None:
+        loop.remove_reader(sys.stdin.fileno())
+        stop.set()
+
+    loop.add_reader(sys.stdin.fileno(), closed)
+    async with aiohttp.ClientSession() as session:
+        xs = await probe(session, url, stop)
+    print(json.dumps(xs))
+
+
+class ProbeProcess:
+    """The probe as its own process, started and stopped around a phase."""
+
+    def __init__(self, url: str) -> None:
+        argv = [sys.executable, __file__, "probe", "--url", url]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    async def stop(self) -> list[tuple[float, float]]:
+        out, _ = await asyncio.to_thread(self.proc.communicate, b"", timeout=600)
+        return [(t, x) for t, x in json.loads(out)]
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -184,25 +214,27 @@ class Sampler:
         self.task.cancel()
 
 
-async def idle_probe(stack: Stack, session: aiohttp.ClientSession, seconds: float) -> list[float]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(probe(session, stack.url, stop))
+async def idle_probe(stack: Stack, seconds: float) -> list[float]:
+    """The probe's latencies with nothing else running."""
+    probing = ProbeProcess(stack.url)
     await asyncio.sleep(seconds)
-    stop.set()
-    return await task
+    return [x for _, x in await probing.stop()]
 
 
 # --- streams ---------------------------------------------------------------------------------------
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, chunks: int) -> tuple[int, str]:
+async def one_stream(session: aiohttp.ClientSession, url: str, chunks: int) -> tuple[int, str, float, float]:
+    """One streamed request: its status, the reason of a refusal, when its headers came and
+    when it ended."""
     try:
         async with session.post(url, data=chat("go"), headers={"x-bench-chunks": str(chunks)}) as r:
+            answered = time.monotonic()
             body = await r.read()
             reason = "" if r.status == 200 else body[:160].decode(errors="replace")
-            return r.status, reason
+            return r.status, reason, answered, time.monotonic()
     except (aiohttp.ClientError, TimeoutError) as exc:
-        return 0, type(exc).__name__
+        return 0, type(exc).__name__, time.monotonic(), time.monotonic()
 
 
 async def streams(stack: Stack, args: argparse.Namespace) -> None:
@@ -212,27 +244,34 @@ async def streams(stack: Stack, args: argparse.Namespace) -> None:
     ) as session:
         await wait_routable(session, stack.url)
         pid = stack.epps[0].process.pid
-        idle = await idle_probe(stack, session, args.seconds)
+        idle = await idle_probe(stack, args.seconds)
         lag0, cpu0, t0 = stack.lag(), measure.cpu_seconds(pid), time.perf_counter()
-        stop = asyncio.Event()
-        probing = asyncio.create_task(probe(session, stack.url, stop))
+        probing = ProbeProcess(stack.url)
         with Sampler(pid) as rss:
             answers = await asyncio.gather(
                 *(one_stream(session, stack.url, args.chunks) for _ in range(args.concurrent))
             )
-        stop.set()
-        loaded = await probing
+        loaded = await probing.stop()
         lag = measure.bucket_quantile(lag0, stack.lag(), 0.99)
         cpu = measure.cpu_seconds(pid) - cpu0
         wall = time.perf_counter() - t0
-    statuses = collections.Counter(s for s, _ in answers)
-    reasons = collections.Counter(r[:100] for s, r in answers if s not in (200, 0))
+    statuses = collections.Counter(a[0] for a in answers)
+    reasons = collections.Counter(a[1][:100] for a in answers if a[0] not in (200, 0))
+    # The burst: until the last stream had its answer's headers. After it, every stream that
+    # was admitted is open and streaming: the probe then meets the concurrency, not the queue
+    # of routings the burst left ahead of it.
+    admitted = max(a[2] for a in answers)
+    first_done = min(a[3] for a in answers if a[0] == 200) if statuses.get(200) else admitted
+    held = [x for t, x in loaded if admitted < t and t + x < first_done]
+    burst = [x for t, x in loaded if t <= admitted]
+    burst_s = admitted - loaded[0][0] if loaded else 0.0
     print(f"{args.concurrent} streams of {args.chunks} chunks, config {args.config}: {dict(statuses)}")
     for reason, n in reasons.most_common(5):
         print(f"  {n} x {reason}")
     print(show_probe("idle", idle))
-    print(show_probe("loaded", loaded))
-    print(f"probe p99 loaded / idle = {pct(loaded, 0.99) / pct(idle, 0.99):.2f}")
+    print(show_probe("burst", burst) + f" (the {burst_s:.1f} s until every stream had its headers)")
+    print(show_probe("held", held) + " (every stream open)")
+    print(f"probe p99 held / idle = {pct(held, 0.99) / pct(idle, 0.99):.2f}")
     print(f"epp: loop lag p99 <= {lag[0] * 1e3:g} ms ({lag[1]} samples), peak RSS {rss.peak_mb:.0f} MB, ")
     print(f"     CPU {cpu:.1f} s in {wall:.1f} s (its body parsers' included)")
     print(f"500s: {statuses.get(500, 0)} (must be 0); no answer: {statuses.get(0, 0)}")
@@ -298,19 +337,17 @@ async def unfinished(stack: Stack, args: argparse.Namespace) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await wait_routable(session, stack.url)
         epp = stack.epps[0]
-        idle = await idle_probe(stack, session, args.seconds)
+        idle = await idle_probe(stack, args.seconds)
         base = rss_mb(epp.process.pid)[0]
         lag0 = stack.lag()
-        stop = asyncio.Event()
-        probing = asyncio.create_task(probe(session, stack.url, stop))
+        probing = ProbeProcess(stack.url)
         with Sampler(epp.process.pid, stack.envoy.admin_port if args.via_envoy else None) as rss:
             if args.via_envoy:
                 sends = [unfinished_http(stack.listen, size, args.hold) for _ in range(args.bodies)]
             else:
                 sends = [unfinished_grpc(epp.grpc_address, size, args.hold) for _ in range(args.bodies)]
             answers = await asyncio.gather(*sends)
-        stop.set()
-        loaded = await probing
+        loaded = await probing.stop()
         lag = measure.bucket_quantile(lag0, stack.lag(), 0.99)
     sized = log_limits(epp.process.log_path)
     print(
@@ -330,7 +367,7 @@ async def unfinished(stack: Stack, args: argparse.Namespace) -> None:
         ) / 1e6
         print(f"  epp's limits: {buffered >> 20} MiB buffered, {streams_} streams: budget {budget:.0f} MB")
     print(show_probe("idle", idle))
-    print(show_probe("loaded", loaded))
+    print(show_probe("loaded", [x for _, x in loaded]))
     print(f"  epp loop lag p99 <= {lag[0] * 1e3:g} ms ({lag[1]} samples)")
 
 
@@ -383,7 +420,9 @@ async def restart(stack: Stack, args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    p.add_argument("mode", choices=("streams", "unfinished", "restart"))
+    p.add_argument("mode", choices=("streams", "unfinished", "restart", "probe"))
+    p.add_argument("--url", help="probe: the gateway's chat URL (the probe process)")
+    p.add_argument("--keep", type=Path, help="keep the stack's logs (epp, Envoy, backends) in this directory")
     p.add_argument("--config", choices=("override", "duplex"), default="override")
     p.add_argument("--pods", type=int, default=2)
     p.add_argument("--replicas", type=int, default=1)
@@ -401,9 +440,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--restarts", type=int, default=3)
     p.add_argument("--epp-arg", action="append", default=[])
     args = p.parse_args(argv)
+    if args.mode == "probe":
+        asyncio.run(probe_main(args.url))
+        return 0
     run: dict[str, Any] = {"streams": streams, "unfinished": unfinished, "restart": restart}
     with tempfile.TemporaryDirectory(prefix="bench-abuse-") as tmp:
-        stack = Stack(args, Path(tmp))
+        workdir = args.keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        stack = Stack(args, workdir)
         try:
             stack.start()
             asyncio.run(run[args.mode](stack, args))
