@@ -10,10 +10,13 @@ Here at most `slots` requests route at once and the rest wait their turn in arri
 the first come back first. A request that would wait longer than `max_wait` seconds is answered
 503 at once (`--max-routing-wait`), before its body is parsed, while it is still cheap to refuse.
 
-The wait is estimated from what routing costs now: the event loop thread's CPU time per route
-that left the gate, sampled every SAMPLE_S while at least MIN_ROUTES routes completed (idle
-periods teach nothing and keep the last estimate). On one loop the routes ahead are done one
-after another, so a newcomer waits about (routes ahead) x (cost per route).
+The wait is estimated from how fast routes leave the gate now, sampled every SAMPLE_S while at
+least MIN_ROUTES routes completed (idle periods teach nothing and keep the last estimate). While
+requests waited for the whole interval, the gate drained as fast as it could: the wall time per
+route is the truth, whether routing was short of CPU or waited on I/O (pods' /render hanging
+until its timeout). Otherwise the event loop thread's CPU time per route stands in: on one loop
+the routes ahead are done one after another. A newcomer waits about (routes waiting + 1) x
+(time per route).
 
 A request flow control holds leaves the gate (`leave`): holding costs no routing work, and a
 long hold must not keep others from theirs.
@@ -42,13 +45,14 @@ class RoutingGate:
         "_queue",
         "_running",
         "_sampled_at",
+        "_saturated_at",
         "_slots",
         "_waiting",
         "cost",
         "max_wait",
     )
 
-    def __init__(self, slots: int = 64, max_wait: float = 2.0, cost: float = INITIAL_COST) -> None:
+    def __init__(self, slots: int = 128, max_wait: float = 2.0, cost: float = INITIAL_COST) -> None:
         if slots < 1 or max_wait < 0:
             raise ValueError("the routing gate needs slots >= 1 and max_wait >= 0")
         self._slots = slots
@@ -61,6 +65,7 @@ class RoutingGate:
         self._completed_at = 0
         self._cpu_at = time.thread_time()
         self._sampled_at = time.monotonic()
+        self._saturated_at: float | None = None  # since when requests have been waiting
 
     @property
     def ahead(self) -> int:
@@ -88,12 +93,16 @@ class RoutingGate:
             return True
         turn = asyncio.get_running_loop().create_future()
         self._queue.append(turn)
+        if not self._waiting:
+            self._saturated_at = time.monotonic()
         self._waiting += 1
         try:
             await turn
         except asyncio.CancelledError:
             if turn.cancelled():
                 self._waiting -= 1  # still queued: `leave` skips it
+                if not self._waiting:
+                    self._saturated_at = None
             else:
                 self.leave()  # handed a slot just as it was cancelled: pass it on
             raise
@@ -102,10 +111,13 @@ class RoutingGate:
     def leave(self) -> None:
         """A route is done (or held): its slot goes to the first one waiting."""
         self._completed += 1
+        self._sample()
         while self._queue:
             turn = self._queue.popleft()
             if not turn.done():
                 self._waiting -= 1
+                if not self._waiting:
+                    self._saturated_at = None
                 turn.set_result(None)  # the slot passes on: _running is unchanged
                 return
         self._running -= 1
@@ -117,6 +129,7 @@ class RoutingGate:
         cpu = time.thread_time()
         done = self._completed - self._completed_at
         if done >= MIN_ROUTES:
-            per_route = max(MIN_COST, (cpu - self._cpu_at) / done)
-            self.cost = 0.5 * self.cost + 0.5 * per_route
+            saturated = self._saturated_at is not None and self._saturated_at <= self._sampled_at
+            spent = now - self._sampled_at if saturated else cpu - self._cpu_at
+            self.cost = 0.5 * self.cost + 0.5 * max(MIN_COST, spent / done)
         self._sampled_at, self._cpu_at, self._completed_at = now, cpu, self._completed

@@ -63,7 +63,7 @@ class StreamLimits:
     max_buffered_body_bytes_per_connection: int = 64 << 20
     # epp.extproc.backlog: routes at once, and the longest a request may wait for its turn
     # before it is answered 503 (0: no bound).
-    routing_slots: int = 64
+    routing_slots: int = 128
     max_routing_wait: float = 2.0
 
     def __post_init__(self) -> None:

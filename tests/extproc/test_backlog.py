@@ -85,13 +85,15 @@ async def test_a_cancelled_waiter_gives_up_its_place_and_a_handed_slot_passes_on
 
 async def test_the_cost_per_route_is_learned_from_the_loop_threads_cpu(monkeypatch: Any) -> None:
     monkeypatch.setattr(backlog, "SAMPLE_S", 0.05)
-    gate = RoutingGate(slots=4, max_wait=1.0, cost=1.0)
-    for _ in range(400):  # 0.8 s of routes of 2 ms: ~16 samples of ~25 routes
+    gate = RoutingGate(slots=4, max_wait=1.0, cost=0.1)
+    for _ in range(600):  # 1.2 s of routes of 2 ms: ~24 samples of ~25 routes
         assert await gate.enter()
         t0 = time.thread_time()
         while time.thread_time() - t0 < 0.002:
             pass
         gate.leave()
+    await asyncio.sleep(0.06)
+    gate._sample()  # the routes since the last sample
     assert 0.0019 < gate.cost < 0.004
     learned = gate.cost
     # an idle interval (and one with fewer than MIN_ROUTES routes) teaches nothing
@@ -102,6 +104,27 @@ async def test_the_cost_per_route_is_learned_from_the_loop_threads_cpu(monkeypat
     await asyncio.sleep(0.06)
     gate._sample()
     assert gate.cost == learned
+
+
+async def test_while_requests_wait_the_drain_rate_is_the_cost_io_included(monkeypatch: Any) -> None:
+    """Routes waiting on I/O (a pod's /render hanging) cost the loop nothing, yet drain slowly:
+    while requests wait, the wall time per route is what a newcomer waits for."""
+    monkeypatch.setattr(backlog, "SAMPLE_S", 0.1)
+    monkeypatch.setattr(backlog, "MIN_ROUTES", 4)
+    gate = RoutingGate(slots=2, max_wait=0.2, cost=0.001)
+
+    async def route() -> bool:
+        if not await gate.enter():
+            return False
+        await asyncio.sleep(0.05)  # two at a time: 40 routes a second
+        gate.leave()
+        return True
+
+    routes = [asyncio.create_task(route()) for _ in range(30)]
+    await asyncio.sleep(0.45)
+    assert 0.015 < gate.cost < 0.035
+    assert not await route()  # ~10 waiting: past 0.2 s
+    assert all(await asyncio.gather(*routes))
 
 
 def test_bad_gate_settings_are_refused() -> None:
@@ -122,18 +145,18 @@ async def _routed(stream: Stream, mode: int = h.BUFFERED) -> list[Any]:
 async def test_past_the_wait_a_stream_is_answered_503_naming_the_flag(mode: int, monkeypatch: Any) -> None:
     monkeypatch.setattr(backlog, "SAMPLE_S", 1e9)  # keep the cost this test sets
     director, _ = h.make_director()
-    guard = StreamGuard(StreamLimits(max_routing_wait=0.5))
+    guard = StreamGuard(StreamLimits(max_routing_wait=0.5, routing_slots=4))
     gate = guard.routing
     gate.cost = 1.0
-    for _ in range(64):  # every slot taken by routes in progress
+    for _ in range(4):  # every slot taken by routes in progress
         assert await gate.enter()
     stream = Stream(director, guard)
     out = await _routed(stream, mode)
     assert out[0].immediate_response.status.code == 503
     assert b"--max-routing-wait" in out[0].immediate_response.body
     stream.close()
-    assert guard.streams == 0 and gate.ahead == 64
-    for _ in range(64):
+    assert guard.streams == 0 and gate.ahead == 4
+    for _ in range(4):
         gate.leave()
     # with the slots free the same request is routed, and its slot comes back
     stream = Stream(director, guard)
@@ -147,19 +170,19 @@ async def test_a_request_refused_at_its_body_gives_back_nothing_it_did_not_take(
     """Admitted at its headers, refused when its body came: the burst filled the gate between."""
     monkeypatch.setattr(backlog, "SAMPLE_S", 1e9)
     director, _ = h.make_director()
-    guard = StreamGuard(StreamLimits(max_routing_wait=0.5))
+    guard = StreamGuard(StreamLimits(max_routing_wait=0.5, routing_slots=4))
     gate = guard.routing
     gate.cost = 1.0
     stream = Stream(director, guard)
     assert not (await h.answer(stream, h.headers_msg(h.post_headers(), mode=h.BUFFERED)))[0].HasField(
         "immediate_response"
     )
-    for _ in range(64):
+    for _ in range(4):
         assert await gate.enter()
     out = await h.answer(stream, h.body_msg(CHAT))
     assert out[0].immediate_response.status.code == 503
     stream.close()
-    assert gate.ahead == 64 and guard.streams == 0 and guard.buffered == 0
+    assert gate.ahead == 4 and guard.streams == 0 and guard.buffered == 0
 
 
 async def test_a_request_flow_control_holds_gives_its_slot_to_the_next() -> None:
