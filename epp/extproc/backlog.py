@@ -28,6 +28,8 @@ import asyncio
 import collections
 import time
 
+from epp.observability import metrics
+
 SAMPLE_S = 0.5
 MIN_ROUTES = 20
 INITIAL_COST = 0.002  # seconds of loop time per route before one is measured (a short chat)
@@ -96,11 +98,13 @@ class RoutingGate:
         if not self._waiting:
             self._saturated_at = time.monotonic()
         self._waiting += 1
+        metrics.routing_waiting.inc()
         try:
             await turn
         except asyncio.CancelledError:
             if turn.cancelled():
                 self._waiting -= 1  # still queued: `leave` skips it
+                metrics.routing_waiting.dec()
                 if not self._waiting:
                     self._saturated_at = None
             else:
@@ -116,6 +120,7 @@ class RoutingGate:
             turn = self._queue.popleft()
             if not turn.done():
                 self._waiting -= 1
+                metrics.routing_waiting.dec()
                 if not self._waiting:
                     self._saturated_at = None
                 turn.set_result(None)  # the slot passes on: _running is unchanged

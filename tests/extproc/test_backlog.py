@@ -14,6 +14,7 @@ from epp.extproc import backlog
 from epp.extproc.backlog import RoutingGate
 from epp.extproc.limits import StreamGuard, StreamLimits
 from epp.extproc.stream import Stream
+from epp.observability import metrics
 from tests.extproc import helpers as h
 
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -30,13 +31,15 @@ async def test_routes_wait_their_turn_in_arrival_order() -> None:
         await asyncio.sleep(0)
         gate.leave()
 
+    waiting0 = metrics.routing_waiting._value.get()
     waiters = [asyncio.create_task(route(i)) for i in range(5)]
     await asyncio.sleep(0.01)
     assert order == [] and gate.ahead == 6
+    assert metrics.routing_waiting._value.get() == waiting0 + 5
     gate.leave()
     await asyncio.gather(*waiters)
     assert order == [0, 1, 2, 3, 4]
-    assert gate.ahead == 0
+    assert gate.ahead == 0 and metrics.routing_waiting._value.get() == waiting0
 
 
 async def test_a_request_that_would_wait_too_long_is_refused_at_once() -> None:
