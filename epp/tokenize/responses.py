@@ -244,7 +244,7 @@ def _item(item: Any, index: int, out: list[dict[str, Any]]) -> None:
         else:
             out.append({"role": "assistant", "content": text})
         return
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:  # a list or object is unhashable
         raise UnsupportedChat(f"{where}.role: {role!r} is not modelled")
     if isinstance(content, list):
         if not all(
@@ -325,4 +325,5 @@ def _continues(items: list[Any]) -> bool:
     last = items[-1]
     if last.get("type", "message") not in ("message", "reasoning"):
         return False
-    return last.get("status") in _CONTINUED
+    status = last.get("status")
+    return isinstance(status, str) and status in _CONTINUED

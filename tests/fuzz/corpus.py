@@ -194,7 +194,17 @@ def _typed() -> list[tuple[str, str, Any]]:
             out.append((f"{field}={i}", path, {"model": "m", field: value}))
         out.append((f"{field} with prompt_embeds", path, {"model": "m", field: "x", "prompt_embeds": "AAAA"}))
     for i, value in enumerate(
-        [*wrong, [{"content": 5}], [{"type": "message", "content": [{"text": 5}]}], [{"output": 5}]]
+        [
+            *wrong,
+            [{"content": 5}],
+            [{"type": "message", "content": [{"text": 5}]}],
+            [{"output": 5}],
+            # unhashable roles and statuses: a set lookup raised TypeError (an ERROR line)
+            [{"role": [], "content": "x"}],
+            [{"role": {"W": True}}],
+            [{"role": "user", "content": "x"}, {"type": "reasoning", "status": ["in_progress"]}],
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "status": {}}],
+        ]
     ):
         out.append((f"responses input={i}", RESPONSES, {"model": "m", "input": value}))
         out.append(
