@@ -10,8 +10,6 @@ for the rest of the response), or when the stream ends before that (an error, a 
     max_buffered_body_bytes  request-body bytes buffered across all streams; a chunk that would
                              pass it is answered 503 (the proxy may retry elsewhere)
     max_concurrent_streams   requests epp is deciding or following at once; more are 503
-    max_routing_wait         the longest a request may wait for its turn to be routed; one that
-                             would wait longer is 503 at once (epp.extproc.backlog)
     request_body_timeout     from the request headers to the body's end; a body still arriving
                              then is answered 408 and its buffer dropped (0: no deadline)
     large_body_lanes         requests with a body over `large_body_bytes` (once that much has
@@ -45,7 +43,6 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from epp.extproc.backlog import RoutingGate
 from epp.observability import metrics
 
 
@@ -61,10 +58,6 @@ class StreamLimits:
     # request bodies still arriving, and the bytes they hold (0: no bound).
     max_unfinished_bodies_per_connection: int = 16
     max_buffered_body_bytes_per_connection: int = 64 << 20
-    # epp.extproc.backlog: routes at once, and the longest a request may wait for its turn
-    # before it is answered 503 (0: no bound).
-    routing_slots: int = 128
-    max_routing_wait: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_buffered_body_bytes < 1 or self.max_concurrent_streams < 1:
@@ -73,8 +66,6 @@ class StreamLimits:
             raise ValueError("the per-connection bounds must be >= 0")
         if self.request_body_timeout < 0:
             raise ValueError("request_body_timeout must be >= 0")
-        if self.routing_slots < 1 or self.max_routing_wait < 0:
-            raise ValueError("routing_slots must be >= 1 and max_routing_wait >= 0")
         if min(self.large_body_lanes, self.large_body_bytes, self.large_body_rate) < 0:
             raise ValueError("large_body_lanes, large_body_bytes and large_body_rate must be >= 0")
 
@@ -115,7 +106,7 @@ def sized_limits(memory: int, processes: int = 1, parsers: int = 1) -> tuple[int
 class StreamGuard:
     """The counters shared by every stream of one server (one event loop: no locks needed)."""
 
-    __slots__ = ("_bucket", "_lanes", "buffered", "connections", "limits", "routing", "streams")
+    __slots__ = ("_bucket", "_lanes", "buffered", "connections", "limits", "streams")
 
     def __init__(self, limits: StreamLimits = StreamLimits()) -> None:
         self.limits = limits
@@ -126,7 +117,6 @@ class StreamGuard:
         lanes, rate = limits.large_body_lanes, limits.large_body_rate
         self._lanes = asyncio.Semaphore(lanes) if lanes else None
         self._bucket = _Bucket(rate) if rate else None
-        self.routing = RoutingGate(limits.routing_slots, limits.max_routing_wait)
 
     def is_large(self, body_bytes: int) -> bool:
         """Whether a body of this size is paced (`take_lane`, `pace`)."""

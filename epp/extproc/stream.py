@@ -75,7 +75,6 @@ OVER_LIMIT_LOGS = {
     "streams": Throttle(5.0),
     "bytes": Throttle(5.0),
     "connection": Throttle(5.0),
-    "routing": Throttle(5.0),
     "bug": Throttle(10.0),
 }
 
@@ -97,7 +96,6 @@ class Stream:
         "_request_mode",
         "_reserved",
         "_response_mode",
-        "_routing",
         "_started",
         "_write",
         "closed",
@@ -123,7 +121,6 @@ class Stream:
         self._reserved = 0
         self._lane = False  # holds one of the guard's large-body lanes
         self._paced = False  # a large body: its lane taken once, each later chunk waits for the rate
-        self._routing = False  # holds a slot of the guard's routing gate (epp.extproc.backlog)
         self._started = 0.0
         self._received = 0.0  # epp.clock time of the request headers (llm-d's series start there)
         self._request_mode = _FULL_DUPLEX
@@ -174,8 +171,6 @@ class Stream:
                     throttle=OVER_LIMIT_LOGS["streams"],
                 )
             self._admitted = True
-            if guard.routing.full():  # refused before its body is sent (BUFFERED) or read
-                return self._busy(guard)
             # A declared size takes no lane (lanes go to bytes that arrive: a stalled upload that
             # declared 2 MiB held one for the whole body timeout); one over the limit is refused
             # before any byte is sent.
@@ -282,11 +277,6 @@ class Stream:
         self, msg: m.ProcessingRequest, *, body: bytes | None, reply: str, body_eos: bool = True
     ) -> Iterable[m.ProcessingResponse]:
         t0 = time.perf_counter()
-        guard = self._guard
-        if guard is not None:
-            if not await guard.routing.enter():
-                return self._busy(guard)
-            self._routing = True
         try:
             ctx = await self._director.route(
                 path=self.headers.get(":path", "/"),
@@ -303,8 +293,6 @@ class Stream:
             OVER_LIMIT_LOGS["bug"].log(log, logging.ERROR, "routing failed unexpectedly", exc_info=True)
             metrics.extproc_stream_errors.labels("internal").inc()
             return self._fail(errors.RequestError("internal error while routing the request"))
-        finally:
-            self._leave_gate()
         self.ctx = ctx
         if ctx.inflight is not None:  # flow control may cut it (enableEviction)
             self.evicted = asyncio.get_running_loop().create_future()
@@ -327,22 +315,6 @@ class Stream:
             (m.routed_headers(dest, extra, remove=remove, scores=scores),),
             m.streamed_request_body_wire(out_body, body_eos),
         )
-
-    def _busy(self, guard: StreamGuard) -> Iterable[m.ProcessingResponse]:
-        gate = guard.routing
-        return self._fail(
-            errors.ServiceUnavailable(
-                f"epp is busy: {gate.ahead} requests are ahead of this one, about "
-                f"{gate.wait_estimate():.1f} s of routing (--max-routing-wait {gate.max_wait:g}s)"
-            ),
-            throttle=OVER_LIMIT_LOGS["routing"],
-        )
-
-    def _leave_gate(self) -> None:
-        if self._routing:
-            self._routing = False
-            assert self._guard is not None
-            self._guard.routing.leave()
 
     def _evict(self) -> bool:
         ctx, evicted = self.ctx, self.evicted
@@ -371,9 +343,7 @@ class Stream:
         return self._fail(evicted_error())
 
     async def _on_hold(self, max_wait: float) -> None:
-        """Flow control holds the request: make Envoy wait for the answer (see the module doc).
-        A held request costs no routing work: its routing slot goes to the next one."""
-        self._leave_gate()
+        """Flow control holds the request: make Envoy wait for the answer (see the module doc)."""
         if self._write is not None and self._request_mode != _FULL_DUPLEX:
             await self._write(
                 m.override_message_timeout(min((max_wait or HOLD_LONGEST) + HOLD_MARGIN, HOLD_LONGEST))

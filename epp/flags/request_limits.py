@@ -55,14 +55,6 @@ def add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
         "memory limit, at most 10000; docs/security.md)",
     )
     g.add_argument(
-        "--max-routing-wait",
-        type=duration,
-        default=2.0,
-        help="the longest a request may wait for its turn to be routed (requests are routed in "
-        "arrival order, 128 at once); one that would wait longer is answered 503 at once, before its "
-        "body is parsed (default 2s, 0: no bound; docs/security.md)",
-    )
-    g.add_argument(
         "--max-unfinished-bodies-per-connection",
         type=non_negative_int,
         default=16,

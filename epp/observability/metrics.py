@@ -302,11 +302,6 @@ extproc_streams = Gauge(
     "ext-proc streams currently open from the proxy.",
     registry=REGISTRY,
 )
-routing_waiting = Gauge(
-    "epp_routing_waiting_requests",
-    "Requests waiting in arrival order for their turn to be routed (--max-routing-wait).",
-    registry=REGISTRY,
-)
 event_loop_lag = Histogram(
     "epp_event_loop_lag_seconds",
     "How late the event loop woke a sleeper (sampled every --event-loop-lag-interval, 0.25 s): "

@@ -454,7 +454,6 @@ def _grpc_server(
             StreamLimits(
                 **_memory_limits(args, role),
                 request_body_timeout=args.request_body_timeout,
-                max_routing_wait=args.max_routing_wait,
                 large_body_bytes=args.large_body_min_bytes,
                 large_body_lanes=args.max_concurrent_large_bodies,
                 large_body_rate=args.large_body_rate,

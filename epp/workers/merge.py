@@ -35,7 +35,6 @@ SUMMED_GAUGES = frozenset(
         "epp_endpoint_inflight_requests",
         "epp_endpoint_inflight_prompt_tokens",
         "epp_extproc_active_streams",
-        "epp_routing_waiting_requests",
         "llm_d_epp_extproc_streams_inflight",
         "llm_d_epp_request_running",
         # Each worker holds its own flow-control queues: the pod's are their sum.
