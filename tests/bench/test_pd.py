@@ -71,8 +71,12 @@ def test_summary_and_targets_read_the_runs() -> None:
     )
     assert out["served"] == out["requests"] and out["leaked_bookings"] == 0
     assert 0.0 <= out["split_share"] <= 1.0 and out["ttft_p99_s"] >= out["ttft_p50_s"] > 0
+    # The means beside the percentiles: a TTFT is part of its E2E, and a mean lies within the range.
+    assert out["ttft_p50_s"] / 10 < out["ttft_mean_s"] < out["e2e_mean_s"] <= out["e2e_p99_s"] * 1.5
+    assert 0.0 < out["tpot_mean_s"] < 1.0
     lines = pd.targets({"w": {"epp-pd": [out], "llm-d-pd": [out]}})
     assert lines and "1.000x ok" in lines[0]
+    assert "(per request: ttft_mean_s 1.0000x, tpot_mean_s 1.0000x, e2e_mean_s 1.0000x)" in lines[0]
 
 
 @pytest.mark.parametrize("sidecar", pd.SIDECARS)
