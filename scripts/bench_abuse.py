@@ -5,10 +5,11 @@ paced SSE model servers (`epp.bench.sse_backend`, their own process). docs/relia
 
     .venv/bin/python scripts/bench_abuse.py streams --concurrent 3000 [--config duplex]
         C streamed requests opened at once (each --chunks tokens, --interval-ms apart), while a
-        probe (one small request every 100 ms) is timed; before them the probe alone (idle).
-        Prints every answer's status (a 500 is a failure; 503/429 must carry a reason), the probe's
-        p50/p99 idle and loaded and their ratio, epp's event-loop lag p99 (sampled every 5 ms), its
-        peak RSS and CPU.
+        probe in a process of its own (one small request every 100 ms, asking for no tokens) is
+        timed; before them the probe alone (idle). Prints every answer's status (a 500 is a
+        failure; 503/429 must carry a reason), the probe's p50/p99 idle, during the burst (until
+        every stream had its headers) and held (every stream open), epp's event-loop lag p99
+        (sampled every 5 ms), its peak RSS and CPU.
     .venv/bin/python scripts/bench_abuse.py unfinished --bodies 1000 --mib 1 [--via-envoy]
         N request bodies sent all but their last KiB and held (--hold seconds): straight to epp's
         ext-proc port as FULL_DUPLEX_STREAMED (what a full-duplex gateway passes on as it
@@ -258,8 +259,8 @@ async def streams(stack: Stack, args: argparse.Namespace) -> None:
     statuses = collections.Counter(a[0] for a in answers)
     reasons = collections.Counter(a[1][:100] for a in answers if a[0] not in (200, 0))
     # The burst: until the last stream had its answer's headers. After it, every stream that
-    # was admitted is open and streaming: the probe then meets the concurrency, not the queue
-    # of routings the burst left ahead of it.
+    # was admitted is open and streaming: the probe then meets the concurrency, not the burst's
+    # queue (docs/reliability.md, "Thousands of new streams at once").
     admitted = max(a[2] for a in answers)
     first_done = min(a[3] for a in answers if a[0] == 200) if statuses.get(200) else admitted
     held = [x for t, x in loaded if admitted < t and t + x < first_done]
