@@ -164,6 +164,11 @@ class KVEventIngester:
         if self._ctx is not None:
             raise RuntimeError("ingester already started")
         self._ctx = zmq.asyncio.Context()
+        # ZMQ's default cap is 1,023 sockets a context, and each pod takes two or three (its SUB,
+        # the SUB's monitor, a replay DEALER): at 1,000 pods the next socket failed with EMFILE
+        # ("Too many open files") and epp did not start (`epp bench fleet --pods 1000`). The
+        # cap becomes ZMQ's own limit; the process's file-descriptor limit still applies.
+        self._ctx.set(zmq.MAX_SOCKETS, self._ctx.get(zmq.SOCKET_LIMIT))
         if self._bind is not None:
             checked = not self._peers.policy.any
             if checked:  # the handler first: a handshake before it is bound would go unchecked

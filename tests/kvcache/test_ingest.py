@@ -148,6 +148,12 @@ def status(ing: KVEventIngester, pod: str) -> FeedStatus:
 # Live streams
 
 
+async def test_a_thousand_pods_fit_in_the_ingesters_context(rig: Rig) -> None:
+    """ZMQ's default of 1,023 sockets a context stopped epp at 1,000 pods (2-3 sockets each)."""
+    ing = await rig.ingester()
+    assert ing._ctx is not None and ing._ctx.get(zmq.MAX_SOCKETS) >= 4_000
+
+
 @pytest.mark.parametrize(
     ("encoding", "hash_form", "version"),
     [
