@@ -41,7 +41,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import grpc
@@ -225,17 +225,26 @@ async def idle_probe(stack: Stack, seconds: float) -> list[float]:
 # --- streams ---------------------------------------------------------------------------------------
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, chunks: int) -> tuple[int, str, float, float]:
-    """One streamed request: its status, the reason of a refusal, when its headers came and
-    when it ended."""
+class Answer(NamedTuple):
+    """One streamed request: its status (0: none), the reason of a refusal, when its headers
+    came and when it ended (time.monotonic())."""
+
+    status: int
+    reason: str
+    headers_at: float
+    ended_at: float
+
+
+async def one_stream(session: aiohttp.ClientSession, url: str, chunks: int) -> Answer:
     try:
         async with session.post(url, data=chat("go"), headers={"x-bench-chunks": str(chunks)}) as r:
             answered = time.monotonic()
             body = await r.read()
             reason = "" if r.status == 200 else body[:160].decode(errors="replace")
-            return r.status, reason, answered, time.monotonic()
+            return Answer(r.status, reason, answered, time.monotonic())
     except (aiohttp.ClientError, TimeoutError) as exc:
-        return 0, type(exc).__name__, time.monotonic(), time.monotonic()
+        now = time.monotonic()
+        return Answer(0, type(exc).__name__, now, now)
 
 
 async def streams(stack: Stack, args: argparse.Namespace) -> None:
@@ -249,6 +258,7 @@ async def streams(stack: Stack, args: argparse.Namespace) -> None:
         lag0, cpu0, t0 = stack.lag(), measure.cpu_seconds(pid), time.perf_counter()
         probing = ProbeProcess(stack.url)
         with Sampler(pid) as rss:
+            sent = time.monotonic()
             answers = await asyncio.gather(
                 *(one_stream(session, stack.url, args.chunks) for _ in range(args.concurrent))
             )
@@ -256,16 +266,16 @@ async def streams(stack: Stack, args: argparse.Namespace) -> None:
         lag = measure.bucket_quantile(lag0, stack.lag(), 0.99)
         cpu = measure.cpu_seconds(pid) - cpu0
         wall = time.perf_counter() - t0
-    statuses = collections.Counter(a[0] for a in answers)
-    reasons = collections.Counter(a[1][:100] for a in answers if a[0] not in (200, 0))
+    statuses = collections.Counter(a.status for a in answers)
+    reasons = collections.Counter(a.reason[:100] for a in answers if a.status not in (200, 0))
     # The burst: until the last stream had its answer's headers. After it, every stream that
     # was admitted is open and streaming: the probe then meets the concurrency, not the burst's
     # queue (docs/reliability.md, "Thousands of new streams at once").
-    admitted = max(a[2] for a in answers)
-    first_done = min(a[3] for a in answers if a[0] == 200) if statuses.get(200) else admitted
+    admitted = max(a.headers_at for a in answers)
+    first_done = min(a.ended_at for a in answers if a.status == 200) if statuses.get(200) else admitted
     held = [x for t, x in loaded if admitted < t and t + x < first_done]
     burst = [x for t, x in loaded if t <= admitted]
-    burst_s = admitted - loaded[0][0] if loaded else 0.0
+    burst_s = admitted - sent
     print(f"{args.concurrent} streams of {args.chunks} chunks, config {args.config}: {dict(statuses)}")
     for reason, n in reasons.most_common(5):
         print(f"  {n} x {reason}")
