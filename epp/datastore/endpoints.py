@@ -44,6 +44,10 @@ class ModelServerMetrics:
     running_loras: frozenset[str] = frozenset()  # {running_lora_adapters}
     waiting_loras: frozenset[str] = frozenset()  # {waiting_lora_adapters}
     updated_at: float = 0.0  # clock.now() of the last successful scrape; 0 = never
+    # Seconds past the base interval the scraper chose to wait before the next scrape (an idle
+    # endpoint's pace, or a back-off while epp's loop runs late: epp.datastore.pacing). Staleness
+    # checks forgive that much age: figures are not stale for being read as often as planned.
+    grace: float = 0.0
     # vllm:request_success_total summed over its series (a counter); None when the page has none.
     # Traffic-share estimation (epp/scheduling/plugins/traffic_share.py) reads its growth.
     requests_total: float | None = None
@@ -101,6 +105,10 @@ class Endpoint:
     # Values data-layer sources other than the metrics scrape attach (llm-d's endpoint attributes),
     # by (attribute, producer), e.g. ("GPUUtilization", "dcgm-extractor") from DCGM's exporter.
     attributes: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
+    # Called at each booking by whoever paces this endpoint's scrapes (the scraper, or a worker's
+    # follower of the supervisor's scrapes): an idle endpoint is scraped less often until epp
+    # sends it work (epp.datastore.scraper, "Pacing").
+    on_book: Callable[[Endpoint], None] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -111,6 +119,8 @@ class Endpoint:
         self.inflight_tokens += prompt_tokens
         self.prefill_tokens += prompt_tokens
         self.routed_tokens += prompt_tokens
+        if self.on_book is not None:
+            self.on_book(self)
 
     def prefilled(self, prompt_tokens: int) -> None:
         """A request booked here has its first byte back (or ended without one)."""

@@ -72,7 +72,7 @@ from typing import Any
 import msgspec
 
 from epp import tasks
-from epp.datastore import httpget, promtext
+from epp.datastore import httpget, pacing, promtext
 from epp.datastore.endpoints import Datastore, Endpoint, ModelServerMetrics
 from epp.datastore.engines import DEFAULT_ENGINES, EngineMapping, Engines
 from epp.observability import collectors, metrics
@@ -133,6 +133,11 @@ class _Cards(msgspec.Struct):
 _CARDS_DECODER = msgspec.json.Decoder(_Cards)
 
 
+def _settle(pause: asyncio.Future[bool], booked: bool) -> None:
+    if not pause.done():
+        pause.set_result(booked)
+
+
 def from_flags(
     args: argparse.Namespace,
     datastore: Datastore,
@@ -145,6 +150,7 @@ def from_flags(
     return MetricsScraper(
         datastore,
         interval=args.refresh_metrics_interval,
+        idle_interval=args.idle_metrics_interval,
         staleness=args.metrics_staleness_threshold,
         failure_threshold=args.scrape_failure_threshold,
         pool_name=pool_name,
@@ -167,6 +173,8 @@ class MetricsScraper:
         *,
         pool_name: str,
         interval: float = 0.05,
+        idle_interval: float = 0.0,
+        max_interval: float | None = None,
         timeout: float | None = None,
         failure_threshold: int = 3,
         staleness: float = 2.0,
@@ -181,6 +189,12 @@ class MetricsScraper:
         on_update: Callable[[Endpoint], None] | None = None,
     ) -> None:
         """`timeout` (per request) defaults to max(20 x interval, 0.5 s): 1 s at the default 50 ms.
+
+        `idle_interval` and `max_interval` pace the scrapes (epp.datastore.pacing): an idle
+        endpoint is scraped every `idle_interval` (0, the default here, or <= `interval`: at
+        `interval` like any other), and while the event loop cannot keep the timers the interval
+        grows up to `max_interval` (default half of `staleness`, so a paced endpoint never looks
+        stale).
 
         GIE's `--model-server-metrics-*` flags: `scheme` http or https (the model-card reads use it
         too: a server with TLS serves both on its own port), `port` the metrics port of every
@@ -204,6 +218,11 @@ class MetricsScraper:
         self._datastore = datastore
         self._pool_name = pool_name
         self.interval = interval
+        self.pace = pacing.Pace(
+            interval,
+            idle_interval=min(idle_interval, staleness / 2),
+            max_interval=staleness / 2 if max_interval is None else max_interval,
+        )
         self.timeout = timeout if timeout is not None else max(interval * 20, 0.5)
         self.failure_threshold = failure_threshold
         self.staleness = staleness
@@ -221,6 +240,9 @@ class MetricsScraper:
         self._pages: dict[Endpoint, tuple[bytes, EngineMapping, ModelServerMetrics]] = {}
         self._subscribed = False
         self._on_update = on_update
+        # The idle pause of each endpoint whose loop is in one: what ends it early.
+        self._idle: dict[Endpoint, asyncio.Future[bool]] = {}
+        self._paced: set[Endpoint] = set()  # endpoints on the idle pace now
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -251,6 +273,8 @@ class MetricsScraper:
         loops = [*self._loops.values(), *self._retired]
         self._loops.clear()
         await tasks.cancel_and_wait(loops)
+        self._paced.clear()
+        metrics.idle_endpoints.set(0)
         if http is not None:
             http.close()
 
@@ -270,6 +294,13 @@ class MetricsScraper:
     def scraping(self) -> list[Endpoint]:
         """Endpoints that currently have a scrape loop."""
         return list(self._loops)
+
+    def wake(self, ep: Endpoint) -> None:
+        """epp booked work on `ep`: if its loop is in an idle pause, end it (`Endpoint.on_book`,
+        or a worker's word through the supervisor)."""
+        pause = self._idle.get(ep)
+        if pause is not None:
+            _settle(pause, True)
 
     def _pool_snapshot(self) -> collectors.PoolSnapshot:
         """The pool's load as last scraped. Averages count routable endpoints with a good scrape
@@ -313,6 +344,10 @@ class MetricsScraper:
         for ep in removed:
             task = self._loops.pop(ep, None)
             self._pages.pop(ep, None)
+            self._paced.discard(ep)
+            metrics.idle_endpoints.set(len(self._paced))
+            if ep.on_book == self.wake:
+                ep.on_book = None
             if task is not None:
                 task.cancel()
                 self._retired.add(task)
@@ -325,6 +360,7 @@ class MetricsScraper:
         if self._http is not None:  # not started (or stopped): start() reconciles later
             for ep in added:
                 if ep not in self._loops:
+                    ep.on_book = self.wake
                     self._loops[ep] = tasks.create_guarded_task(
                         self._scrape_loop(ep), name=f"scrape {ep.name}", logger=log
                     )
@@ -356,8 +392,45 @@ class MetricsScraper:
                 )
             # Fixed rate, like a ticker; after an overrun (a slow scrape) start the next one at
             # once rather than firing a burst to catch up.
-            next_at = max(next_at + self.interval, loop.time())
-            await asyncio.sleep(next_at - loop.time())
+            idle = self.pace.idle_interval > self.pace.current and self._is_idle(ep)
+            if idle != (ep in self._paced):
+                (self._paced.add if idle else self._paced.discard)(ep)
+                metrics.idle_endpoints.set(len(self._paced))
+            delay = self.pace.delay(idle)
+            ep.metrics.grace = delay - self.interval
+            due = next_at + delay
+            next_at = max(due, loop.time())
+            if idle and await self._idle_pause(ep, next_at - loop.time()):
+                due = next_at = loop.time() + self.pace.current  # booked: the busy schedule from now
+            if next_at > loop.time():
+                await asyncio.sleep(next_at - loop.time())
+            # Late: a timer that fired late, or a scrape that overran its interval (the GET's
+            # answer waited for the loop); either says the loop cannot keep this pace.
+            self.pace.woke(loop.time() - due, loop.time())
+
+    @staticmethod
+    def _is_idle(ep: Endpoint) -> bool:
+        m = ep.metrics
+        return (
+            m.running == 0
+            and m.waiting == 0
+            and ep.inflight_requests == 0
+            and m.updated_at > 0
+            and not ep.scrape_failures
+            and not ep.excluded
+        )
+
+    async def _idle_pause(self, ep: Endpoint, delay: float) -> bool:
+        """Wait `delay` unless a booking wakes the endpoint first (then True)."""
+        loop = asyncio.get_running_loop()
+        pause: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(delay, _settle, pause, False)
+        self._idle[ep] = pause
+        try:
+            return await pause
+        finally:
+            timer.cancel()
+            del self._idle[ep]
 
     # -- one scrape ------------------------------------------------------------------------------
 

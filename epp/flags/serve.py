@@ -191,6 +191,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="scrape interval per endpoint (default 50ms)",
     )
     g.add_argument(
+        "--idle-metrics-interval",
+        type=duration,
+        default=0.5,
+        help="epp's: scrape interval of an endpoint whose last scrape showed nothing running or "
+        "waiting and on which epp booked nothing since; a booking brings it back to "
+        "--refresh-metrics-interval at once. At most half of --metrics-staleness-threshold; "
+        "0 scrapes idle endpoints like the others (default 500ms)",
+    )
+    g.add_argument(
         "--metrics-staleness-threshold",
         type=duration,
         default=2.0,

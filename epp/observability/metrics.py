@@ -289,6 +289,20 @@ scrapes_inconclusive_total = Counter(
     registry=REGISTRY,
 )
 
+scrape_interval = Gauge(
+    "epp_metrics_scrape_interval_seconds",
+    "The interval at which endpoints with work are scraped now: --refresh-metrics-interval, or "
+    "longer while epp's event loop cannot keep the scrapes' timers.",
+    registry=REGISTRY,
+)
+
+idle_endpoints = Gauge(
+    "epp_metrics_idle_endpoints",
+    "Endpoints scraped at --idle-metrics-interval: their last scrape showed nothing running or "
+    "waiting and epp has booked nothing on them since.",
+    registry=REGISTRY,
+)
+
 # Series labelled by endpoint name, dropped when the endpoint goes (`forget_endpoint`).
 _BY_ENDPOINT: tuple[Any, ...] = (
     picks_total,

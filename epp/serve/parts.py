@@ -377,6 +377,7 @@ def _own_scraper(
     return MetricsScraper(
         datastore,
         interval=_tick(source.interval, base) if source.interval is not None else base,
+        idle_interval=args.idle_metrics_interval,
         staleness=args.metrics_staleness_threshold,
         failure_threshold=args.scrape_failure_threshold,
         pool_name=pool_label,

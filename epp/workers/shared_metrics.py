@@ -11,12 +11,19 @@ follow (`MetricsFollower`), over the control socket each worker already has (JSO
   supervisor scrapes the union of what its live workers listed (every worker reads the same
   sources, so they differ only for a moment), and answers a worker that (re)starts with every
   endpoint's current state.
+- worker -> supervisor `{"booked": [name, ...]}`: endpoints it just booked work on while their
+  last scrape showed them idle, which the supervisor may be scraping at `--idle-metrics-interval`
+  (epp.datastore.pacing): the scrape comes back to the busy interval at once. Sent once per
+  endpoint per heartbeat at most, batched per turn of the worker's loop.
 - supervisor -> workers `{"metrics": [entry, ...]}` with the endpoints whose scrape changed
   anything a worker reads (values, exclusion, failures; an unchanged page sends nothing),
   `{"limits": [[name, {model: max_model_len}], ...]}` when a server's model cards change, and a
-  heartbeat `{"fresh": t, "failing": [names]}` every 250 ms: every endpoint not failing was
-  scraped at `t` (time.monotonic(), one clock for all processes of a machine), which keeps
-  `ModelServerMetrics.updated_at` true without a message per endpoint per scrape.
+  heartbeat `{"fresh": t, "failing": [names]}` every 100 ms: every endpoint not failing is
+  current as of `t` (time.monotonic(), one clock for all processes of a machine): scraped within
+  the interval in force, or idle on its slower pace (its `grace`, which the heartbeat stands for
+  here). That keeps `ModelServerMetrics.updated_at` true without a message per endpoint per
+  scrape, and younger than the 200 ms a `utilization-detector` allows by default (at 250 ms an
+  idle pool read as stale, so saturated, for part of every beat).
 An idle pool thus costs the workers a heartbeat, and a busy one the endpoints that changed.
 
 The supervisor decides exclusion (and logs it, once for the pod); a worker applies it as its own
@@ -40,7 +47,7 @@ from epp.observability import collectors, metrics
 
 log = logging.getLogger("epp.workers")
 
-HEARTBEAT_S = 0.25
+HEARTBEAT_S = 0.1
 SOURCE = "workers"
 
 Entry = list[Any]
@@ -145,6 +152,15 @@ class MetricsHub:
         self._sync()
         return self.snapshot()
 
+    def booked(self, names: Any) -> None:
+        """A worker booked work on these endpoints while they looked idle (`{"booked": ...}`)."""
+        if not isinstance(names, list):
+            return
+        for name in names:
+            ep = self.datastore.get(name) if isinstance(name, str) else None
+            if ep is not None:
+                self.scraper.wake(ep)
+
     def gone(self, worker: int) -> None:
         """Worker `worker` exited: its list no longer counts."""
         if self._listed.pop(worker, None) is not None:
@@ -237,6 +253,8 @@ class MetricsFollower:
         self._send = send
         self._started = False
         self._pending = False
+        self._woken: set[str] = set()  # told the supervisor since the last heartbeat
+        self._waking: list[str] = []  # to tell it at the end of this turn of the loop
 
     async def start(self) -> None:
         self._started = True
@@ -244,7 +262,22 @@ class MetricsFollower:
         collectors.pool_collector.add(self._pool_snapshot)
         for ep in self._datastore.endpoints():
             metrics.endpoint_excluded.labels(endpoint=ep.name).set(1 if ep.excluded else 0)
+            ep.on_book = self._on_book
         self._list()
+
+    def _on_book(self, ep: Endpoint) -> None:
+        m = ep.metrics
+        if m.running or m.waiting or ep.name in self._woken or not self._started:
+            return
+        self._woken.add(ep.name)
+        if not self._waking:
+            asyncio.get_running_loop().call_soon(self._wake)
+        self._waking.append(ep.name)
+
+    def _wake(self) -> None:
+        names, self._waking = self._waking, []
+        if self._started and names:
+            self._send({"booked": names})
 
     async def stop(self) -> None:
         self._started = False
@@ -257,6 +290,7 @@ class MetricsFollower:
             metrics.forget_endpoint(ep.name, ep.spec.pod)
         for ep in added:
             metrics.endpoint_excluded.labels(endpoint=ep.name).set(1 if ep.excluded else 0)
+            ep.on_book = self._on_book
         self._update_ready()
         if not self._pending:  # one message for a burst of changes
             self._pending = True
@@ -296,6 +330,7 @@ class MetricsFollower:
             if ep is not None and limits != ep.model_limits:
                 self._datastore.set_model_limits(ep, limits)
         if "fresh" in message:
+            self._woken.clear()
             fresh = float(message["fresh"])
             failing = set(message.get("failing", ()))
             for ep in self._datastore.endpoints():

@@ -214,6 +214,8 @@ class Supervisor:
                     updates = self.hub.listed(slot.index, message["endpoints"])
                     for update in updates + (self.kv.snapshot() if self.kv is not None else []):
                         slot.resync |= not self._write(slot, update)
+                if "booked" in message:
+                    self.hub.booked(message["booked"])
                 if "routed_tokens" in message and self.kv is not None:
                     self.kv.routed(slot.index, message["routed_tokens"])
                 if "ready" in message:

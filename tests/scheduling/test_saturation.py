@@ -47,6 +47,18 @@ def test_utilization_counts_stale_and_missing_metrics_as_saturated() -> None:
     assert lenient.saturation([fresh("old", age=0.3)]) == 0.0
 
 
+def test_utilization_forgives_the_age_the_scraper_chose() -> None:
+    # An idle endpoint read every 500 ms (epp.datastore.pacing) is not stale at 300 ms...
+    d = builders.plugin("utilization-detector")  # staleness 200ms
+    paced = fresh("idle", age=0.3)
+    paced.metrics.grace = 0.45
+    assert d.saturation([paced]) == 0.0 and d.stale_count([paced]) == 0
+    # ...but is once a scrape it waits for is 200 ms overdue.
+    late = fresh("idle", age=0.66)
+    late.metrics.grace = 0.45
+    assert d.saturation([late]) == 1.0 and d.stale_count([late]) == 1
+
+
 def test_no_endpoints_is_saturated() -> None:
     assert builders.plugin("utilization-detector").saturation([]) == 1.0
     assert builders.plugin("concurrency-detector").saturation([]) == 1.0

@@ -14,7 +14,9 @@ import pytest
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
 from epp.datastore.scraper import MetricsScraper
 from epp.observability import metrics
-from epp.workers.shared_metrics import MetricsFollower, MetricsHub, endpoint_list
+from epp.scheduling.plugins.utilization_detector import UtilizationDetector
+from epp.units import parse_duration
+from epp.workers.shared_metrics import HEARTBEAT_S, MetricsFollower, MetricsHub, endpoint_list
 from tests.datastore.fake_vllm import FakeVLLM, until
 
 POOL = "shared-test"
@@ -170,3 +172,51 @@ def test_the_engine_type_label_reaches_the_supervisors_scrape() -> None:
     ep = hub.datastore.get("s")
     assert ep is not None and dict(ep.spec.labels) == labels
     assert hub.scraper._engines.for_labels(ep.spec.labels).name == "sglang"
+
+
+async def test_a_workers_booking_wakes_the_supervisors_idle_scrape(servers: list[FakeVLLM]) -> None:
+    def factory(ds: Datastore, on_update: Any) -> MetricsScraper:
+        return MetricsScraper(ds, pool_name=POOL, interval=0.02, idle_interval=5.0, on_update=on_update)
+
+    hub = MetricsHub(factory, heartbeat=0.02)
+    worker = Worker(specs_of(servers[:1]))
+    await hub.start(lambda m: None)
+    try:
+        await worker.follower.start()
+        for m in hub.listed(0, worker.sent[0]["endpoints"]):
+            worker.follower.apply(wire(m))
+        own = hub.datastore.get("pod-0")
+        assert own is not None
+        await until(lambda: own.metrics.updated_at > 0)
+        worker.ep("pod-0").metrics = dataclasses.replace(own.metrics)
+        await asyncio.sleep(0.1)  # the supervisor's loop is in its idle pause (5 s)
+        before = servers[0].requests
+
+        worker.sent.clear()
+        worker.ep("pod-0").book(10)
+        worker.ep("pod-0").book(10)  # once per heartbeat, batched per turn of the loop
+        await asyncio.sleep(0)
+        assert worker.sent == [{"booked": ["pod-0"]}]
+        hub.booked(worker.sent[0]["booked"])
+        await until(lambda: servers[0].requests > before, within=1.0, what="a scrape after the booking")
+
+        worker.ep("pod-0").book(10)
+        await asyncio.sleep(0)
+        assert len(worker.sent) == 1  # not again before the next heartbeat
+        worker.follower.apply({"fresh": 1.0, "failing": []})
+        worker.ep("pod-0").metrics.running = 2  # busy by the last scrape: nothing to wake
+        worker.ep("pod-0").book(10)
+        await asyncio.sleep(0)
+        assert len(worker.sent) == 1
+        hub.booked(["no-such-pod", 3])  # a stale or odd name is ignored
+        hub.booked("pod-0")
+    finally:
+        await hub.stop()
+        await worker.follower.stop()
+
+
+def test_the_heartbeat_keeps_an_idle_pool_fresh_for_the_default_detector() -> None:
+    """Between two beats a worker's idle endpoints age by a beat: at 250 ms the default
+    utilization-detector (200 ms) read the whole idle pool as saturated for part of every beat."""
+    staleness = parse_duration(UtilizationDetector.Params().metricsStalenessThreshold)
+    assert staleness / 1.5 > HEARTBEAT_S

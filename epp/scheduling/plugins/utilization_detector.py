@@ -4,9 +4,10 @@ What it does (GIE's default saturation detector):
 
 - saturation: per endpoint `max(waiting / queueDepthThreshold, kv_usage / kvCacheUtilThreshold)`;
   an endpoint whose metrics are missing (never scraped) or older than `metricsStalenessThreshold`
-  counts as 1.0 (saturated: what is not known to be free is not offered). The pool's saturation
-  is the **average** over the endpoints; no endpoints is 1.0. Admission sheds sheddable requests
-  (priority < 0) while it is >= 1.0.
+  (plus the scraper's `grace` for an endpoint it reads less often by design: an idle one at
+  `--idle-metrics-interval`, epp.datastore.pacing) counts as 1.0 (saturated: what is not known
+  to be free is not offered). The pool's saturation is the **average** over the endpoints; no
+  endpoints is 1.0. Admission sheds sheddable requests (priority < 0) while it is >= 1.0.
 - filter (when listed in a scheduling profile): keeps endpoints with
   `waiting < queueDepthThreshold * (1 + headroom)` and `kv_usage < kvCacheUtilThreshold * (1 +
   headroom)`; when none passes, all are kept (a filter must not turn load into an outage).
@@ -14,7 +15,7 @@ What it does (GIE's default saturation detector):
 `stale_count` says how many endpoints count as saturated for stale metrics alone: flow control
 reports a halt they cause as a metrics problem, not as load.
 
-Inputs consumed: `Endpoint.metrics.waiting`, `.kv_usage` and `.updated_at` (the scraper's).
+Inputs consumed: `Endpoint.metrics.waiting`, `.kv_usage`, `.updated_at` and `.grace` (the scraper's).
 
 Parameters (GIE's names and defaults):
 - `queueDepthThreshold` (5): waiting requests at which an endpoint counts as saturated; > 0.
@@ -70,7 +71,7 @@ class UtilizationDetector(registry.PluginBase):
         total = 0.0
         for ep in endpoints:
             m = ep.metrics
-            if not m.updated_at or now - m.updated_at > self.staleness:
+            if not m.updated_at or now - m.updated_at > self.staleness + m.grace:
                 total += 1.0
             else:
                 total += max(m.waiting / self.queue_threshold, m.kv_usage / self.kv_threshold)
@@ -82,7 +83,9 @@ class UtilizationDetector(registry.PluginBase):
         now = clock.now()
         staleness = self.staleness
         return sum(
-            1 for ep in endpoints if not ep.metrics.updated_at or now - ep.metrics.updated_at > staleness
+            1
+            for ep in endpoints
+            if not ep.metrics.updated_at or now - ep.metrics.updated_at > staleness + ep.metrics.grace
         )
 
     def filter(

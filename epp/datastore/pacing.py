@@ -1,0 +1,89 @@
+"""How often the scraper reads each endpoint's /metrics: GIE's interval, less often where that
+buys nothing.
+
+Two rules, both measured with `epp bench fleet` (BENCHMARKS.md, "Cost at fleet scale"):
+
+- **Idle endpoints.** At 50 ms every endpoint costs 20 GETs of a 55 KB page a second, ~0.2% of a
+  core each, whether or not it serves anything. An endpoint whose last scrape showed nothing
+  running or waiting, and on which epp has booked nothing, is scraped every `idle_interval`
+  (500 ms by default) instead. epp's own bookings wake it: `Endpoint.on_book` ends the idle pause
+  and the next scrape comes one base interval after the booking, as it would have. What an idle
+  endpoint's figures can miss for longer is work sent to it by someone else (another epp replica,
+  a client that bypasses the gateway), at most `idle_interval` late.
+- **A late event loop.** When the loop cannot keep the scrapers' timers (a thousand endpoints at
+  50 ms is ~20,000 GETs a second, more than one process can make), scraping at the configured rate
+  only makes everything later, requests included. Each wake measures how late its timer fired;
+  when the mean over a second exceeds half the interval, every loop's interval grows by half (up
+  to `max_interval`), and when it falls under a tenth of the base interval, it shrinks back.
+  `epp_metrics_scrape_interval_seconds` shows the interval in force.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from epp.observability import metrics
+
+log = logging.getLogger("epp.datastore.scraper")
+
+WINDOW_S = 1.0
+"""Lateness is averaged over this long before the interval changes."""
+GROW = 1.5
+SHRINK = 1.25
+LATE_GROW = 0.5
+"""Grow when the mean lateness exceeds this share of the interval in force."""
+LATE_SHRINK = 0.1
+"""Shrink when it is under this share of the base interval."""
+
+
+class Pace:
+    """The scrape intervals in force for one scraper's loops (one event loop)."""
+
+    def __init__(self, interval: float, *, idle_interval: float, max_interval: float) -> None:
+        """`idle_interval` <= `interval` (0 included) turns the idle rule off; `max_interval` <=
+        `interval` turns the lateness rule off."""
+        self.interval = interval
+        self.idle_interval = max(idle_interval, interval)
+        self.max_factor = max(1.0, max_interval / interval)
+        self.factor = 1.0
+        self._since = 0.0
+        self._late = 0.0
+        self._wakes = 0
+        self._logged = 1.0
+        metrics.scrape_interval.set(interval)
+
+    @property
+    def current(self) -> float:
+        """The interval of a busy endpoint now."""
+        return self.interval * self.factor
+
+    def delay(self, idle: bool) -> float:
+        """How long after this scrape's start the next one is due."""
+        current = self.interval * self.factor
+        return max(current, self.idle_interval) if idle else current
+
+    def woke(self, late: float, now: float) -> None:
+        """A loop's timer fired `late` seconds after it was due (`now`: the loop's clock)."""
+        self._late += max(late, 0.0)
+        self._wakes += 1
+        if now - self._since < WINDOW_S:
+            return
+        mean = self._late / self._wakes
+        self._since, self._late, self._wakes = now, 0.0, 0
+        before = self.factor
+        if mean > LATE_GROW * self.current:
+            self.factor = min(self.factor * GROW, self.max_factor)
+        elif mean < LATE_SHRINK * self.interval:
+            self.factor = max(self.factor / SHRINK, 1.0)
+        if self.factor != before:
+            metrics.scrape_interval.set(self.current)
+            # Logged when it doubles or halves from what was last logged, not at every step.
+            back = self.factor == 1.0
+            if back or self.factor >= 2 * self._logged or self.factor <= self._logged / 2:
+                self._logged = self.factor
+                log.info(
+                    "scrape timers fire %.0f ms late on average: scraping every %.0f ms (configured %.0f ms)",
+                    mean * 1000,
+                    self.current * 1000,
+                    self.interval * 1000,
+                )

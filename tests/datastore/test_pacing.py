@@ -1,0 +1,163 @@
+"""Scrape pacing (epp.datastore.pacing): idle endpoints less often until epp books work on them,
+every endpoint less often while the event loop cannot keep the timers. Real aiohttp servers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from epp.datastore import pacing
+from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.datastore.pacing import WINDOW_S, Pace
+from epp.datastore.scraper import MetricsScraper
+from epp.observability import metrics
+
+from .fake_vllm import FakeVLLM, until
+
+INTERVAL = 0.02
+IDLE = 0.4
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeVLLM]:
+    s = await FakeVLLM().start()
+    yield s
+    await s.stop()
+
+
+def one(server: FakeVLLM) -> Datastore:
+    ds = Datastore()
+    ds.sync("t", [EndpointSpec(name="a", address="127.0.0.1", port=server.port)])
+    return ds
+
+
+def hold_the_loop(seconds: float) -> None:
+    """Busy work on the event loop's thread, as a saturated epp does."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+async def scrapes_in(server: FakeVLLM, seconds: float) -> int:
+    before = server.requests
+    await asyncio.sleep(seconds)
+    return server.requests - before
+
+
+async def test_an_idle_endpoint_is_scraped_at_the_idle_interval(server: FakeVLLM) -> None:
+    ds = one(server)
+    async with MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=IDLE):
+        await until(lambda: server.requests >= 2)
+        n = await scrapes_in(server, 1.2)
+        assert 2 <= n <= 4, n  # 1.2 s / 0.4 s; at the base interval it would be ~60
+        (ep,) = ds.endpoints()
+        assert ep.metrics.grace == pytest.approx(IDLE - INTERVAL)  # staleness checks forgive it
+        assert metrics.REGISTRY.get_sample_value("epp_metrics_idle_endpoints") == 1
+    assert metrics.REGISTRY.get_sample_value("epp_metrics_idle_endpoints") == 0
+
+
+async def test_an_endpoint_with_work_is_scraped_at_the_base_interval(server: FakeVLLM) -> None:
+    ds = one(server)
+    (ep,) = ds.endpoints()
+    server.running = 1
+    async with MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=IDLE):
+        await until(lambda: ep.metrics.running == 1)
+        assert await scrapes_in(server, 0.6) >= 15  # ~30 at 20 ms
+        server.running = 0  # it finishes: the idle pace from its next scrape on
+        await until(lambda: ep.metrics.running == 0)
+        assert await scrapes_in(server, 0.8) <= 4
+        server.waiting = 2  # work someone else sent: seen within the idle interval
+        started = time.monotonic()
+        await until(lambda: ep.metrics.waiting == 2, within=IDLE + 0.5)
+        assert time.monotonic() - started <= IDLE + 0.2
+
+
+async def test_a_booking_ends_the_idle_pause(server: FakeVLLM) -> None:
+    ds = one(server)
+    (ep,) = ds.endpoints()
+    async with MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=5.0):
+        await until(lambda: ep.metrics.updated_at > 0)
+        await asyncio.sleep(0.1)  # now in its idle pause (5 s)
+        before, booked_at = server.requests, time.monotonic()
+        server.running = 1  # what the pod will show once epp's request arrives
+        ep.book(100)
+        await until(lambda: server.requests > before, within=1.0)
+        took = time.monotonic() - booked_at
+        assert INTERVAL * 0.5 <= took < 0.5, took  # one base interval after the booking
+        await until(lambda: ep.metrics.running == 1)
+        ep.release(100)
+        assert await scrapes_in(server, 0.4) >= 8  # busy while the pod says so
+
+
+async def test_idle_interval_zero_scrapes_everything_at_the_base_interval(server: FakeVLLM) -> None:
+    ds = one(server)
+    async with MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=0):
+        await until(lambda: server.requests >= 2)
+        assert await scrapes_in(server, 0.6) >= 15
+
+
+async def test_a_removed_endpoint_keeps_no_hook(server: FakeVLLM) -> None:
+    ds = one(server)
+    (ep,) = ds.endpoints()
+    async with MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=IDLE) as s:
+        assert ep.on_book == s.wake
+        ds.sync("t", [])
+        assert ep.on_book is None
+        ep.book(1)  # no scraper to wake: nothing happens
+
+
+def test_pace_backs_off_while_timers_fire_late_and_comes_back(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="epp.datastore.scraper")
+    pace = Pace(0.05, idle_interval=0.5, max_interval=1.0)
+    now = 0.0
+    for _ in range(40):  # 40 windows of timers firing 100 ms late
+        now += WINDOW_S
+        pace.woke(0.1, now)
+        pace.woke(0.1, now)
+    assert 0.2 <= pace.current <= 0.3  # until they are late by less than half the interval
+    for _ in range(40):  # a second late: as far as it may go
+        now += WINDOW_S
+        pace.woke(1.0, now)
+    assert pace.current == pytest.approx(1.0)  # capped at max_interval
+    assert metrics.REGISTRY.get_sample_value("epp_metrics_scrape_interval_seconds") == pytest.approx(1.0)
+    assert pace.delay(idle=True) == pytest.approx(1.0)  # never faster than the busy interval
+    assert any("late on average" in r.message for r in caplog.records)
+    logged = len(caplog.records)
+    assert logged <= 6, [r.message for r in caplog.records]  # at doublings, not every step
+    for _ in range(40):  # on time again
+        now += WINDOW_S
+        pace.woke(0.0, now)
+        pace.woke(0.0, now)
+    assert pace.current == pytest.approx(0.05)
+    assert pace.delay(idle=True) == pytest.approx(0.5)
+    assert "every 50 ms" in caplog.records[-1].message
+
+
+def test_pace_does_not_move_on_a_little_lateness() -> None:
+    pace = Pace(0.05, idle_interval=0.5, max_interval=1.0)
+    now = 0.0
+    for _ in range(20):
+        now += WINDOW_S
+        pace.woke(0.01, now)  # 10 ms late: between the two thresholds
+    assert pace.current == pytest.approx(0.05)
+
+
+async def test_a_saturated_loop_stretches_the_interval(
+    server: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pacing, "WINDOW_S", 0.2)
+    ds = one(server)
+    (ep,) = ds.endpoints()
+    server.running = 1  # busy: the base interval applies
+    async with MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=IDLE, staleness=2.0) as s:
+        await until(lambda: ep.metrics.running == 1)
+        deadline = time.monotonic() + 3.5
+        while time.monotonic() < deadline and s.pace.current < 4 * INTERVAL:
+            hold_the_loop(0.1)  # every timer fires ~80-100 ms late
+            await asyncio.sleep(0)
+        assert s.pace.current >= 4 * INTERVAL
+        assert s.pace.current <= 1.0  # at most half the staleness bound
