@@ -398,15 +398,17 @@ class MetricsScraper:
                 metrics.idle_endpoints.set(len(self._paced))
             delay = self.pace.delay(idle)
             ep.metrics.grace = delay - self.interval
-            due = next_at + delay
-            next_at = max(due, loop.time())
-            if idle and await self._idle_pause(ep, next_at - loop.time()):
-                due = next_at = loop.time() + self.pace.current  # booked: the busy schedule from now
-            if next_at > loop.time():
+            next_at = max(next_at + delay, loop.time())
+            if idle:
+                if await self._idle_pause(ep, next_at - loop.time()):
+                    next_at = loop.time() + self.pace.current  # booked: the busy schedule from now
+                    await asyncio.sleep(self.pace.current)
+            elif next_at > loop.time():
                 await asyncio.sleep(next_at - loop.time())
-            # Late: a timer that fired late, or a scrape that overran its interval (the GET's
-            # answer waited for the loop); either says the loop cannot keep this pace.
-            self.pace.woke(loop.time() - due, loop.time())
+            else:
+                continue  # overran its interval: maybe a slow server, which is not epp's load
+            # How late the timer fired says how busy epp's loop is.
+            self.pace.woke(loop.time() - next_at, loop.time())
 
     @staticmethod
     def _is_idle(ep: Endpoint) -> bool:
