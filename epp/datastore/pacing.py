@@ -10,16 +10,19 @@ Two rules, both measured with `epp bench fleet` (BENCHMARKS.md, "Cost at fleet s
   and the next scrape comes one base interval after the booking, as it would have. What an idle
   endpoint's figures can miss for longer is work sent to it by someone else (another epp replica,
   a client that bypasses the gateway), at most `idle_interval` late.
-- **A late event loop.** When the loop cannot keep the scrapers' timers (a thousand endpoints at
-  50 ms is ~20,000 GETs a second, more than one process can make), scraping at the configured rate
-  only makes everything later, requests included. Each wake measures how late its timer fired;
-  when the mean over a second exceeds half the interval, every loop's interval grows by half (up
-  to `max_interval`), and when it falls under a tenth of the base interval, it shrinks back.
-  `epp_metrics_scrape_interval_seconds` shows the interval in force.
+- **A late event loop.** When the loop cannot keep up (a thousand busy endpoints at 50 ms is
+  ~20,000 GETs a second, more than one process can make), scraping at the configured rate only
+  makes everything later, requests included. A probe sleeps one base interval over and over and
+  measures how late it wakes (the loop's lag, as `epp_event_loop_lag_seconds` does); when the
+  mean over a second exceeds half the base interval, every busy endpoint's interval grows by
+  half (up to `max_interval`), and when it falls under a tenth, it shrinks back.
+  `epp_metrics_scrape_interval_seconds` shows the interval in force. The scrapes' own timing is
+  not the signal: a scrape that overruns its interval may only mean a slow server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from epp.observability import metrics
@@ -31,7 +34,7 @@ WINDOW_S = 1.0
 GROW = 1.5
 SHRINK = 1.25
 LATE_GROW = 0.5
-"""Grow when the mean lateness exceeds this share of the interval in force."""
+"""Grow when the loop's mean lag exceeds this share of the base interval."""
 LATE_SHRINK = 0.1
 """Shrink when it is under this share of the base interval."""
 
@@ -62,8 +65,17 @@ class Pace:
         current = self.interval * self.factor
         return max(current, self.idle_interval) if idle else current
 
+    async def probe(self) -> None:
+        """Measure the loop's lag for as long as it runs (the scraper's task)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time() + self.interval
+            await asyncio.sleep(self.interval)
+            now = loop.time()
+            self.woke(now - asked, now)
+
     def woke(self, late: float, now: float) -> None:
-        """A loop's timer fired `late` seconds after it was due (`now`: the loop's clock)."""
+        """A timer fired `late` seconds after it was due (`now`: the loop's clock)."""
         self._late += max(late, 0.0)
         self._wakes += 1
         if now - self._since < WINDOW_S:
@@ -71,7 +83,7 @@ class Pace:
         mean = self._late / self._wakes
         self._since, self._late, self._wakes = now, 0.0, 0
         before = self.factor
-        if mean > LATE_GROW * self.current:
+        if mean > LATE_GROW * self.interval:
             self.factor = min(self.factor * GROW, self.max_factor)
         elif mean < LATE_SHRINK * self.interval:
             self.factor = max(self.factor / SHRINK, 1.0)
@@ -82,7 +94,8 @@ class Pace:
             if back or self.factor >= 2 * self._logged or self.factor <= self._logged / 2:
                 self._logged = self.factor
                 log.info(
-                    "scrape timers fire %.0f ms late on average: scraping every %.0f ms (configured %.0f ms)",
+                    "event loop %.0f ms late on average: scraping busy endpoints every %.0f ms "
+                    "(configured %.0f ms)",
                     mean * 1000,
                     self.current * 1000,
                     self.interval * 1000,

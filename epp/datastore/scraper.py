@@ -243,6 +243,7 @@ class MetricsScraper:
         # The idle pause of each endpoint whose loop is in one: what ends it early.
         self._idle: dict[Endpoint, asyncio.Future[bool]] = {}
         self._paced: set[Endpoint] = set()  # endpoints on the idle pace now
+        self._probe: asyncio.Task[None] | None = None  # the pace's measure of the loop's lag
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -256,6 +257,7 @@ class MetricsScraper:
             self._datastore.subscribe(self._on_change)
             self._subscribed = True
         collectors.pool_collector.add(self._pool_snapshot)
+        self._probe = tasks.create_guarded_task(self.pace.probe(), name="metrics pace probe", logger=log)
         self._apply_change(self._datastore.endpoints(), [])
         log.info(
             "scraping /metrics of %d endpoints every %gs (timeout %gs, exclusion after %d failures or %gs)",
@@ -270,7 +272,8 @@ class MetricsScraper:
         """Cancel every loop, wait for them to end, close the connections."""
         http, self._http = self._http, None
         collectors.pool_collector.discard(self._pool_snapshot)
-        loops = [*self._loops.values(), *self._retired]
+        loops = [*self._loops.values(), *self._retired, *([self._probe] if self._probe else [])]
+        self._probe = None
         self._loops.clear()
         await tasks.cancel_and_wait(loops)
         self._paced.clear()
@@ -399,16 +402,9 @@ class MetricsScraper:
             delay = self.pace.delay(idle)
             ep.metrics.grace = delay - self.interval
             next_at = max(next_at + delay, loop.time())
-            if idle:
-                if await self._idle_pause(ep, next_at - loop.time()):
-                    next_at = loop.time() + self.pace.current  # booked: the busy schedule from now
-                    await asyncio.sleep(self.pace.current)
-            elif next_at > loop.time():
-                await asyncio.sleep(next_at - loop.time())
-            else:
-                continue  # overran its interval: maybe a slow server, which is not epp's load
-            # How late the timer fired says how busy epp's loop is.
-            self.pace.woke(loop.time() - next_at, loop.time())
+            if idle and await self._idle_pause(ep, next_at - loop.time()):
+                next_at = loop.time() + self.pace.current  # booked: the busy schedule from now
+            await asyncio.sleep(next_at - loop.time())
 
     @staticmethod
     def _is_idle(ep: Endpoint) -> bool:
