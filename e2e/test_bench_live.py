@@ -57,3 +57,31 @@ def test_live_bench_through_envoy_and_epp(
     assert rr < 0.75
     assert epp > rr + 0.10, (rr, epp)
     assert "| epp |" in printed.out and "| round-robin |" in printed.out
+
+
+def test_live_bench_behind_epps_mode_override_config(
+    e2e_prerequisites: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--gateway-config override`: epp's arm behind epp's own Envoy config, where off-sample
+    responses skip epp (what the side-by-side CPU table's second epp row measures)."""
+    trace = tmp_path / "trace.jsonl"
+    _trace(trace)
+    out = tmp_path / "out"
+    status = cli.main([
+        "bench", "--mode", "live", "--workload", f"trace:{trace}", "--policies", "epp",
+        "--gateway-config", "override", "--pods", "3", "--profile", "codellama-13b-a100",
+        "--out", str(out), "--no-plots",
+    ])  # fmt: skip
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-3000:]
+    (entry,) = json.loads((out / "results.json").read_text())["workloads"].values()
+    run = entry["policies"]["epp"]
+    assert run["requests"] == 60 and run["failed"] == 0 and run["unfinished"] == 0, run
+    assert run["gateway_config"] == "override"
+    (saved,) = (out / "logs").glob("epp-*.metrics")
+    skipped = [
+        float(line.rsplit(" ", 1)[1])
+        for line in saved.read_text().splitlines()
+        if line.startswith('epp_response_bodies_skipped_total{result="skipped"}')
+    ]
+    assert skipped and skipped[0] > 30, skipped  # most of the 60 answers never passed through epp

@@ -84,6 +84,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "workload's inference-perf form (shared-prefix)",
     )
     parser.add_argument(
+        "--gateway-config",
+        choices=["gie", "override"],
+        default="gie",
+        help="live mode: the Envoy config in front of epp's arms: GIE's standard one (default: "
+        "full-duplex bodies both ways, every response chunk through epp) or epp's own mode "
+        "override (request body BUFFERED, response STREAMED, allow_mode_override: off-sample "
+        "responses skip epp; `epp envoy-config`'s default)",
+    )
+    parser.add_argument(
         "--peers-dir",
         default=None,
         help="live mode: where scripts/peers-env built the peer routers' environments (default "
@@ -203,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
                 runs[policy.name]["replicas"] = args.replicas
             if args.slo_headers:
                 runs[policy.name]["slo_headers"] = True
+            if args.mode == "live" and isinstance(policy, Policy):
+                runs[policy.name]["gateway_config"] = args.gateway_config
             ttfts[policy.name] = report.ttft_values(result)
             # Written after every policy: a long run keeps what it finished.
             mixed = _pod_profiles(args, workload)
@@ -274,7 +285,9 @@ def _run_live(
 
     workdir = Path(args.out) / "logs"
     gateway: Gateway = (
-        PeerGateway(policy, peers_dir(args.peers_dir)) if isinstance(policy, Peer) else EppGateway(policy)
+        PeerGateway(policy, peers_dir(args.peers_dir))
+        if isinstance(policy, Peer)
+        else EppGateway(policy, mode_override=args.gateway_config == "override")
     )
     run = live.LiveRun(
         workload, gateway, profile=profile, pods=pods, seed=args.seed, time_scale=args.time_scale,

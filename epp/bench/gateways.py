@@ -74,9 +74,11 @@ def _has_flow_control(config_text: str) -> bool:
 class EppGateway(Gateway):
     """Envoy, then `epp serve` with `policy`'s configuration."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, mode_override: bool = False) -> None:
+        """`mode_override`: behind epp's own Envoy config (`override_params`) instead of GIE's."""
         super().__init__()
         self.policy = policy
+        self.mode_override = mode_override
         self.name = policy.name
         self.kv_events = policy.kv_events
         # Whether the bench reads epp's /metrics for flow control's queues while it runs: only
@@ -88,7 +90,7 @@ class EppGateway(Gateway):
     def start(self, fleet: SimFleet, workdir: Path, label: str) -> str:
         from epp.demo.arms import endpoints_yaml, wait_subscribed
         from epp.demo.workload import wait_routable
-        from epp.gateway.envoy import BodyMode, GatewayParams
+        from epp.gateway.envoy import BodyMode, GatewayParams, override_params
         from epp.gateway.processes import EnvoyServer, EppServer, free_ports
 
         endpoints = workdir / f"endpoints-{label}.yaml"
@@ -117,6 +119,8 @@ class EppGateway(Gateway):
             request_timeout=REQUEST_TIMEOUT_S,  # flow control may hold a request up to its budget
             access_log_path=str(workdir / f"access-{label}.log"),
         )
+        if self.mode_override:
+            params = override_params(params)
         self._envoy = envoy = EnvoyServer(workdir, params, name=f"envoy-{label}")
         self.logs.append((f"envoy ({label})", envoy.log_path))
         envoy.start()
