@@ -51,10 +51,12 @@ endpoints' latest scrapes whenever /metrics is read (`collectors.PoolCollector`)
 Cost note: at GIE's default 50 ms interval every endpoint costs 20 HTTP requests and parses per
 second: ~60-95 us for the GET of a real vLLM 0.32 page (55 KB) and ~40 us for the parse
 (promtext), which a page equal to the endpoint's last one skips (~1 us to compare; the last page
-is kept per endpoint, ~55 KB each): ~0.2% of a core per endpoint (`epp bench fleet`). vLLM
+is kept per endpoint, ~55 KB each): ~0.2-0.3% of a core per endpoint (`epp bench fleet`). vLLM
 ignores prometheus_client's `name[]` filter (scripts/capture_vllm_metrics.py), so the page cannot
-be asked for smaller. Large pools should raise the interval; with `--workers N` the supervisor
-scrapes once for the pod.
+be asked for smaller. So the interval is paced (epp.datastore.pacing): an endpoint idle at its
+last scrape, on which epp has booked nothing, is read every `idle_interval` until a booking wakes
+it (`Endpoint.on_book`, or a worker's word through the supervisor), and every interval grows
+while epp's event loop runs late. With `--workers N` the supervisor scrapes once for the pod.
 """
 
 from __future__ import annotations
