@@ -93,6 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "responses skip epp; `epp envoy-config`'s default)",
     )
     parser.add_argument(
+        "--epp-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="live mode: an extra `epp serve` argument for epp's arms (repeatable; e.g. "
+        "--epp-arg=--response-sample-min-interval=0)",
+    )
+    parser.add_argument(
         "--peers-dir",
         default=None,
         help="live mode: where scripts/peers-env built the peer routers' environments (default "
@@ -214,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
                 runs[policy.name]["slo_headers"] = True
             if args.mode == "live" and isinstance(policy, Policy):
                 runs[policy.name]["gateway_config"] = args.gateway_config
+                if args.epp_arg:
+                    runs[policy.name]["epp_args"] = list(args.epp_arg)
             ttfts[policy.name] = report.ttft_values(result)
             # Written after every policy: a long run keeps what it finished.
             mixed = _pod_profiles(args, workload)
@@ -287,7 +297,7 @@ def _run_live(
     gateway: Gateway = (
         PeerGateway(policy, peers_dir(args.peers_dir))
         if isinstance(policy, Peer)
-        else EppGateway(policy, mode_override=args.gateway_config == "override")
+        else EppGateway(policy, mode_override=args.gateway_config == "override", extra_args=args.epp_arg)
     )
     run = live.LiveRun(
         workload, gateway, profile=profile, pods=pods, seed=args.seed, time_scale=args.time_scale,

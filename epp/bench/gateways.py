@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,11 +75,15 @@ def _has_flow_control(config_text: str) -> bool:
 class EppGateway(Gateway):
     """Envoy, then `epp serve` with `policy`'s configuration."""
 
-    def __init__(self, policy: Policy, *, mode_override: bool = False) -> None:
-        """`mode_override`: behind epp's own Envoy config (`override_params`) instead of GIE's."""
+    def __init__(
+        self, policy: Policy, *, mode_override: bool = False, extra_args: Sequence[str] = ()
+    ) -> None:
+        """`mode_override`: behind epp's own Envoy config (`override_params`) instead of GIE's;
+        `extra_args`: more `epp serve` arguments."""
         super().__init__()
         self.policy = policy
         self.mode_override = mode_override
+        self.extra_args = list(extra_args)
         self.name = policy.name
         self.kv_events = policy.kv_events
         # Whether the bench reads epp's /metrics for flow control's queues while it runs: only
@@ -103,6 +108,7 @@ class EppGateway(Gateway):
         extra.append("--allow-experimental-plugins")
         if self.kv_events:
             extra += ["--kv-events", "connect"]
+        extra += self.extra_args
         subscribed = fleet.kv_subscriptions()
         self._epp = epp = EppServer(workdir / f"epp-{label}.log", endpoints_file=endpoints, extra_args=extra)
         self.logs.append((f"epp ({label})", epp.process.log_path))
