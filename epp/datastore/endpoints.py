@@ -107,7 +107,7 @@ class Endpoint:
     attributes: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
     # Called at each booking by whoever paces this endpoint's scrapes (the scraper, or a worker's
     # follower of the supervisor's scrapes): an idle endpoint is scraped less often until epp
-    # sends it work (epp.datastore.scraper, "Pacing").
+    # sends it work (epp.datastore.pacing).
     on_book: Callable[[Endpoint], None] | None = dataclasses.field(default=None, repr=False)
 
     @property

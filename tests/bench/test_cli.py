@@ -44,6 +44,14 @@ def test_list_names_workloads_and_policies(capsys: pytest.CaptureFixture[str]) -
         ),
         (["--workload", "unique", "--mode", "live", "--time-scale", "0"], "--time-scale must be > 0"),
         (["--workload", "unique", "--mode", "live", "--kv-delay", "0.1"], "--kv-delay is for --mode fast"),
+        (
+            ["--workload", "unique", "--gateway-config", "override"],
+            "--gateway-config and --epp-arg are for --mode live",
+        ),
+        (
+            ["--workload", "unique", "--epp-arg=--workers=2"],
+            "--gateway-config and --epp-arg are for --mode live",
+        ),
         (["--workload", "unique", "--mode", "slow"], "--mode: unknown mode 'slow'; allowed: fast, live"),
         (["--workload", "unique", "--profile", "h200"], "--profile: unknown profile 'h200'; allowed:"),
         (["--workload", "unique", "--scale", "0"], "--scale must be > 0"),
