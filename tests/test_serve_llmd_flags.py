@@ -3,8 +3,10 @@ read where a gateway would see it (the ext-proc answer, /metrics, the TLS handsh
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +72,13 @@ def test_emit_endpoint_scores_puts_every_scored_endpoint_in_envoy_lb(
     tmp_path: Path, epp_with: list[EppServer]
 ) -> None:
     epp = start(epp_with, tmp_path, "--emit-endpoint-scores")
+    # Nothing listens on the endpoints' port 1, so their scrapes fail and each is excluded in
+    # turn; routing in between would score only those not yet excluded. Once all are, epp routes
+    # degraded over every endpoint, which is the set this test checks.
+    deadline = time.monotonic() + 20
+    while not re.search(r"^inference_pool_ready_pods\{[^}]*\} 0\.0$", epp.metrics_text(), re.M):
+        assert time.monotonic() < deadline, "the endpoints were never all excluded"
+        time.sleep(0.05)
     first = route(epp.grpc_address)[0]
     lb = first.dynamic_metadata.fields[m.LB_NAMESPACE].struct_value.fields
     picked = lb[m.DESTINATION_HEADER].string_value
