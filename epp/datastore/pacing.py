@@ -62,8 +62,7 @@ class Pace:
 
     def delay(self, idle: bool) -> float:
         """How long after this scrape's start the next one is due."""
-        current = self.interval * self.factor
-        return max(current, self.idle_interval) if idle else current
+        return max(self.current, self.idle_interval) if idle else self.current
 
     async def probe(self) -> None:
         """Measure the loop's lag for as long as it runs (the scraper's task)."""

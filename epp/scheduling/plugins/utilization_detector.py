@@ -35,7 +35,7 @@ import msgspec
 
 from epp import clock
 from epp.api.requests import InferenceRequest
-from epp.datastore.endpoints import Endpoint
+from epp.datastore.endpoints import Endpoint, ModelServerMetrics
 from epp.scheduling import interfaces, registry
 from epp.units import parse_duration
 
@@ -71,7 +71,7 @@ class UtilizationDetector(registry.PluginBase):
         total = 0.0
         for ep in endpoints:
             m = ep.metrics
-            if not m.updated_at or now - m.updated_at > self.staleness + m.grace:
+            if self._stale(m, now):
                 total += 1.0
             else:
                 total += max(m.waiting / self.queue_threshold, m.kv_usage / self.kv_threshold)
@@ -81,12 +81,11 @@ class UtilizationDetector(registry.PluginBase):
         """How many of `endpoints` count as saturated only because their metrics are missing or
         stale (flow control tells a scrape problem from overload by it)."""
         now = clock.now()
-        staleness = self.staleness
-        return sum(
-            1
-            for ep in endpoints
-            if not ep.metrics.updated_at or now - ep.metrics.updated_at > staleness + ep.metrics.grace
-        )
+        return sum(1 for ep in endpoints if self._stale(ep.metrics, now))
+
+    def _stale(self, m: ModelServerMetrics, now: float) -> bool:
+        """Never scraped, or older than the threshold plus the scraper's chosen wait (`grace`)."""
+        return not m.updated_at or now - m.updated_at > self.staleness + m.grace
 
     def filter(
         self, cycle: interfaces.CycleState, request: InferenceRequest, endpoints: list[Endpoint]
