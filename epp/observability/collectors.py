@@ -364,6 +364,8 @@ _PREFIX_COUNTERS = (
     ("reused_tokens", "token ids taken from the cache"),
     ("encoded_tokens", "token ids computed by the tokenizer"),
     ("engine_mismatches", "texts fastokens encoded unlike tokenizers (it is then turned off)"),
+    ("verified", "texts fastokens encoded in pieces whose ids were checked against tokenizers"),
+    ("unverified", "texts fastokens encoded in pieces whose ids were not checked (sampled checks)"),
 )
 _PREFIX_GAUGES = (("cached_bytes", "bytes held (estimated)"), ("cached_tokens", "token ids held"))
 

@@ -308,6 +308,7 @@ class Tokenizers:
         if self.prefix_cache_bytes > 0:
             try:
                 cache = prefixcache.PrefixCache(tok, max_bytes=self.prefix_cache_bytes)
+                log.info("tokenizer %s: prefix cache: %s", tok.name, cache.ruled_note)
             except prefixcache.UnsupportedTokenizer as e:
                 self.prefix_cache_refused[tok.name] = str(e)
         self._caches[tok] = cache
@@ -371,14 +372,15 @@ class Tokenizers:
             assert whole is not None
             return whole
         covered = found.path[-1].end if found.path else 0
-        if engine is None or not engine.takes(text[covered:]):
+        fits = engine is not None and engine.takes(text[covered:])  # False at once past MAX_FAST_CHARS
+        if engine is None or not (fits or cache.ruled):
             # `tokenizers` encodes the new part: its encoding is the one chunking needs, so the
             # commit step is cheap and runs in the worker before the answer.
             return await self._offload(
                 len(text) - covered, _encode_cached, cache, text, add_special_tokens, found
             )
         begun: tuple[list[int], Callable[[], None]] | None = None
-        if len(text) - covered <= FAST_INLINE_CHARS:
+        if fits and len(text) - covered <= FAST_INLINE_CHARS:
             # On the loop; a seam that needs `tokenizers` (its window re-encoded differently, or
             # only partly shared) raises WouldBlock before encoding more than INLINE_CHARS.
             with contextlib.suppress(prefixcache.WouldBlock):
@@ -390,7 +392,11 @@ class Tokenizers:
                     blocking_chars=INLINE_CHARS,
                 )
         if begun is None:
-            begun = await self._offload(len(text) - covered, _begin, cache, text, add_special_tokens, found)
+            # A long new part (or one with runs fastokens must not cache) goes to the fast
+            # engine in pieces (`PrefixCache.ruled`), each piece checked there.
+            begun = await self._offload(
+                len(text) - covered, _begin, cache, text, add_special_tokens, found, fits or None
+            )
         ids, commit = begun
         self._commit(tok, commit)
         return ids
@@ -598,9 +604,13 @@ def _cached(
 
 
 def _begin(
-    cache: prefixcache.PrefixCache, text: str, add_special_tokens: bool, found: prefixcache.Lookup
+    cache: prefixcache.PrefixCache,
+    text: str,
+    add_special_tokens: bool,
+    found: prefixcache.Lookup,
+    fast: bool | None,
 ) -> tuple[list[int], Callable[[], None]]:
-    return cache.begin(text, add_special_tokens=add_special_tokens, found=found, fast=True)
+    return cache.begin(text, add_special_tokens=add_special_tokens, found=found, fast=fast)
 
 
 def _encode(tok: tokenizer.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:

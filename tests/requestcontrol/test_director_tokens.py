@@ -190,6 +190,9 @@ async def test_prefix_cache_metrics_follow_the_registry(tokenizers: Tokenizers) 
     assert (registry.get_sample_value("epp_tokenizer_prefix_cache_reused_tokens_total", labels) or 0) > 100
     assert (registry.get_sample_value("epp_tokenizer_prefix_cache_cached_bytes", labels) or 0) > 0
     assert registry.get_sample_value("epp_tokenizer_prefix_cache_engine_mismatches_total", labels) == 0
+    # epp-tiny has the cut rule: fastokens' pieces, both checked (among the first texts).
+    assert registry.get_sample_value("epp_tokenizer_prefix_cache_verified_total", labels) == 2
+    assert registry.get_sample_value("epp_tokenizer_prefix_cache_unverified_total", labels) == 0
     engine = {"tokenizer": "epp-tiny", "engine": "fastokens"}
     assert registry.get_sample_value("epp_tokenizer_engine_info", engine) == 1
 

@@ -149,6 +149,8 @@ BUILDERS: dict[str, Callable[[], tokenizer.Tokenizer]] = {
     "epp-tiny": tokenizer.load_shipped,
     # The same without fastokens: the cache's other path (ids and word ids from one encode).
     "epp-tiny/tokenizers": lambda: tokenizer.load_shipped(engine="tokenizers"),
+    # fastokens without the cut rule: its ids answer, `tokenizers`' encoding is chunked (`cached`).
+    "epp-tiny/unruled": tokenizer.load_shipped,
     "gpt2-like": gpt2_like,
     "llama3-like": llama3_like,
     "wordpiece": wordpiece,
@@ -164,7 +166,14 @@ def cached(name: str) -> tuple[tokenizer.Tokenizer, prefixcache.PrefixCache]:
         tok = BUILDERS[name]()
         _built[name] = (
             tok,
-            prefixcache.PrefixCache(tok, max_bytes=400_000, min_chunk_chars=64, split_chars=96, pieces=3),
+            prefixcache.PrefixCache(
+                tok,
+                max_bytes=400_000,
+                min_chunk_chars=64,
+                split_chars=96,
+                pieces=3,
+                cut_rule=name != "epp-tiny/unruled",
+            ),
         )
     return _built[name]
 
@@ -267,14 +276,20 @@ def test_the_property_tests_went_through_seams() -> None:
             cache.evictions,
             cache.splits,
             cache.split_misses,
+            cache.verified,
+            cache.unverified,
         )
         # fastokens gave tokenizers' ids on every text (a difference would have turned it off).
         assert cache.engine_mismatches == 0, name
         if cache.hits + cache.partial_hits + cache.misses >= 100:
             assert cache.partial_hits > 20 and cache.hits > 20, name
             assert cache.fallbacks == 0, name  # no seam ever needed more right context than the margin
-            # Texts were encoded in pieces (WordPiece drops the space at a cut: it stops splitting).
-            assert cache.splits > 20 or name == "wordpiece", name
+            if cache.ruled:  # the fast engine's pieces answered: checked, then sampled
+                total = cache.verified + cache.unverified  # VERIFY_FIRST < VERIFY_EVERY
+                assert cache.verified == prefixcache.VERIFY_FIRST + total // prefixcache.VERIFY_EVERY, name
+                assert cache.unverified > 100, name
+            else:  # `tokenizers` encoded in pieces (WordPiece drops the space at a cut: it stops)
+                assert cache.splits > 20 or name == "wordpiece", name
 
 
 # -- counters, bound, structure ----------------------------------------------------------------------
@@ -391,7 +406,8 @@ def test_long_texts_insert_in_batches_with_eviction_between_them() -> None:
 
 
 def test_a_seam_that_fails_verification_falls_back_to_a_full_encode() -> None:
-    tok, cache = _fresh(min_chunk_chars=64)
+    # Without the cut rule, which proves a seam from the text alone (no window to re-encode).
+    tok, cache = _fresh(min_chunk_chars=64, cut_rule=False)
     text = CORPUS[:4_000]
     cache.encode(text)
     # Corrupt every cached chunk's first id: the overlap window (here the final piece, which the
@@ -605,7 +621,8 @@ def test_the_memo_shortcuts_a_growing_conversation_and_survives_eviction() -> No
 @pytest.mark.parametrize("name", ["epp-tiny", "llama3-like"])
 def test_long_texts_are_encoded_in_pieces_equal_to_full_tokenization(name: str) -> None:
     tok = cached(name)[0]
-    cache = prefixcache.PrefixCache(tok, min_chunk_chars=64, split_chars=200, pieces=4)
+    # The tokenizers' pieces: with the fast engine's (the cut rule) the commit step needs no encode.
+    cache = prefixcache.PrefixCache(tok, min_chunk_chars=64, split_chars=200, pieces=4, cut_rule=False)
     text = CORPUS[:6_000]
     pieces = cache._encode(text, 0)
     assert pieces.pieces == 4 and not pieces.missed
@@ -642,8 +659,9 @@ def test_a_cut_that_is_not_a_checkpoint_is_encoded_again_whole() -> None:
 def test_the_seam_is_the_last_matched_chunk_when_the_text_follows_its_continuation() -> None:
     """A warm chat: the system prompt was seen with another question. When the new text shares at
     least `margin` characters with the cached chunk after the last one it matches, only what
-    follows that chunk is encoded; otherwise that chunk is encoded again as the window."""
-    tok, cache = _fresh(min_chunk_chars=64)
+    follows that chunk is encoded; otherwise that chunk is encoded again as the window. (Without
+    the cut rule, which proves a seam at the last matched chunk from the text alone.)"""
+    tok, cache = _fresh(min_chunk_chars=64, cut_rule=False)
     system = CORPUS[:6_000]
     cache.encode(system + "\n<|user|>\nPlease answer carefully. What is a token?")
     shrunk = 0
@@ -666,11 +684,12 @@ def test_the_seam_is_the_last_matched_chunk_when_the_text_follows_its_continuati
     assert shrunk > 5 and cache.fallbacks == 0
 
 
-def test_user_messages_after_a_shared_prompt_do_not_pile_up_under_one_key() -> None:
+@pytest.mark.parametrize("cut_rule", [True, False])
+def test_user_messages_after_a_shared_prompt_do_not_pile_up_under_one_key(cut_rule: bool) -> None:
     """Each text leaving a cached one partway ends its first new chunk where it leaves it, so the
     next chunks are keyed by what differs: a lookup compares a few children, not one per request."""
     for length in range(6_000, 6_200, 25):  # the prompt's last chunk ends at varying distances
-        tok, cache = _fresh()
+        tok, cache = _fresh(cut_rule=cut_rule)
         for i in range(12):
             text = CORPUS[:length] + "\n<|user|>\n" + CORPUS[8_000 + 300 * i : 8_000 + 300 * i + 250]
             assert cache.encode(text) == tok.encode(text)
