@@ -34,6 +34,8 @@ from typing import Any
 
 import tokenizers
 
+from epp.tokenize import cachecheck
+
 CUT_AT = re.compile(r"(?<=\S) (?=[A-Za-z])")
 """A space after a non-whitespace character and before an ASCII letter: a pre-token starts there."""
 
@@ -71,10 +73,10 @@ PROBES = (
 
 def refusal(config: dict[str, Any]) -> str | None:
     """Why the rule is not proved for this tokenizer.json (parsed), or None when it is."""
-    for norm in _flatten(config.get("normalizer"), "normalizers"):
+    for norm in cachecheck.flatten(config.get("normalizer"), "normalizers"):
         if norm.get("type") not in _NORMALIZERS:
             return f"normalizer {norm.get('type')} may change what a space is beside"
-    stages = _flatten(config.get("pre_tokenizer"), "pretokenizers")
+    stages = cachecheck.flatten(config.get("pre_tokenizer"), "pretokenizers")
     if not any(_splits_at_rule(stage) for stage in stages):
         return "no pre-tokenizer stage is known to start a pre-token at a space before a letter"
     for token in config.get("added_tokens") or ():
@@ -141,14 +143,3 @@ def _splits_at_rule(stage: dict[str, Any]) -> bool:
         regex = (stage.get("pattern") or {}).get("Regex")
         return regex in KNOWN_PATTERNS and stage.get("behavior") in _SPLITTING and not stage.get("invert")
     return False
-
-
-def _flatten(item: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
-    if item is None:
-        return []
-    if item.get("type") == "Sequence":
-        out: list[dict[str, Any]] = []
-        for sub in item.get(key) or ():
-            out.extend(_flatten(sub, key))
-        return out
-    return [item]

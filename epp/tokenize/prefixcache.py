@@ -28,17 +28,11 @@ the seam (that child, or nk: the *overlap window*), and the result is the cached
 followed by the new encoding. The text need not continue as the cached one did, so only the
 window's ids up to `margin` characters before the texts part (and the pre-tokens reaching that
 point) must agree; if they do not, the whole text is encoded instead (`fallbacks` counts this). The
-new encoding's checkpoints then insert the text's new chunks.
-
-Pieces. A text to encode (from the seam, or whole on a miss) of at least 2 x `split_chars`
-characters is cut into up to `pieces` pieces (default: the CPUs tokenizers' pool may use; fewer
-while other texts are being encoded, which share those cores) at
-spaces before a letter, each but the last running `min_chunk_chars` past the next one's start,
-and encoded in one `encode_batch`, which runs them in parallel with the GIL released. A cut is kept
-only if it is a checkpoint of the piece before it (the seam's argument below, with that piece as
-the cached text); else the text is encoded again whole (`split_misses`; a tokenizer missing often,
-such as WordPiece, which drops the space, is no longer cut). `splits` counts texts encoded in
-pieces.
+new encoding's checkpoints then insert the text's new chunks. With the cut rule (`ruled`, below)
+nk's end is the seam whenever a space between a non-space and a letter sits there in the text:
+that proves a pre-token starts there, and no window is encoded again. A long text to encode is cut
+into pieces (`epp.tokenize.pieces`); a tokenizer the cache cannot prove exact is refused at
+construction (`epp.tokenize.cachecheck`).
 
 Why the stitched result equals full tokenization. A `tokenizers` pipeline splits the text at added
 tokens (special or not, e.g. `<|user|>`: leftmost-longest matching, at most the longest added
@@ -58,15 +52,6 @@ added token). Chunk ends are stored only when they lie `margin` characters befor
 inserting text, for the same reason.
 The overlap window re-checks this at each seam, in the new text's context, for patterns whose
 look-ahead is longer than the margin (a `(?=...)` could be): a disagreement falls back to a full encode.
-
-What the cache refuses (`UnsupportedTokenizer`, checked at construction): normalizers other than
-Unicode normal forms and Lowercase (NFC and friends can compose across a seam, so with them a
-checkpoint must sit on an ASCII character, which no composition involves); pre-tokenizers that add
-text at a segment's start (ByteLevel `add_prefix_space`, Metaspace with a prepend scheme), merge
-runs (`Contiguous`) or use look-behind, anchors or `\\b` in their patterns; BPE dropout; truncation
-or padding; and post-processors that do not just add fixed ids before and after the text (checked
-on sample texts). Special tokens from the post-processor (BOS) are added around the cached content
-ids, as they are around a full encode's.
 
 Memory: per cached token about 4 bytes of ids, plus its text (1 byte per character for ASCII, 2-4
 beyond; ~2.7 characters per epp-tiny token on English prose and code), plus NODE_OVERHEAD_BYTES per
@@ -104,19 +89,26 @@ insert, INSERT_BATCH chunks at a time (the loop's `lookup` waits for one batch a
 from __future__ import annotations
 
 import array
-import bisect
 import collections
-import itertools
 import json
-import os
-import re
 import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import tokenizers
 
-from epp.tokenize import cutrules, tokenizer
+from epp.tokenize import cachecheck, cutrules, tokenizer
+from epp.tokenize.pieces import (
+    SPLIT_CHARS,
+    Encoded,
+    FastPieces,
+    TokenizersPieces,
+    check_blocking,
+    checkpoint_chunks,
+    fast_pieces,
+    parallelism,
+    window_agrees,
+)
 from epp.tokenize.tokenizer import FastEngine
 
 DEFAULT_MAX_BYTES = 64 << 20
@@ -127,32 +119,8 @@ DEPTH_DIVISOR = 256  # a chunk starting at offset p is at least p // DEPTH_DIVIS
 NODE_OVERHEAD_BYTES = 250  # node object, its dict and LRU entries, array and str headers (estimate)
 INSERT_BATCH = 64  # chunks inserted per hold of the lock
 MEMO_MAX_TOKENS = 262_144  # the last seam's joined ids are kept up to this many (`_Memo`)
-SPLIT_CHARS = 2048  # texts to encode are cut into pieces of at least this many characters (`_encode`)
 VERIFY_FIRST = 32  # texts the fast engine encodes in pieces that are all checked against `tokenizers`
 VERIFY_EVERY = 64  # after those, one in this many is
-
-# Where a piece may start: a space between a non-space and an ASCII letter. With the GPT-2, Llama 3
-# and Qwen patterns and Metaspace a pre-token starts there; each cut is still verified.
-_CUT_AT = re.compile(r"(?<=\S) (?=[A-Za-z])")
-
-_NORMALIZERS_LOCAL = {"Lowercase"}
-_NORMALIZERS_ASCII = {"NFC", "NFD", "NFKC", "NFKD"}
-_SPLIT_BEHAVIOURS = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext"}
-# Constructs that make a regex scan depend on text before the piece, or on where the text starts.
-_UNSAFE_REGEX = re.compile(r"\(\?<[=!]|\\[bBAzZG]")
-
-
-class UnsupportedTokenizer(Exception):
-    """The cache cannot prove its results equal full tokenization for this tokenizer; says why."""
-
-
-class WouldBlock(Exception):
-    """`begin` would encode more than its `blocking_chars` with `tokenizers`: call it in a worker."""
-
-
-def _check_blocking(chars: int, limit: int | None) -> None:
-    if limit is not None and chars > limit:
-        raise WouldBlock(f"{chars} characters for tokenizers, over {limit}")
 
 
 class Lookup(NamedTuple):
@@ -183,53 +151,6 @@ class _Memo(NamedTuple):
     text: str
 
 
-class _Pieces(NamedTuple):
-    """A new part encoded by the fast engine in pieces cut at rule positions (`_fast_pieces`):
-    its ids, and its pieces as the chunks to cache (text, ids, final), the last one final."""
-
-    ids: list[int]
-    chunks: list[tuple[str, array.array[int], bool]]
-
-
-class _Encoded:
-    """The encoding of `text[start:]` (offsets below are relative to `start`): one `tokenizers`
-    Encoding, or several encoded as one batch and joined at verified checkpoints (`_encode`).
-
-    `ids` and `words` (word ids: a change marks a pre-token start) are lists; `start_of(i)` is
-    token i's first character. At a join the word ids may repeat across it: that only hides a
-    checkpoint from `_chunks`, never invents one (the join itself is a checkpoint)."""
-
-    __slots__ = ("_bases", "_firsts", "_parts", "ids", "missed", "pieces", "words")
-
-    def __init__(
-        self,
-        parts: list[tokenizers.Encoding],
-        bases: list[int],
-        firsts: list[int],
-        ids: list[int],
-        words: list[int | None],
-        *,
-        missed: bool = False,
-    ) -> None:
-        self._parts = parts
-        self._bases = bases  # each part's first character
-        self._firsts = firsts  # each part's first token in `ids`
-        self.ids = ids
-        self.words = words
-        self.pieces = len(parts)
-        self.missed = missed  # a cut failed verification: this is the whole text, encoded again
-
-    @classmethod
-    def whole(cls, encoding: tokenizers.Encoding, *, missed: bool = False) -> _Encoded:
-        return cls([encoding], [0], [0], encoding.ids, encoding.word_ids, missed=missed)
-
-    def start_of(self, i: int) -> int:
-        k = bisect.bisect_right(self._firsts, i) - 1 if len(self._parts) > 1 else 0
-        span = self._parts[k].token_to_chars(i - self._firsts[k])
-        assert span is not None  # no post-processor: every token covers text
-        return self._bases[k] + span[0]
-
-
 class _Node:
     __slots__ = ("alive", "children", "end", "final", "ids", "nbytes", "parent", "text")
 
@@ -255,7 +176,7 @@ class PrefixCache:
     `engine_mismatches` (texts the fast engine encoded differently: it is turned off at the first).
 
     Raises:
-        UnsupportedTokenizer: at construction, for a tokenizer the cache cannot prove safe.
+        cachecheck.UnsupportedTokenizer: at construction, for a tokenizer the cache cannot prove safe.
     """
 
     def __init__(
@@ -273,7 +194,7 @@ class PrefixCache:
         if split_chars <= min_chunk_chars:
             raise ValueError(f"split_chars must be > min_chunk_chars ({min_chunk_chars}), got {split_chars}")
         config = json.loads(tok.backend.to_str())
-        self.ascii_checkpoints, longest_added = _check(config)
+        self.ascii_checkpoints, longest_added = cachecheck.check(config)
         self.margin = MARGIN_CHARS + longest_added
         if min_chunk_chars < max(KEY_CHARS, self.margin):
             raise ValueError(
@@ -283,13 +204,18 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.min_chunk_chars = min_chunk_chars
         self.split_chars = split_chars
-        self.pieces = pieces if pieces is not None else _parallelism()
         self._tok = tok
         # The same pipeline without its post-processor: content ids and untrimmed offsets (ByteLevel's
         # post-processor trims spaces off offsets); special tokens are added around the content.
         self._raw = tokenizers.Tokenizer.from_str(tok.backend.to_str())
         self._raw.post_processor = None
-        self._head, self._tail = _specials(tok.backend, self._raw)
+        self._head, self._tail = cachecheck.specials(tok.backend, self._raw)
+        self.splitter = TokenizersPieces(
+            self._raw,
+            pieces=pieces if pieces is not None else parallelism(),
+            split_chars=split_chars,
+            overlap=min_chunk_chars,
+        )
         # Whether the fast engine's ids are cut into chunks by `cutrules` (`begin`); why not if not.
         why = "turned off" if not cut_rule else "no fast engine" if tok.fast is None else None
         why = why or cutrules.refusal(config) or cutrules.probe(self._raw)
@@ -311,14 +237,9 @@ class PrefixCache:
         self.reused_tokens = 0
         self.encoded_tokens = 0
         self.contended = 0
-        self.splits = 0
-        self.split_misses = 0
         self.engine_mismatches = 0
         self.verified = 0
         self.unverified = 0
-        # One entry per `_encode` under way (deque append and pop are atomic): the cores are
-        # shared between the texts being encoded at once.
-        self._inflight: collections.deque[None] = collections.deque()
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Exactly `Tokenizer.encode(text, add_special_tokens=...)`, reusing cached prefixes.
@@ -365,7 +286,7 @@ class PrefixCache:
         fast engine may take the text after the cached chunks whole (`FastEngine.takes`); None:
         checked here; False: `tokenizers` only. `blocking_chars`: the most characters `tokenizers`
         may encode in this call (the event loop calls it with the fast engine); past it
-        `WouldBlock` is raised before any work.
+        `pieces.WouldBlock` is raised before any work.
 
         With the tokenizer's fast engine (`Tokenizer.fast`) the ids come from it. Where the cut
         rule holds (`ruled`) the new part is encoded in pieces cut at rule positions, which are
@@ -397,16 +318,16 @@ class PrefixCache:
             fast = False
         elif fast is None:
             fast = engine.takes(text[start:])  # False at once past MAX_FAST_CHARS
-        fresh: _Encoded | None = None  # the `tokenizers` encoding, when made now
-        pieces: _Pieces | None = None  # the fast engine's pieces, when they made `new`
+        fresh: Encoded | None = None  # the `tokenizers` encoding, when made now
+        parts: FastPieces | None = None  # the fast engine's pieces, when they made `new`
         new: list[int] | None = None  # the ids after the seam (or of the whole text)
         first: tuple[int, int] | None = None
         if seam is not None and where is None:  # the rule's seam
             # The first chunk ends where the text leaves the cached child it follows (as below).
             # It may be short: a seam at its end is proved by the rule, not by `margin` of text.
             first = (max(1, length - KEY_CHARS + 1), length) if length else None
-            pieces = self._fast_pieces(text, start, first, fast, blocking_chars)
-            new = None if pieces is None else pieces.ids
+            parts = self._fast_pieces(text, start, first, fast, blocking_chars)
+            new = None if parts is None else parts.ids
         elif where is not None:
             seam, window, length = where
             # End the first new chunk where the text leaves the cached window (if a checkpoint is
@@ -420,18 +341,18 @@ class PrefixCache:
             else:  # the window is matched whole: keep it as it is
                 first = (length, length)
             if ruled:
-                pieces = self._fast_pieces(text, start, first, fast, blocking_chars)
-                new = None if pieces is None else pieces.ids
+                parts = self._fast_pieces(text, start, first, fast, blocking_chars)
+                new = None if parts is None else parts.ids
             elif fast:
                 new = self._tok.encode_fast(text[start:], add_special_tokens=False)
-            # The window repeated id for id is `_window_agrees`' first test; anything else
+            # The window repeated id for id is `window_agrees`' first test; anything else
             # needs word ids, which only `tokenizers` gives.
             if new is not None and array.array("I", new[: len(window.ids)]) != window.ids:
-                new = pieces = None
+                new = parts = None
             if new is None:
-                _check_blocking(len(text) - start, blocking_chars)
-                fresh = self._encode(text, seam.end)
-                if _window_agrees(fresh, window, length, self.margin):
+                check_blocking(len(text) - start, blocking_chars)
+                fresh = self.splitter.encode(text, seam.end)
+                if window_agrees(fresh, window.ids, length, self.margin):
                     new = fresh.ids
                 else:
                     fresh = None
@@ -439,16 +360,16 @@ class PrefixCache:
             base = self._root
             whole = None
             if ruled:
-                pieces = self._fast_pieces(text, 0, None, fast and start == 0, blocking_chars)
-                whole = None if pieces is None else pieces.ids
+                parts = self._fast_pieces(text, 0, None, fast and start == 0, blocking_chars)
+                whole = None if parts is None else parts.ids
             elif fast and (start == 0 or FastEngine.takes(text)):
                 whole = self._tok.encode_fast(text, add_special_tokens=False)
             if whole is not None:
                 new = whole
                 fresh = None
             else:
-                _check_blocking(len(text), blocking_chars)
-                fresh = self._encode(text, 0)
+                check_blocking(len(text), blocking_chars)
+                fresh = self.splitter.encode(text, 0)
                 new = fresh.ids
             ids = new
             reused = 0
@@ -460,22 +381,31 @@ class PrefixCache:
         answer = self._specials(ids, add_special_tokens)
         fallback = seam is not None and base is self._root
         if fresh is not None:
-            pieces = None
+            parts = None
 
         def commit() -> None:
             encoding = fresh
             unverified = 0
-            if pieces is not None and not self._verify_due():
+            if parts is not None and not self._verify_due():
                 unverified = 1
             elif encoding is None:
-                encoding = self._encode(text, base.end)
+                encoding = self.splitter.encode(text, base.end)
                 if encoding.ids != new:
                     self._mismatch(text[base.end :], new, encoding.ids)
-            if encoding is None or (pieces is not None and encoding.ids == new):
-                assert pieces is not None
-                chunks = pieces.chunks
+            if encoding is None or (parts is not None and encoding.ids == new):
+                assert parts is not None
+                chunks = parts.chunks
             else:
-                chunks = self._chunks(text, base.end, encoding, first if base is seam else None)
+                chunks = checkpoint_chunks(
+                    text,
+                    base.end,
+                    encoding,
+                    first if base is seam else None,
+                    margin=self.margin,
+                    min_chars=self.min_chunk_chars,
+                    divisor=DEPTH_DIVISOR,
+                    ascii_only=self.ascii_checkpoints,
+                )
             node: _Node | None = base
             # In batches, the lock released between them: the event loop's `lookup` waits for
             # one batch, not for the ~1,000 chunks of a new 100k-token prompt.
@@ -490,11 +420,8 @@ class PrefixCache:
                         self.reused_tokens += reused
                         self.encoded_tokens += len(new)
                         self.unverified += unverified
-                        if pieces is not None:
+                        if parts is not None:
                             self.verified += 1 - unverified
-                        elif encoding is not None:
-                            self.splits += encoding.pieces > 1
-                            self.split_misses += encoding.missed
                     node = self._insert(node, chunks[at : at + INSERT_BATCH])
                 if node is None:
                     break
@@ -508,52 +435,20 @@ class PrefixCache:
         return self._ruled_count <= VERIFY_FIRST or self._ruled_count % VERIFY_EVERY == 0
 
     def _fast_pieces(
-        self,
-        text: str,
-        start: int,
-        first: tuple[int, int] | None,
-        checked: bool,
-        blocking_chars: int | None,
-    ) -> _Pieces | None:
-        """`text[start:]` encoded in pieces cut at rule positions (`cutrules`), as the chunks to
-        cache; None if the fast engine failed (it is then off). A piece `FastEngine.takes` refuses
-        is encoded by `tokenizers` (none when `checked`: the caller checked the whole part)."""
-        end = len(text) - self.margin  # a chunk's end needs `margin` characters after it
-        cuts = cutrules.cuts(
-            text, start, end, first=first, min_chars=self.min_chunk_chars, divisor=DEPTH_DIVISOR
+        self, text: str, start: int, first: tuple[int, int] | None, checked: bool, blocking: int | None
+    ) -> FastPieces | None:
+        return fast_pieces(
+            self._tok,
+            self._raw,
+            text,
+            start,
+            end=len(text) - self.margin,  # a chunk's end needs `margin` characters after it
+            first=first,
+            min_chars=self.min_chunk_chars,
+            divisor=DEPTH_DIVISOR,
+            checked=checked,
+            blocking_chars=blocking,
         )
-        bounds = [start, *cuts, len(text)]
-        texts = [text[a:b] for a, b in itertools.pairwise(bounds)]
-        slow = set() if checked else {k for k, piece in enumerate(texts) if not FastEngine.takes(piece)}
-        if slow:
-            _check_blocking(sum(len(texts[k]) for k in slow), blocking_chars)
-        elif len(texts) == 1:  # a short new part (a question after a system prompt): no batch
-            ids = self._tok.encode_fast(texts[0], add_special_tokens=False)
-            return None if ids is None else _Pieces(ids, [(texts[0], array.array("I", ids), True)])
-        got = self._tok.encode_fast_pieces([piece for k, piece in enumerate(texts) if k not in slow])
-        if got is None:
-            return None
-        flat, starts = got
-        parts: list[array.array[int]] = []
-        if slow:
-            done = iter(
-                self._raw.encode_batch_fast([texts[k] for k in sorted(slow)], add_special_tokens=False)
-            )
-            k_fast = 0
-            for k in range(len(texts)):
-                if k in slow:
-                    parts.append(array.array("I", next(done).ids))
-                else:
-                    parts.append(flat[starts[k_fast] : starts[k_fast + 1]])
-                    k_fast += 1
-            flat = array.array("I")
-            for part in parts:
-                flat.extend(part)
-        else:
-            parts = [flat[starts[k] : starts[k + 1]] for k in range(len(texts))]
-        chunks = [(piece, part, False) for piece, part in zip(texts, parts, strict=True)]
-        chunks[-1] = (texts[-1], parts[-1], True)
-        return _Pieces(flat.tolist(), chunks)
 
     def _mismatch(self, text: str, fast: list[int], reference: list[int]) -> None:
         """The fast engine gave other ids than `tokenizers` for `text`: count it and stop using it."""
@@ -591,65 +486,6 @@ class PrefixCache:
         if len(path) >= 2 and last.end - path[-2].end >= margin:  # chunks from `first` may be short
             return path[-2], last, last.end - path[-2].end
         return None
-
-    def _encode(self, text: str, start: int) -> _Encoded:
-        """`text[start:]` encoded; a long one in pieces, one batch, spread over the cores.
-
-        `encode_batch` runs a batch's texts on tokenizers' thread pool with the GIL released, so a
-        text cut into as many pieces as there are cores can be encoded in about the time of its
-        longest piece. Waking the pool's idle threads costs ~0.1 ms on the 2-vCPU VM measured, and
-        the two vCPUs gave at most ~1.35x: a 10,000-character text 5.3 -> 3.9 ms, 4,000 characters
-        2.0 -> 1.9 ms, 1,600 (a warm 4k chat's new part) 0.70 -> 0.81 ms, slower (each call after
-        0.2 ms of other work, as between requests); hence SPLIT_CHARS. Exactness is the
-        seam's argument again: each piece but the last runs `min_chunk_chars` past the next
-        piece's start, and that start is kept only if it is a checkpoint in this piece (a token
-        and a pre-token start there, decided by the text up to `margin` characters further);
-        otherwise the whole text is encoded again (`split_misses`). A tokenizer whose pre-tokens do
-        not start at `_CUT_AT` (WordPiece drops the space) stops being split after a few misses.
-        The pieces are as many as the cores not taken by other texts being encoded (`_cuts`).
-        """
-        inflight = self._inflight
-        cuts = self._cuts(text, start, len(inflight) + 1)
-        inflight.append(None)
-        try:
-            return self._encode_cut(text, start, cuts)
-        finally:
-            inflight.pop()
-
-    def _encode_cut(self, text: str, start: int, cuts: list[int]) -> _Encoded:
-        if cuts:
-            over = self.min_chunk_chars
-            starts = [start, *cuts]
-            texts = [text[a : b + over] for a, b in zip(starts, cuts, strict=False)]
-            texts.append(text[cuts[-1] :])
-            parts = self._raw.encode_batch(texts, add_special_tokens=False)
-            joined = _join_pieces(parts, [a - start for a in starts])
-            if joined is not None:
-                return joined
-        whole = self._raw.encode_batch([text[start:]], add_special_tokens=False)[0]
-        return _Encoded.whole(whole, missed=bool(cuts))
-
-    def _cuts(self, text: str, start: int, sharing: int = 1) -> list[int]:
-        """Where to cut `text[start:]` into pieces (absolute offsets, increasing); [] for one piece.
-        `sharing`: texts being encoded at once, this one included, which share the cores. Cutting
-        when the cores are busy anyway gained nothing and cost throughput: two threads encoding
-        cold 4k-token texts back to back, 1.1-1.2 M -> 0.76-0.95 M tokens/s."""
-        size = len(text) - start
-        count = min(self.pieces // sharing, size // self.split_chars)
-        if count < 2 or (self.split_misses > 8 and self.split_misses * 4 > self.splits):
-            return []
-        over = self.min_chunk_chars
-        step = (size + (count - 1) * over) // count - over  # pieces of about equal length
-        end = len(text) - over  # the last piece must be as long as the overlap
-        cuts: list[int] = []
-        at = start
-        for k in range(1, count):
-            found = _CUT_AT.search(text, max(start + k * step, at + 1), end)
-            if found is None:
-                break
-            at = found.start()
-            cuts.append(at)
-        return cuts
 
     def _specials(self, ids: list[int], add_special_tokens: bool) -> list[int]:
         if add_special_tokens and (self._head or self._tail):
@@ -720,77 +556,6 @@ class PrefixCache:
             if exact:
                 self._touch(path[-1])
         return path, exact
-
-    def _chunks(
-        self, text: str, start: int, fresh: _Encoded, first: tuple[int, int] | None = None
-    ) -> list[tuple[str, array.array[int], bool]]:
-        """Cut `fresh` (the encoding of text[start:]) at checkpoints into (text, ids, final) chunks.
-        `first`: a range of offsets (from `start`) where the first chunk should end (see `begin`).
-
-        Each chunk ends at the first checkpoint at least `need` characters after its start. To
-        find it, a galloping search (from `need // 4` tokens ahead: tokens average ~2.7 characters
-        here) then a binary one find the first token starting that far, and the scan steps from
-        there to the next pre-token start: ~7 offset look-ups per chunk. A Python pass over every
-        token, or building the whole offsets list, cost as much as half of the encode itself, and
-        stepping from `need // 4` tokens ahead (~14 look-ups) was ~0.1 ms of a warm 4k chat's
-        ~0.8 ms (measured, bench `prefix`).
-        """
-        words = fresh.words
-        ids = fresh.ids
-        chars = fresh.start_of
-        count = len(ids)
-        limit = len(text) - start - self.margin
-        ascii_only = self.ascii_checkpoints
-        out: list[tuple[str, array.array[int], bool]] = []
-        cur_char = 0
-        cur_tok = 0
-        if first is not None:  # the first chunk ends at a checkpoint in [lo, hi] if there is one
-            lo, hi = first
-            i = bisect.bisect_left(range(count), lo, 1, count, key=chars)
-            while i < count:
-                word = words[i]
-                if word is not None and word != words[i - 1]:
-                    c = chars(i)
-                    if c > min(hi, limit):
-                        break
-                    if not (ascii_only and text[start + c] >= "\x80"):
-                        out.append((text[start : start + c], array.array("I", ids[:i]), False))
-                        cur_char = c
-                        cur_tok = i
-                        break
-                i += 1
-        while True:
-            need = max(self.min_chunk_chars, (start + cur_char) // DEPTH_DIVISOR)
-            target = cur_char + need
-            if target > limit:
-                break
-            lo = cur_tok  # starts before target
-            step = max(1, need // 4)
-            hi = lo + step
-            while hi < count and chars(hi) < target:
-                lo = hi
-                step *= 2
-                hi = lo + step
-            # Token starts never decrease, so the first one at or past target is found by bisection.
-            i = bisect.bisect_left(range(count), target, lo + 1, min(hi, count), key=chars)
-            cut = -1
-            while i < count:
-                word = words[i]
-                if word is not None and word != words[i - 1]:
-                    c = chars(i)
-                    if c > limit:
-                        break
-                    if not (ascii_only and text[start + c] >= "\x80"):
-                        cut = c
-                        break
-                i += 1
-            if cut < 0:
-                break
-            out.append((text[start + cur_char : start + cut], array.array("I", ids[cur_tok:i]), False))
-            cur_char = cut
-            cur_tok = i
-        out.append((text[start + cur_char :], array.array("I", ids[cur_tok:]), True))
-        return out
 
     def _insert(self, base: _Node | None, chunks: list[tuple[str, array.array[int], bool]]) -> _Node | None:
         """Add `chunks` below `base` (reusing equal chunks), touch the path, evict; the last
@@ -889,32 +654,6 @@ def _join(path: list[_Node]) -> list[int]:
     return joined.tolist()
 
 
-def _join_pieces(parts: list[tokenizers.Encoding], bases: list[int]) -> _Encoded | None:
-    """`parts` (pieces starting at `bases`, each but the last running past the next's start) as
-    one encoding, or None if a piece's successor does not start at a checkpoint of that piece.
-    Every cut is at a space (`_CUT_AT`): ASCII, as checkpoints must be under NFC-like normalizers."""
-    ids: list[int] = []
-    words: list[int | None] = []
-    firsts: list[int] = []
-    for k, part in enumerate(parts):
-        firsts.append(len(ids))
-        if k == len(parts) - 1:
-            ids.extend(part.ids)
-            words.extend(part.word_ids)
-            break
-        cut = bases[k + 1] - bases[k]
-        j = part.char_to_token(cut)
-        if not j:  # None, or 0: the piece is at least split_chars long, so never a real cut
-            return None
-        span = part.token_to_chars(j)
-        word = part.token_to_word(j)
-        if span is None or span[0] != cut or word is None or word == part.token_to_word(j - 1):
-            return None
-        ids.extend(part.ids[:j])
-        words.extend(part.word_ids[:j])
-    return _Encoded(parts, bases, firsts, ids, words)
-
-
 def _shared(text: str, pos: int, other: str, known: int) -> int:
     """How many characters `text[pos:]` and `other` share, knowing the first `known` agree."""
     lo, hi = known, min(len(other), len(text) - pos) + 1  # lo agree, hi do not
@@ -925,126 +664,3 @@ def _shared(text: str, pos: int, other: str, known: int) -> int:
         else:
             hi = mid
     return lo
-
-
-def _parallelism() -> int:
-    """Pieces to cut a long text into: the cores tokenizers' pool may use, 1 if it may not."""
-    if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("0", "false", "off", "no"):
-        return 1
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _window_agrees(fresh: _Encoded, window: _Node, length: int, margin: int) -> bool:
-    """Whether `fresh` (the text encoded from the window's start) repeats the window's cached ids
-    up to `margin` characters before the end of what the texts share (`length` characters of the
-    window): beyond that point the new text may legitimately tokenize differently, since it need
-    not continue as the cached one did. A pre-token reaching that point may differ as a whole (BPE
-    merges within it), so the first difference may sit in any pre-token that ends past it."""
-    n = len(window.ids)
-    ids = fresh.ids
-    if array.array("I", ids[:n]) == window.ids:
-        return True
-    cached = window.ids
-    same = 0
-    limit = min(n, len(ids))
-    while same < limit and ids[same] == cached[same]:
-        same += 1
-    if same >= len(ids):
-        return True  # the new text ends inside the window, every id agreeing
-    words = fresh.words
-    word = words[same]
-    after = same + 1
-    while word is not None and after < len(ids) and words[after] == word:
-        after += 1
-    return after >= len(ids) or fresh.start_of(after) > length - margin
-
-
-def _specials(backend: tokenizers.Tokenizer, raw: tokenizers.Tokenizer) -> tuple[list[int], list[int]]:
-    """The ids the post-processor puts before and after the content; refuses anything else."""
-    probes = ("Hello world", "a", " x\n<s> 12 <|user|>\n", "日本語 ok")
-    found: tuple[list[int], list[int]] | None = None
-    for probe in probes:
-        content = raw.encode(probe, add_special_tokens=False).ids
-        if backend.encode(probe, add_special_tokens=False).ids != content:
-            raise UnsupportedTokenizer("the post-processor changes ids even without special tokens")
-        full = backend.encode(probe, add_special_tokens=True).ids
-        at = _find(full, content)
-        if at is None:
-            raise UnsupportedTokenizer("the post-processor does more than add ids around the text")
-        pair = (full[:at], full[at + len(content) :])
-        if found is not None and pair != found:
-            raise UnsupportedTokenizer("the post-processor adds different ids to different texts")
-        found = pair
-    assert found is not None
-    return found
-
-
-def _find(full: list[int], part: list[int]) -> int | None:
-    for at in range(len(full) - len(part) + 1):
-        if full[at : at + len(part)] == part:
-            return at
-    return None
-
-
-def _check(config: dict[str, Any]) -> tuple[bool, int]:
-    """Refuse what the exactness argument does not cover; return (ASCII-only checkpoints, longest
-    added token in characters)."""
-    if config.get("truncation") is not None or config.get("padding") is not None:
-        raise UnsupportedTokenizer("truncation or padding is configured in tokenizer.json")
-    ascii_only = False
-    for norm in _flatten(config.get("normalizer"), "normalizers"):
-        kind = norm.get("type")
-        if kind in _NORMALIZERS_ASCII:
-            ascii_only = True
-        elif kind not in _NORMALIZERS_LOCAL:
-            raise UnsupportedTokenizer(f"normalizer {kind} is not known to be local")
-    for pre in _flatten(config.get("pre_tokenizer"), "pretokenizers"):
-        _check_pre(pre)
-    model = config.get("model") or {}
-    if model.get("type") == "BPE" and model.get("dropout") not in (None, 0, 0.0):
-        raise UnsupportedTokenizer("BPE dropout makes tokenization random")
-    if model.get("type") not in ("BPE", "WordPiece", "WordLevel", "Unigram"):
-        raise UnsupportedTokenizer(f"model {model.get('type')} is not supported")
-    longest = max((len(t.get("content", "")) for t in config.get("added_tokens") or ()), default=0)
-    return ascii_only, longest
-
-
-def _check_pre(pre: dict[str, Any]) -> None:
-    kind = pre.get("type")
-    if kind == "ByteLevel":
-        if pre.get("add_prefix_space"):
-            raise UnsupportedTokenizer("ByteLevel add_prefix_space adds a space at each segment's start")
-    elif kind == "Split":
-        if pre.get("behavior") not in _SPLIT_BEHAVIOURS:
-            raise UnsupportedTokenizer(f"Split behavior {pre.get('behavior')} is not supported")
-        pattern = pre.get("pattern") or {}
-        regex = pattern.get("Regex")
-        if regex is not None and _unsafe_regex(regex):
-            raise UnsupportedTokenizer(f"Split pattern {regex!r} uses look-behind, anchors or \\b")
-    elif kind == "Metaspace":
-        if pre.get("prepend_scheme", "always") != "never":
-            raise UnsupportedTokenizer("Metaspace prepends a marker at a segment's start")
-    elif kind == "Punctuation":
-        if pre.get("behavior", "Isolated") not in _SPLIT_BEHAVIOURS:
-            raise UnsupportedTokenizer(f"Punctuation behavior {pre.get('behavior')} is not supported")
-    elif kind not in ("Digits", "Whitespace", "WhitespaceSplit", "BertPreTokenizer"):
-        raise UnsupportedTokenizer(f"pre-tokenizer {kind} is not supported")
-
-
-def _unsafe_regex(regex: str) -> bool:
-    if _UNSAFE_REGEX.search(regex):
-        return True
-    # ^ and $ anchor unless escaped or (for ^) negating a character class.
-    stripped = regex.replace("\\\\", "").replace("\\^", "").replace("\\$", "").replace("[^", "[")
-    return "^" in stripped or "$" in stripped
-
-
-def _flatten(item: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
-    if item is None:
-        return []
-    if item.get("type") == "Sequence":
-        out: list[dict[str, Any]] = []
-        for sub in item.get(key) or ():
-            out.extend(_flatten(sub, key))
-        return out
-    return [item]

@@ -44,7 +44,7 @@ else the default; else none.
   for are listed in `prefix_cache_refused` and encoded plainly): looked up on the loop (a text
   cached whole is answered there), else in a worker thread starting from that lookup, or on the
   loop when the fast engine takes the (at most FAST_INLINE_CHARS) text after the cached chunks
-  (a seam that turns out to need `tokenizers` raises `prefixcache.WouldBlock` and goes to a
+  (a seam that turns out to need `tokenizers` raises `pieces.WouldBlock` and goes to a
   worker). With the fast engine the request gets its ids before the cache's `commit` step (the
   `tokenizers` encode that chunking needs, ~4x the fast one) runs on one more thread; at most
   MAX_PENDING_COMMITS wait for it, past that a text is not cached (counted in `commits_dropped`):
@@ -76,7 +76,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from epp.tokenize import chat, dialects, prefixcache, tokenizer
+from epp.tokenize import cachecheck, chat, dialects, pieces, prefixcache, tokenizer
 
 # `--tokenizer` values, parsed (their own module; imported from here by callers).
 from epp.tokenize.spec import TokenizerSpec as TokenizerSpec
@@ -309,7 +309,7 @@ class Tokenizers:
             try:
                 cache = prefixcache.PrefixCache(tok, max_bytes=self.prefix_cache_bytes)
                 log.info("tokenizer %s: prefix cache: %s", tok.name, cache.ruled_note)
-            except prefixcache.UnsupportedTokenizer as e:
+            except cachecheck.UnsupportedTokenizer as e:
                 self.prefix_cache_refused[tok.name] = str(e)
         self._caches[tok] = cache
         return cache
@@ -383,7 +383,7 @@ class Tokenizers:
         if fits and len(text) - covered <= FAST_INLINE_CHARS:
             # On the loop; a seam that needs `tokenizers` (its window re-encoded differently, or
             # only partly shared) raises WouldBlock before encoding more than INLINE_CHARS.
-            with contextlib.suppress(prefixcache.WouldBlock):
+            with contextlib.suppress(pieces.WouldBlock):
                 begun = cache.begin(
                     text,
                     add_special_tokens=add_special_tokens,

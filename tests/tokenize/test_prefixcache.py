@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from epp.tokenize import chat, prefixcache, registry, tokenizer
+from epp.tokenize import cachecheck, chat, pieces, prefixcache, registry, tokenizer
 
 DATA = Path(__file__).resolve().parent / "data"
 # README.md and docs/architecture.md as of commit 502201c, frozen: tests that count chunks and
@@ -274,8 +274,8 @@ def test_the_property_tests_went_through_seams() -> None:
             cache.misses,
             cache.fallbacks,
             cache.evictions,
-            cache.splits,
-            cache.split_misses,
+            cache.splitter.splits,
+            cache.splitter.misses,
             cache.verified,
             cache.unverified,
         )
@@ -289,7 +289,7 @@ def test_the_property_tests_went_through_seams() -> None:
                 assert cache.verified == prefixcache.VERIFY_FIRST + total // prefixcache.VERIFY_EVERY, name
                 assert cache.unverified > 100, name
             else:  # `tokenizers` encoded in pieces (WordPiece drops the space at a cut: it stops)
-                assert cache.splits > 20 or name == "wordpiece", name
+                assert cache.splitter.splits > 20 or name == "wordpiece", name
 
 
 # -- counters, bound, structure ----------------------------------------------------------------------
@@ -425,7 +425,7 @@ def test_a_seam_that_fails_verification_falls_back_to_a_full_encode() -> None:
 
 
 def _refused(tok: tokenizers.Tokenizer) -> str:
-    with pytest.raises(prefixcache.UnsupportedTokenizer) as e:
+    with pytest.raises(cachecheck.UnsupportedTokenizer) as e:
         prefixcache.PrefixCache(tokenizer.Tokenizer(tok, name="t"))
     return str(e.value)
 
@@ -624,16 +624,17 @@ def test_long_texts_are_encoded_in_pieces_equal_to_full_tokenization(name: str) 
     # The tokenizers' pieces: with the fast engine's (the cut rule) the commit step needs no encode.
     cache = prefixcache.PrefixCache(tok, min_chunk_chars=64, split_chars=200, pieces=4, cut_rule=False)
     text = CORPUS[:6_000]
-    pieces = cache._encode(text, 0)
-    assert pieces.pieces == 4 and not pieces.missed
-    assert pieces.ids == tok.encode(text, add_special_tokens=False)
-    assert [pieces.start_of(i) for i in range(len(pieces.ids))] == [
+    encoded = cache.splitter.encode(text, 0)
+    assert encoded.pieces == 4 and not encoded.missed
+    assert encoded.ids == tok.encode(text, add_special_tokens=False)
+    assert [encoded.start_of(i) for i in range(len(encoded.ids))] == [
         start for start, _ in cache._raw.encode(text, add_special_tokens=False).offsets
     ]
     assert_same(tok, cache, text)  # a miss in pieces, then the chunks it cached answer whole
     longer = text + "\n<|user|>\n" + CORPUS[7_000:9_000]
     assert_same(tok, cache, longer)  # the part after the seam, in pieces
-    assert cache.splits == 2 and cache.split_misses == 0 and cache.partial_hits == 1
+    # Three texts in pieces: the one above, the miss, the part after the seam.
+    assert cache.splitter.splits == 3 and cache.splitter.misses == 0 and cache.partial_hits == 1
 
 
 def test_a_cut_that_is_not_a_checkpoint_is_encoded_again_whole() -> None:
@@ -642,8 +643,8 @@ def test_a_cut_that_is_not_a_checkpoint_is_encoded_again_whole() -> None:
     tok = cached("gpt2-like")[0]
     cache = prefixcache.PrefixCache(tok, min_chunk_chars=64, split_chars=100, pieces=2)
     text = "a" * 300 + "<|sep|> b" + "c" * 300
-    assert cache._cuts(text, 0) == [307]
-    encoded = cache._encode(text, 0)
+    assert cache.splitter.cuts(text, 0) == [307]
+    encoded = cache.splitter.encode(text, 0)
     assert encoded.missed and encoded.pieces == 1
     assert encoded.ids == tok.encode(text, add_special_tokens=False)
     assert_same(tok, cache, text)
@@ -652,8 +653,8 @@ def test_a_cut_that_is_not_a_checkpoint_is_encoded_again_whole() -> None:
     cache = prefixcache.PrefixCache(tok, min_chunk_chars=64, split_chars=100, pieces=2)
     for i in range(12):
         assert_same(tok, cache, CORPUS[i * 1_000 : i * 1_000 + 900])
-    assert cache.split_misses == 9 and cache.splits == 0
-    assert cache._cuts(CORPUS[:900], 0) == []
+    assert cache.splitter.misses == 9 and cache.splitter.splits == 0
+    assert cache.splitter.cuts(CORPUS[:900], 0) == []
 
 
 def test_the_seam_is_the_last_matched_chunk_when_the_text_follows_its_continuation() -> None:
@@ -707,7 +708,7 @@ def test_begin_on_the_loop_raises_would_block_before_a_long_tokenizers_encode() 
     a miss) raises before any work or count; the same call without it answers exactly."""
     tok, cache = _fresh()
     text = CORPUS[:6000]
-    with pytest.raises(prefixcache.WouldBlock):
+    with pytest.raises(pieces.WouldBlock):
         cache.begin(text, fast=False, blocking_chars=256)
     assert cache.misses == 0 and cache.nodes == 0
     ids, commit = cache.begin(text, fast=True, blocking_chars=256)  # the fast engine needs no tokenizers
