@@ -23,6 +23,7 @@ import bisect
 import collections
 import itertools
 import os
+import time
 from typing import NamedTuple
 
 import tokenizers
@@ -31,6 +32,7 @@ from epp.tokenize import cutrules, tokenizer
 from epp.tokenize.tokenizer import FastEngine
 
 SPLIT_CHARS = 2048  # texts to encode are cut into pieces of at least this many characters
+YIELD_PIECES = 64
 
 Chunk = tuple[str, "array.array[int]", bool]
 """A chunk to cache: its text, its ids, and whether it is final (matches only a text ending there)."""
@@ -193,7 +195,13 @@ def fast_pieces(
     cuts = cutrules.cuts(text, start, end, first=first, min_chars=min_chars, divisor=divisor)
     bounds = [start, *cuts, len(text)]
     texts = [text[a:b] for a, b in itertools.pairwise(bounds)]
-    slow = set() if checked else {k for k, piece in enumerate(texts) if not FastEngine.takes(piece)}
+    slow: set[int] = set()
+    if not checked:
+        for k, piece in enumerate(texts):
+            if not FastEngine.takes(piece):
+                slow.add(k)
+            if k % YIELD_PIECES == YIELD_PIECES - 1:
+                time.sleep(0)  # let the event loop's thread have the GIL
     if slow:
         check_blocking(sum(len(texts[k]) for k in slow), blocking_chars)
     elif len(texts) == 1:  # a short new part (a question after a system prompt): no batch

@@ -92,6 +92,7 @@ import array
 import collections
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -425,6 +426,7 @@ class PrefixCache:
                     node = self._insert(node, chunks[at : at + INSERT_BATCH])
                 if node is None:
                     break
+                time.sleep(0)  # let the event loop's thread have the GIL
 
         return answer, commit
 
