@@ -32,7 +32,8 @@ from epp.tokenize import cutrules, tokenizer
 from epp.tokenize.tokenizer import FastEngine
 
 SPLIT_CHARS = 2048  # texts to encode are cut into pieces of at least this many characters
-YIELD_PIECES = 64
+YIELD_PIECES = 64  # pieces `fast_pieces` checks between two hand-overs of the GIL
+MAX_PIECE_CHARS = tokenizer.MAX_FAST_CHARS  # `fast_pieces` declines a text with a longer piece
 
 Chunk = tuple[str, "array.array[int]", bool]
 """A chunk to cache: its text, its ids, and whether it is final (matches only a text ending there)."""
@@ -189,11 +190,14 @@ def fast_pieces(
 ) -> FastPieces | None:
     """`text[start:]` encoded by `tok`'s fast engine in pieces cut at rule positions up to
     `end` (`cutrules.cuts` with `first`, `min_chars` and `divisor`), as the chunks to cache; None
-    if the fast engine failed (it is then off). A piece `FastEngine.takes` refuses is encoded by
-    `raw` (`tokenizers` without its post-processor); none is checked when `checked` (the caller
-    checked the whole part). Raises WouldBlock past `blocking_chars` for `tokenizers`."""
+    if a piece would be longer than MAX_PIECE_CHARS, or the fast engine failed (it is then off).
+    A piece `FastEngine.takes` refuses is encoded by `raw` (`tokenizers` without its
+    post-processor); none is checked when `checked` (the caller checked the whole part). Raises
+    WouldBlock past `blocking_chars` for `tokenizers`."""
     cuts = cutrules.cuts(text, start, end, first=first, min_chars=min_chars, divisor=divisor)
     bounds = [start, *cuts, len(text)]
+    if max(b - a for a, b in itertools.pairwise(bounds)) > MAX_PIECE_CHARS:
+        return None  # CJK prose, minified code: few spaces before letters, chunks would be huge
     texts = [text[a:b] for a, b in itertools.pairwise(bounds)]
     slow: set[int] = set()
     if not checked:

@@ -328,7 +328,12 @@ class PrefixCache:
             # It may be short: a seam at its end is proved by the rule, not by `margin` of text.
             first = (max(1, length - KEY_CHARS + 1), length) if length else None
             parts = self._fast_pieces(text, start, first, fast, blocking_chars)
-            new = None if parts is None else parts.ids
+            if parts is not None:
+                new = parts.ids
+            else:  # the rule's places are too far apart here: `tokenizers`, chunked by checkpoints
+                check_blocking(len(text) - start, blocking_chars)
+                fresh = self.splitter.encode(text, start)
+                new = fresh.ids
         elif where is not None:
             seam, window, length = where
             # End the first new chunk where the text leaves the cached window (if a checkpoint is

@@ -155,6 +155,24 @@ def test_pieces_with_long_runs_go_to_tokenizers_and_the_rest_to_the_fast_engine(
     assert tok.fast is not None and cache.engine_mismatches == 0
 
 
+def test_a_text_with_few_cut_places_is_chunked_from_tokenizers_offsets() -> None:
+    """CJK prose has no space before a Latin letter for pages: fastokens' pieces would be one huge
+    chunk, so that part goes to `tokenizers` and is chunked at its checkpoints, seam kept."""
+    tok, cache = _own()
+    english = tp.CORPUS[:6_000]
+    cache.encode(english + " The end.")
+    cjk = "日本語のテキスト、中文\uff0c한국어 텍스트。" * 2_000  # ~40k characters
+    text = english + " And then " + cjk + " more words at the end"
+    before = cache.encoded_tokens
+    assert cache.encode(text) == tok.backend.encode(text).ids
+    assert cache.partial_hits == 1 and cache.fallbacks == 0  # the English prefix reused
+    prefix = tok.backend.encode(english, add_special_tokens=False).ids
+    whole = tok.backend.encode(text, add_special_tokens=False).ids
+    assert cache.encoded_tokens - before < len(whole) - len(prefix) + 100  # from near the seam
+    assert max(len(node.text) for node in cache._lru) < 2_000  # chunked, not one 40k node
+    assert cache.encode(text) == tok.backend.encode(text).ids and cache.hits == 1
+
+
 def test_checks_are_sampled_after_the_first_texts_and_a_mismatch_turns_the_engine_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
