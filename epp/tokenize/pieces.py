@@ -1,15 +1,14 @@
 """Encoding a long text in pieces, for the prefix cache (`epp.tokenize.prefixcache`).
 
-`tokenizers`' pieces (`TokenizersPieces`). A text to encode (from the prefix cache's seam, or whole
-on a miss) of at least 2 x `split_chars`
-characters is cut into up to `pieces` pieces (default: the CPUs tokenizers' pool may use; fewer
-while other texts are being encoded, which share those cores) at
-spaces before a letter, each but the last running `overlap` past the next one's start,
-and encoded in one `encode_batch`, which runs them in parallel with the GIL released. A cut is kept
-only if it is a checkpoint of the piece before it (the seam's argument in `prefixcache`, with that piece as
-the cached text); else the text is encoded again whole (`misses`; a tokenizer missing often,
-such as WordPiece, which drops the space, is no longer cut). `splits` counts texts encoded in
-pieces.
+`tokenizers`' pieces (`TokenizersPieces`). A text to encode (from the prefix cache's seam, or
+whole on a miss) of at least 2 x `split_chars` characters is cut into up to `pieces` pieces
+(default: the CPUs tokenizers' pool may use; fewer while other texts are being encoded, which share
+those cores) at spaces before a letter, each but the last running `overlap` past the next one's
+start, and encoded in one `encode_batch`, which runs them in parallel with the GIL released. A cut
+is kept only if it is a checkpoint of the piece before it (the seam's argument in `prefixcache`,
+with that piece as the cached text); else the text is encoded again whole (`misses`; a tokenizer
+missing often, such as WordPiece, which drops the space, is no longer cut). `splits` counts texts
+encoded in pieces.
 
 fastokens' pieces (`fast_pieces`). For a tokenizer the cut rule is proved for (`cutrules`), a
 text is cut at the rule's positions into the prefix cache's chunk sizes, and fastokens encodes the
@@ -58,11 +57,12 @@ class FastPieces(NamedTuple):
 
 class Encoded:
     """The encoding of `text[start:]` (offsets below are relative to `start`): one `tokenizers`
-    Encoding, or several encoded as one batch and joined at verified checkpoints (`TokenizersPieces.encode`).
+    Encoding, or several encoded as one batch and joined at verified checkpoints
+    (`TokenizersPieces.encode`).
 
     `ids` and `words` (word ids: a change marks a pre-token start) are lists; `start_of(i)` is
     token i's first character. At a join the word ids may repeat across it: that only hides a
-    checkpoint from `_chunks`, never invents one (the join itself is a checkpoint)."""
+    checkpoint from `checkpoint_chunks`, never invents one (the join itself is a checkpoint)."""
 
     __slots__ = ("_bases", "_firsts", "_parts", "ids", "missed", "pieces", "words")
 
@@ -120,13 +120,13 @@ class TokenizersPieces:
         longest piece. Waking the pool's idle threads costs ~0.1 ms on the 2-vCPU VM measured, and
         the two vCPUs gave at most ~1.35x: a 10,000-character text 5.3 -> 3.9 ms, 4,000 characters
         2.0 -> 1.9 ms, 1,600 (a warm 4k chat's new part) 0.70 -> 0.81 ms, slower (each call after
-        0.2 ms of other work, as between requests); hence SPLIT_CHARS. Exactness is the
-        seam's argument again: each piece but the last runs `overlap` past the next
-        piece's start, and that start is kept only if it is a checkpoint in this piece (a token
-        and a pre-token start there, decided by the text up to the cache's `margin` characters further);
-        otherwise the whole text is encoded again (`misses`). A tokenizer whose pre-tokens do
-        not start at `cutrules.CUT_AT` (WordPiece drops the space) stops being split after a few misses.
-        The pieces are as many as the cores not taken by other texts being encoded (`cuts`).
+        0.2 ms of other work, as between requests); hence SPLIT_CHARS. Exactness is the seam's
+        argument again: each piece but the last runs `overlap` past the next piece's start, and
+        that start is kept only if it is a checkpoint in this piece (a token and a pre-token start
+        there, decided by the text up to the cache's `margin` characters further); otherwise the
+        whole text is encoded again (`misses`). A tokenizer whose pre-tokens do not start at
+        `cutrules.CUT_AT` (WordPiece drops the space) stops being split after a few misses. The
+        pieces are as many as the cores not taken by other texts being encoded (`cuts`).
         """
         inflight = self._inflight
         cuts = self.cuts(text, start, len(inflight) + 1)
@@ -180,21 +180,17 @@ def fast_pieces(
     raw: tokenizers.Tokenizer,
     text: str,
     start: int,
+    cuts: list[int],
     *,
-    end: int,
-    first: tuple[int, int] | None,
-    min_chars: int,
-    divisor: int,
     checked: bool,
     blocking_chars: int | None,
 ) -> FastPieces | None:
-    """`text[start:]` encoded by `tok`'s fast engine in pieces cut at rule positions up to
-    `end` (`cutrules.cuts` with `first`, `min_chars` and `divisor`), as the chunks to cache; None
-    if a piece would be longer than MAX_PIECE_CHARS, or the fast engine failed (it is then off).
-    A piece `FastEngine.takes` refuses is encoded by `raw` (`tokenizers` without its
-    post-processor); none is checked when `checked` (the caller checked the whole part). Raises
-    WouldBlock past `blocking_chars` for `tokenizers`."""
-    cuts = cutrules.cuts(text, start, end, first=first, min_chars=min_chars, divisor=divisor)
+    """`text[start:]` encoded by `tok`'s fast engine in pieces cut at `cuts` (rule positions:
+    `cutrules.cuts`), as the chunks to cache; None if a piece would be longer than
+    MAX_PIECE_CHARS, or the fast engine failed (it is then off). A piece `FastEngine.takes`
+    refuses is encoded by `raw` (`tokenizers` without its post-processor); none is checked when
+    `checked` (the caller checked the whole part). Raises WouldBlock past `blocking_chars` for
+    `tokenizers`."""
     bounds = [start, *cuts, len(text)]
     if max(b - a for a, b in itertools.pairwise(bounds)) > MAX_PIECE_CHARS:
         return None  # CJK prose, minified code: few spaces before letters, chunks would be huge

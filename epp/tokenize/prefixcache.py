@@ -444,18 +444,11 @@ class PrefixCache:
     def _fast_pieces(
         self, text: str, start: int, first: tuple[int, int] | None, checked: bool, blocking: int | None
     ) -> FastPieces | None:
-        return fast_pieces(
-            self._tok,
-            self._raw,
-            text,
-            start,
-            end=len(text) - self.margin,  # a chunk's end needs `margin` characters after it
-            first=first,
-            min_chars=self.min_chunk_chars,
-            divisor=DEPTH_DIVISOR,
-            checked=checked,
-            blocking_chars=blocking,
+        end = len(text) - self.margin  # a chunk's end needs `margin` characters after it
+        cuts = cutrules.cuts(
+            text, start, end, first=first, min_chars=self.min_chunk_chars, divisor=DEPTH_DIVISOR
         )
+        return fast_pieces(self._tok, self._raw, text, start, cuts, checked=checked, blocking_chars=blocking)
 
     def _mismatch(self, text: str, fast: list[int], reference: list[int]) -> None:
         """The fast engine gave other ids than `tokenizers` for `text`: count it and stop using it."""

@@ -45,8 +45,9 @@ else the default; else none.
   cached whole is answered there), else in a worker thread starting from that lookup, or on the
   loop when the fast engine takes the (at most FAST_INLINE_CHARS) text after the cached chunks
   (a seam that turns out to need `tokenizers` raises `pieces.WouldBlock` and goes to a
-  worker). With the fast engine the request gets its ids before the cache's `commit` step (the
-  `tokenizers` encode that chunking needs, ~4x the fast one) runs on one more thread; at most
+  worker). With the fast engine the request gets its ids before the cache's `commit` step (an
+  insert of the fast engine's pieces where the cut rule holds, else the `tokenizers` encode that
+  chunking needs, ~4x the fast one) runs on one more thread; at most
   MAX_PENDING_COMMITS wait for it, past that a text is not cached (counted in `commits_dropped`):
   under overload the cache stops growing rather than delaying requests. Without it (or for a text
   it does not take) the worker caches the text before answering, as the commit is then cheap.
