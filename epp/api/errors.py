@@ -82,3 +82,8 @@ class NoCapacity(RequestError):
 
 class ServiceUnavailable(RequestError):
     status = 503
+
+
+def one_line(text: str) -> str:
+    """Reasons go into an HTTP body and a log line: collapse any line breaks and runs of spaces."""
+    return " ".join(text.split())
