@@ -170,6 +170,7 @@ class PeerGateway(Gateway):
         self._process: ManagedProcess | None = None
 
     def start(self, fleet: SimFleet, workdir: Path, label: str) -> str:
+        from epp.demo.arms import wait_subscribed
         from epp.demo.workload import wait_routable
         from epp.gateway.processes import ManagedProcess, free_ports
 
@@ -188,9 +189,12 @@ class PeerGateway(Gateway):
             self.name, self.peer.argv(self.peers_dir, at), log, env=self.peer.env()
         )
         self.logs.append((f"{self.name} ({label})", log))
+        subscribed = fleet.kv_subscriptions()
         self._process.start()
         base_url = f"http://{HOST}:{port}"
         asyncio.run(wait_routable(base_url, within=60.0))
+        if self.kv_events:  # as for epp: its index must not miss the run's first events
+            wait_subscribed(fleet, subscribed, within=30.0, who=self.name)
         self.metrics_url = f"http://{HOST}:{metrics_port}/metrics"
         return base_url
 

@@ -89,13 +89,14 @@ def endpoints_yaml(fleet: SimFleet) -> str:
     return str(yaml.safe_dump({"endpoints": entries}))
 
 
-def wait_subscribed(fleet: SimFleet, before: list[int], within: float = 15.0) -> None:
-    """Until every replica's publisher has seen one more subscription than `before` (epp's): a PUB
-    socket drops what it sends while nobody subscribes."""
+def wait_subscribed(fleet: SimFleet, before: list[int], within: float = 15.0, who: str = "epp") -> None:
+    """Until every replica's publisher has seen one more subscription to its topic than `before`
+    (`who`'s): a PUB socket drops what it sends while nobody subscribes, and a subscriber on
+    another topic gets nothing at all."""
     deadline = time.monotonic() + within
     while any(now <= was for now, was in zip(fleet.kv_subscriptions(), before, strict=True)):
         if time.monotonic() > deadline:
-            raise TimeoutError("epp did not subscribe to every replica's KV events in time")
+            raise TimeoutError(f"{who} did not subscribe to every replica's KV events in time")
         time.sleep(0.05)
 
 

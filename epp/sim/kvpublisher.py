@@ -256,7 +256,8 @@ class KVEventPublisher:
 
     @property
     def subscriptions(self) -> int:
-        """Subscriptions received so far (a subscriber that reconnects counts again)."""
+        """Subscriptions received so far that match this publisher's topic (a subscriber on
+        another topic receives nothing and is not counted; one that reconnects counts again)."""
         return self._subscriptions
 
     def publish(self, events: Sequence[Event], ts: float | None = None, *, deliver: bool = True) -> int:
@@ -404,7 +405,9 @@ class KVEventPublisher:
             ready = dict(poller.poll())
             if pub in ready:
                 while pub.poll(0):
-                    if pub.recv()[:1] == b"\x01":
+                    message = pub.recv()
+                    # Only a subscription whose prefix the topic starts with gets these messages.
+                    if message[:1] == b"\x01" and self._topic.startswith(message[1:]):
                         self._subscriptions += 1
             if router is not None and router in ready:
                 while router.poll(0):

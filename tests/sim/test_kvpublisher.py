@@ -264,6 +264,35 @@ def test_connects_to_a_bound_subscriber(ctx: Sockets) -> None:
         assert sub.recv_multipart()[1] == bytes(8)
 
 
+def test_only_subscriptions_that_match_the_topic_count(ctx: Sockets) -> None:
+    """A router subscribed to another topic receives nothing (vllm-router's kv_aware once did
+    against llm-d's topic): `subscriptions`, which benchmarks wait on, must not count it."""
+    with KVEventPublisher(LOCAL, topic="") as pub:
+        wrong = ctx.socket(zmq.SUB)
+        wrong.setsockopt(zmq.SUBSCRIBE, b"kv@")
+        wrong.connect(pub.endpoint)
+        right = ctx.socket(zmq.SUB)
+        right.setsockopt(zmq.SUBSCRIBE, b"")
+        right.connect(pub.endpoint)
+        for _ in range(TIMEOUT_MS // 5):
+            if pub.subscriptions:
+                break
+            wrong.poll(5)
+            right.poll(5)
+        for _ in range(20):  # the wrong one's subscription has had every chance to arrive
+            wrong.poll(5)
+        assert pub.subscriptions == 1
+    with KVEventPublisher(LOCAL, topic="kv@10.0.0.5:8000@m") as pub:
+        prefix = ctx.socket(zmq.SUB)
+        prefix.setsockopt(zmq.SUBSCRIBE, b"kv@")
+        prefix.connect(pub.endpoint)
+        for _ in range(TIMEOUT_MS // 5):
+            if pub.subscriptions:
+                break
+            prefix.poll(5)
+        assert pub.subscriptions == 1
+
+
 @pytest.mark.parametrize("style", ["current", "legacy"])
 def test_replay_reply_shapes(ctx: Sockets, style: Literal["current", "legacy"]) -> None:
     with KVEventPublisher(LOCAL, replay_endpoint=LOCAL, topic="t", replay_style=style) as pub:
