@@ -26,7 +26,13 @@ from e2e.vllm.stack import VllmStack, start_stack
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 STAMP = ".epp-vllm-ready"  # written by scripts/vllm-env once the venv is complete
-_MODULE_ORDER = ("test_tokenization", "test_max_model_len", "test_prefix_cache", "test_faults")
+_MODULE_ORDER = (
+    "test_tokenization",
+    "test_max_model_len",
+    "test_prefix_cache",
+    "test_peer_fidelity",
+    "test_faults",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
