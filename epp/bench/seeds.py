@@ -154,6 +154,58 @@ def target_table(docs: Sequence[Mapping[str, Any]], workloads: Sequence[str], po
     return "\n".join(lines)
 
 
+# Issue 29's view against the real routers: (column, key, higher is better, how to show the value).
+PEER_COLUMNS: tuple[tuple[str, str, bool, str], ...] = (
+    ("TTFT p99", "ttft_p99_s", False, "s"),
+    ("E2E p99", "e2e_p99_s", False, "s"),
+    ("goodput", "goodput", True, "pct"),
+    ("hit rate", "fleet_hit_rate", True, "points"),
+    ("router CPU ms/request", "router_cpu_ms_per_request", False, "f1"),
+)
+
+
+def peer_table(
+    docs: Sequence[Mapping[str, Any]], workloads: Sequence[str], peers: Sequence[str], policy: str = "epp"
+) -> str:
+    """One row per workload: per column, `policy`'s value over the best of `peers` (the real
+    routers) on the same seed, median (min-max) over the seeds, and who was best on each seed.
+    Times and CPU: below 1 is better; goodput: above 1 is; the hit rate is the difference in
+    percentage points."""
+    lines = [
+        "| workload | seeds | " + " | ".join(c for c, _, _, _ in PEER_COLUMNS) + " |",
+        "|" + "---|" * (len(PEER_COLUMNS) + 2),
+    ]
+    for w in workloads:
+        runs = [d["workloads"][w]["policies"] for d in docs if w in d["workloads"]]
+        runs = [r for r in runs if policy in r and any(p in r for p in peers)]
+        if not runs:
+            continue
+        cells = []
+        for _, key, high, kind in PEER_COLUMNS:
+            got: list[tuple[float, str]] = []
+            for r in runs:
+                xs = [(float(r[p][key]), p) for p in peers if p in r and r[p].get(key) is not None]
+                mine = r[policy].get(key)
+                if mine is None or not xs:
+                    continue
+                best, who = max(xs) if high else min(xs)
+                if kind == "points":
+                    got.append((100.0 * (float(mine) - best), who))
+                else:
+                    got.append((float(mine) / best if best else math.inf, who))
+            if not got:
+                cells.append("-")
+                continue
+            rs = [g[0] for g in got]
+            whom = ", ".join(dict.fromkeys(g[1] for g in got))
+            if kind == "points":
+                cells.append(f"{statistics.median(rs):+.1f} ({min(rs):+.1f} to {max(rs):+.1f}) {whom}")
+            else:
+                cells.append(f"{statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f}) {whom}")
+        lines.append(f"| {w} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m epp.bench.seeds",
@@ -173,6 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("  " + line)
         print()
     print(target_table(docs, workloads))
+    from epp.bench.peers import PEERS  # the real routers, when the runs had them as arms
+
+    if any(p in d["workloads"][w]["policies"] for d in docs for w in d["workloads"] for p in PEERS):
+        print()
+        print(peer_table(docs, workloads, list(PEERS)))
     return 0
 
 

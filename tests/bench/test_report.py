@@ -194,6 +194,36 @@ def test_seeds_median_and_worst(tmp_path: Path, entry: dict[str, object]) -> Non
     assert text.count("/3") == len(seeds.TARGETS)
 
 
+def test_peer_table_sets_epp_against_the_best_real_router_of_each_seed() -> None:
+    from epp.bench import seeds
+
+    def run(ttft: float, goodput: float, hit: float) -> dict[str, float]:
+        return {
+            "ttft_p99_s": ttft,
+            "e2e_p99_s": 10.0,
+            "goodput": goodput,
+            "fleet_hit_rate": hit,
+            "router_cpu_ms_per_request": 4.0,
+        }
+
+    docs = [
+        {"seed": 1, "workloads": {"w": {"policies": {
+            "epp": run(0.8, 0.99, 0.80), "smg": run(1.0, 0.90, 0.82), "vllm-router": run(2.0, 0.95, 0.81),
+            "random": run(0.1, 1.0, 0.99),  # not a real router: never the best
+        }}}},
+        {"seed": 2, "workloads": {"w": {"policies": {
+            "epp": run(1.2, 0.99, 0.80), "smg": run(1.5, 0.90, 0.80), "vllm-router": run(1.0, 0.95, 0.79),
+        }}}},
+    ]  # fmt: skip
+    row = seeds.peer_table(docs, ["w"], ["smg", "vllm-router"]).splitlines()[-1]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:2] == ["w", "2"]
+    # TTFT p99: 0.8 / 1.0 (smg) and 1.2 / 1.0 (vllm-router), median 1.0.
+    assert cells[2] == "1.00x (0.80-1.20) smg, vllm-router"
+    assert cells[4] == "1.04x (1.04-1.04) vllm-router"  # goodput: the highest is the best
+    assert cells[5] == "-1.0 (-2.0 to +0.0) smg"  # hit rate in points: -2 against 82%, 0 against 80%
+
+
 def test_seeds_cli_answers_help_and_bad_files_with_usage(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
