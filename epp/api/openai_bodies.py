@@ -114,6 +114,7 @@ _JSON_WS = frozenset(b" \t\r\n")
 
 
 def decode(decoder: msgspec.json.Decoder[Any], body: bytes, limits: RequestLimits) -> Any:
+    """`body` decoded by `decoder` (any route's); every failure a one-line `BadRequest`."""
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as e:
@@ -192,6 +193,7 @@ _CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
 
 
 def check_cache_salt(salt: str | None) -> None:
+    """A salt vLLM would refuse is a `BadRequest` (every API that takes one)."""
     if salt is None:
         return
     if not salt or len(salt) > _MAX_CACHE_SALT or not _CACHE_SALT_FORBIDDEN.isdisjoint(salt):
