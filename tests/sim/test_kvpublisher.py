@@ -264,33 +264,27 @@ def test_connects_to_a_bound_subscriber(ctx: Sockets) -> None:
         assert sub.recv_multipart()[1] == bytes(8)
 
 
+def _subscribe(ctx: Sockets, pub: KVEventPublisher, topic: bytes) -> zmq.Socket[bytes]:
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, topic)
+    sub.connect(pub.endpoint)
+    return sub
+
+
 def test_only_subscriptions_that_match_the_topic_count(ctx: Sockets) -> None:
     """A router subscribed to another topic receives nothing (vllm-router's kv_aware once did
     against llm-d's topic): `subscriptions`, which benchmarks wait on, must not count it."""
-    with KVEventPublisher(LOCAL, topic="") as pub:
-        wrong = ctx.socket(zmq.SUB)
-        wrong.setsockopt(zmq.SUBSCRIBE, b"kv@")
-        wrong.connect(pub.endpoint)
-        right = ctx.socket(zmq.SUB)
-        right.setsockopt(zmq.SUBSCRIBE, b"")
-        right.connect(pub.endpoint)
-        for _ in range(TIMEOUT_MS // 5):
-            if pub.subscriptions:
-                break
-            wrong.poll(5)
-            right.poll(5)
-        for _ in range(20):  # the wrong one's subscription has had every chance to arrive
-            wrong.poll(5)
-        assert pub.subscriptions == 1
-    with KVEventPublisher(LOCAL, topic="kv@10.0.0.5:8000@m") as pub:
-        prefix = ctx.socket(zmq.SUB)
-        prefix.setsockopt(zmq.SUBSCRIBE, b"kv@")
-        prefix.connect(pub.endpoint)
-        for _ in range(TIMEOUT_MS // 5):
-            if pub.subscriptions:
-                break
-            prefix.poll(5)
-        assert pub.subscriptions == 1
+    for topic, wrong, right in (("", b"kv@", b""), ("kv@10.0.0.5:8000@m", b"kv@x", b"kv@")):
+        with KVEventPublisher(LOCAL, topic=topic) as pub:
+            subs = [_subscribe(ctx, pub, wrong), _subscribe(ctx, pub, right)]
+            for _ in range(TIMEOUT_MS // 5):
+                if pub.subscriptions:
+                    break
+                for sub in subs:
+                    sub.poll(5)
+            for _ in range(20):  # the wrong one's subscription has had every chance to arrive
+                subs[0].poll(5)
+            assert pub.subscriptions == 1, topic
 
 
 @pytest.mark.parametrize("style", ["current", "legacy"])
