@@ -318,7 +318,7 @@ class PrefixCache:
         if engine is None:
             fast = False
         elif fast is None:
-            fast = engine.takes(text[start:])  # False at once past MAX_FAST_CHARS
+            fast = engine.takes(text, start)
         fresh: Encoded | None = None  # the `tokenizers` encoding, when made now
         parts: FastPieces | None = None  # the fast engine's pieces, when they made `new`
         new: list[int] | None = None  # the ids after the seam (or of the whole text)

@@ -373,12 +373,7 @@ class Tokenizers:
             assert whole is not None
             return whole
         covered = found.path[-1].end if found.path else 0
-        # The length first: a long new part is refused without copying it out of the prompt.
-        fits = (
-            engine is not None
-            and len(text) - covered <= tokenizer.MAX_FAST_CHARS
-            and engine.takes(text[covered:])
-        )
+        fits = engine is not None and engine.takes(text, covered)
         if engine is None or not (fits or cache.ruled):
             # `tokenizers` encodes the new part: its encoding is the one chunking needs, so the
             # commit step is cheap and runs in the worker before the answer.

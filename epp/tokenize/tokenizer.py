@@ -315,12 +315,14 @@ class FastEngine:
         self._fast = fast
 
     @staticmethod
-    def takes(text: str) -> bool:
-        """Whether `text` is at most MAX_FAST_CHARS long with no run longer than MAX_RUN_CHARS
-        (module docstring, "Memory"): ~30 us for 1,700 characters (one regex over the whole text
-        took 240 us)."""
-        if len(text) > MAX_FAST_CHARS:
+    def takes(text: str, start: int = 0) -> bool:
+        """Whether `text[start:]` is at most MAX_FAST_CHARS long with no run longer than
+        MAX_RUN_CHARS (module docstring, "Memory"): ~30 us for 1,700 characters (one regex over
+        the whole text took 240 us). A part too long is refused before it is copied out."""
+        if len(text) - start > MAX_FAST_CHARS:
             return False
+        if start:
+            text = text[start:]
         if text.isascii():
             if _LONG_ASCII_SPACE in text.encode("ascii").translate(_ASCII_SPACES):
                 return False

@@ -138,6 +138,17 @@ def test_same_ids_on_long_runs(name: str, tmp_path_factory: pytest.TempPathFacto
         assert tok.fast.encode(text, add_special_tokens=True) == tok.backend.encode(text).ids
 
 
+def test_takes_from_a_start_as_it_takes_the_slice() -> None:
+    takes = tokenizer.FastEngine.takes
+    most = tokenizer.MAX_FAST_CHARS
+    seen = "word " * (most // 5 + 10)  # a cached part longer than the fast engine's limit
+    for tail in ("new words here", " " * 40, "x" * (tokenizer.MAX_RUN_CHARS + 1), "y " * most):
+        text = seen + tail
+        for start in (0, len(seen), len(seen) + 3, len(text)):
+            assert takes(text, start) == takes(text[start:]), (tail[:10], start)
+    assert takes(seen + "new words", len(seen)) and not takes(seen + "new words")
+
+
 def test_takes_bounds_every_kind_of_run() -> None:
     takes = tokenizer.FastEngine.takes
     limit = tokenizer.MAX_RUN_CHARS
