@@ -3,10 +3,10 @@
 `epp bench --mode live` runs smg, sglang-router and vllm-router in front of simulated pods, and
 their numbers mean something only if they treat those pods as vLLM: a router that cannot register
 a worker, reads no load, falls back to another rule or finds no KV events says so in its log (a
-WARN or ERROR line), or routes worse without a word. So each arm (`epp.bench.peers.PEERS`: the
-same command lines the benchmark uses) runs twice with the same requests: in front of two of the
-session's real vLLM pods, then of two `epp sim` pods serving the same model name, tokenizer and
-block size. Every request must succeed on both, every WARN or ERROR line the router logs against
+WARN or ERROR line), or routes worse without a word. So each arm (`epp.bench.peers.PEERS`,
+started by the benchmark's own `PeerGateway`) runs twice with the same requests: in front of two
+of the session's real vLLM pods, then of two `epp sim` pods serving the same model name,
+tokenizer and block size. Every request must succeed on both, every WARN or ERROR line the router logs against
 the simulator (addresses, numbers and timestamps masked) must also appear against vLLM, and a
 router that reads KV events must have subscribed to every simulated pod's (a subscriber on the
 wrong topic or socket gets nothing and says nothing).
@@ -33,15 +33,18 @@ import pytest
 
 from e2e.vllm.fleet import BLOCK_SIZE
 from e2e.vllm.stack import MODEL, VllmStack
-from epp.bench.peers import PEERS, Launch, Peer, peers_dir
-from epp.demo.workload import wait_routable
-from epp.gateway.processes import HOST, ManagedProcess, free_ports
+from epp.bench.gateways import PeerGateway
+from epp.bench.peers import PEERS, Peer, peers_dir
+from epp.gateway.processes import HOST
 from epp.sim.engine import SimConfig
 from epp.sim.fleet import SimFleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 HOLD_S = 11.0
+# The readiness probe waits this long: smg answers a request that comes before it has registered
+# its workers with 503 and logs an ERROR, on vLLM or the simulator alike, as registration races it.
+SETTLE_S = 3.0
 KNOWN = (re.compile(r"Endpoint '/server_info' returned N, falling back to '/get_server_info'"),)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LEVEL = re.compile(r"\b(WARN|WARNING|ERROR)\b")
@@ -98,21 +101,19 @@ async def _requests(base: str) -> list[int]:
 def _arm(
     peer: Peer, workers: list[str], kv_events: list[str | None], workdir: Path, label: str
 ) -> tuple[list[int], set[str]]:
-    port, metrics_port = free_ports(2)
-    at = Launch(HOST, port, metrics_port, workers, kv_events, BLOCK_SIZE, MODEL)
+    gateway = PeerGateway(peer, peers_dir())
     log = workdir / f"{peer.name}-{label}.log"
-    process = ManagedProcess(peer.name, peer.argv(peers_dir(), at), log, env=peer.env())
-    process.start()
     started = time.monotonic()
     try:
-        base = f"http://{HOST}:{port}"
-        asyncio.run(wait_routable(base, within=60.0))
+        base = gateway.launch(
+            workers, kv_events, block_size=BLOCK_SIZE, model=MODEL, log=log, label=label, settle_s=SETTLE_S
+        )
         statuses = asyncio.run(_requests(base))
         time.sleep(max(0.0, HOLD_S - (time.monotonic() - started)))
         # Read before the stop: what a router logs while shutting down is not about its workers.
         seen = notices(log.read_text(errors="replace"))
     finally:
-        process.stop()
+        gateway.stop()
     return statuses, seen
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -171,30 +172,48 @@ class PeerGateway(Gateway):
 
     def start(self, fleet: SimFleet, workdir: Path, label: str) -> str:
         from epp.demo.arms import wait_subscribed
+
+        subscribed = fleet.kv_subscriptions()
+        base_url = self.launch(
+            [f"http://{address}" for address in fleet.addresses],
+            fleet.kv_endpoints,
+            block_size=fleet.configs[0].block_size,
+            model=fleet.configs[0].served_model,
+            log=workdir / f"{label}.log",
+            label=label,
+        )
+        if self.kv_events:  # as for epp: its index must not miss the run's first events
+            wait_subscribed(fleet, subscribed, within=30.0, who=self.name)
+        return base_url
+
+    def launch(
+        self,
+        workers: Sequence[str],
+        kv_events: Sequence[str | None],
+        *,
+        block_size: int,
+        model: str,
+        log: Path,
+        label: str,
+        settle_s: float = 0.0,
+    ) -> str:
+        """Start the router in front of `workers` (http://host:port; `kv_events` each one's
+        KV-event endpoint) with the benchmark's command line, logging to `log`; returns its URL
+        once it routes. `start` calls it for a fleet; the fidelity test for real vLLM pods too.
+        `settle_s`: how long after the start the first readiness probe goes (a probe answered 503
+        before the workers register is an ERROR line in smg's log)."""
         from epp.demo.workload import wait_routable
         from epp.gateway.processes import ManagedProcess, free_ports
 
         port, metrics_port = free_ports(2)
-        at = Launch(
-            host=HOST,
-            port=port,
-            metrics_port=metrics_port,
-            workers=[f"http://{address}" for address in fleet.addresses],
-            kv_events=fleet.kv_endpoints,
-            block_size=fleet.configs[0].block_size,
-            model=fleet.configs[0].served_model,
-        )
-        log = workdir / f"{label}.log"
-        self._process = ManagedProcess(
-            self.name, self.peer.argv(self.peers_dir, at), log, env=self.peer.env()
-        )
+        at = Launch(HOST, port, metrics_port, workers, kv_events, block_size, model)
+        argv = self.peer.argv(self.peers_dir, at)
+        self._process = ManagedProcess(self.name, argv, log, env=self.peer.env())
         self.logs.append((f"{self.name} ({label})", log))
-        subscribed = fleet.kv_subscriptions()
         self._process.start()
         base_url = f"http://{HOST}:{port}"
+        time.sleep(settle_s)
         asyncio.run(wait_routable(base_url, within=60.0))
-        if self.kv_events:  # as for epp: its index must not miss the run's first events
-            wait_subscribed(fleet, subscribed, within=30.0, who=self.name)
         self.metrics_url = f"http://{HOST}:{metrics_port}/metrics"
         return base_url
 
