@@ -107,6 +107,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "keep coming (default 2s; at most endpoints/interval extra sampled streams a second per "
         "worker; 0: the ratio alone)",
     )
+    g.add_argument(
+        "--response-sample-settled-interval",
+        type=duration,
+        default=DEFAULT_RESPONSE_SAMPLE_SETTLED_INTERVAL_S,
+        help="the floor's interval for an endpoint once it has had 32 sampled responses, by when "
+        "the latency scorers have learned its rates and later samples only track drift (default "
+        "20s; not below --response-sample-min-interval, which it then replaces)",
+    )
 
     g = p.add_argument_group("endpoints (standalone pool)")
     g.add_argument("--endpoints", help="comma-separated host:port list of model-server endpoints")
@@ -265,6 +273,10 @@ DEFAULT_RESPONSE_SAMPLE_RATIO = 0.01
 # endpoint every 2 s at least (Director: the floor). Bounded by endpoints / 2 s sampled streams a
 # second per worker, each ~13-45 ms of CPU (BENCHMARKS.md#streamed, #mode-override).
 DEFAULT_RESPONSE_SAMPLE_MIN_INTERVAL_S = 2.0
+# ...until an endpoint has had 32 (Director.SETTLE_SAMPLES), then one every 20 s: the learners weigh
+# a sample at their floor rate by then, and the 2 s floor was a third of epp's and Envoy's CPU per
+# request on 8 pods at 20 req/s, ~2.5 cores at 100 busy pods (BENCHMARKS.md#fleet-cost, 11e).
+DEFAULT_RESPONSE_SAMPLE_SETTLED_INTERVAL_S = 20.0
 
 # GIE's terminationGracePeriodSeconds (its chart's and epp's): how long in-flight streams may run
 # after SIGTERM.

@@ -24,7 +24,12 @@ requests a second), and the rates predicted-ttft-scorer and request-latency-scor
 endpoint come from sampled responses only: so an endpoint with no sampled response started
 within `response_sample_min_interval` gets its next request sampled (a per-endpoint floor). The
 floor's samples count toward the ratio, so at high rates, where the ratio already samples every
-endpoint that often, it adds nothing.
+endpoint that often, it adds nothing. Once an endpoint has had `SETTLE_SAMPLES` sampled responses,
+its floor widens to `response_sample_settled_interval`: a sampled stream costs epp and Envoy ~50
+ms of CPU (one gRPC round trip per chunk), so a 2 s floor on every endpoint was a third of epp's
+CPU per request on 8 pods and grows with the pool, while the learners by then weigh each new
+sample at their floor rate (predicted-ttft-scorer's default prior is worth 20 observations and
+its step reaches `minLearningRate` 0.02 at the 29th): later samples track drift, not the rate.
 
 `finish()` is idempotent and the ext-proc layer calls it from a `finally`, so every way a stream
 can end (completion, model-server error, client reset, Envoy cancelling the stream, epp answering
@@ -96,6 +101,9 @@ class DirectorSettings:
     """Seconds: a request is sampled whatever the ratio when its endpoint has had no sampled
     response started for this long (0: the ratio alone), so every endpoint keeps feeding the
     learned rates. Costs at most endpoints / interval extra sampled streams a second."""
+    response_sample_settled_interval: float | None = None
+    """Seconds: the floor's interval once an endpoint has had `SETTLE_SAMPLES` sampled responses
+    (None: `response_sample_min_interval` throughout). Not below the min interval."""
     emit_endpoint_scores: bool = False
     """llm-d's --emit-endpoint-scores: the routing answer carries each scored endpoint's weighted
     score (`RequestContext.endpoint_scores`)."""
@@ -111,6 +119,18 @@ class DirectorSettings:
             raise ValueError("response_sample_ratio must be between 0 and 1")
         if not 0.0 <= self.response_sample_min_interval < float("inf"):
             raise ValueError("response_sample_min_interval must be a finite number of seconds >= 0")
+        settled = self.response_sample_settled_interval
+        if settled is not None and not self.response_sample_min_interval <= settled < float("inf"):
+            raise ValueError(
+                "response_sample_settled_interval must be a finite number of seconds, "
+                "at least response_sample_min_interval"
+            )
+
+    @property
+    def settled_interval(self) -> float:
+        """The floor's interval for an endpoint past `SETTLE_SAMPLES` samples."""
+        settled = self.response_sample_settled_interval
+        return self.response_sample_min_interval if settled is None else settled
 
 
 class Director:
@@ -167,9 +187,9 @@ class Director:
         # Deterministic sampling: every request adds the ratio, a whole unit buys one sample.
         ratio = settings.response_sample_ratio
         self._sample_credit = 1.0 - ratio if ratio > 0.0 else 0.0  # the first request is sampled
-        # When each endpoint last had a sampled response (the per-endpoint floor); removed
-        # endpoints are forgotten with their metric children.
-        self._sampled_at: dict[Endpoint, float] = {}
+        # Each endpoint's floor: when it last had a sampled response and how many it has had;
+        # removed endpoints are forgotten with their metric children.
+        self._floors: dict[Endpoint, _Floor] = {}
         # A removed endpoint's series are dropped (metrics.forget_endpoint): so are their children.
         datastore.subscribe(self._forget_children)
 
@@ -180,7 +200,7 @@ class Director:
     def _forget_children(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         if removed:
             for ep in removed:
-                self._sampled_at.pop(ep, None)
+                self._floors.pop(ep, None)
             self.accounting.forget(removed)
 
     async def route(
@@ -265,23 +285,29 @@ class Director:
 
     def _sample(self, endpoint: Endpoint, required: bool) -> bool:
         """Whether this request's response is read through: `required` (a rewritten model name),
-        `endpoint`'s first request after `response_sample_min_interval` without a sample, or a
-        share of `response_sample_ratio`, spread evenly rather than at random so a low ratio
-        still samples steadily. Every sample but a required one spends a unit of the ratio's
-        credit (never below 0): the floor's samples count toward the ratio."""
+        `endpoint`'s first request after its floor's interval without a sample, or a share of
+        `response_sample_ratio`, spread evenly rather than at random so a low ratio still samples
+        steadily. Every sample but a required one spends a unit of the ratio's credit (never below
+        0): the floor's samples count toward the ratio."""
         settings = self.settings
         interval = settings.response_sample_min_interval
+        floor = self._floors.get(endpoint) if interval > 0.0 else None
         now = clock.now() if interval > 0.0 else 0.0
         if required:
             sampled = True
         else:
             credit = self._sample_credit + settings.response_sample_ratio
-            sampled = credit >= 1.0 or (
-                interval > 0.0 and now - self._sampled_at.get(endpoint, _NEVER) >= interval
-            )
+            sampled = credit >= 1.0
+            if not sampled and interval > 0.0:
+                if floor is not None and floor.count >= SETTLE_SAMPLES:
+                    interval = settings.settled_interval
+                sampled = floor is None or now - floor.at >= interval
             self._sample_credit = max(0.0, credit - 1.0) if sampled else credit
-        if sampled and interval > 0.0:
-            self._sampled_at[endpoint] = now
+        if sampled and settings.response_sample_min_interval > 0.0:
+            if floor is None:
+                floor = self._floors[endpoint] = _Floor()
+            floor.at = now
+            floor.count += 1
         return sampled
 
     async def explain(
@@ -472,7 +498,19 @@ class Director:
         self.accounting.finished(ctx, outcome, complete=complete, now=now)
 
 
-_NEVER = float("-inf")  # an endpoint without a sampled response yet
+SETTLE_SAMPLES = 32
+"""Sampled responses after which an endpoint's floor widens to the settled interval: past the
+29th, predicted-ttft-scorer's default step weight is at its floor (module docstring)."""
+
+
+class _Floor:
+    """One endpoint's sample floor: when its last sampled response started, and how many."""
+
+    __slots__ = ("at", "count")
+
+    def __init__(self) -> None:
+        self.at = 0.0
+        self.count = 0
 
 
 def _shape(exc: errors.RequestError, request: InferenceRequest) -> None:

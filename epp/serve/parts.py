@@ -230,6 +230,9 @@ def _director(
             disable_subset_filter=args.disable_endpoint_subset_filter,
             response_sample_ratio=args.response_sample_ratio,
             response_sample_min_interval=args.response_sample_min_interval,
+            response_sample_settled_interval=max(
+                args.response_sample_settled_interval, args.response_sample_min_interval
+            ),
             trust_model_rewrite_header=bool(args.trust_model_name_rewrite_header),
             parsers=config.parsers,
             emit_endpoint_scores=bool(args.emit_endpoint_scores),

@@ -1,17 +1,20 @@
 """The response sample's per-endpoint floor (`response_sample_min_interval`): an endpoint with no
 sampled response for that long gets its next request sampled, whatever the ratio, so the rates
 learned from sampled responses (predicted-ttft-scorer, request-latency-scorer) keep coming for
-every endpoint; the floor's samples count toward the ratio. Real Director and scheduler, on a
+every endpoint; the floor's samples count toward the ratio. After `SETTLE_SAMPLES` samples an
+endpoint's floor widens to `response_sample_settled_interval`. Real Director and scheduler, on a
 virtual clock."""
 
 from __future__ import annotations
+
+import itertools
 
 import msgspec
 import pytest
 
 from epp import clock
 from epp.datastore.endpoints import Datastore, EndpointSpec
-from epp.requestcontrol.director import Director, DirectorSettings
+from epp.requestcontrol.director import SETTLE_SAMPLES, Director, DirectorSettings
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 
@@ -31,11 +34,15 @@ def specs() -> list[EndpointSpec]:
     return [EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000) for i in range(3)]
 
 
-def make(ratio: float, interval: float) -> tuple[Director, Datastore]:
+def make(ratio: float, interval: float, settled: float | None = None) -> tuple[Director, Datastore]:
     ds = Datastore()
     ds.sync("floor", specs())
     cfg = sched_config.load_config(None, Handle(datastore=ds))
-    settings = DirectorSettings(response_sample_ratio=ratio, response_sample_min_interval=interval)
+    settings = DirectorSettings(
+        response_sample_ratio=ratio,
+        response_sample_min_interval=interval,
+        response_sample_settled_interval=settled,
+    )
     return Director(datastore=ds, scheduler=cfg.scheduler, settings=settings), ds
 
 
@@ -76,6 +83,33 @@ async def test_the_floors_samples_count_toward_the_ratio() -> None:
         assert picks[:8] == [True, False, False, False] * 2
 
 
+async def test_an_endpoint_past_its_first_samples_is_sampled_at_the_settled_interval() -> None:
+    # One request a second to each endpoint, none sampled by the ratio: every 2 s until an
+    # endpoint's 32nd sample, then every 20 s; a new endpoint starts at 2 s again.
+    now = Clock()
+    with clock.use(now):
+        d, ds = make(0.0, 2.0, settled=20.0)
+        times: list[float] = []
+        for _ in range(2 * SETTLE_SAMPLES + 100):
+            if await sampled(d, PODS[0]):
+                times.append(now.t - 1000.0)
+            now.t += 1.0
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert gaps[: SETTLE_SAMPLES - 1] == [2.0] * (SETTLE_SAMPLES - 1)
+        assert gaps[SETTLE_SAMPLES - 1 :] == [20.0] * (len(gaps) - SETTLE_SAMPLES + 1)
+        assert len(gaps) >= SETTLE_SAMPLES + 4
+        # The other endpoints are still learning: sampled on the 2 s floor.
+        assert [await sampled(d, PODS[1]) for _ in range(3)] == [True, False, False]
+        now.t += 2.0
+        assert await sampled(d, PODS[1])
+        # Removed and back: a new endpoint, learned from scratch at 2 s.
+        ds.sync("floor", [EndpointSpec(name="pod-1", address="10.0.0.2", port=8000)])
+        ds.sync("floor", specs())
+        assert await sampled(d, PODS[0])
+        now.t += 2.0
+        assert await sampled(d, PODS[0])
+
+
 async def test_interval_0_is_the_ratio_alone() -> None:
     now = Clock()
     with clock.use(now):
@@ -91,7 +125,7 @@ async def test_a_removed_endpoint_is_forgotten() -> None:
         d, ds = make(0.0, 2.0)
         assert await sampled(d, PODS[2])
         ds.sync("floor", [EndpointSpec(name="pod-0", address="10.0.0.1", port=8000)])
-        assert len(d._sampled_at) == 0
+        assert len(d._floors) == 0
         # It comes back as a new endpoint: sampled at once, the old mark gone with it.
         ds.sync("floor", specs())
         assert await sampled(d, PODS[2])
@@ -101,3 +135,6 @@ def test_a_negative_or_infinite_interval_is_refused() -> None:
     for bad in (-1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="response_sample_min_interval"):
             DirectorSettings(response_sample_min_interval=bad)
+    for bad in (1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="response_sample_settled_interval"):
+            DirectorSettings(response_sample_min_interval=2.0, response_sample_settled_interval=bad)
