@@ -164,6 +164,7 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "--workers=2",
         "--response-sample-ratio=0.01",
         "--response-sample-min-interval=2s",
+        "--response-sample-settled-interval=20s",
         "--log-level=info",
         "--log-format=json",
     ]
