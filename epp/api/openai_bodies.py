@@ -112,6 +112,11 @@ _DECODERS: dict[Api, msgspec.json.Decoder[Any]] = {
 
 _JSON_WS = frozenset(b" \t\r\n")
 
+# A string field decoded again from its Raw slice (already parsed as JSON by the body's decode)
+# can fail only on invalid UTF-8: msgspec <= 0.22 lets the codec's UnicodeDecodeError through,
+# 0.23 raises DecodeError ("Invalid UTF-8 encoded string").
+_BAD_UTF8 = (UnicodeDecodeError, msgspec.DecodeError)
+
 
 def decode(decoder: msgspec.json.Decoder[Any], body: bytes, limits: RequestLimits) -> Any:
     """`body` decoded by `decoder` (any route's); every failure a one-line `BadRequest`."""
@@ -290,7 +295,7 @@ def _fill_responses(req: InferenceRequest, parsed: _ResponsesBody, limits: Reque
         if len(out) > 1 and memoryview(out)[0] == 0x22:  # a JSON string
             try:
                 texts.append(_STR_DECODER.decode(out))
-            except UnicodeDecodeError:
+            except _BAD_UTF8:
                 raise BadRequest("request body is not valid UTF-8") from None
     if parts > limits.max_content_parts:
         raise _limits.over("content parts", parts, limits, "max_content_parts")
@@ -345,5 +350,5 @@ def _fill_polymorphic(req: InferenceRequest, raw: msgspec.Raw, field: str) -> No
         # Paths in the error are relative to the raw slice: re-anchor them on the field.
         msg = str(e).replace("at `$", f"at `$.{field}", 1)
         raise BadRequest(one_line(f"invalid request body: {field}: {msg}")) from None
-    except UnicodeDecodeError:
+    except _BAD_UTF8:  # after ValidationError, a DecodeError too
         raise BadRequest("request body is not valid UTF-8") from None
