@@ -299,11 +299,13 @@ class Director:
             credit = self._sample_credit + settings.response_sample_ratio
             sampled = credit >= 1.0
             if not sampled and interval > 0.0:
-                if floor is not None and floor.count >= SETTLE_SAMPLES:
-                    interval = settings.settled_interval
-                sampled = floor is None or now - floor.at >= interval
+                if floor is None:
+                    sampled = True
+                else:
+                    wait = settings.settled_interval if floor.count >= SETTLE_SAMPLES else interval
+                    sampled = now - floor.at >= wait
             self._sample_credit = max(0.0, credit - 1.0) if sampled else credit
-        if sampled and settings.response_sample_min_interval > 0.0:
+        if sampled and interval > 0.0:
             if floor is None:
                 floor = self._floors[endpoint] = _Floor()
             floor.at = now
