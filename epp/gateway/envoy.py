@@ -123,7 +123,7 @@ def gateway_config(params: GatewayParams) -> dict[str, Any]:
     if params.access_log_path:
         hcm["access_log"] = access_log_config(params.access_log_path)
     if params.pods_mode is not PodsMode.ROUND_ROBIN:
-        hcm["local_reply_config"] = local_replies()
+        hcm["local_reply_config"] = local_replies(params)
     hcm["http2_protocol_options"] = {"max_concurrent_streams": params.max_streams_per_client_connection}
     clusters = [pods_cluster(params)]
     if params.pods_mode is not PodsMode.ROUND_ROBIN:

@@ -79,9 +79,13 @@ def _retries(params: GatewayParams) -> dict[str, Any]:
 
 # Envoy's own answers (its local replies) in the OpenAI error shape epp's answers have
 # (`epp.api.errors.error_body`). epp's own answers (ImmediateResponse, details "epp") pass as
-# they are. An ext-proc failure says that epp could not decide; anything else Envoy answers
-# itself (its overload, a timeout, a body over its buffer, no upstream) keeps its status and
-# Envoy's text, with the response code details.
+# they are. An ext-proc failure says that epp could not decide, with `status_on_error`'s status
+# for every kind: Envoy answers a stream epp did not answer within `message_timeout` 504
+# (`ext_proc_error_per-message_timeout_exceeded`) whatever `status_on_error` says, and that is
+# what a burst of new streams past what epp picks up in time gets: an overloaded epp, which
+# clients should see as the 503 its other overload answers are. Anything else Envoy answers
+# itself (its overload, an upstream timeout, a body over its buffer, no upstream) keeps its status
+# and Envoy's text, with the response code details.
 _NOT_EPPS = "response.code_details != 'epp'"
 _EXT_PROC_FAILED = "response.code_details.startsWith('ext_proc_error')"
 
@@ -105,11 +109,12 @@ def _openai_error(message: str, kind: str) -> dict[str, Any]:
     }
 
 
-def local_replies() -> dict[str, Any]:
+def local_replies(params: GatewayParams) -> dict[str, Any]:
     return {
         "mappers": [
             {
                 "filter": _cel(_EXT_PROC_FAILED),
+                "status_code": params.epp_status_on_error,
                 "body_format_override": _openai_error(
                     "the endpoint picker (epp) could not route the request: it is unreachable, "
                     "restarting or overloaded; retry (%RESPONSE_CODE_DETAILS%)",

@@ -97,9 +97,10 @@ class GatewayParams:
     # listener's request_timeout must exceed flowControl.defaultRequestTTL too (docs/flow-control.md).
     max_message_timeout: float = 3600.0  # Envoy's upper bound
     failure_mode_allow: bool = False
-    # What Envoy answers when an ext-proc stream fails (epp unreachable, restarting, crashed, or
-    # gRPC's own limits): this status (Envoy's default is 500) with an OpenAI-shaped body naming
-    # the cause (`filters.local_replies`), as epp's own overload answers are.
+    # What Envoy answers when an ext-proc stream fails (epp unreachable, restarting, crashed,
+    # gRPC's own limits, or no answer within message_timeout): this status (Envoy's defaults are
+    # 500, and 504 for the timeout) with an OpenAI-shaped body naming the cause
+    # (`filters.local_replies`), as epp's own overload answers are.
     epp_status_on_error: int = 503
     # A stream that cannot reach epp (connection refused, reset before epp answered, UNAVAILABLE)
     # is retried this many times, with exponential back-off (jittered) from the base interval to

@@ -25,8 +25,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from aiohttp import web
+from grpc_health.v1 import health_pb2_grpc
 
 from epp.extproc import server as srv
 from epp.gateway.envoy import (
@@ -105,6 +107,51 @@ def test_an_unreachable_epp_is_a_503_with_a_reason_after_retries(
         assert error["code"] == 503 and error["type"] == "service_unavailable"
         assert "epp" in error["message"] and "retried" in error["message"]
         stop_process(envoys.pop())
+
+
+async def test_an_epp_too_busy_to_answer_in_time_is_a_503_with_a_reason(
+    tmp_path: Path, envoys: list[subprocess.Popen[bytes]]
+) -> None:
+    """An ext-proc server that takes the stream but does not answer within `message_timeout`
+    (epp behind a burst of new streams it cannot pick up in time): Envoy answered 504 (its own
+    status for the timeout, whatever `status_on_error` says); now the 503 with a reason that
+    every other overload answer is. epp's own gateway config only: under GIE's full-duplex
+    config Envoy 1.40 applies no per-message timeout (the request waits for the listener's)."""
+    listen, admin, port = _free_ports(3)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health = srv.Health()
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
+    await health.set(True)
+    taken = 0
+
+    async def never_answers(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        nonlocal taken
+        taken += 1
+        while await context.read() is not grpc.aio.EOF:
+            pass
+
+    handler = grpc.stream_stream_rpc_method_handler(never_answers)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(srv.EXTPROC_SERVICE, {"Process": handler}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    try:
+        base = GatewayParams(
+            listen_port=listen, admin_port=admin, epp_addresses=(f"127.0.0.1:{port}",), message_timeout=0.3
+        )
+        _start(tmp_path, envoys, gateway_config(override_params(base)), admin)
+        status, headers, body = await asyncio.to_thread(
+            _post, f"http://127.0.0.1:{listen}/v1/chat/completions", CHAT
+        )
+    finally:
+        await server.stop(None)
+    assert taken == 1  # the stream reached the server: a timeout, not a refusal
+    assert status == 503, (status, body)
+    assert headers["content-type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error["code"] == 503 and error["type"] == "service_unavailable"
+    assert "epp" in error["message"] and "per-message_timeout" in error["message"]
 
 
 def _epp_serve(grpc_port: int, health: int, metrics: int, backend: int, log: Path) -> subprocess.Popen[bytes]:
