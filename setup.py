@@ -1,6 +1,6 @@
 """Build hooks: compile protos/ (epp's own gRPC API) with grpcio-tools before building the package,
-and the C extensions of the KV index (epp/kvcache/*.c; a C compiler and Python's headers
-are needed to build epp, not to run it).
+and the C extensions (the KV index's, epp/kvcache/*.c, and the tokenizer's run rule,
+epp/tokenize/_runs.c; a C compiler and Python's headers are needed to build epp, not to run it).
 
 Everything else about the package is declared in pyproject.toml. The generated modules land in
 epp/rpc/v1/ in the source tree, so regular and editable installs both find them; they are
@@ -60,7 +60,7 @@ _C_FLAGS = [
 setup(
     cmdclass={"build_py": BuildPyWithProtos},
     ext_modules=[
-        Extension(f"epp.kvcache.{name}", [f"epp/kvcache/{name}.c"], extra_compile_args=_C_FLAGS)
-        for name in ("_records", "_keys")
+        Extension(f"epp.{name}", [f"epp/{name.replace('.', '/')}.c"], extra_compile_args=_C_FLAGS)
+        for name in ("kvcache._records", "kvcache._keys", "tokenize._runs")
     ],
 )

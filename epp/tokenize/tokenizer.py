@@ -63,7 +63,6 @@ import array
 import json
 import logging
 import os
-import re
 import sys
 import types
 from collections.abc import Mapping
@@ -72,6 +71,8 @@ from typing import Any
 
 import fastokens
 import tokenizers
+
+from epp.tokenize import _runs
 
 # fastokens spreads a batch's BPE over threads that spin while they wait: the ~700 pieces of a
 # 270k-character prompt took 36 ms of CPU for 20 ms of wall time, one thread 24 ms for 24 ms. epp
@@ -91,8 +92,9 @@ ENGINE_ENV = "EPP_TOKENIZER_ENGINE"
 agrees (module docstring)."""
 
 MAX_FAST_CHARS = 16_384
-"""Longer texts go to `tokenizers`: `FastEngine.takes` holds the GIL for its scan (~20 ns a
-character), and on cold 100k-token prompts that lagged the event loop (p99 26 ms against 7 ms)."""
+"""Longer texts go to `tokenizers`: `FastEngine.takes` holds the GIL for its scan, and on cold
+100k-token prompts that lagged the event loop (p99 26 ms against 7 ms, when the scan cost ~20 ns
+a character in Python)."""
 MAX_RUN_CHARS = 32
 MAX_ASCII_RUN_CHARS = 128
 """fastokens takes a text only when no run of word characters, of other non-space characters, or of
@@ -101,17 +103,10 @@ pre-tokens (module docstring, "Memory")."""
 # Every pre-token of the GPT-2, Llama 3 and Qwen patterns is one such run (plus a leading
 # character, and newlines after punctuation): letters and numbers are word characters (`\w`),
 # `_` and the separators `\x1c-\x1f` (Python's whitespace, not the tokenizers') count as other.
-_LONG_WORDS = re.compile(rf"\w{{{MAX_RUN_CHARS + 1}}}|(?:[^\w\s]|[_\x1c-\x1f]){{{MAX_RUN_CHARS + 1}}}")
-_LONG_ASCII_WORDS = re.compile(
-    rf"[A-Za-z0-9]{{{MAX_ASCII_RUN_CHARS + 1}}}|[^A-Za-z0-9]{{{MAX_ASCII_RUN_CHARS + 1}}}"
-)
-# A run of whitespace (`str.isspace`, which is what `\s` matches in a str pattern) past
-# MAX_RUN_CHARS. ASCII text is checked as bytes, every whitespace byte made a space: over the ~700
-# pieces of a 270k-character prompt 1.5 ns a character, against 10 for this regex and 15-50 for
-# `str.translate` to spaces; other text with the regex (translate: 1.55 ms, regex 0.3 ms for 30k).
-_LONG_SPACE = re.compile(rf"\s{{{MAX_RUN_CHARS + 1}}}")
-_ASCII_SPACES = bytes(32 if chr(c).isspace() else c for c in range(128)) + bytes(range(128, 256))
-_LONG_ASCII_SPACE = b" " * (MAX_RUN_CHARS + 1)
+# The rule is checked in C (epp/tokenize/_runs.c: one pass, CPython's character classes): its
+# Python form (str.split() and three regexes, the oracle of tests/tokenize/test_runs.py) cost
+# 8.7 ms over the 730 pieces of a cold 100k-token prompt (~85 ms in all on a slow 2-core VM),
+# the C one 1.4 ms.
 ENGINES = ("auto", "tokenizers")
 
 ENGINE_PROBES = (
@@ -317,28 +312,11 @@ class FastEngine:
     @staticmethod
     def takes(text: str, start: int = 0) -> bool:
         """Whether `text[start:]` is at most MAX_FAST_CHARS long with no run longer than
-        MAX_RUN_CHARS (module docstring, "Memory"): ~30 us for 1,700 characters (one regex over
-        the whole text took 240 us). A part too long is refused before it is copied out."""
+        MAX_RUN_CHARS (module docstring, "Memory"; the rule in full: epp/tokenize/_runs.c).
+        A part too long is refused before it is read; nothing is copied."""
         if len(text) - start > MAX_FAST_CHARS:
             return False
-        if start:
-            text = text[start:]
-        if text.isascii():
-            if _LONG_ASCII_SPACE in text.encode("ascii").translate(_ASCII_SPACES):
-                return False
-        elif _LONG_SPACE.search(text):
-            return False
-        words = text.split()
-        if not words or max(map(len, words)) <= MAX_RUN_CHARS:  # most texts: no Python loop
-            return True
-        for word in words:
-            if len(word) > MAX_RUN_CHARS:
-                if word.isascii():
-                    if len(word) > MAX_ASCII_RUN_CHARS and _LONG_ASCII_WORDS.search(word):
-                        return False
-                elif _LONG_WORDS.search(word):
-                    return False
-        return True
+        return _runs.fits(text, start, MAX_RUN_CHARS, MAX_ASCII_RUN_CHARS)
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         ids: list[int] = self._fast.encode(text, add_special_tokens=add_special_tokens).ids

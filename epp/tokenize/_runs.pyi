@@ -1,0 +1,3 @@
+"""Types of the run rule in C (epp/tokenize/_runs.c)."""
+
+def fits(text: str, start: int, max_run: int, max_ascii_run: int) -> bool: ...
