@@ -4,6 +4,7 @@ shared-prefix request's time goes.
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts                  # both sections
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts long --sizes 8000,32000 --reps 5
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts breakdown --requests 400
+    .venv/bin/python -m tests.requestcontrol.bench_long_prompts runrule --sizes 32000,100000 --reps 16
 
 Both run epp's real request path in this process, without gRPC: `Director.route` (parse, tokenize
 with epp-tiny through the prefix-tokenization cache, the default precise config's scorers over 8
@@ -16,6 +17,8 @@ the request (a 1 ms ticker's largest gap), which is what other streams wait for.
   "seen" (the first 90% was sent before and a pod's KV events hold it: only the last 10% is
   new). Targets (issue 28): a 100k-token request whose first 90k were seen <= 5 ms of CPU; a cold
   one <= 40 ms, kept off the event loop.
+- runrule: cold requests with `FastEngine.takes`'s run rule in C and in its former Python form,
+  alternated request by request in one process.
 - breakdown: the peers' shared-prefix workload's shape (inference-perf's `shared_prefix`: 30
   system prompts of 2k-4k tokens, short questions; here as chats) routed one after another; CPU
   per request, then the same under cProfile, by phase (parse, tokenize, keys, scheduling by
@@ -298,6 +301,53 @@ async def bench_breakdown(requests: int) -> None:
         tokenizers.close()
 
 
+async def bench_run_rule(sizes: list[int], reps: int) -> None:
+    """Cold requests with `FastEngine.takes`'s run rule in C (now) and in its Python form (the
+    oracle of tests/tokenize/test_runs.py, as epp had it), alternated request by request in one
+    process, so that both arms see the same machine."""
+    from epp.tokenize import tokenizer as tokenizer_module
+    from tests.tokenize.test_runs import oracle
+
+    in_c = tokenizer_module.FastEngine.takes
+
+    def in_python(text: str, start: int = 0) -> bool:
+        if len(text) - start > tokenizer_module.MAX_FAST_CHARS:
+            return False
+        return oracle(text[start:])
+
+    arms = {"C": in_c, "Python": in_python}
+    tok = load_shipped()
+    text = Text(tok)
+    print("== FastEngine.takes's run rule: cold requests, CPU ms (all threads), median (p25-p75) of", reps)
+    try:
+        for kind in ("completions", "chat"):
+            for size in sizes:
+                tokenizers = Tokenizers(default=tok)
+                director, _ = make_director(tokenizers)
+                samples: dict[str, list[float]] = {arm: [] for arm in arms}
+                try:
+                    await serving(tokenizers)
+                    for r in range(reps):
+                        for arm in sorted(arms, reverse=r % 2 == 1):
+                            tokenizer_module.FastEngine.takes = staticmethod(arms[arm])  # type: ignore[method-assign]
+                            whole = text.piece(size, f"rule-{kind}-{size}-{r}-{arm}")
+                            cut = int(len(whole) * 0.9)
+                            gc.collect()
+                            cpu, _, _ = await one(director, kind, body_of(kind, whole[:cut], whole[cut:]))
+                            await tokenizers.drain()
+                            samples[arm].append(cpu * 1e3)
+                finally:
+                    tokenizers.close()
+                cells = []
+                for arm, got in samples.items():
+                    q = statistics.quantiles(got, n=4)
+                    cells.append(f"{arm} {statistics.median(got):6.1f} ({q[0]:.1f}-{q[2]:.1f})")
+                ratio = statistics.median(samples["C"]) / statistics.median(samples["Python"])
+                print(f"{kind:12} {size:>7}  " + "  ".join(cells) + f"  C/Python {ratio:.2f}")
+    finally:
+        tokenizer_module.FastEngine.takes = in_c  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("sections", nargs="*", default=["long", "breakdown"])
@@ -308,6 +358,7 @@ def main() -> None:
     runs: dict[str, Callable[[], Awaitable[None]]] = {
         "long": lambda: bench_long([int(s) for s in args.sizes.split(",")], args.reps),
         "breakdown": lambda: bench_breakdown(args.requests),
+        "runrule": lambda: bench_run_rule([int(s) for s in args.sizes.split(",")], args.reps),
     }
     for name in args.sections:
         asyncio.run(runs[name]())
