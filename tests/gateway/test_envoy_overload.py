@@ -3,6 +3,8 @@ and unfinished uploads against Envoy's heap bound.
 
 - epp unreachable: Envoy answered 500 with an empty body; now 503 in the OpenAI error shape, after
   retrying the stream (`GatewayParams.epp_retries`).
+- epp taking a stream but not answering within `message_timeout` (behind a burst): Envoy answered
+  504; now 503 in the same OpenAI error shape, with the reason.
 - A lone epp restarting (SIGTERM, drained, started again): its new requests got 500 while no
   epp listened; now they wait in Envoy's retries and are routed by the new process.
 - Unfinished uploads held in Envoy (BUFFERED mode): 70 x 15 MiB took Envoy past 1 GiB; now its
