@@ -87,7 +87,15 @@ def _retries(params: GatewayParams) -> dict[str, Any]:
 # itself (its overload, an upstream timeout, a body over its buffer, no upstream) keeps its status
 # and Envoy's text, with the response code details.
 _NOT_EPPS = "response.code_details != 'epp'"
-_EXT_PROC_FAILED = "response.code_details.startsWith('ext_proc_error')"
+# Also a complete request that idled out before any upstream was chosen: it was waiting for
+# epp's answer, which Envoy's message_timeout does not bound in FULL_DUPLEX_STREAMED, and which
+# under heap pressure outlasts the stream idle timeout the overload manager scales down
+# (`fragments.overload_manager`): 10,000 streams at once got 504 `stream_idle_timeout` so. A
+# request still uploading idles out as 408, and one an upstream left waiting keeps its 504.
+_EXT_PROC_FAILED = (
+    "response.code_details.startsWith('ext_proc_error') || (response.code_details == 'stream_idle_timeout'"
+    " && response.code == 504 && !has(upstream.address))"
+)
 
 
 def _cel(expression: str) -> dict[str, Any]:

@@ -5,6 +5,8 @@ and unfinished uploads against Envoy's heap bound.
   retrying the stream (`GatewayParams.epp_retries`).
 - epp taking a stream but not answering within `message_timeout` (behind a burst): Envoy answered
   504; now 503 in the same OpenAI error shape, with the reason.
+- A request idle while epp decides (the stream idle timeout, scaled down under heap pressure):
+  504 `stream_idle_timeout`; now 503 with the reason, while a request a pod holds keeps its 504.
 - A lone epp restarting (SIGTERM, drained, started again): its new requests got 500 while no
   epp listened; now they wait in Envoy's retries and are routed by the new process.
 - Unfinished uploads held in Envoy (BUFFERED mode): 70 x 15 MiB took Envoy past 1 GiB; now its
@@ -154,6 +156,79 @@ async def test_an_epp_too_busy_to_answer_in_time_is_a_503_with_a_reason(
     error = json.loads(body)["error"]
     assert error["code"] == 503 and error["type"] == "service_unavailable"
     assert "epp" in error["message"] and "per-message_timeout" in error["message"]
+
+
+def _hcm(config: dict[str, Any]) -> dict[str, Any]:
+    hcm: dict[str, Any] = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"
+    ]
+    return hcm
+
+
+async def test_a_request_idle_while_epp_decides_is_a_503_and_one_a_pod_holds_a_504(
+    tmp_path: Path, envoys: list[subprocess.Popen[bytes]]
+) -> None:
+    """The stream idle timeout (scaled down to 1 s by Envoy's overload manager under heap
+    pressure) fired on requests waiting for epp's answer: 10,000 streams at once got 504
+    `stream_idle_timeout`. Such a request is epp's overload, a 503 with the reason; a request a
+    pod has taken and not answered keeps Envoy's 504 (a gateway timeout it is)."""
+    listen, admin, grpc_port, health, metrics, backend, stalled = _free_ports(7)
+    waiting = 0
+
+    async def never_answers(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        nonlocal waiting
+        waiting += 1
+        while await context.read() is not grpc.aio.EOF:
+            pass
+
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    handler = grpc.stream_stream_rpc_method_handler(never_answers)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(srv.EXTPROC_SERVICE, {"Process": handler}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{stalled}")
+    await server.start()
+
+    async def hang(_: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", hang)
+    pod = web.AppRunner(app, access_log=None)
+    await pod.setup()
+    await web.TCPSite(pod, "127.0.0.1", backend).start()
+    log = tmp_path / "epp.log"
+    epp = _epp_serve(grpc_port, health, metrics, backend, log)
+    answers = []
+    try:
+        for epp_port in (stalled, grpc_port):
+            params = GatewayParams(
+                listen_port=listen,
+                admin_port=admin,
+                epp_addresses=(f"127.0.0.1:{epp_port}",),
+                message_timeout=30,
+                route_timeout=60,
+            )
+            config = gateway_config(override_params(params))
+            _hcm(config)["stream_idle_timeout"] = "1s"
+            _start(tmp_path, envoys, config, admin)
+            answers.append(
+                await asyncio.to_thread(_post, f"http://127.0.0.1:{listen}/v1/chat/completions", CHAT, 20)
+            )
+            stop_process(envoys.pop())
+    finally:
+        epp.send_signal(signal.SIGINT)
+        epp.wait(15)
+        await server.stop(None)
+        await pod.cleanup()
+    (status, _, body), (pod_status, _, pod_body) = answers
+    assert waiting == 1
+    assert status == 503, (status, body)
+    error = json.loads(body)["error"]
+    assert error["type"] == "service_unavailable" and "stream_idle_timeout" in error["message"]
+    assert pod_status == 504, (pod_status, pod_body, log.read_text()[-2000:])
+    assert json.loads(pod_body)["error"]["type"] == "gateway_error"
 
 
 def _epp_serve(grpc_port: int, health: int, metrics: int, backend: int, log: Path) -> subprocess.Popen[bytes]:
