@@ -113,24 +113,17 @@ def test_an_unreachable_epp_is_a_503_with_a_reason_after_retries(
         stop_process(envoys.pop())
 
 
-async def test_an_epp_too_busy_to_answer_in_time_is_a_503_with_a_reason(
-    tmp_path: Path, envoys: list[subprocess.Popen[bytes]]
-) -> None:
-    """An ext-proc server that takes the stream but does not answer within `message_timeout`
-    (epp behind a burst of new streams it cannot pick up in time): Envoy answered 504 (its own
-    status for the timeout, whatever `status_on_error` says); now the 503 with a reason that
-    every other overload answer is. epp's own gateway config only: under GIE's full-duplex
-    config Envoy 1.40 applies no per-message timeout (the request waits for the listener's)."""
-    listen, admin, port = _free_ports(3)
+async def _never_answering_ext_proc(port: int) -> tuple[grpc.aio.Server, list[int]]:
+    """A started gRPC server (health SERVING) whose ext-proc streams are read and never answered,
+    and the count of streams it took (one item, updated)."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health = srv.Health()
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     await health.set(True)
-    taken = 0
+    taken = [0]
 
     async def never_answers(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
-        nonlocal taken
-        taken += 1
+        taken[0] += 1
         while await context.read() is not grpc.aio.EOF:
             pass
 
@@ -140,6 +133,19 @@ async def test_an_epp_too_busy_to_answer_in_time_is_a_503_with_a_reason(
     )
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
+    return server, taken
+
+
+async def test_an_epp_too_busy_to_answer_in_time_is_a_503_with_a_reason(
+    tmp_path: Path, envoys: list[subprocess.Popen[bytes]]
+) -> None:
+    """An ext-proc server that takes the stream but does not answer within `message_timeout`
+    (epp behind a burst of new streams it cannot pick up in time): Envoy answered 504 (its own
+    status for the timeout, whatever `status_on_error` says); now the 503 with a reason that
+    every other overload answer is. epp's own gateway config only: under GIE's full-duplex
+    config Envoy 1.40 applies no per-message timeout (the request waits for the listener's)."""
+    listen, admin, port = _free_ports(3)
+    server, taken = await _never_answering_ext_proc(port)
     try:
         base = GatewayParams(
             listen_port=listen, admin_port=admin, epp_addresses=(f"127.0.0.1:{port}",), message_timeout=0.3
@@ -150,7 +156,7 @@ async def test_an_epp_too_busy_to_answer_in_time_is_a_503_with_a_reason(
         )
     finally:
         await server.stop(None)
-    assert taken == 1  # the stream reached the server: a timeout, not a refusal
+    assert taken == [1]  # the stream reached the server: a timeout, not a refusal
     assert status == 503, (status, body)
     assert headers["content-type"] == "application/json"
     error = json.loads(body)["error"]
@@ -173,21 +179,7 @@ async def test_a_request_idle_while_epp_decides_is_a_503_and_one_a_pod_holds_a_5
     `stream_idle_timeout`. Such a request is epp's overload, a 503 with the reason; a request a
     pod has taken and not answered keeps Envoy's 504 (a gateway timeout it is)."""
     listen, admin, grpc_port, health, metrics, backend, stalled = _free_ports(7)
-    waiting = 0
-
-    async def never_answers(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
-        nonlocal waiting
-        waiting += 1
-        while await context.read() is not grpc.aio.EOF:
-            pass
-
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    handler = grpc.stream_stream_rpc_method_handler(never_answers)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(srv.EXTPROC_SERVICE, {"Process": handler}),)
-    )
-    server.add_insecure_port(f"127.0.0.1:{stalled}")
-    await server.start()
+    server, waiting = await _never_answering_ext_proc(stalled)
 
     async def hang(_: web.Request) -> web.Response:
         await asyncio.sleep(30)
@@ -223,7 +215,7 @@ async def test_a_request_idle_while_epp_decides_is_a_503_and_one_a_pod_holds_a_5
         await server.stop(None)
         await pod.cleanup()
     (status, _, body), (pod_status, _, pod_body) = answers
-    assert waiting == 1
+    assert waiting == [1]
     assert status == 503, (status, body)
     error = json.loads(body)["error"]
     assert error["type"] == "service_unavailable" and "stream_idle_timeout" in error["message"]
