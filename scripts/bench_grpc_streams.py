@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -82,7 +81,11 @@ async def serve(port: int, registered: bool, stats: Path) -> None:
 class Server:
     def __init__(self, python: str, registered: bool) -> None:
         self._stats = Path(tempfile.mkstemp(suffix=".json")[1])
-        self.port = _free_port()
+        # Imported here: the server side runs this file under `--server-python`, which may be a
+        # venv holding grpcio alone.
+        from epp.gateway.processes import free_ports
+
+        (self.port,) = free_ports(1)
         argv = [python, __file__, "--serve", str(self.port), "--stats", str(self._stats)]
         self._proc = subprocess.Popen(argv + (["--registered"] if registered else []), stdout=subprocess.PIPE)
         assert self._proc.stdout is not None
@@ -99,12 +102,6 @@ class Server:
         self._proc.terminate()
         self._proc.wait(10)
         self._stats.unlink(missing_ok=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def one(call_of: grpc.aio.StreamStreamMultiCallable, firsts: list[float] | None = None) -> None:
