@@ -95,7 +95,8 @@ from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.disagg import deciders
 from epp.scheduling.disagg.runner import PEER_KEY
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
-from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer, TTFTDecision
+from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer
+from epp.scheduling.plugins.predicted_ttft_terms import TTFTDecision
 from epp.sidecar.protocol import PREFILL_RESULT_HEADER, PREFILL_SECONDS_HEADER
 
 MAX_PENDING: Final = 65536

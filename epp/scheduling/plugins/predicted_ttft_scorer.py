@@ -102,128 +102,36 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import math
-import zlib
 from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
-from prometheus_client import Gauge, Histogram
 
 from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.observability import metrics
 from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.plugins.precise_prefix_cache_scorer import DEFAULT_BLOCK_SIZE, PrefixMatch, cached_tokens
-from epp.scheduling.plugins.prefix_popularity import (
-    MASK64,
-    Popularity,
-    first_block_digest,
-    mix64,
-    prompt_tokens,
+from epp.scheduling.plugins.predicted_ttft_terms import (
+    FINITE,
+    Booked,
+    NonNegative,
+    Prediction,
+    Rate,
+    TTFTDecision,
+    prediction_error,
+    prefill_rate,
 )
+from epp.scheduling.plugins.prefix_popularity import Popularity, first_block_digest, prompt_tokens
 from epp.scheduling.plugins.traffic_share import TrafficShare
+from epp.scheduling.plugins.ttft_homes import Homes
 
 MAX_PENDING: Final = 65536
 """Predictions kept for response_complete; beyond it the oldest are dropped (lost responses)."""
 
-WARMUP_SHARE: Final = 0.5
-"""An endpoint below this fraction of the mean recent requests per endpoint is warming up."""
-
-WARMUP_MIN_REQUESTS: Final = 4.0
-"""Recent requests per endpoint (decayed) before anyone counts as warming up."""
-
 HOME_MARGIN: Final = 1e-9
 """How far below the home every other endpoint is scaled, so the picker cannot tie with it."""
-
-_ERROR_BUCKETS = (
-    *(-b for b in (30.0, 10.0, 5.0, 2.5, 1.0, 0.5, 0.25, 0.1, 0.05, 0.025, 0.01)),
-    0.0,
-    *(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
-)
-
-prediction_error = Histogram(
-    "epp_predicted_ttft_error_seconds",
-    "Actual minus predicted time to first token of requests routed by predicted-ttft-scorer.",
-    ["plugin"],
-    buckets=_ERROR_BUCKETS,
-    registry=metrics.REGISTRY,
-)
-prefill_rate = Gauge(
-    "epp_predicted_ttft_prefill_tokens_per_second",
-    "Prefill rate per endpoint as learned by predicted-ttft-scorer from observed TTFTs.",
-    ["plugin", "endpoint"],
-    registry=metrics.REGISTRY,
-)
-
-_NonNegative = Annotated[float, msgspec.Meta(ge=0.0)]
-# msgspec's bounds let infinity through; these parameters multiply times, so it is refused.
-_FINITE = (
-    "overheadSeconds",
-    "queueDepthWeight",
-    "decodeInterference",
-    "kvPressureWeight",
-    "missPenalty",
-    "missPenaltyPerWaiting",
-)
-
-
-@dataclasses.dataclass(slots=True)
-class _Rate:
-    """One endpoint's learned prefill cost and fluid queue."""
-
-    cost: float  # seconds per uncached prompt token at no decode load
-    seen: float  # observations so far (the prior's weight is added when learning)
-    busy_until: float = 0.0  # clock.now() at which the prefill work booked so far is drained
-
-
-@dataclasses.dataclass(slots=True)
-class _Prediction:
-    """One endpoint's prediction for the request being scored."""
-
-    ttft: float
-    objective: float  # ttft plus the miss penalty: what the choice minimises
-    queue_s: float
-    queue_tokens: float
-    uncached: float
-    slowdown: float  # 1 + k * decodes
-    decodes: int
-    kv_wait: float  # the predicted wait for KV blocks: the price below, times the learned scale
-    kv_price: float  # the KV-pressure term of the objective
-
-
-@dataclasses.dataclass(slots=True)
-class _Booked:
-    """A routed request's prediction, kept until its response completes."""
-
-    request: InferenceRequest
-    endpoint: str
-    predicted: float
-    queue_tokens: float
-    uncached: float
-    slowdown: float
-    decodes: int
-    kv_wait: float
-    kv_price: float
-    remote_prefill: bool = False  # another pod prefilled it (P/D): its TTFT is not this pod's rate
-
-
-@dataclasses.dataclass(slots=True)
-class TTFTDecision:
-    """What the scorer predicted for one request (explain reads it from the cycle state)."""
-
-    # endpoint -> (predicted ttft, objective, queue, uncached tokens)
-    predictions: dict[str, tuple[float, float, float, float]]
-    home: str = ""
-    # For explain: each endpoint's whole prediction, and the miss penalty factor it was priced at.
-    terms: dict[str, _Prediction] = dataclasses.field(default_factory=dict)
-    penalty: float = 0.0
-    # Endpoints far below their share of the recent requests, priced with no miss penalty.
-    warming: frozenset[str] = frozenset()
-    # request-latency-scorer's decode terms per endpoint (explain).
-    extras: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 @registry.register("predicted-ttft-scorer")
@@ -236,26 +144,26 @@ class PredictedTTFTScorer(registry.PluginBase):
         priorObservations: Annotated[float, msgspec.Meta(ge=1.0)] = 20.0
         minLearningRate: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.02
         maxUpdateRatio: Annotated[float, msgspec.Meta(gt=1.0)] = 2.0
-        overheadSeconds: _NonNegative = 0.01
-        queueDepthWeight: _NonNegative = 1.0
-        decodeInterference: _NonNegative = 0.02
+        overheadSeconds: NonNegative = 0.01
+        queueDepthWeight: NonNegative = 1.0
+        decodeInterference: NonNegative = 0.02
         learnShared: bool = True
-        kvPressureWeight: _NonNegative = 1.0
+        kvPressureWeight: NonNegative = 1.0
         kvSoftLimit: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.8
         decodeSeconds: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0
         offloadCost: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.2
-        homeTolerance: _NonNegative = 0.2
-        homeSlackSeconds: _NonNegative = 0.1
-        missPenalty: _NonNegative = 1.0
-        popularityWindowSeconds: _NonNegative = 60.0
-        missPenaltyPerWaiting: _NonNegative = 1.0
+        homeTolerance: NonNegative = 0.2
+        homeSlackSeconds: NonNegative = 0.1
+        missPenalty: NonNegative = 1.0
+        popularityWindowSeconds: NonNegative = 60.0
+        missPenaltyPerWaiting: NonNegative = 1.0
         # 1 by default: on the shipped default the learned share did not improve replicas
         # (BENCHMARKS.md#replicas); "auto" opts in.
         trafficShare: Literal["auto"] | float = 1.0
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         self.name = name
-        for field in _FINITE:
+        for field in FINITE:
             if not math.isfinite(getattr(params, field)):
                 raise registry.ConfigError(f"plugin {name!r} (type {self.type!r}): {field} must be finite")
         self._prefix = params.prefixScorer
@@ -279,14 +187,13 @@ class PredictedTTFTScorer(registry.PluginBase):
         self._waiting_weight = params.missPenaltyPerWaiting
         window = params.popularityWindowSeconds
         self._popularity = Popularity(window) if window > 0 else None
-        self._traffic = Popularity(window) if window > 0 else None  # requests per endpoint
-        self._rates: dict[str, _Rate] = {}
-        self._name_ids: dict[str, int] = {}
+        self._homes = Homes(window)
+        self._rates: dict[str, Rate] = {}
         self._mean_prefill = 0.0  # EWMA of booked uncached tokens: the work a waiting request brings
         # pre_request gets no CycleState; the Director calls it right after `schedule` with no await
         # in between, so the last request scored is the one being routed.
-        self._last: tuple[InferenceRequest, dict[str, _Prediction], int | None] | None = None
-        self._pending: collections.OrderedDict[int, _Booked] = collections.OrderedDict()
+        self._last: tuple[InferenceRequest, dict[str, Prediction], int | None] | None = None
+        self._pending: collections.OrderedDict[int, Booked] = collections.OrderedDict()
         share = params.trafficShare
         try:
             self._share = TrafficShare(handle.datastore.endpoints, None if share == "auto" else float(share))
@@ -307,7 +214,7 @@ class PredictedTTFTScorer(registry.PluginBase):
         now = clock.now()
         digest = first_block_digest(request, match.block_size if match is not None else 0)
         penalty = self._miss_penalty
-        warming = self._warming(endpoints, now)
+        warming = self._homes.warming(endpoints, now)
         if penalty and digest is not None and self._popularity is not None:
             # A prefix carrying a share s of the traffic needs about s * N endpoints' capacity:
             # until that many hold it, another copy is an investment, not a waste.
@@ -320,7 +227,7 @@ class PredictedTTFTScorer(registry.PluginBase):
                 needed = max(needed, holders + 1.0)
             if needed > holders:
                 penalty *= (holders / needed) ** 2
-        preds: dict[str, _Prediction] = {}
+        preds: dict[str, Prediction] = {}
         objectives: list[float] = []
         for ep in endpoints:
             p = self._predict(ep, tokens, match, now, 0.0 if ep.name in warming else penalty)
@@ -338,30 +245,17 @@ class PredictedTTFTScorer(registry.PluginBase):
         best = min(objectives)
         scores = [best / t for t in objectives]
         if (match is None or not match.matches) and digest is not None:
-            home = self._home(digest, endpoints, objectives, best)
+            limit = self._home_limit(endpoints, objectives, best)
+            home = self._homes.home(digest, endpoints, objectives, limit, now)
             if home >= 0:
                 decision.home = endpoints[home].name
                 scores = [s * (1.0 - HOME_MARGIN) for s in scores]
                 scores[home] = 1.0
         return scores
 
-    def _warming(self, endpoints: list[Endpoint], now: float) -> frozenset[str]:
-        """Endpoints that got less than `WARMUP_SHARE` of the mean of the recent requests (a
-        restarted, readmitted or new pod, its cache empty): a miss there costs the fleet no lost
-        affinity, so they are priced without the miss penalty until they carry their share.
-        Empty until the window has seen a few requests per endpoint."""
-        traffic = self._traffic
-        if traffic is None or len(endpoints) < 2:
-            return frozenset()
-        counts = [traffic.count(ep.name, now) for ep in endpoints]
-        fair = sum(counts) / len(counts)
-        if fair < WARMUP_MIN_REQUESTS:
-            return frozenset()
-        return frozenset(ep.name for ep, c in zip(endpoints, counts, strict=True) if c < WARMUP_SHARE * fair)
-
     def _predict(
         self, ep: Endpoint, tokens: int, match: PrefixMatch | None, now: float, penalty: float
-    ) -> _Prediction:
+    ) -> Prediction:
         rate = self._rate(ep.name)
         m = ep.metrics
         uncached = float(tokens)
@@ -396,46 +290,19 @@ class PredictedTTFTScorer(registry.PluginBase):
         # Every request waiting there is delayed by this prefill too (queueing is FIFO-ish).
         waiting_factor = 1.0 + self._waiting_weight * m.waiting
         objective = base + kv_price + penalty * waiting_factor * service
-        return _Prediction(
+        return Prediction(
             ttft, objective, queue_s, queue_s / cost, uncached, slowdown, decodes, kv_wait, kv_price
         )
-
-    def _home(self, digest: int, endpoints: list[Endpoint], objectives: list[float], best: float) -> int:
-        """Index of the rendezvous home of the prompt whose first block is `digest` among the
-        near-minimum endpoints."""
-        limit = self._home_limit(endpoints, objectives, best)
-        near = [i for i, objective in enumerate(objectives) if objective <= limit]
-        traffic = self._traffic
-        if traffic is not None and len(near) > 1:
-            # A prefix's later requests follow it to its home, but at light load the predictions
-            # barely differ, and hashing alone would give some endpoints more prefixes (a binomial
-            # spread) that load them once the traffic grows. So homes go to the near-minimum
-            # endpoints that got no more than their share of the recent requests.
-            now = clock.now()
-            recent = [traffic.count(endpoints[i].name, now) for i in near]
-            fair = sum(recent) / len(recent)
-            near = [i for i, r in zip(near, recent, strict=True) if r <= fair] or near
-        ids = self._name_ids
-        top, home = -1, -1
-        for i in near:
-            ep = endpoints[i]
-            name_id = ids.get(ep.name)
-            if name_id is None:
-                name_id = ids[ep.name] = zlib.crc32(ep.name.encode())
-            h = mix64(digest ^ (name_id * 0x9E3779B97F4A7C15 & MASK64))
-            if h > top:
-                top, home = h, i
-        return home
 
     def _home_limit(self, endpoints: list[Endpoint], objectives: list[float], best: float) -> float:
         """The largest objective a rendezvous home may have: within `homeTolerance` (relative) or
         `homeSlackSeconds` of the minimum."""
         return max(best * (1.0 + self._home_tol), best + self._home_slack)
 
-    def _rate(self, name: str) -> _Rate:
+    def _rate(self, name: str) -> Rate:
         rate = self._rates.get(name)
         if rate is None:
-            rate = self._rates[name] = _Rate(self._prior_cost, 0.0)
+            rate = self._rates[name] = Rate(self._prior_cost, 0.0)
         return rate
 
     # --- effects --------------------------------------------------------------------------------
@@ -462,10 +329,9 @@ class PredictedTTFTScorer(registry.PluginBase):
         self._mean_prefill += 0.05 * (p.uncached - self._mean_prefill)
         if self._popularity is not None and last[2] is not None:
             self._popularity.add(last[2], now)
-        if self._traffic is not None:
-            self._traffic.add(primary, now)
+        self._homes.routed(primary, now)
         pending = self._pending
-        pending[id(request)] = _Booked(
+        pending[id(request)] = Booked(
             request,
             primary,
             p.ttft,

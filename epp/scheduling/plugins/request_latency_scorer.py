@@ -90,7 +90,8 @@ from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces, registry
 from epp.scheduling.plugins import slo_targets
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
-from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer, TTFTDecision, _Prediction
+from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer
+from epp.scheduling.plugins.predicted_ttft_terms import Prediction, TTFTDecision
 
 MAX_ACTIVE: Final = 65536
 """Requests tracked in flight; beyond it the oldest are dropped (lost responses)."""
@@ -256,7 +257,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
 
     def _predict(
         self, ep: Endpoint, tokens: int, match: PrefixMatch | None, now: float, penalty: float
-    ) -> _Prediction:
+    ) -> Prediction:
         p = super()._predict(ep, tokens, match, now, penalty)
         scoring = self._scoring
         if scoring is None:

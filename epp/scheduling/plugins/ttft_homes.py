@@ -1,0 +1,75 @@
+"""Where predicted-ttft-scorer sends a prompt no endpoint holds, and which endpoints it prices as
+warming up. Both read the recent requests per endpoint, which this keeps (the rules and why:
+`predicted_ttft_scorer`'s docstring).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Final
+
+from epp.datastore.endpoints import Endpoint
+from epp.scheduling.plugins.prefix_popularity import MASK64, Popularity, mix64
+
+WARMUP_SHARE: Final = 0.5
+"""An endpoint below this fraction of the mean recent requests per endpoint is warming up."""
+
+WARMUP_MIN_REQUESTS: Final = 4.0
+"""Recent requests per endpoint (decayed) before anyone counts as warming up."""
+
+
+class Homes:
+    """The recent requests per endpoint (decaying over `window` seconds; 0 keeps none, and then
+    nobody warms up and homes go by the hash alone), and the two rules that read them."""
+
+    __slots__ = ("_ids", "_traffic")
+
+    def __init__(self, window: float) -> None:
+        self._traffic = Popularity(window) if window > 0 else None
+        self._ids: dict[str, int] = {}  # endpoint name -> crc32: the same in every process
+
+    def routed(self, endpoint: str, now: float) -> None:
+        """A request was routed to `endpoint`."""
+        if self._traffic is not None:
+            self._traffic.add(endpoint, now)
+
+    def warming(self, endpoints: list[Endpoint], now: float) -> frozenset[str]:
+        """Endpoints that got less than `WARMUP_SHARE` of the mean of the recent requests (a
+        restarted, readmitted or new pod, its cache empty): a miss there costs the fleet no lost
+        affinity, so they are priced without the miss penalty until they carry their share.
+        Empty until the window has seen a few requests per endpoint."""
+        traffic = self._traffic
+        if traffic is None or len(endpoints) < 2:
+            return frozenset()
+        counts = [traffic.count(ep.name, now) for ep in endpoints]
+        fair = sum(counts) / len(counts)
+        if fair < WARMUP_MIN_REQUESTS:
+            return frozenset()
+        return frozenset(ep.name for ep, c in zip(endpoints, counts, strict=True) if c < WARMUP_SHARE * fair)
+
+    def home(
+        self, digest: int, endpoints: list[Endpoint], objectives: list[float], limit: float, now: float
+    ) -> int:
+        """Index of the rendezvous home of the prompt whose first block is `digest` among the
+        endpoints whose objective is at most `limit`."""
+        near = [i for i, objective in enumerate(objectives) if objective <= limit]
+        traffic = self._traffic
+        if traffic is not None and len(near) > 1:
+            # A prefix's later requests follow it to its home, but at light load the predictions
+            # barely differ, and hashing alone would give some endpoints more prefixes (a binomial
+            # spread) that load them once the traffic grows. So homes go to the near-minimum
+            # endpoints that got no more than their share of the recent requests.
+            recent = [traffic.count(endpoints[i].name, now) for i in near]
+            fair = sum(recent) / len(recent)
+            near = [i for i, r in zip(near, recent, strict=True) if r <= fair] or near
+        ids = self._ids
+        top, home = -1, -1
+        for i in near:
+            ep = endpoints[i]
+            name_id = ids.get(ep.name)
+            if name_id is None:
+                name_id = ids[ep.name] = zlib.crc32(ep.name.encode())
+            h = mix64(digest ^ (name_id * 0x9E3779B97F4A7C15 & MASK64))
+            if h > top:
+                top, home = h, i
+        return home
