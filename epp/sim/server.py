@@ -37,8 +37,9 @@ from epp.api.errors import BadRequest
 from epp.api.requests import Api, InferenceRequest, parse_request
 from epp.sim import apis
 from epp.sim.core import RequestRejected
-from epp.sim.engine import SimConfig, SimRequest, SimState, render_metrics
+from epp.sim.engine import SimConfig, SimRequest, SimState
 from epp.sim.httpfront import fastapi_errors, json_response, server_logger
+from epp.sim.metrics_page import render_metrics
 from epp.tokenize.anthropic import RequestModelError
 from epp.tokenize.chat import ChatTemplateError
 
