@@ -83,18 +83,18 @@ def test_a_token_producer_naming_two_sources_is_refused_at_start() -> None:
 def test_the_metrics_source_sets_the_scrape_and_a_contrary_flag_stops_serve() -> None:
     from epp.datastore.endpoints import Datastore
     from epp.scheduling import datalayer
-    from epp.serve import parts
+    from epp.serve import scrape
 
     source = datalayer.MetricsScrape(scheme="https", path="/m", port=9100, interval=0.12)
-    scraper = parts._scraper(serve_args(), Datastore(), "p", source)
+    scraper = scrape.scraper(serve_args(), Datastore(), "p", source)
     assert (scraper._scheme, scraper._path, scraper._metrics_port) == ("https", "/m", 9100)
     assert scraper.interval == pytest.approx(0.1)  # a multiple of --refresh-metrics-interval (50ms)
     with pytest.raises(ValueError, match="--model-server-metrics-path=/other, but the config's"):
-        parts._scraper(serve_args("--model-server-metrics-path=/other"), Datastore(), "p", source)
-    engines = datalayer.MetricsScrape(engines=parts.DEFAULT_ENGINES)
+        scrape.scraper(serve_args("--model-server-metrics-path=/other"), Datastore(), "p", source)
+    engines = datalayer.MetricsScrape(engines=scrape.DEFAULT_ENGINES)
     with pytest.raises(ValueError, match="give them one way"):
-        parts._scraper(serve_args("--total-queued-requests-metric=q"), Datastore(), "p", engines)
-    flagged = parts._scraper(
+        scrape.scraper(serve_args("--total-queued-requests-metric=q"), Datastore(), "p", engines)
+    flagged = scrape.scraper(
         serve_args("--total-queued-requests-metric=q"), Datastore(), "p", datalayer.MetricsScrape()
     )
     assert flagged._engines.default.queued is not None and flagged._engines.default.queued.name == b"q"
@@ -136,7 +136,7 @@ def test_a_worker_follows_the_supervisors_scrape_unless_the_config_says_otherwis
     from epp.datastore.endpoints import Datastore
     from epp.datastore.scraper import MetricsScraper
     from epp.scheduling import datalayer
-    from epp.serve import parts
+    from epp.serve import scrape
     from epp.workers.shared_metrics import MetricsFollower
     from epp.workers.worker import WorkerRole
 
@@ -144,14 +144,14 @@ def test_a_worker_follows_the_supervisors_scrape_unless_the_config_says_otherwis
     # Listed without parameters, or repeating the flags: the supervisor's scrape is the same.
     for same in (
         datalayer.MetricsScrape(),
-        datalayer.MetricsScrape(scheme="http", path="/metrics", engines=parts.DEFAULT_ENGINES),
+        datalayer.MetricsScrape(scheme="http", path="/metrics", engines=scrape.DEFAULT_ENGINES),
         datalayer.MetricsScrape(interval=0.05, models_path="/v1/models"),
     ):
-        assert isinstance(parts._scraper(serve_args(), Datastore(), "p", same, role), MetricsFollower)
+        assert isinstance(scrape.scraper(serve_args(), Datastore(), "p", same, role), MetricsFollower)
     # A config that says otherwise: the worker scrapes itself, as the config says.
     source = datalayer.MetricsScrape(scheme="https", path="/m", interval=0.12)
-    own = parts._scraper(serve_args(), Datastore(), "p", source, role)
+    own = scrape.scraper(serve_args(), Datastore(), "p", source, role)
     assert isinstance(own, MetricsScraper) and not isinstance(own, MetricsFollower)
     # A contrary flag is the same error as in one process.
     with pytest.raises(ValueError, match="--model-server-metrics-path=/other, but the config's"):
-        parts._scraper(serve_args("--model-server-metrics-path=/other"), Datastore(), "p", source, role)
+        scrape.scraper(serve_args("--model-server-metrics-path=/other"), Datastore(), "p", source, role)
