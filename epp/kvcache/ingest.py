@@ -129,7 +129,7 @@ class KVEventIngester:
     ) -> None:
         self._index = index
         # Prompt tokens routed to a pod so far: with it, a pod sent work but publishing nothing is
-        # warned about (`epp.kvcache.feed.Silence`); None: no such check.
+        # warned about (`epp.kvcache.silence.Silence`); None: no such check.
         self._routed_tokens = routed_tokens
         self._silence_grace = silence_grace
         self._silence_task: asyncio.Task[None] | None = None

@@ -145,7 +145,7 @@ class KVPodCounts(NamedTuple):
     messages: int = 0  # messages received from the pod, good or bad (llm-d's messages_received)
     reconnections: int = 0  # connections after the first (llm-d's subscriber_reconnections)
     zmq_errors: Mapping[str, int] = {}  # llm-d's operation names (connect, replay-incomplete) -> n
-    silent: bool = False  # sent work but published nothing (epp.kvcache.feed.Silence)
+    silent: bool = False  # sent work but published nothing (epp.kvcache.silence.Silence)
 
 
 class KVSnapshot(NamedTuple):

@@ -13,7 +13,7 @@ so every event was received, decoded and keyed N times, and the pod held N index
   block_size, model], ...]}` whenever it changes, and whole to a worker that (re)starts;
 - the routing is the workers', so each tells the supervisor the prompt tokens it routed to each
   pod (`{"routed_tokens": {pod: tokens}}`, what changed, every `ROUTED_S`): with their sum the
-  ingester warns of a pod sent work that publishes no KV event (epp.kvcache.feed.Silence).
+  ingester warns of a pod sent work that publishes no KV event (epp.kvcache.silence.Silence).
 The `epp_kv_events_*` series and llm-d's index admissions and removals are the supervisor's; each
 worker exports the index's size as it reads it (`epp_kv_index_*`) and its own lookups.
 """
