@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from epp.kvcache.feed import SILENCE_MIN_TOKENS
+from epp.kvcache.silence import SILENCE_MIN_TOKENS
 from tests.kvcache.test_ingest import Rig, eventually, metric, rig, spec, stored, subscribed, tokens
 
 __all__ = ["rig"]  # the fixture, used by name
