@@ -29,7 +29,7 @@ from epp.datastore.endpoints import Datastore
 from epp.observability.logs import Throttle
 from epp.requestcontrol.offload import BodyParsers
 from epp.tokenize import render
-from epp.tokenize.anthropic import RequestModelError
+from epp.tokenize.anthropic_request import RequestModelError
 from epp.tokenize.chat import ChatPrompt, ChatTemplated, ChatTemplateError, UnsupportedChat
 from epp.tokenize.dialects import Dialect, Prepared, for_route
 from epp.tokenize.registry import RENDER_INLINE_MESSAGES, Saturated

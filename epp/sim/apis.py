@@ -29,7 +29,7 @@ from epp.api import context_length
 from epp.api.errors import BadRequest
 from epp.api.requests import Api, InferenceRequest
 from epp.sim.httpfront import json_response
-from epp.tokenize.anthropic import RequestModelError
+from epp.tokenize.anthropic_request import RequestModelError
 from epp.tokenize.chat import ChatTemplateError
 from epp.tokenize.tokenizer import Tokenizer
 

@@ -40,7 +40,7 @@ from epp.sim.core import RequestRejected
 from epp.sim.engine import SimConfig, SimRequest, SimState
 from epp.sim.httpfront import fastapi_errors, json_response, server_logger
 from epp.sim.metrics_page import render_metrics
-from epp.tokenize.anthropic import RequestModelError
+from epp.tokenize.anthropic_request import RequestModelError
 from epp.tokenize.chat import ChatTemplateError
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"

@@ -74,7 +74,7 @@ def prepare(tok: ChatTemplated, dialect: Dialect, body: Mapping[str, Any]) -> Pr
     """The prompt vLLM builds for a decoded `body` of `dialect`.
 
     Raises:
-        ChatTemplateError: vLLM refuses the request (400); `anthropic.RequestModelError` when its
+        ChatTemplateError: vLLM refuses the request (400); `anthropic_request.RequestModelError` when its
             request model does (OpenAI's error shape on the Anthropic routes).
         UnsupportedChat: epp does not model part of the request (route without token ids).
     """

@@ -41,7 +41,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from epp.lax import is_object, lax_bool, lax_int
-from epp.tokenize.anthropic import SALT_RULE, RequestModelError
+from epp.tokenize.anthropic import SALT_RULE
+from epp.tokenize.anthropic_request import RequestModelError
 from epp.tokenize.chat_request import ChatTemplateError, UnsupportedChat
 
 EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
