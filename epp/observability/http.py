@@ -5,16 +5,16 @@ from __future__ import annotations
 import ssl
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from epp.observability import metrics
+from epp.observability import exposition, metrics
 
 WILDCARDS = frozenset({"0.0.0.0", "::"})
 """Bind addresses that mean every address of the host, IPv4 and IPv6 alike."""
 
 
 async def _metrics(_: web.Request) -> web.Response:
-    body = generate_latest(metrics.REGISTRY)
+    body = await exposition.render(metrics.REGISTRY)  # not in one hold of the loop
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -393,8 +393,9 @@ target_model_name share one limiter (1,000 names between them), fairness_id has 
 are counted as "other". Names of InferenceModelRewrite rules are pinned: always themselves, uncounted."""
 MAX_LABEL_PAIRS = 32
 """Distinct (model_name, target_model_name) pairs kept in GIE's per-request series: each pair is a
-dozen histograms, ~28 KB of /metrics page and ~4 ms of rendering per scrape, on the event loop, so
-1,000 x 1,000 independent names would be gigabytes. Later pairs are ("other", "other"). epp's own
+dozen histograms, ~28 KB of /metrics page and ~4 ms of CPU per scrape (collected a family at a time
+on the event loop, written in a thread: epp.observability.exposition), so 1,000 x 1,000
+independent names would be gigabytes. Later pairs are ("other", "other"). epp's own
 bound on top of llm-d's per-name caps (llm-d has none on pairs). The page budget below binds first
 for long names."""
 MAX_LABEL_SETS = 32

@@ -18,13 +18,14 @@ How a family folds depends on what one worker's value means:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
+
+from epp.observability import exposition as page_writer
 
 SUMMED_GAUGES = frozenset(
     {
@@ -162,11 +163,15 @@ def merge(sources: Iterable[Sequence[Metric]]) -> list[Metric]:
     return list(families.values())
 
 
-class Families(Collector):
-    """Already-merged families, as a collector `generate_latest` can write."""
-
-    def __init__(self, families: Sequence[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self._families
+def page(
+    workers: Iterable[Sequence[Metric]],
+    own: Sequence[Metric],
+    retired: Sequence[Metric],
+    extra: Sequence[Metric],
+) -> bytes:
+    """The pod's /metrics page: the workers' parsed families, the supervisor's `own` (as collected:
+    read back through the text format so they fold like a worker's), the `retired` counters, then
+    `extra` (the supervisor's per-worker series). Pure, and at the label caps ~1 MB to parse per
+    worker and as much to write: the supervisor runs it off its event loop."""
+    mine = parse(page_writer.write(own).decode())
+    return page_writer.write([*merge([*workers, mine, retired]), *extra])

@@ -43,7 +43,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from epp import drain, tasks
@@ -56,8 +56,8 @@ from epp.flags.compat import metric_flag_specs
 from epp.k8s import from_flags as k8s_from_flags
 from epp.k8s import leader as k8s_leader
 from epp.k8s import metricsauth as k8s_metricsauth
+from epp.observability import exposition, metrics, metrics_tls
 from epp.observability import http as obs_http
-from epp.observability import metrics, metrics_tls
 from epp.workers import merge, shared_kv, shared_metrics, worker
 
 log = logging.getLogger("epp.workers")
@@ -310,7 +310,7 @@ class Supervisor:
         try:
             async with self._session(slot.index).get("http://worker" + worker.WORKER_METRICS_PATH) as r:
                 text = await r.text()
-            slot.families = merge.parse(text)
+            slot.families = await asyncio.to_thread(merge.parse, text)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             # Its last families stand in: the pod's counters must not dip.
             log.warning("worker %d: /metrics failed (%s); using its last values", slot.index, exc)
@@ -357,12 +357,12 @@ class Supervisor:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         await asyncio.gather(*(self._scrape(slot) for slot in self.slots))
-        own = merge.parse(merge.exposition(self.registry).decode())
+        own = await exposition.collect(self.registry)
         live = [s.families for s in self.slots if s.proc is not None and s.proc.returncode is None]
-        families = merge.merge([*live, own, self.retired.families])
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(merge.Families([*families, *self._per_worker()]))
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        # Parsing, folding and writing the workers' pages is the slow part (epp.observability.exposition):
+        # off the loop, which also decodes the pods' KV events and scrapes for the workers.
+        body = await asyncio.to_thread(merge.page, live, own, self.retired.families, self._per_worker())
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _choose(self, request: web.Request) -> Slot | None:
         wanted = request.headers.get(WORKER_HEADER)

@@ -45,8 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from epp import tasks
 from epp.datastore.endpoints import Datastore
 from epp.kvcache.index import IndexReader
-from epp.observability import metrics
-from epp.workers import merge
+from epp.observability import exposition, metrics
 from epp.workers.shared_kv import ReaderStats, RoutedTokens
 from epp.workers.shared_metrics import MetricsFollower
 
@@ -158,7 +157,7 @@ class WorkerRole:
     async def start_http(self, app: web.Application) -> web.AppRunner:
         async def worker_metrics(_: web.Request) -> web.Response:
             return web.Response(
-                body=merge.exposition(metrics.REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+                body=await exposition.render(metrics.REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
             )
 
         app.router.add_get(WORKER_METRICS_PATH, worker_metrics)

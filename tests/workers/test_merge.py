@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.observability import metrics
+from epp.observability import exposition, metrics
 from epp.workers import merge
 
 
@@ -25,9 +25,7 @@ def _worker(
 
 
 def _text(families: list[Metric]) -> str:
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(merge.Families(families))
-    return generate_latest(reg).decode()
+    return exposition.write(families).decode()
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
