@@ -22,13 +22,12 @@ import sys
 import time
 
 import aiohttp
+import metrics_page_size  # the sibling script that fills the labels (this script's directory)
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.observability import http, metrics
 from epp.serve import GIL_SWITCH_INTERVAL
-
-import metrics_page_size  # the sibling script that fills the labels (this script's directory)
 
 
 async def _on_loop(_: web.Request) -> web.Response:
@@ -76,8 +75,9 @@ async def main(requests: int, scrapes: int) -> None:
         xs = sorted(lag for at, lag in samples if any(a <= at <= b for a, b in windows[name]))
         w = sorted(walls[name])
         print(
-            f"{name:>6}: page {sizes[name] / 1e6:.2f} MB; scrape wall p50 {1e3 * statistics.median(w):.1f} ms, "
-            f"max {1e3 * w[-1]:.1f}; CPU {1e3 * statistics.median(cpus[name]):.1f} ms per scrape; "
+            f"{name:>6}: page {sizes[name] / 1e6:.2f} MB; "
+            f"scrape wall p50 {1e3 * statistics.median(w):.1f} ms, max {1e3 * w[-1]:.1f}; "
+            f"CPU {1e3 * statistics.median(cpus[name]):.1f} ms per scrape; "
             f"loop lag during scrapes p50 {1e3 * statistics.median(xs):.2f} ms, "
             f"p99 {1e3 * xs[int(0.99 * (len(xs) - 1))]:.2f}, max {1e3 * xs[-1]:.2f} ({len(xs)} samples)"
         )
