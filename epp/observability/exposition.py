@@ -49,8 +49,8 @@ async def collect(registry: Collector) -> list[Metric]:
         families.append(family)
         now = time.perf_counter()
         if now - since >= HOLD_S:
-            # Twice: after the first, this task runs again before the timers that fell due
-            # meanwhile (asyncio queues them behind the callbacks already ready); after the
+            # Twice: after the first, this task runs again before the I/O and timers that fell
+            # due meanwhile (asyncio queues them behind the callbacks already ready); after the
             # second, behind them.
             await asyncio.sleep(0)
             await asyncio.sleep(0)
