@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -66,14 +65,10 @@ MAX_COUNTER_PREFIXES = (
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
 
-def exposition(registry: CollectorRegistry) -> bytes:
-    """`registry` in the text format `parse` reads (Prometheus' classic one: its OpenMetrics
-    parser refuses a histogram with negative buckets, which has no `_sum` there)."""
-    return generate_latest(registry)
-
-
 def parse(text: str) -> list[Metric]:
-    """A worker's exposition; raises ValueError if it is not one.
+    """A worker's exposition, in Prometheus' classic text format as epp.observability.exposition
+    writes it (the OpenMetrics parser refuses a histogram with negative buckets, which has no
+    `_sum` there); raises ValueError if it is not one.
 
     The classic parser reads a counter's or histogram's `_created` samples as a gauge family of
     their own: they are put back into their family, so the supervisor writes them as one process.

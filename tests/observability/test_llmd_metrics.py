@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import msgspec
 import pytest
+from prometheus_client import generate_latest
 
 from epp.kvcache.events import BlockRemoved, BlockStored, EventBatch
 from epp.kvcache.index import BlockIndex
@@ -214,7 +215,7 @@ def test_fairness_ids_are_capped_and_label_sets_too() -> None:
 
 
 def test_the_worker_merge_folds_llm_ds_series(exposed: dict[str, Family]) -> None:
-    page = merge.exposition(metrics.REGISTRY).decode()
+    page = generate_latest(metrics.REGISTRY).decode()
     one = {f.name: f for f in merge.parse(page)}
     both = {f.name: f for f in merge.merge([merge.parse(page), merge.parse(page)])}
 

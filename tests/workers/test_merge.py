@@ -37,7 +37,7 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def _parse(reg: CollectorRegistry) -> list[Metric]:
-    return merge.parse(merge.exposition(reg).decode())
+    return merge.parse(generate_latest(reg).decode())
 
 
 def test_counters_and_histograms_sum_shared_views_take_the_max() -> None:
@@ -92,7 +92,7 @@ def test_a_histogram_with_negative_buckets_survives() -> None:
         )
         h.labels("p").observe(value)
         Counter("inference_objective_request_total", "r", registry=reg).inc()
-        return merge.parse(merge.exposition(reg).decode())
+        return merge.parse(generate_latest(reg).decode())
 
     got = _samples(_text(merge.merge([worker(-0.5), worker(0.5)])))
     assert got[("epp_predicted_ttft_error_seconds_count", (("plugin", "p"),))] == 2
