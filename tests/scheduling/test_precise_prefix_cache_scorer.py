@@ -4,10 +4,12 @@ entries, explain facts, and conformance with the KV events of a real vLLM."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import subprocess
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -415,6 +417,45 @@ def test_keys_prepared_ahead_score_as_keys_computed_in_score() -> None:
         r.request_id = f"never-scored-{i}"
         ahead.prepare(r, eps)
     assert len(ahead._prepared) == mod.PREPARED_MAX
+
+
+class _Ids(list[int]):
+    """Token ids that can be weakly referenced, to see whether the scorer keeps them alive."""
+
+
+def test_the_scorer_keeps_no_request_or_ids_alive() -> None:
+    """Keys prepared for a request never scored (its stream cancelled while they were computed,
+    or a profile it did not run) held the request's token ids until PREPARED_MAX others came; the
+    last request scored stayed alive (with its body) until the next one. Entries are also bounded
+    by their keys in all."""
+    index = BlockIndex()
+    eps = builders.pool(2)
+    plugin, _ = scorer(index)
+    never = request(_Ids(toks(4096)))
+    gone = weakref.ref(never.token_ids)
+    plugin.prepare(never, eps)
+    assert len(plugin._prepared) == 1
+    del never
+    gc.collect()
+    assert gone() is None
+    routed = request(_Ids(toks(4096, start=50_000)))
+    routed.request_id = "routed"
+    plugin.prepare(routed, eps)
+    plugin.score({}, routed, eps)
+    plugin.pre_request(routed, _result(eps[0]))
+    ids = weakref.ref(routed.token_ids)
+    del routed
+    gc.collect()
+    assert ids() is None
+    # 300 prompts of 4,096 tokens are 76,800 keys: bounded at a fifth of that, the oldest go.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mod, "PREPARED_MAX_KEYS", 256 * 60)
+        for i in range(300):
+            r = request(toks(4096))
+            r.request_id = f"never-scored-{i}"
+            plugin.prepare(r, eps)
+    assert plugin._prepared_keys == 256 * 60 == sum(mod._count(k) for _, k in plugin._prepared.values())
+    assert next(reversed(plugin._prepared)) == "never-scored-299"
 
 
 # --- speculative keys past DENSE_BLOCKS are kept sparse ------------------------------------------

@@ -74,7 +74,10 @@ from epp.scheduling import framework, interfaces, registry
 from epp.scheduling.plugins import precise_llmd
 
 DEFAULT_BLOCK_SIZE: Final = 16  # vLLM's default --block-size on GPUs
-PREPARED_MAX: Final = 256  # keys computed ahead and not (yet) taken by `score`, oldest dropped
+# Keys computed ahead and not (yet) taken by `score` (a stream cancelled while its keys were
+# computed, a profile the request did not run), oldest dropped past either bound: ~40 B a key.
+PREPARED_MAX: Final = 256
+PREPARED_MAX_KEYS: Final = 1 << 20
 # A routed prompt's keys are held speculatively in full up to DENSE_BLOCKS (32k tokens at 16 per
 # block), one in SPARSE_STRIDE past it. A 200k-token prompt's 12.5k keys cost ~1 ms to add and
 # ~0.7 ms to expire on the loop, every other request waiting (issue 19); kept sparse, ~0.2 ms. The
@@ -135,10 +138,13 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
         self._name_ids: dict[str, int] = {}  # endpoint name -> crc32: stable across processes
         self._spec = _Speculative()
         # Keys computed ahead by `prepare` (worker threads) until `score` takes them: request id
-        # -> (the token ids they were computed from, {(block size, seed): keys}).
+        # -> (which token ids they were computed from, {(block size, seed): keys}). The ids are
+        # named by identity and length, not held: an entry never taken kept a cancelled long
+        # prompt's ids (~40 B a token) alive until 256 others had pushed it out.
         self._prepared: collections.OrderedDict[
-            str, tuple[list[int], dict[tuple[int, int], list[BlockKey]]]
+            str, tuple[tuple[int, int], dict[tuple[int, int], list[BlockKey]]]
         ] = collections.OrderedDict()
+        self._prepared_keys = 0
         self._prepared_lock = threading.Lock()
         # pre_request gets no CycleState; the Director calls it right after `schedule` with no
         # await in between, so the last request scored is the one being routed (else re-keyed).
@@ -227,9 +233,14 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
             return
         keys = {group: chain for group, (chain, _) in self._groups(request, endpoints).items()}
         with self._prepared_lock:
-            self._prepared[request.request_id] = (tokens, keys)
-            while len(self._prepared) > PREPARED_MAX:  # requests that never got scored
-                self._prepared.popitem(last=False)
+            old = self._prepared.pop(request.request_id, None)
+            if old is not None:
+                self._prepared_keys -= _count(old[1])
+            self._prepared[request.request_id] = ((id(tokens), len(tokens)), keys)
+            self._prepared_keys += _count(keys)
+            # requests that never got scored
+            while len(self._prepared) > PREPARED_MAX or self._prepared_keys > PREPARED_MAX_KEYS:
+                self._prepared_keys -= _count(self._prepared.popitem(last=False)[1][1])
 
     def _take_prepared(
         self, request: InferenceRequest, tokens: list[int]
@@ -238,7 +249,9 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
             return None
         with self._prepared_lock:
             entry = self._prepared.pop(request.request_id, None)
-        return entry[1] if entry is not None and entry[0] is tokens else None
+            if entry is not None:
+                self._prepared_keys -= _count(entry[1])
+        return entry[1] if entry is not None and entry[0] == (id(tokens), len(tokens)) else None
 
     def _groups(
         self,
@@ -314,9 +327,10 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
     # --- learning -------------------------------------------------------------------------------
 
     def pre_request(self, request: InferenceRequest, result: interfaces.SchedulingResult) -> None:
+        last = self._last
+        self._last = None  # the request (its body, its ids) is not kept past its routing
         if not self._ttl or not result.targets:
             return
-        last = self._last
         if last is None or last[0] is not request:
             return  # not scored by this plugin (another profile, or no tokens)
         primary = result.targets[0]
@@ -445,6 +459,10 @@ class _Speculative:
 
     def drop(self, pod: str) -> None:
         self._by_pod.pop(pod, None)
+
+
+def _count(keys: Mapping[tuple[int, int], list[BlockKey]]) -> int:
+    return sum(len(chain) for chain in keys.values())
 
 
 def _kept(keys: list[BlockKey]) -> list[BlockKey]:
