@@ -1,0 +1,48 @@
+"""`epp serve` sets gRPC core's experiments (epp.cli.GRPC_EXPERIMENTS_DEFAULT) before grpc loads,
+and an operator's own GRPC_EXPERIMENTS wins."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from epp import cli
+
+PROBE = """
+import os, sys
+from epp import cli
+try:
+    cli.main(["serve", "--help"])
+except SystemExit:
+    pass
+print(os.environ.get("GRPC_EXPERIMENTS"), "grpc" in sys.modules)
+"""
+
+
+def _serve_help(env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, cli.GRPC_EXPERIMENTS_DEFAULT), ("", ""), ("x", "x")])
+def test_serve_sets_grpc_experiments_unless_given(given: str | None, expected: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != cli.GRPC_EXPERIMENTS}
+    if given is not None:
+        env[cli.GRPC_EXPERIMENTS] = given
+    # grpc is loaded by then (the parser imports it): the variable was set before it was.
+    assert _serve_help(env) == f"{expected} True"
+
+
+def test_other_commands_leave_it() -> None:
+    environ: dict[str, str] = {}
+    cli.grpc_environment(environ)
+    assert environ == {cli.GRPC_EXPERIMENTS: "-event_engine_listener"}
+    env = {k: v for k, v in os.environ.items() if k != cli.GRPC_EXPERIMENTS}
+    probe = PROBE.replace('["serve", "--help"]', '["envoy-config", "--help"]')
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip().splitlines()[-1].startswith("None ")
