@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 # gRPC core's own listener and endpoints (iomgr) in place of its EventEngine ones, for the ext-proc
 # server: accepted connections are then polled by the thread grpc.aio already runs, one thread
 # hand-off less per read. Measured on grpcio 1.85 (`scripts/bench_grpc_streams.py`, a servicer
-# that only answers): ~13% less server CPU per stream (0.92 vs 1.06-1.16 ms, alternated runs);
+# that only answers): ~12% less server CPU per stream (0.92 vs 1.06-1.16 ms, alternated runs);
 # epp behind Envoy (`epp bench overhead --stream`): 2-10% less CPU per request, every point of two
 # alternated runs. gRPC core reads it once, when it loads: `epp serve` sets it before importing it.
 GRPC_EXPERIMENTS = "GRPC_EXPERIMENTS"
