@@ -15,16 +15,22 @@ PROBE = """
 import os, sys
 from epp import cli
 try:
-    cli.main(["serve", "--help"])
+    cli.main([sys.argv[1], "--help"])
 except SystemExit:
     pass
 print(os.environ.get("GRPC_EXPERIMENTS"), "grpc" in sys.modules)
 """
 
 
-def _serve_help(env: dict[str, str]) -> str:
+def _help(command: str, env: dict[str, str]) -> str:
+    """The probe's last line after `epp COMMAND --help`: the variable, and whether grpc is loaded."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", PROBE, command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return done.stdout.strip().splitlines()[-1]
 
@@ -35,7 +41,7 @@ def test_serve_sets_grpc_experiments_unless_given(given: str | None, expected: s
     if given is not None:
         env[cli.GRPC_EXPERIMENTS] = given
     # grpc is loaded by then (the parser imports it): the variable was set before it was.
-    assert _serve_help(env) == f"{expected} True"
+    assert _help("serve", env) == f"{expected} True"
 
 
 def test_other_commands_leave_it() -> None:
@@ -43,6 +49,4 @@ def test_other_commands_leave_it() -> None:
     cli.grpc_environment(environ)
     assert environ == {cli.GRPC_EXPERIMENTS: "-event_engine_listener"}
     env = {k: v for k, v in os.environ.items() if k != cli.GRPC_EXPERIMENTS}
-    probe = PROBE.replace('["serve", "--help"]', '["envoy-config", "--help"]')
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip().splitlines()[-1].startswith("None ")
+    assert _help("envoy-config", env).startswith("None ")
