@@ -2,6 +2,7 @@
 publisher process over ZMQ into a `BlockIndex`, through `KVEventIngester`.
 
     .venv/bin/python -m tests.kvcache.bench_ingest [--batches N] [--runs R]
+    .venv/bin/python -m tests.kvcache.bench_ingest --paced RATE [--pods P] [--seconds S] [--runs R]
 
 A publisher process (`KVEventPublisher`, vLLM's map form with int hashes, unbounded high-water
 mark so nothing is dropped) sends batches shaped like vLLM prefill steps: one BlockStored per
@@ -16,6 +17,11 @@ threads, ZMQ's I/O thread included). Two clocks:
   while it sends (the first third of the run or so).
 - consumer alone: the event loop is held while the publisher sends everything (the backlog
   queues in ZMQ), then timed until the last batch is applied: the ingester's capacity.
+
+`--paced`: the steady trickle a serving fleet sends instead (each pod a few small batches a second,
+one decode step's blocks each), where the cost is per wake-up rather than per block: P publishers
+in one process send RATE batches a second in all, round robin, each batch 1-2 blocks; the
+consumer's CPU time (all its threads) per batch over S seconds, medians over runs.
 
 Breakdown of the consumer-alone time, each part measured apart on the same stream: receive (a
 plain SUB draining the queued stream with the ingester's receive function), decode
@@ -136,6 +142,62 @@ async def end_to_end(seed: int, n: int, blocks: int, *, backlog: bool) -> tuple[
     return wall, cpu
 
 
+def paced_publisher_main(conn: Connection, pods: int, rate: float, seconds: float) -> None:
+    """Child process: `pods` publishers; after "go", `rate` small batches a second, round robin."""
+    rng = random.Random(2)
+    n = int(rate * seconds)
+
+    def step(blocks: int) -> BlockStored:
+        hashes = [rng.getrandbits(64) for _ in range(blocks)]
+        toks = [rng.randrange(VOCAB) for _ in range(blocks * BLOCK)]
+        return BlockStored(hashes, None, toks, BLOCK, medium="gpu")
+
+    batches = [step(rng.randint(1, 2)) for _ in range(n)]
+    pubs = [KVEventPublisher(LOCAL, hwm=0) for _ in range(pods)]
+    try:
+        conn.send([p.endpoint for p in pubs])
+        while not all(p.subscriptions for p in pubs):
+            time.sleep(0.001)
+        conn.send("subscribed")
+        conn.recv()
+        t0 = time.perf_counter()
+        for i, ev in enumerate(batches):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            pubs[i % pods].publish([ev], ts=1.0)
+        conn.send(n)
+        conn.recv()
+    finally:
+        for p in pubs:
+            p.close()
+
+
+async def paced(pods: int, rate: float, seconds: float) -> tuple[float, float]:
+    """Consumer CPU seconds per batch over one paced run: all its threads, the event loop's."""
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=paced_publisher_main, args=(child, pods, rate, seconds), daemon=True)
+    proc.start()
+    endpoints = conn.recv()
+    ing = KVEventIngester(BlockIndex())
+    ing.set_feeds([FeedSpec(f"pod-{i}", "model", e) for i, e in enumerate(endpoints)])
+    await ing.start()
+    try:
+        await asyncio.to_thread(conn.recv)  # "subscribed"
+        gc.collect()
+        cpu0, loop0 = time.process_time(), time.thread_time()
+        conn.send("go")
+        n = await asyncio.to_thread(conn.recv)
+        await wait_until(lambda: sum(st.batches for st in ing.status().values()) == n)
+        cpu, loop = time.process_time() - cpu0, time.thread_time() - loop0
+    finally:
+        await ing.stop()
+        conn.send("quit")
+        proc.join(10)
+    return cpu / n, loop / n
+
+
 def receive_only(seed: int, n: int) -> float:
     """Seconds for a plain SUB to drain the same stream once it is all queued: ZMQ and the Python
     frames, no decoding."""
@@ -191,7 +253,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=30_000, help="batches per run")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--paced", type=float, default=0.0, help="batches a second in all (paced mode)")
+    parser.add_argument("--pods", type=int, default=8, help="paced mode: publishers")
+    parser.add_argument("--seconds", type=float, default=20.0, help="paced mode: seconds per run")
     args = parser.parse_args()
+    if args.paced > 0:
+        print(
+            f"command: {sys.executable} -m tests.kvcache.bench_ingest --paced {args.paced:g} "
+            f"--pods {args.pods} --seconds {args.seconds:g} --runs {args.runs}"
+        )
+        per = [asyncio.run(paced(args.pods, args.paced, args.seconds)) for _ in range(args.runs)]
+        for run, (c, lp) in enumerate(per):
+            print(f"  run {run + 1}: {c * 1e6:6.1f} us of CPU a batch, {lp * 1e6:6.1f} on the loop's thread")
+        med = statistics.median(c for c, _ in per)
+        on_loop = statistics.median(lp for _, lp in per)
+        print(
+            f"median: {med * 1e6:.1f} us per batch ({on_loop * 1e6:.1f} on the event loop's thread), "
+            f"{med * args.paced:.1%} of a core at {args.paced:g}/s"
+        )
+        return
     n = args.batches
     seed = 1
     batches = make_batches(seed, n)
