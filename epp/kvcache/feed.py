@@ -53,6 +53,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Final, Literal
 
 import zmq
@@ -177,6 +178,8 @@ class Feed:
         self.sock: zmq.asyncio.Socket | None = None
         self.monitor: zmq.asyncio.Socket | None = None
         self.task: asyncio.Task[None] | None = None
+        # Stops the event loop watching the sockets (epp.kvcache.ingest): called before they close.
+        self.unwatch: Callable[[], None] | None = None
         self.replay_task: asyncio.Task[None] | None = None
         self.connected = False
         self.last_seq: int | None = None

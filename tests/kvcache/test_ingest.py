@@ -648,6 +648,34 @@ async def test_set_feeds_purges_removed_and_changed_pods(rig: Rig) -> None:
         ing.set_feeds([b2, b2])
 
 
+async def test_feeds_replaced_again_and_again_keep_reading(rig: Rig) -> None:
+    """The loop watches each feed's socket descriptors. A replaced feed's sockets close at once
+    while its reader unwinds later; their descriptor numbers go to the next feed's sockets, and
+    the loop must end up watching the new sockets, whatever order the two happen in."""
+    # The selector's registrations (asyncio's own attribute: no public way to list them).
+    watched = asyncio.get_running_loop()._selector.get_map()  # type: ignore[attr-defined]
+    before = len(watched)
+    pub = rig.publisher()
+    a = spec(pub)
+    ing = await rig.ingester(a)
+    await subscribed(pub)
+    for round_ in range(6):
+        model = f"model-{round_}"
+        ing.set_feeds([FeedSpec(a.pod, model, a.events)])  # the pod changed: a new feed
+        if round_ % 2:
+            await asyncio.sleep(0)  # the old reader unwinds before the next change, or not
+        toks = tokens(2)
+        for _ in range(250):  # a PUB drops what it sends before the new SUB has joined
+            pub.publish([stored(toks)])
+            await asyncio.sleep(0.01)
+            if held(rig.index, a.pod, toks, model=model) == 2:
+                break
+        assert held(rig.index, a.pod, toks, model=model) == 2, f"round {round_}: nothing read"
+        assert len(watched) == before + 2  # the feed's SUB and its monitor, nothing left over
+    await ing.stop()
+    assert len(watched) == before
+
+
 async def test_metrics_are_exposed_and_removed(rig: Rig) -> None:
     pub = rig.publisher()
     s = spec(pub)
