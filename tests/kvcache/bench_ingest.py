@@ -21,7 +21,8 @@ threads, ZMQ's I/O thread included). Two clocks:
 `--paced`: the steady trickle a serving fleet sends instead (each pod a few small batches a second,
 one decode step's blocks each), where the cost is per wake-up rather than per block: P publishers
 in one process send RATE batches a second in all, round robin, each batch 1-2 blocks; the
-consumer's CPU time (all its threads) per batch over S seconds, medians over runs.
+consumer's CPU time (all its threads) per batch over S seconds, medians over runs; then the
+floor, a plain SUB receiving the same stream with blocking calls and nothing else.
 
 Breakdown of the consumer-alone time, each part measured apart on the same stream: receive (a
 plain SUB draining the queued stream with the ingester's receive function), decode
@@ -198,6 +199,39 @@ async def paced(pods: int, rate: float, seconds: float) -> tuple[float, float]:
     return cpu / n, loop / n
 
 
+def paced_floor(pods: int, rate: float, seconds: float) -> tuple[float, float]:
+    """As `paced`, but a plain SUB connected to every publisher receives each message with a
+    blocking call and does nothing else: ZMQ's own cost per message at this pace (all threads,
+    the receiving thread)."""
+    ctx_mp = mp.get_context("spawn")
+    conn, child = ctx_mp.Pipe()
+    proc = ctx_mp.Process(target=paced_publisher_main, args=(child, pods, rate, seconds), daemon=True)
+    proc.start()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    for endpoint in conn.recv():
+        sub.connect(endpoint)
+    try:
+        while not conn.poll(0.001):
+            sub.poll(1)  # lets the SUB send its subscriptions
+        conn.recv()  # "subscribed"
+        gc.collect()
+        cpu0, own0 = time.process_time(), time.thread_time()
+        conn.send("go")
+        n = int(rate * seconds)  # as the publisher counts them
+        for _ in range(n):
+            sub.recv_multipart()
+        conn.recv()
+        cpu, own = time.process_time() - cpu0, time.thread_time() - own0
+    finally:
+        conn.send("quit")
+        proc.join(10)
+        sub.close(linger=0)
+        ctx.term()
+    return cpu / n, own / n
+
+
 def receive_only(seed: int, n: int) -> float:
     """Seconds for a plain SUB to drain the same stream once it is all queued: ZMQ and the Python
     frames, no decoding."""
@@ -271,6 +305,8 @@ def main() -> None:
             f"median: {med * 1e6:.1f} us per batch ({on_loop * 1e6:.1f} on the event loop's thread), "
             f"{med * args.paced:.1%} of a core at {args.paced:g}/s"
         )
+        floor, own = paced_floor(args.pods, args.paced, args.seconds)
+        print(f"floor (a plain SUB's blocking receive, nothing else): {floor * 1e6:.1f} us ({own * 1e6:.1f})")
         return
     n = args.batches
     seed = 1
