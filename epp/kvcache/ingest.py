@@ -578,9 +578,9 @@ class _Readable:
     zmq.asyncio's `Poller.poll` (and `Socket.poll`) registers a future per socket on every wait and
     runs its event bookkeeping through enum flags. Pods in service send a small batch at a time
     (a decode step's new blocks), so that bookkeeping was most of the cost: 8 pods sending 400
-    batches a second in all took 0.57-0.61 ms of epp's CPU per batch that way, 0.29-0.37 ms this
-    way (`python -m tests.kvcache.bench_ingest --paced 400`, alternated runs on a 2-core VM; a
-    plain blocking receive of each message costs ~0.11 ms there, ZMQ's thread included).
+    batches a second in all took 0.57-0.61 ms of epp's CPU per batch that way, 0.25-0.37 ms this
+    way, 100 pods at 2,000 a second 0.32 -> 0.18-0.20 ms (`python -m tests.kvcache.bench_ingest
+    --paced`; BENCHMARKS.md, "Ingestion at a serving fleet's pace").
 
     ZMQ's descriptor signals that the socket's state may have changed, not that a message is
     there, and signals again only once the socket's `EVENTS` has been read: see `wait`.
