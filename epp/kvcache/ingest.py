@@ -341,19 +341,13 @@ class KVEventIngester:
         # The loop stops watching before the sockets close (`_close_sockets`, or here when the
         # task ends first): a closed descriptor's number can be reused by the next socket.
         feed.unwatch = readable.close
+
+        def on_monitor() -> None:
+            while _queued(monitor):
+                self._on_monitor(feed, monitor.recv_multipart())
+
         try:
-            while True:
-                # Each socket's EVENTS is read last before the wait: that re-arms its descriptor.
-                while _queued(monitor):
-                    self._on_monitor(feed, monitor.recv_multipart())
-                n = 0
-                while n < _BUDGET and _queued(sock):
-                    self._on_frames(feed, _recv(sock))
-                    n += 1
-                if n == _BUDGET:
-                    await asyncio.sleep(0)
-                else:
-                    await readable.wait()
+            await readable.pump(sock, lambda: self._on_frames(feed, _recv(sock)), on_monitor)
         finally:
             if feed.unwatch is readable.close:
                 feed.unwatch = None
@@ -392,17 +386,13 @@ class KVEventIngester:
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(asock.underlying)
         checked = not self._peers.policy.any
         readable = _Readable((sock,))  # stop() closes the socket after this task has ended
+
+        def on_message() -> None:
+            frames, peer = _recv_from(sock) if checked else (_recv(sock), None)
+            self._on_bound_frames(frames, peer)
+
         try:
-            while True:
-                n = 0  # EVENTS is read last before the wait: that re-arms the descriptor
-                while n < _BUDGET and _queued(sock):
-                    frames, peer = _recv_from(sock) if checked else (_recv(sock), None)
-                    self._on_bound_frames(frames, peer)
-                    n += 1
-                if n == _BUDGET:
-                    await asyncio.sleep(0)
-                else:
-                    await readable.wait()
+            await readable.pump(sock, on_message)
         finally:
             readable.close()
 
@@ -578,7 +568,7 @@ class _Readable:
     zmq.asyncio's `Poller.poll` (and `Socket.poll`) registers a future per socket on every wait and
     runs its event bookkeeping through enum flags. Pods in service send a small batch at a time
     (a decode step's new blocks), so that bookkeeping was most of the cost: 8 pods sending 400
-    batches a second in all took 0.57-0.61 ms of epp's CPU per batch that way, 0.25-0.37 ms this
+    batches a second in all took 0.57-0.61 ms of epp's CPU per batch that way, 0.25-0.40 ms this
     way, 100 pods at 2,000 a second 0.32 -> 0.18-0.20 ms (`python -m tests.kvcache.bench_ingest
     --paced`; BENCHMARKS.md, "Ingestion at a serving fleet's pace").
 
@@ -610,6 +600,25 @@ class _Readable:
             await self._waiter
         finally:
             self._waiter = None
+
+    async def pump(
+        self, sock: zmq.Socket[bytes], on_message: Callable[[], None], first: Callable[[], None] | None = None
+    ) -> None:
+        """Forever: `first()` (which reads its own sockets' EVENTS), then `on_message()` (which
+        receives one message from `sock`) while `sock` has one queued, up to `_BUDGET` a turn
+        before yielding to the loop (a flooding pod cannot starve it), then wait. Each socket's
+        EVENTS is read last before the wait: that re-arms its descriptor."""
+        while True:
+            if first is not None:
+                first()
+            n = 0
+            while n < _BUDGET and _queued(sock):
+                on_message()
+                n += 1
+            if n == _BUDGET:
+                await asyncio.sleep(0)
+            else:
+                await self.wait()
 
     def close(self) -> None:
         """Stop watching (before the sockets close); idempotent."""
