@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
+from epp.kvcache import ingest
 from epp.kvcache.access import AccessPolicy
 from epp.kvcache.events import BlockRemoved, BlockStored
 from epp.kvcache.index import BlockIndex
@@ -674,6 +676,26 @@ async def test_feeds_replaced_again_and_again_keep_reading(rig: Rig) -> None:
         assert len(watched) == before + 2  # the feed's SUB and its monitor, nothing left over
     await ing.stop()
     assert len(watched) == before
+
+
+async def test_a_flooding_pod_yields_the_loop_between_turns(rig: Rig) -> None:
+    """A backlog is drained at most `_BUDGET` messages a turn of the event loop, so a flooding pod
+    cannot hold the loop (and every request waiting on it) for the whole backlog."""
+    pub = rig.publisher()
+    s = spec(pub)
+    ing = await rig.ingester(s)
+    await subscribed(pub)
+    total = 3_000
+    for _ in range(total):
+        pub.publish([stored(tokens(1))])
+    time.sleep(0.5)  # noqa: ASYNC251 - the loop held on purpose: the backlog queues in the SUB
+    seen: list[int] = []
+    while (n := status(ing, s.pod).batches) < total:
+        seen.append(n)
+        await asyncio.sleep(0)
+    steps = [b - a for a, b in itertools.pairwise([*seen, total])]
+    assert max(steps) <= ingest._BUDGET
+    assert len([n for n in seen if 0 < n < total]) >= 3  # drained in several turns, not one
 
 
 async def test_metrics_are_exposed_and_removed(rig: Rig) -> None:
