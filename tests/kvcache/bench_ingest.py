@@ -174,12 +174,18 @@ def paced_publisher_main(conn: Connection, pods: int, rate: float, seconds: floa
             p.close()
 
 
-async def paced(pods: int, rate: float, seconds: float) -> tuple[float, float]:
-    """Consumer CPU seconds per batch over one paced run: all its threads, the event loop's."""
+def start_paced_publisher(pods: int, rate: float, seconds: float) -> tuple[Connection, Any]:
+    """`paced_publisher_main` in a process of its own: (its pipe, the process)."""
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
     proc = ctx.Process(target=paced_publisher_main, args=(child, pods, rate, seconds), daemon=True)
     proc.start()
+    return conn, proc
+
+
+async def paced(pods: int, rate: float, seconds: float) -> tuple[float, float]:
+    """Consumer CPU seconds per batch over one paced run: all its threads, the event loop's."""
+    conn, proc = start_paced_publisher(pods, rate, seconds)
     endpoints = conn.recv()
     ing = KVEventIngester(BlockIndex())
     ing.set_feeds([FeedSpec(f"pod-{i}", "model", e) for i, e in enumerate(endpoints)])
@@ -203,10 +209,7 @@ def paced_floor(pods: int, rate: float, seconds: float) -> tuple[float, float]:
     """As `paced`, but a plain SUB connected to every publisher receives each message with a
     blocking call and does nothing else: ZMQ's own cost per message at this pace (all threads,
     the receiving thread)."""
-    ctx_mp = mp.get_context("spawn")
-    conn, child = ctx_mp.Pipe()
-    proc = ctx_mp.Process(target=paced_publisher_main, args=(child, pods, rate, seconds), daemon=True)
-    proc.start()
+    conn, proc = start_paced_publisher(pods, rate, seconds)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
