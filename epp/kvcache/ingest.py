@@ -11,8 +11,8 @@ Two ways in, usable together:
   poller: zmq.asyncio's Poller registers every socket again on each wait (a future per socket),
   so a poller over N pods costs O(N) per wake-up where a task per pod costs O(1), and a pod's
   task keeps its failures to itself. The task waits on the sockets' file descriptors, watched by
-  the event loop itself (`_Readable`), not on zmq.asyncio's futures, and each wake-up drains up
-  to `_BUDGET` messages with non-blocking receives on a plain shadow of the socket (no future per
+  the event loop itself (`epp.kvcache.zmqread`), not on zmq.asyncio's futures, and each wake-up drains up
+  to `zmqread.BUDGET` messages with non-blocking receives on a plain shadow of the socket (no future per
   message), then yields, so a flooding pod cannot starve the loop.
 - Bind mode (`bind=`): one SUB bound for every vLLM that connects to epp. The pod comes from the
   topic `kv@<ip>:<port>@<model>` (older guides: `kv@<ip>@<model>`, matched when that IP is one
@@ -56,14 +56,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Final, cast
+from typing import Final
 
 import zmq
 import zmq.asyncio
 from zmq.utils import monitor as zmq_monitor
 
 from epp import tasks
-from epp.kvcache import events
+from epp.kvcache import events, zmqread
 from epp.kvcache.access import AccessPolicy, PeerCheck
 from epp.kvcache.feed import Feed, FeedSpec, FeedStatus, HoldBudget, Limiter, Settings, parse_topic
 from epp.kvcache.index import BlockIndex
@@ -73,15 +73,10 @@ __all__ = ["FeedSpec", "FeedStatus", "KVEventIngester"]
 
 log = logging.getLogger("epp.kvcache")
 
-_BUDGET: Final = 256  # messages handled per wake-up before yielding to the loop
 # Per-connection receive queue: absorbs bursts while the loop is busy (a batch is ~1-3 KB).
 _RCVHWM: Final = 10_000
 _MONITOR_EVENTS: Final = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 _TOPIC_CACHE: Final = 1024
-_RCVMORE: Final = int(zmq.RCVMORE)
-_EVENTS: Final = int(zmq.EVENTS)
-_POLLIN: Final = int(zmq.POLLIN)
-_FD: Final = int(zmq.FD)
 # ZMQ's fixed address for the context's authentication handler (ZAP, RFC 27).
 _ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
 _ZAP_DOMAIN: Final = b"epp-kv-events"  # NULL-mechanism sockets consult ZAP only with a domain
@@ -337,17 +332,17 @@ class KVEventIngester:
         assert feed.sock is not None and feed.monitor is not None
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(feed.sock.underlying)
         monitor: zmq.Socket[bytes] = zmq.Socket.shadow(feed.monitor.underlying)
-        readable = _Readable((sock, monitor))
+        readable = zmqread.Readable((sock, monitor))
         # The loop stops watching before the sockets close (`_close_sockets`, or here when the
         # task ends first): a closed descriptor's number can be reused by the next socket.
         feed.unwatch = readable.close
 
         def on_monitor() -> None:
-            while _queued(monitor):
+            while zmqread.queued(monitor):
                 self._on_monitor(feed, monitor.recv_multipart())
 
         try:
-            await readable.pump(sock, lambda: self._on_frames(feed, _recv(sock)), on_monitor)
+            await readable.pump(sock, lambda: self._on_frames(feed, zmqread.recv(sock)), on_monitor)
         finally:
             if feed.unwatch is readable.close:
                 feed.unwatch = None
@@ -385,10 +380,10 @@ class KVEventIngester:
     async def _read_bound(self, asock: zmq.asyncio.Socket) -> None:
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(asock.underlying)
         checked = not self._peers.policy.any
-        readable = _Readable((sock,))  # stop() closes the socket after this task has ended
+        readable = zmqread.Readable((sock,))  # stop() closes the socket after this task has ended
 
         def on_message() -> None:
-            frames, peer = _recv_from(sock) if checked else (_recv(sock), None)
+            frames, peer = zmqread.recv_from(sock) if checked else (zmqread.recv(sock), None)
             self._on_bound_frames(frames, peer)
 
         try:
@@ -556,101 +551,8 @@ class KVEventIngester:
                 log.info("kv events: pod=%s publishes KV events now (it was silent)", feed.pod)
 
 
-def _queued(sock: zmq.Socket[bytes]) -> bool:
-    """A message is queued on `sock` (reading EVENTS also re-arms its descriptor: `_Readable`)."""
-    return bool(cast(int, sock.getsockopt(_EVENTS)) & _POLLIN)
-
-
-class _Readable:
-    """Wakes a reader when one of some ZMQ sockets has a message, by the event loop watching each
-    socket's file descriptor (`loop.add_reader`).
-
-    zmq.asyncio's `Poller.poll` (and `Socket.poll`) registers a future per socket on every wait and
-    runs its event bookkeeping through enum flags. Pods in service send a small batch at a time
-    (a decode step's new blocks), so that bookkeeping was most of the cost: 8 pods sending 400
-    batches a second in all took 0.57-0.61 ms of epp's CPU per batch that way, 0.25-0.40 ms this
-    way, 100 pods at 2,000 a second 0.32 -> 0.18-0.20 ms (`python -m tests.kvcache.bench_ingest
-    --paced`; BENCHMARKS.md, "Ingestion at a serving fleet's pace").
-
-    ZMQ's descriptor signals that the socket's state may have changed, not that a message is
-    there, and signals again only once the socket's `EVENTS` has been read: see `wait`.
-    """
-
-    __slots__ = ("_fds", "_loop", "_waiter")
-
-    def __init__(self, socks: tuple[zmq.Socket[bytes], ...]) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._fds = [cast(int, s.getsockopt(_FD)) for s in socks]
-        self._waiter: asyncio.Future[None] | None = None
-        for fd in self._fds:
-            self._loop.add_reader(fd, self._wake)
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def wait(self) -> None:
-        """Return at the descriptors' next signal. The caller reads each socket's EVENTS (finding
-        no message) just before, with no await in between: that re-arms the descriptors, and a
-        message arriving after it signals. The caller checks EVENTS again after: a signal may
-        be spurious."""
-        self._waiter = self._loop.create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    async def pump(
-        self, sock: zmq.Socket[bytes], on_message: Callable[[], None], first: Callable[[], None] | None = None
-    ) -> None:
-        """Forever: `first()` (which reads its own sockets' EVENTS), then `on_message()` (which
-        receives one message from `sock`) while `sock` has one queued, up to `_BUDGET` a turn
-        before yielding to the loop (a flooding pod cannot starve it), then wait. Each socket's
-        EVENTS is read last before the wait: that re-arms its descriptor."""
-        while True:
-            if first is not None:
-                first()
-            n = 0
-            while n < _BUDGET and _queued(sock):
-                on_message()
-                n += 1
-            if n == _BUDGET:
-                await asyncio.sleep(0)
-            else:
-                await self.wait()
-
-    def close(self) -> None:
-        """Stop watching (before the sockets close); idempotent."""
-        for fd in self._fds:
-            self._loop.remove_reader(fd)
-        self._fds = []
-
-
 def _host(address: str) -> str:
     """The host of "ip:port", "[v6]:port", "ip" or "v6", without brackets."""
     if address.count(":") == 1 or "]:" in address:
         address = address.rsplit(":", 1)[0]
     return address.strip("[]")
-
-
-def _recv_from(sock: zmq.Socket[bytes]) -> tuple[list[bytes], str | None]:
-    """As `_recv`, with the sender's IP (libzmq's Peer-Address property of the first frame)."""
-    first = sock.recv(zmq.NOBLOCK, copy=False)
-    frames = [first.bytes]
-    while sock.getsockopt(_RCVMORE):
-        frames.append(sock.recv(zmq.NOBLOCK))
-    try:
-        peer = first.get("Peer-Address")
-    except zmq.ZMQError:
-        return frames, None
-    return frames, peer if isinstance(peer, str) else None
-
-
-def _recv(sock: zmq.Socket[bytes]) -> list[bytes]:
-    """One whole message without blocking (zmq.Again if none is queued). pyzmq's recv_multipart
-    looks its option up through enums on every frame: ~1 us more per 3-frame message (measured)."""
-    frames = [sock.recv(zmq.NOBLOCK)]
-    while sock.getsockopt(_RCVMORE):
-        frames.append(sock.recv(zmq.NOBLOCK))
-    return frames

@@ -45,7 +45,7 @@ from typing import Any
 
 import zmq
 
-from epp.kvcache import events, ingest
+from epp.kvcache import events, zmqread
 from epp.kvcache.events import BlockStored
 from epp.kvcache.index import BlockIndex
 from epp.kvcache.ingest import FeedSpec, KVEventIngester
@@ -256,7 +256,7 @@ def receive_only(seed: int, n: int) -> float:
         sub.poll()
         while True:
             try:
-                ingest._recv(sub)
+                zmqread.recv(sub)
             except zmq.Again:
                 break
             got += 1

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from epp.kvcache import ingest
+from epp.kvcache import zmqread
 from epp.kvcache.access import AccessPolicy
 from epp.kvcache.events import BlockRemoved, BlockStored
 from epp.kvcache.index import BlockIndex
@@ -679,7 +679,7 @@ async def test_feeds_replaced_again_and_again_keep_reading(rig: Rig) -> None:
 
 
 async def test_a_flooding_pod_yields_the_loop_between_turns(rig: Rig) -> None:
-    """A backlog is drained at most `_BUDGET` messages a turn of the event loop, so a flooding pod
+    """A backlog is drained at most `zmqread.BUDGET` messages a turn of the event loop, so a flooding pod
     cannot hold the loop (and every request waiting on it) for the whole backlog."""
     pub = rig.publisher()
     s = spec(pub)
@@ -696,7 +696,7 @@ async def test_a_flooding_pod_yields_the_loop_between_turns(rig: Rig) -> None:
         seen.append(n)
         await asyncio.sleep(0)
     steps = [b - a for a, b in itertools.pairwise([*seen, total])]
-    assert max(steps) <= ingest._BUDGET
+    assert max(steps) <= zmqread.BUDGET
     assert len([n for n in seen if 0 < n < total]) >= 3  # drained in several turns, not one
 
 
