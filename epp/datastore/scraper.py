@@ -308,23 +308,7 @@ class MetricsScraper:
             _settle(pause, True)
 
     def _pool_snapshot(self) -> collectors.PoolSnapshot:
-        """The pool's load as last scraped. Averages count routable endpoints with a good scrape
-        (GIE averages the pods whose metrics are fresh); an excluded endpoint's last figures
-        would describe a server epp no longer sends to."""
-        routable = {id(ep) for ep in self._datastore.routable()}
-        return collectors.PoolSnapshot(
-            self._pool_name,
-            [
-                collectors.PodLoad(
-                    ep.name,
-                    ep.metrics.waiting,
-                    ep.metrics.running,
-                    ep.metrics.kv_usage,
-                    id(ep) in routable and ep.metrics.updated_at > 0,
-                )
-                for ep in self._datastore.endpoints()
-            ],
-        )
+        return pool_snapshot(self._pool_name, self._datastore)
 
     # -- loop management -------------------------------------------------------------------------
 
@@ -550,3 +534,23 @@ class MetricsScraper:
             metrics.endpoint_excluded.labels(endpoint=ep.name).set(1)
             self._datastore.refresh_candidates()
             self._update_ready()
+
+
+def pool_snapshot(pool_name: str, datastore: Datastore) -> collectors.PoolSnapshot:
+    """The pool's load as last scraped. Averages count routable endpoints with a good scrape
+    (GIE averages the pods whose metrics are fresh); an excluded endpoint's last figures would
+    describe a server epp no longer sends to."""
+    routable = {id(ep) for ep in datastore.routable()}
+    return collectors.PoolSnapshot(
+        pool_name,
+        [
+            collectors.PodLoad(
+                ep.name,
+                ep.metrics.waiting,
+                ep.metrics.running,
+                ep.metrics.kv_usage,
+                id(ep) in routable and ep.metrics.updated_at > 0,
+            )
+            for ep in datastore.endpoints()
+        ],
+    )

@@ -42,7 +42,7 @@ from typing import Any
 from epp import tasks
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
 from epp.datastore.engines import ENGINE_LABEL, GIE_ENGINE_LABEL
-from epp.datastore.scraper import MetricsScraper
+from epp.datastore.scraper import MetricsScraper, pool_snapshot
 from epp.observability import collectors, metrics
 
 log = logging.getLogger("epp.workers")
@@ -345,18 +345,4 @@ class MetricsFollower:
         metrics.ready_endpoints.labels(name=self._pool_name).set(len(self._datastore.routable()))
 
     def _pool_snapshot(self) -> collectors.PoolSnapshot:
-        """As `MetricsScraper._pool_snapshot`: the pool's load as last scraped."""
-        routable = {id(ep) for ep in self._datastore.routable()}
-        return collectors.PoolSnapshot(
-            self._pool_name,
-            [
-                collectors.PodLoad(
-                    ep.name,
-                    ep.metrics.waiting,
-                    ep.metrics.running,
-                    ep.metrics.kv_usage,
-                    id(ep) in routable and ep.metrics.updated_at > 0,
-                )
-                for ep in self._datastore.endpoints()
-            ],
-        )
+        return pool_snapshot(self._pool_name, self._datastore)
