@@ -5,8 +5,9 @@ Typical traffic repeats a long system prompt or grows a conversation turn by tur
 returns exactly `Tokenizer.encode(text)` (tests/tokenize/test_prefixcache.py checks this with
 generated texts), reusing the token ids of the longest cached prefix it can prove safe.
 
-Structure. A trie of chunks: each node holds a piece of text `[start, end)` and its token ids,
-children are keyed by the first KEY_CHARS characters of their text. A chunk ends at a *checkpoint*:
+Structure. A trie of chunks (`epp.tokenize.chunktrie`): each node holds a piece of text
+`[start, end)` and its token ids, children are keyed by the first KEY_CHARS characters of their
+text. A chunk ends at a *checkpoint*:
 a character offset where, in the full tokenization of the text that inserted it, a pre-token
 starts (the token's word id changes) and a token starts. Chunks are at least
 `max(min_chunk_chars, start // 256)` characters long, so a 400k-character conversation is a chain
@@ -89,7 +90,6 @@ insert, INSERT_BATCH chunks at a time (the loop's `lookup` waits for one batch a
 from __future__ import annotations
 
 import array
-import collections
 import json
 import threading
 import time
@@ -99,6 +99,7 @@ from typing import NamedTuple
 import tokenizers
 
 from epp.tokenize import cachecheck, cutrules, tokenizer
+from epp.tokenize.chunktrie import KEY_CHARS, ChunkTrie, Node, join, shared
 from epp.tokenize.pieces import (
     SPLIT_CHARS,
     Encoded,
@@ -113,11 +114,9 @@ from epp.tokenize.pieces import (
 from epp.tokenize.tokenizer import FastEngine
 
 DEFAULT_MAX_BYTES = 64 << 20
-KEY_CHARS = 32  # children are keyed by this many leading characters of their text
 MARGIN_CHARS = 32  # right context that decides a pre-token start; plus the longest added token
 MIN_CHUNK_CHARS = 128
 DEPTH_DIVISOR = 256  # a chunk starting at offset p is at least p // DEPTH_DIVISOR characters long
-NODE_OVERHEAD_BYTES = 250  # node object, its dict and LRU entries, array and str headers (estimate)
 INSERT_BATCH = 64  # chunks inserted per hold of the lock
 MEMO_MAX_TOKENS = 262_144  # the last seam's joined ids are kept up to this many (`_Memo`)
 VERIFY_FIRST = 32  # texts the fast engine encodes in pieces that are all checked against `tokenizers`
@@ -127,7 +126,7 @@ VERIFY_EVERY = 64  # after those, one in this many is
 class Lookup(NamedTuple):
     """`PrefixCache.lookup`'s answer: the cached chunks a text starts with; `exact` if they end it."""
 
-    path: list[_Node]
+    path: list[Node]
     exact: bool
 
 
@@ -147,23 +146,9 @@ class _Memo(NamedTuple):
     chain holding `path[-1]` at the same depth starts with `path`. At most MEMO_MAX_TOKENS ids
     (~9 MB of list and text at the cap, not counted in `max_bytes`)."""
 
-    path: tuple[_Node, ...]
+    path: tuple[Node, ...]
     ids: list[int]
     text: str
-
-
-class _Node:
-    __slots__ = ("alive", "children", "end", "final", "ids", "nbytes", "parent", "text")
-
-    def __init__(self, parent: _Node | None, text: str, ids: array.array[int], end: int, final: bool) -> None:
-        self.parent = parent
-        self.text = text
-        self.ids = ids
-        self.end = end  # character offset of this chunk's end in the texts that contain it
-        self.final = final  # matches only a text that ends exactly here
-        self.children: dict[str, _Node | list[_Node]] = {}
-        self.alive = True
-        self.nbytes = len(text.encode("utf-8", "surrogatepass")) + 4 * len(ids) + NODE_OVERHEAD_BYTES
 
 
 class PrefixCache:
@@ -202,7 +187,6 @@ class PrefixCache:
                 f"min_chunk_chars must be >= {max(KEY_CHARS, self.margin)}, got {min_chunk_chars}"
             )
         self.name = tok.name
-        self.max_bytes = max_bytes
         self.min_chunk_chars = min_chunk_chars
         self.split_chars = split_chars
         self._tok = tok
@@ -223,24 +207,39 @@ class PrefixCache:
         self.ruled = why is None
         self.ruled_note = why or "the fast engine's pieces are cut at spaces before letters"
         self._ruled_count = 0
-        self._root = _Node(None, "", array.array("I"), 0, False)
-        self._lru: collections.OrderedDict[_Node, None] = collections.OrderedDict()
+        self.trie = ChunkTrie(max_bytes)
         self._lock = threading.Lock()
         self._memo: _Memo | None = None  # one assignment swaps it: threads see old or new
         self.hits = 0
         self.partial_hits = 0
         self.misses = 0
         self.fallbacks = 0
-        self.evictions = 0
-        self.cached_bytes = 0
-        self.cached_tokens = 0
-        self.nodes = 0
         self.reused_tokens = 0
         self.encoded_tokens = 0
         self.contended = 0
         self.engine_mismatches = 0
         self.verified = 0
         self.unverified = 0
+
+    @property
+    def max_bytes(self) -> int:
+        return self.trie.max_bytes
+
+    @property
+    def cached_bytes(self) -> int:
+        return self.trie.cached_bytes
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.trie.cached_tokens
+
+    @property
+    def nodes(self) -> int:
+        return self.trie.nodes
+
+    @property
+    def evictions(self) -> int:
+        return self.trie.evictions
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Exactly `Tokenizer.encode(text, add_special_tokens=...)`, reusing cached prefixes.
@@ -363,7 +362,7 @@ class PrefixCache:
                 else:
                     fresh = None
         if new is None or seam is None:
-            base = self._root
+            base = self.trie.root
             whole = None
             if ruled:
                 parts = self._fast_pieces(text, 0, None, fast and start == 0, blocking_chars)
@@ -385,7 +384,7 @@ class PrefixCache:
             reused = len(ids)
             ids.extend(new)
         answer = self._specials(ids, add_special_tokens)
-        fallback = seam is not None and base is self._root
+        fallback = seam is not None and base is self.trie.root
         if fresh is not None:
             parts = None
 
@@ -412,13 +411,13 @@ class PrefixCache:
                     divisor=DEPTH_DIVISOR,
                     ascii_only=self.ascii_checkpoints,
                 )
-            node: _Node | None = base
+            node: Node | None = base
             # In batches, the lock released between them: the event loop's `lookup` waits for
             # one batch, not for the ~1,000 chunks of a new 100k-token prompt.
             for at in range(0, len(chunks), INSERT_BATCH):
                 with self._locked():
                     if at == 0:
-                        if base is self._root:
+                        if base is self.trie.root:
                             self.misses += 1
                             self.fallbacks += fallback
                         else:
@@ -428,7 +427,7 @@ class PrefixCache:
                         self.unverified += unverified
                         if parts is not None:
                             self.verified += 1 - unverified
-                    node = self._insert(node, chunks[at : at + INSERT_BATCH])
+                    node = self.trie.insert(node, chunks[at : at + INSERT_BATCH])
                 if node is None:
                     break
                 time.sleep(0)  # let the event loop's thread have the GIL
@@ -461,7 +460,7 @@ class PrefixCache:
             f" token {at} ({fast[at : at + 3]} vs {reference[at : at + 3]})"
         )
 
-    def _seam(self, text: str, path: list[_Node]) -> tuple[_Node, _Node, int] | None:
+    def _seam(self, text: str, path: list[Node]) -> tuple[Node, Node, int] | None:
         """Where `text` stops reusing cached ids (the seam: a node of `path`), the cached chunk
         after it that the new encoding must repeat (the window), and how many characters of that
         chunk `text` shares; None when no seam can be proved.
@@ -478,11 +477,10 @@ class PrefixCache:
         pos = last.end
         margin = self.margin
         with self._locked():  # children change under the lock
-            found = last.children.get(text[pos : pos + KEY_CHARS])
-            options = () if found is None else tuple(found) if isinstance(found, list) else (found,)
+            options = self.trie.options(last, text, pos)
         for child in options:
             if len(child.text) >= margin and text.startswith(child.text[:margin], pos):
-                return last, child, _shared(text, pos, child.text, margin)
+                return last, child, shared(text, pos, child.text, margin)
         if len(path) >= 2 and last.end - path[-2].end >= margin:  # chunks from `first` may be short
             return path[-2], last, last.end - path[-2].end
         return None
@@ -492,7 +490,7 @@ class PrefixCache:
             return self._head + ids + self._tail
         return ids
 
-    def _joined(self, path: list[_Node], *, remember: str | None = None) -> list[int]:
+    def _joined(self, path: list[Node], *, remember: str | None = None) -> list[int]:
         """The ids of `path`'s chunks as a new list, from the memo where `path` extends it (see
         `_Memo`). With `remember` (the text `path` covers), `path` becomes the memo: a seam's
         chain, which the next request is likely to share or extend. A chunk's ids never change,
@@ -506,9 +504,9 @@ class PrefixCache:
             start = len(kept.path)
             if start == len(path):
                 return ids
-            ids.extend(_join(path[start:]))
+            ids.extend(join(path[start:]))
         else:
-            ids = _join(path)
+            ids = join(path)
         if remember is not None and len(ids) <= MEMO_MAX_TOKENS:
             self._memo = _Memo(tuple(path), ids.copy(), remember)
         return ids
@@ -516,115 +514,26 @@ class PrefixCache:
     def _locked(self) -> _Lock:
         return _Lock(self)
 
-    def _lookup(self, text: str) -> tuple[list[_Node], bool]:
+    def _lookup(self, text: str) -> tuple[list[Node], bool]:
         """The chain of chunks `text` starts with, and whether the last is a final node ending it.
 
         Only an exact match is marked used here: a partial one is by the insert that follows."""
-        path: list[_Node] = []
-        exact = False
-        size = len(text)
+        path: list[Node] = []
         kept = self._memo
         with self._locked():
-            node = self._root
-            pos = 0
+            node = self.trie.root
             # The memo's chain, when the text starts with its text: one compare, not one per chunk.
             # Its last node alive means the whole chain is (eviction takes leaves first).
             if kept is not None and kept.path[-1].alive and text.startswith(kept.text):
                 path.extend(kept.path)
                 node = kept.path[-1]
-                pos = node.end
-            while True:
-                found = node.children.get(text[pos : pos + KEY_CHARS])
-                if found is None:
-                    break
-                nxt = None
-                for child in found if isinstance(found, list) else (found,):
-                    if child.final:
-                        if child.end == size and text.startswith(child.text, pos):
-                            nxt = child
-                            exact = True
-                            break
-                    elif text.startswith(child.text, pos):
-                        nxt = child
-                if nxt is None:
-                    break
-                path.append(nxt)
-                if exact:
-                    break
-                node = nxt
-                pos = nxt.end
-            if exact:
-                self._touch(path[-1])
+            exact = self.trie.walk(text, node, path)
         return path, exact
-
-    def _insert(self, base: _Node | None, chunks: list[tuple[str, array.array[int], bool]]) -> _Node | None:
-        """Add `chunks` below `base` (reusing equal chunks), touch the path, evict; the last
-        chunk's node, or None if `base` is gone. Under the lock."""
-        if base is None or not base.alive:
-            return None  # evicted meanwhile; the next request for this text inserts it again
-        node = base
-        for text, ids, final in chunks:
-            key = text[:KEY_CHARS]
-            found = node.children.get(key)
-            same = None
-            if found is not None:
-                for child in found if isinstance(found, list) else (found,):
-                    if child.final == final and child.text == text:
-                        same = child
-                        break
-            if same is None:
-                same = _Node(node, text, ids, node.end + len(text), final)
-                if found is None:
-                    node.children[key] = same
-                elif isinstance(found, list):
-                    found.append(same)
-                else:
-                    node.children[key] = [found, same]
-                self._lru[same] = None
-                self.cached_bytes += same.nbytes
-                self.cached_tokens += len(ids)
-                self.nodes += 1
-            node = same
-        if node is not base:
-            self._touch(node)
-        self._evict()
-        return node if node.alive else None
-
-    def _touch(self, node: _Node | None) -> None:
-        """Mark `node` and its ancestors used, children before parents (the LRU's invariant)."""
-        lru = self._lru
-        while node is not None and node.parent is not None:
-            lru.move_to_end(node)
-            node = node.parent
-
-    def _evict(self) -> None:
-        while self.cached_bytes > self.max_bytes and self._lru:
-            node, _ = self._lru.popitem(last=False)
-            assert not node.children, "LRU order puts parents after their children"
-            parent = node.parent
-            assert parent is not None
-            key = node.text[:KEY_CHARS]
-            found = parent.children[key]
-            if isinstance(found, list):
-                found.remove(node)
-                if len(found) == 1:
-                    parent.children[key] = found[0]
-            else:
-                del parent.children[key]
-            node.alive = False
-            self.cached_bytes -= node.nbytes
-            self.cached_tokens -= len(node.ids)
-            self.nodes -= 1
-            self.evictions += 1
 
     def clear(self) -> None:
         """Drop every cached chunk (counters other than the sizes are kept)."""
         with self._locked():
-            for node in self._lru:
-                node.alive = False
-            self._lru.clear()
-            self._root.children = {}
-            self.cached_bytes = self.cached_tokens = self.nodes = 0
+            self.trie.clear()
 
 
 class _Lock:
@@ -643,24 +552,3 @@ class _Lock:
 
     def __exit__(self, *exc: object) -> None:
         self._cache._lock.release()
-
-
-def _join(path: list[_Node]) -> list[int]:
-    if not path:
-        return []
-    joined = array.array("I")
-    for node in path:
-        joined.extend(node.ids)
-    return joined.tolist()
-
-
-def _shared(text: str, pos: int, other: str, known: int) -> int:
-    """How many characters `text[pos:]` and `other` share, knowing the first `known` agree."""
-    lo, hi = known, min(len(other), len(text) - pos) + 1  # lo agree, hi do not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if text.startswith(other[lo:mid], pos + lo):
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -115,7 +115,7 @@ def test_a_long_text_is_cached_in_the_fast_engines_pieces(name: str) -> None:
     text = (tp.CORPUS * 3)[:60_000]  # past MAX_FAST_CHARS: `tokenizers` encoded it before
     assert cache.encode(text) == tok.backend.encode(text).ids
     assert cache.misses == 1 and cache.verified == 1
-    ends = [node.end for node in cache._lru if not node.final]
+    ends = [node.end for node in cache.trie.lru if not node.final]
     assert len(ends) > 100
     assert all(text[end] == " " and text[end - 1] != " " and text[end + 1].isalpha() for end in ends)
     longer = text + "\n<|user|>\n" + tp.CORPUS[3_000:9_000]
@@ -169,7 +169,7 @@ def test_a_text_with_few_cut_places_is_chunked_from_tokenizers_offsets() -> None
     prefix = tok.backend.encode(english, add_special_tokens=False).ids
     whole = tok.backend.encode(text, add_special_tokens=False).ids
     assert cache.encoded_tokens - before < len(whole) - len(prefix) + 100  # from near the seam
-    assert max(len(node.text) for node in cache._lru) < 2_000  # chunked, not one 40k node
+    assert max(len(node.text) for node in cache.trie.lru) < 2_000  # chunked, not one 40k node
     assert cache.encode(text) == tok.backend.encode(text).ids and cache.hits == 1
 
 

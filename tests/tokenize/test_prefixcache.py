@@ -335,8 +335,8 @@ def test_byte_budget_evicts_least_recently_used_leaves() -> None:
         assert_same(tok, cache, CORPUS[i : i + 3_000])
         assert cache.cached_bytes <= cache.max_bytes
     assert cache.evictions > 0
-    nodes = _walk(cache._root)
-    assert len(nodes) == cache.nodes == len(cache._lru)
+    nodes = _walk(cache.trie.root)
+    assert len(nodes) == cache.nodes == len(cache.trie.lru)
     assert sum(n.nbytes for n in nodes) == cache.cached_bytes
     assert sum(len(n.ids) for n in nodes) == cache.cached_tokens
     # The most recent text is still cached whole.
@@ -345,7 +345,7 @@ def test_byte_budget_evicts_least_recently_used_leaves() -> None:
     assert cache.encode(recent) == tok.encode(recent)
     assert cache.hits == hits + 1
     cache.clear()
-    assert (cache.cached_bytes, cache.nodes, _walk(cache._root)) == (0, 0, [])
+    assert (cache.cached_bytes, cache.nodes, _walk(cache.trie.root)) == (0, 0, [])
 
 
 def test_threads_share_one_cache() -> None:
@@ -368,7 +368,7 @@ def test_threads_share_one_cache() -> None:
         t.join()
     assert errors == []
     assert cache.hits + cache.partial_hits + cache.misses == 4 * len(jobs)
-    nodes = _walk(cache._root)
+    nodes = _walk(cache.trie.root)
     assert len(nodes) == cache.nodes and sum(n.nbytes for n in nodes) == cache.cached_bytes
 
 
@@ -395,8 +395,8 @@ def test_long_texts_insert_in_batches_with_eviction_between_them() -> None:
         t.join()
     assert errors == []
     assert cache.evictions > 0 and cache.cached_bytes <= cache.max_bytes
-    nodes = _walk(cache._root)
-    assert len(nodes) == cache.nodes == len(cache._lru)
+    nodes = _walk(cache.trie.root)
+    assert len(nodes) == cache.nodes == len(cache.trie.lru)
     assert sum(n.nbytes for n in nodes) == cache.cached_bytes
     # Without a budget, one such text is one chain of more than INSERT_BATCH chunks, cached whole.
     tok, cache = _fresh(min_chunk_chars=64)
@@ -413,7 +413,7 @@ def test_a_seam_that_fails_verification_falls_back_to_a_full_encode() -> None:
     # Corrupt every cached chunk's first id: the overlap window (here the final piece, which the
     # longer text continues past its seam) no longer matches, so the cache must not trust the
     # prefix before it either.
-    for node in cache._lru:
+    for node in cache.trie.lru:
         if len(node.ids):
             node.ids[0] = 0
     longer = text + " and more"
@@ -696,7 +696,7 @@ def test_user_messages_after_a_shared_prompt_do_not_pile_up_under_one_key(cut_ru
             assert cache.encode(text) == tok.encode(text)
         widest = max(
             len(found) if isinstance(found, list) else 1
-            for node in [cache._root, *cache._lru]
+            for node in [cache.trie.root, *cache.trie.lru]
             for found in node.children.values()
         )
         assert widest <= 2, length
