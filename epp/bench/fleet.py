@@ -501,6 +501,7 @@ def plot(results: Sequence[dict[str, Any]], out: Path) -> list[Path]:
         ("pss_idle", "memory, PSS (MB)", 1e-6, "fleet-memory.png"),
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
+        several = len(args_pythons(results)) > 1  # then each line says which build it is
         for python, workers in sorted({(r.get("epp", ""), r["workers"]) for r in results}):
             rows = sorted(
                 (r for r in results if r["workers"] == workers and r.get("epp", "") == python),
@@ -510,7 +511,7 @@ def plot(results: Sequence[dict[str, Any]], out: Path) -> list[Path]:
                 [r["pods"] for r in rows],
                 [r[key] * scale for r in rows],
                 marker="o",
-                label=f"--workers {workers}",
+                label=f"{python}, --workers {workers}" if several else f"--workers {workers}",
             )
         ax.set_xscale("log")
         ax.set_xlabel("model pods")
