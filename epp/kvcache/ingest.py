@@ -11,9 +11,9 @@ Two ways in, usable together:
   poller: zmq.asyncio's Poller registers every socket again on each wait (a future per socket),
   so a poller over N pods costs O(N) per wake-up where a task per pod costs O(1), and a pod's
   task keeps its failures to itself. The task waits on the sockets' file descriptors, watched by
-  the event loop itself (`epp.kvcache.zmqread`), not on zmq.asyncio's futures, and each wake-up drains up
-  to `zmqread.BUDGET` messages with non-blocking receives on a plain shadow of the socket (no future per
-  message), then yields, so a flooding pod cannot starve the loop.
+  the event loop itself (`epp.kvcache.zmqread`), not on zmq.asyncio's futures, and each wake-up
+  drains up to `zmqread.BUDGET` messages with non-blocking receives on a plain shadow of the
+  socket (no future per message), then yields, so a flooding pod cannot starve the loop.
 - Bind mode (`bind=`): one SUB bound for every vLLM that connects to epp. The pod comes from the
   topic `kv@<ip>:<port>@<model>` (older guides: `kv@<ip>@<model>`, matched when that IP is one
   pod's) and the batch's `data_parallel_rank` (each DP rank has its own publisher, sequence and
