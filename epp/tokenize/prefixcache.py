@@ -154,7 +154,8 @@ class _Memo(NamedTuple):
 class PrefixCache:
     """Token ids of texts through one tokenizer, reusing those of cached prefixes. Thread-safe.
 
-    Counters (plain attributes, read them for metrics; updated under the lock):
+    Counters (read them for metrics; updated under the lock; the trie's sizes, `evictions`,
+    `cached_bytes`, `cached_tokens` and `nodes`, are read through from `trie`):
     `hits` (the whole text was cached), `partial_hits` (a prefix was reused), `misses`,
     `fallbacks` (a seam failed verification: counted as a miss too), `evictions` (chunks),
     `cached_bytes`, `cached_tokens`, `nodes`, `reused_tokens` and `encoded_tokens` (tokens taken
