@@ -496,12 +496,12 @@ def plot(results: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     except ImportError:
         return []
     paths = []
+    several = len(args_pythons(results)) > 1  # then each line says which build it is
     for key, label, scale, name in (
         ("idle_core", "idle CPU (% of a core)", 100.0, "fleet-cpu.png"),
         ("pss_idle", "memory, PSS (MB)", 1e-6, "fleet-memory.png"),
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
-        several = len(args_pythons(results)) > 1  # then each line says which build it is
         for python, workers in sorted({(r.get("epp", ""), r["workers"]) for r in results}):
             rows = sorted(
                 (r for r in results if r["workers"] == workers and r.get("epp", "") == python),
