@@ -31,6 +31,20 @@ DEGRADED_LOG_EVERY_S = 30.0
 """Entering degraded routing is logged at most this often (a flapping metrics path would flood)."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LatencyTotals:
+    """What a vLLM pod has spent decoding, from the `_sum` and `_count` of two of its histograms
+    (cumulative since it started): the latency scorers learn each pod's per-token time and the
+    mean decode time from their growth between two scrapes
+    (`epp.scheduling.plugins.metrics_learning`), from every request the pod served, where a
+    response read through epp is one request in many."""
+
+    token_seconds: float  # vllm:inter_token_latency_seconds_sum
+    tokens: float  # vllm:inter_token_latency_seconds_count
+    decode_seconds: float  # vllm:request_decode_time_seconds_sum (first token -> finished)
+    decodes: float  # vllm:request_decode_time_seconds_count
+
+
 @dataclasses.dataclass(slots=True)
 class ModelServerMetrics:
     """The latest scrape of one endpoint's /metrics (vLLM names in comments)."""
@@ -51,6 +65,8 @@ class ModelServerMetrics:
     # vllm:request_success_total summed over its series (a counter); None when the page has none.
     # Traffic-share estimation (epp/scheduling/plugins/traffic_share.py) reads its growth.
     requests_total: float | None = None
+    # vLLM's decode-latency histograms' sums and counts; None when the page lacks either.
+    latency: LatencyTotals | None = None
     # An engine config's custom scalar metrics (llm-d's `customMetrics`): endpoint attribute -> value.
     custom: dict[str, float] = dataclasses.field(default_factory=dict)
 

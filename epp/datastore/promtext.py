@@ -23,6 +23,10 @@ value taken as it is, an engine's custom scalar metrics into `ModelServerMetrics
   (comma lists): taken from the series with the largest value, which vLLM sets to a timestamp.
 - `vllm:request_success_total` (a counter, one series per `finished_reason`): summed, as
   `requests_total`; None when absent. Not a wanted series on its own (a page with only it raises).
+- The `_sum` and `_count` of `vllm:inter_token_latency_seconds` and
+  `vllm:request_decode_time_seconds` (vLLM 0.32 has them), each summed over its series, as
+  `latency` (`LatencyTotals`); None unless the page has all four with finite, non-negative values.
+  Their buckets are not read.
 
 Tolerance: comments, HELP/TYPE lines, `\\r\\n` line ends, trailing timestamps, exponent notation,
 NaN and +/-Inf (a non-finite value is ignored, as if the series were absent), escaped quotes and
@@ -38,7 +42,7 @@ import functools
 import math
 import re
 
-from epp.datastore.endpoints import ModelServerMetrics
+from epp.datastore.endpoints import LatencyTotals, ModelServerMetrics
 from epp.datastore.engines import VLLM, EngineMapping, MetricSpec
 
 WAITING = b"vllm:num_requests_waiting"
@@ -48,6 +52,10 @@ KV_USAGE_OLD = b"vllm:gpu_cache_usage_perc"
 CACHE_INFO = b"vllm:cache_config_info"
 LORA_INFO = b"vllm:lora_requests_info"
 SUCCESS = b"vllm:request_success_total"
+LATENCY_HISTOGRAMS = (  # whose sums and counts make LatencyTotals, in its order
+    b"vllm:inter_token_latency_seconds",
+    b"vllm:request_decode_time_seconds",
+)
 
 _AFTER_NAME = (b"{", b" ", b"\t")  # what may follow a metric name on a sample line
 
@@ -200,6 +208,76 @@ def _matching(data: bytes, spec: MetricSpec) -> list[Sample]:
     return out
 
 
+def _latency(data: bytes) -> LatencyTotals | None:
+    """`LatencyTotals` from the page, None unless every one of its series is there and sane."""
+    if LATENCY_HISTOGRAMS[0] not in data:  # (vLLM before them, other servers: one search)
+        return None
+    found: list[tuple[float, float]] = []
+    for name in LATENCY_HISTOGRAMS:
+        pair = _sum_and_count(data, name)
+        if pair is None:
+            return None
+        found.append(pair)
+    (token_s, tokens), (decode_s, decodes) = found
+    return LatencyTotals(token_s, tokens, decode_s, decodes)
+
+
+def _sum_and_count(data: bytes, name: bytes) -> tuple[float, float] | None:
+    """Histogram `name`'s `_sum` and `_count`, each summed over its series (one per engine behind
+    the port); None when either is missing, not finite or negative.
+
+    A histogram's series interleave (buckets, count and sum of one engine, then the next's), so
+    each of its `_count` lines is searched for; prometheus_client writes the `_sum` line right
+    after it, which is then read without a search (another layout: searched for alike)."""
+    count_name, sum_name = name + b"_count", name + b"_sum"
+    needle = b"\n" + count_name
+    count = total = 0.0
+    lines, paired = 0, True
+    i = data.find(needle)
+    # Its family ends at the next family's comments: the later searches stop there, not at the
+    # page's end (~5 us a search on a 40 KB page). A page without comments is searched to its end.
+    stop = data.find(b"\n# ", i) if i != -1 else -1
+    stop = len(data) if stop == -1 else stop
+    while i != -1:
+        start = i + 1 + len(count_name)
+        end = data.find(b"\n", start)
+        end = len(data) if end == -1 else end
+        pos = end
+        if data[start : start + 1] in _AFTER_NAME:
+            count += _split(count_name, data[start:end])[1]
+            lines += 1
+            after = end + 1 + len(sum_name)
+            if data.startswith(sum_name, end + 1) and data[after : after + 1] in _AFTER_NAME:
+                close = data.find(b"\n", after)
+                close = len(data) if close == -1 else close
+                total += _split(sum_name, data[after:close])[1]
+                pos = close
+            else:
+                paired = False
+        i = data.find(needle, pos, stop)
+    if not lines:
+        return None
+    if not paired:
+        total = sum(v for _, v in _samples_all(data, sum_name))
+    if not (math.isfinite(total) and math.isfinite(count)) or total < 0 or count < 0:
+        return None
+    return total, count
+
+
+def _samples_all(data: bytes, name: bytes) -> list[Sample]:
+    """Every sample line of `name`, wherever on the page (a histogram's interleave)."""
+    out: list[Sample] = []
+    needle, pos = b"\n" + name, 0
+    while (i := data.find(needle, pos)) != -1:
+        start = i + 1 + len(name)
+        end = data.find(b"\n", start)
+        end = len(data) if end == -1 else end
+        pos = end
+        if data[start : start + 1] in _AFTER_NAME:
+            out.append(_split(name, data[start:end]))
+    return out
+
+
 def _gauge(data: bytes, spec: MetricSpec | None) -> float | None:
     """The largest finite value among `spec`'s series, None when it has none."""
     if spec is None:
@@ -208,10 +286,12 @@ def _gauge(data: bytes, spec: MetricSpec | None) -> float | None:
     return max(values) if values else None
 
 
-def parse(data: bytes | str, engine: EngineMapping = VLLM) -> ModelServerMetrics:
+def parse(data: bytes | str, engine: EngineMapping = VLLM, *, latency: bool = True) -> ModelServerMetrics:
     """Extract epp's metrics from one /metrics page of `engine` (vLLM by default; its names and
     llm-d's mappings for other engines: `epp.datastore.engines`). `updated_at` is left 0 for the
     caller to set.
+
+    `latency` False skips vLLM's latency histograms (`latency` is then None).
 
     Raises PromTextError if none of the engine's series is present or a wanted line is malformed.
     """
@@ -244,6 +324,8 @@ def parse(data: bytes | str, engine: EngineMapping = VLLM) -> ModelServerMetrics
         success = [v for _, v in _samples(data, SUCCESS) if math.isfinite(v) and v >= 0]
         if success:
             m.requests_total = sum(success)
+        if latency:
+            m.latency = _latency(data)
 
     m.waiting = _count(waiting)
     m.running = _count(running)

@@ -93,6 +93,12 @@ _HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain", "User-Agent":
 # A timeout that fires this much later than it was due says the event loop was late, not the server.
 LATE_TIMEOUT_S = 0.5
 
+# vLLM's decode-latency histograms' sums and counts (`ModelServerMetrics.latency`) are read from a
+# page at most this often: finding them costs about what the other series do together (their
+# families lie far down the page), and their readers learn from growth over seconds, not 50 ms.
+# Between reads a scrape carries the last totals over.
+LATENCY_READ_S = 0.5
+
 # /v1/models lists a card per model and adapter: a few KB even for a server with many adapters.
 MAX_MODELS_BODY_BYTES = 1024 * 1024
 MODELS_RETRY_S = 5.0
@@ -240,6 +246,7 @@ class MetricsScraper:
         # Each endpoint's last page and what it parsed to: an idle server's page changes about
         # once a second (its process_* series), so most scrapes at 50 ms find the same bytes.
         self._pages: dict[Endpoint, tuple[bytes, EngineMapping, ModelServerMetrics]] = {}
+        self._latency_read: dict[Endpoint, float] = {}  # time.monotonic() of each one's last read
         self._subscribed = False
         self._on_update = on_update
         # The idle pause of each endpoint whose loop is in one: what ends it early.
@@ -333,6 +340,7 @@ class MetricsScraper:
         for ep in removed:
             task = self._loops.pop(ep, None)
             self._pages.pop(ep, None)
+            self._latency_read.pop(ep, None)
             self._paced.discard(ep)
             metrics.idle_endpoints.set(len(self._paced))
             if ep.on_book == self.wake:
@@ -427,7 +435,13 @@ class MetricsScraper:
             if last is not None and last[0] == body and last[1] is engine:
                 result = dataclasses.replace(last[2])  # the same page: ~1 us to compare, ~40 to parse
             else:
-                result = promtext.parse(body, engine)
+                read = self._latency_read.get(ep)
+                latency = read is None or attempted - read >= LATENCY_READ_S
+                result = promtext.parse(body, engine, latency=latency)
+                if latency:
+                    self._latency_read[ep] = attempted
+                elif last is not None:
+                    result.latency = last[2].latency
                 self._pages[ep] = (body, engine, dataclasses.replace(result))
         # Anything a scrape raises is a failed scrape, never a dead loop: the parser raises only
         # PromTextError by design, but a garbage page must not find an exception we did not list.

@@ -34,13 +34,14 @@ scrape counters (`epp_metrics_scrape_errors_total`, ...) are the supervisor's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from epp import tasks
-from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec, ModelServerMetrics
+from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec, LatencyTotals, ModelServerMetrics
 from epp.datastore.engines import ENGINE_LABEL, GIE_ENGINE_LABEL
 from epp.datastore.scraper import MetricsScraper, pool_snapshot
 from epp.observability import collectors, metrics
@@ -52,7 +53,8 @@ SOURCE = "workers"
 
 Entry = list[Any]
 """[name, waiting, running, kv_usage, block_size, num_gpu_blocks, max_lora, running_loras,
-waiting_loras, requests_total, updated_at, excluded, scrape_failures]"""
+waiting_loras, requests_total, updated_at, excluded, scrape_failures, latency (LatencyTotals' fields
+as a list, or None)]"""
 
 
 ENGINE_LABELS = frozenset({ENGINE_LABEL, GIE_ENGINE_LABEL})
@@ -95,6 +97,7 @@ def _entry(ep: Endpoint) -> Entry:
         m.updated_at,
         ep.excluded,
         ep.scrape_failures,
+        None if m.latency is None else list(dataclasses.astuple(m.latency)),
     ]
 
 
@@ -319,6 +322,7 @@ class MetricsFollower:
                 waiting_loras=frozenset(entry[8]),
                 requests_total=entry[9],
                 updated_at=entry[10],
+                latency=None if entry[13] is None else LatencyTotals(*entry[13]),
             )
             ep.scrape_failures = entry[12]
             if ep.excluded != entry[11]:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import random
+import re
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.datastore import promtext
-from epp.datastore.endpoints import ModelServerMetrics
+from epp.datastore.endpoints import LatencyTotals, ModelServerMetrics
 
 from . import vllm_sample
 
@@ -226,3 +228,50 @@ def test_random_garbage_never_escapes_as_another_exception() -> None:
 def test_huge_counts_do_not_overflow() -> None:
     m = promtext.parse(b'vllm:num_requests_waiting{e="0"} 1e308\nvllm:num_requests_waiting{e="1"} 1e308\n')
     assert m.waiting == 0
+
+
+def test_latency_totals_from_a_real_vllm_page() -> None:
+    """vLLM 0.32's page (a capture, scripts/capture_vllm_metrics.py): the sums and counts of its
+    decode-latency histograms (vLLM's decode time is its tokens' inter-token times, summed)."""
+    page = (Path(promtext.__file__).parents[1] / "bench" / "data" / "vllm-0.32-metrics.txt").read_bytes()
+    m = promtext.parse(page)
+    assert m.latency == LatencyTotals(
+        token_seconds=3.0486851190007656, tokens=636.0, decode_seconds=3.0486851190007656, decodes=24.0
+    )
+    assert promtext.parse(page, latency=False).latency is None
+
+
+def test_latency_totals_are_summed_over_engines_as_the_reference_parser_reads_them() -> None:
+    page = vllm_sample.vllm_metrics_page(engines=3)
+    values: dict[str, float] = {}
+    for fam in text_string_to_metric_families(page.decode()):
+        for s in fam.samples:
+            values[s.name] = values.get(s.name, 0.0) + s.value
+    got = promtext.parse(page).latency
+    assert got is not None
+    assert got.token_seconds == pytest.approx(values["vllm:inter_token_latency_seconds_sum"])
+    assert got.tokens == values["vllm:inter_token_latency_seconds_count"]
+    assert got.decode_seconds == pytest.approx(values["vllm:request_decode_time_seconds_sum"])
+    assert got.decodes == values["vllm:request_decode_time_seconds_count"] == 60
+
+
+def test_latency_totals_need_every_series_and_sane_values() -> None:
+    page = vllm_sample.vllm_metrics_page(engines=1)
+    assert promtext.parse(page).latency is not None
+    # One family missing (an older vLLM): none, rather than totals that mix definitions.
+    without = b"\n".join(
+        line for line in page.split(b"\n") if not line.startswith(b"vllm:request_decode_time_seconds")
+    )
+    assert promtext.parse(without).latency is None
+    # The sum written elsewhere than right after its count (another exporter): found all the same.
+    lines = page.split(b"\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith(b"vllm:inter_token_latency_seconds_sum"))
+    moved = lines[:at] + lines[at + 1 :] + [lines[at]]
+    assert promtext.parse(b"\n".join(moved)).latency == promtext.parse(page).latency
+    # A negative or non-finite sum: none (a broken page teaches nothing), the rest still read.
+    for bad in (b"-1.0", b"NaN", b"+Inf"):
+        broken = re.sub(rb"(vllm:request_decode_time_seconds_sum\{[^}]*\}) \S+", rb"\1 " + bad, page)
+        m = promtext.parse(broken)
+        assert m.latency is None and m.running == 8
+    # A page of another server: no totals, no error.
+    assert promtext.parse(b"vllm:num_requests_running 3\n").latency is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import ssl
@@ -86,9 +87,9 @@ async def test_an_unchanged_page_is_not_parsed_again(
     parsed: list[bytes] = []
     real = scraper_mod.promtext.parse
 
-    def counting(data: bytes | str, *rest: Any) -> Any:
+    def counting(data: bytes | str, *rest: Any, **kw: Any) -> Any:
         parsed.append(bytes(data) if isinstance(data, bytes) else data.encode())
-        return real(data, *rest)
+        return real(data, *rest, **kw)
 
     monkeypatch.setattr(scraper_mod.promtext, "parse", counting)
     ds = Datastore()
@@ -104,6 +105,35 @@ async def test_an_unchanged_page_is_not_parsed_again(
         server.waiting = 4  # a new page is parsed
         await until(lambda: ep.metrics.waiting == 4)
         assert len(parsed) == 2
+
+
+async def test_latency_totals_are_read_at_most_every_half_second_and_carried_between(
+    server: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[tuple[float, bool]] = []
+    real = scraper_mod.promtext.parse
+
+    def recording(data: bytes | str, *rest: Any, latency: bool = True) -> Any:
+        reads.append((time.monotonic(), latency))
+        return real(data, *rest, latency=latency)
+
+    monkeypatch.setattr(scraper_mod.promtext, "parse", recording)
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    async with make(ds):
+        await until(lambda: ep.metrics.latency is not None)
+        totals = ep.metrics.latency
+        for i in range(40):  # a new page every 30 ms: each is parsed
+            server.waiting = i % 7
+            await asyncio.sleep(0.03)
+            assert ep.metrics.latency == totals  # carried over between reads (the page's are fixed)
+    with_latency = [t for t, latency in reads if latency]
+    assert len(reads) >= 15
+    assert len(with_latency) <= 1 + (reads[-1][0] - reads[0][0]) / scraper_mod.LATENCY_READ_S
+    # (timed at the parse, after the fetch: the throttle times the scrape's start)
+    gaps = [b - a for a, b in itertools.pairwise(with_latency)]
+    assert all(gap >= scraper_mod.LATENCY_READ_S - 0.05 for gap in gaps), gaps
 
 
 async def test_scrapes_metrics_port_when_set(server: FakeVLLM) -> None:

@@ -157,6 +157,7 @@ def vllm_metrics_page(
             ("request_inference_time_seconds", _E2E),
             ("request_prefill_time_seconds", _E2E),
             ("request_decode_time_seconds", _E2E),
+            ("request_prefill_kv_computed_tokens", _one_two_five(1024)),
             ("request_prompt_tokens", _one_two_five(1024)),
             ("request_generation_tokens", _one_two_five(1024)),
             ("request_max_num_generation_tokens", _one_two_five(1024)),

@@ -108,6 +108,7 @@ async def test_workers_follow_the_supervisors_scrapes(servers: list[FakeVLLM]) -
             assert dataclasses.replace(w.ep("pod-0").metrics, updated_at=0, grace=0) == dataclasses.replace(
                 own.metrics, updated_at=0, grace=0
             )
+            assert w.ep("pod-0").metrics.latency is not None  # vLLM's latency totals travel too
 
         # An unchanged page sends nothing but the heartbeat, which keeps the workers' copies fresh.
         deliver()
