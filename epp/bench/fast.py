@@ -18,8 +18,9 @@ A discrete-event loop in virtual time (`epp.clock.use`), in order of time:
   step's KV events then reach the index (after `kv_delay_s`, 0 by default: ZMQ on a LAN delivers
   in well under a step).
 - scrape: every `scrape_interval_s` (GIE's 50 ms) every pod's `ModelServerMetrics` is refreshed
-  from its engine (waiting, running, KV usage, block size and count, requests finished), as the
-  scraper would parse vLLM's /metrics; all pods on the same tick.
+  from its engine (waiting, running, KV usage, block size and count, requests finished, the sums
+  and counts of the decode-latency histograms), as the scraper would parse vLLM's /metrics;
+  all pods on the same tick.
 
 Closed-loop users send their next request when the previous one finished. Determinism: the
 pickers' global `random` is seeded with the run's seed, workloads carry their own seeded streams,
@@ -56,7 +57,7 @@ from epp.api import errors
 from epp.api.responses import Usage
 from epp.bench.policies import Policy
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
-from epp.datastore.endpoints import Datastore, EndpointSpec, ModelServerMetrics
+from epp.datastore.endpoints import Datastore, EndpointSpec, LatencyTotals, ModelServerMetrics
 from epp.flowcontrol import controller as flowcontrol
 from epp.kvcache.events import EventBatch
 from epp.kvcache.index import BlockIndex
@@ -537,6 +538,12 @@ class FastRun:
                 num_gpu_blocks=engine.profile.num_gpu_blocks,
                 updated_at=now,
                 requests_total=float(finished),
+                latency=LatencyTotals(
+                    engine.token_seconds_total,
+                    float(engine.later_tokens_total),
+                    engine.decode_seconds_total,
+                    float(engine.requests_finished),
+                ),
             )
             ep.metrics = m
             waiting.append(m.waiting)

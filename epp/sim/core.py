@@ -257,6 +257,13 @@ class Engine:
         self.num_steps = 0
         self.prompt_tokens_total = 0  # vllm:prompt_tokens_total: prefill tokens computed
         self.generation_tokens_total = 0
+        # The sums and counts of two of vLLM's latency histograms, in simulated seconds: decode
+        # (first token to finish), observed when a request finishes, as vLLM does; the time
+        # between two tokens of a request, per token after its first.
+        self.decode_seconds_total = 0.0
+        self.requests_finished = 0
+        self.token_seconds_total = 0.0
+        self.later_tokens_total = 0
 
     # --- what /metrics shows ----------------------------------------------------------------------
 
@@ -516,11 +523,19 @@ class Engine:
         self.num_steps += 1
         self.prompt_tokens_total += prefill_tokens
         self.generation_tokens_total += generated
+        # Steps run back to back while requests are running, so a token after a request's first
+        # came one step after its previous one (a preempted request's gap is not counted).
+        later = generated - len(first)
+        self.later_tokens_total += later
+        self.token_seconds_total += later * duration
         for req in first:
             req.first_token_time = end
         if done:
             for req in done:
                 req.finish_time = end
+                if req.first_token_time is not None:
+                    self.requests_finished += 1
+                    self.decode_seconds_total += end - req.first_token_time
                 del self._requests[req.request_id]
                 self._release(req)
             self._running = [r for r in self._running if r._state == _RUNNING]

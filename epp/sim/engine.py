@@ -54,7 +54,13 @@ from epp.sim import core
 from epp.sim.blocks import BlockHasher
 from epp.sim.config import SimConfig as SimConfig
 from epp.sim.kvpublisher import KVEventPublisher
-from epp.sim.metrics_page import LATENCY_BUCKETS, Histogram
+from epp.sim.metrics_page import (
+    LATENCY_BUCKETS,
+    REQUEST_TIME_BUCKETS,
+    TOKEN_COUNT_BUCKETS,
+    TOKEN_TIME_BUCKETS,
+    Histogram,
+)
 from epp.tokenize import dialects
 from epp.tokenize.registry import Tokenizers
 from epp.tokenize.tokenizer import Tokenizer, load_shipped
@@ -246,6 +252,10 @@ class SimState:
         self.ttft = Histogram(LATENCY_BUCKETS)
         self.e2e = Histogram(LATENCY_BUCKETS)
         self.queue_time = Histogram(LATENCY_BUCKETS)
+        self.prefill_time = Histogram(REQUEST_TIME_BUCKETS)
+        self.decode_time = Histogram(REQUEST_TIME_BUCKETS)
+        self.token_time = Histogram(TOKEN_TIME_BUCKETS)
+        self.prefill_computed = Histogram(TOKEN_COUNT_BUCKETS)
         self.started = time.time()
         self._active: dict[str, SimRequest] = {}  # in the engine, not yet finished or aborted
         self.in_flight = 0  # requests on the inference routes, arrival to answer (GET /load)
@@ -369,6 +379,7 @@ class SimState:
                 await self._work.wait()
                 continue
             now = self._end if busy else max(self._end, self._wall_now())
+            later = engine.later_tokens_total
             try:
                 result = engine.step(now)
             except Exception as exc:  # a bug: fail the requests rather than hang them
@@ -392,10 +403,20 @@ class SimState:
             else:
                 await asyncio.sleep(0)  # let the handlers run
             self.publish_events()
+            wall = max(scale, 0.0)
             for first in result.first_tokens:
                 if first.first_scheduled_time is not None:  # always, for a request with a token
                     queued = first.first_scheduled_time - first.arrival_time
-                    self.queue_time.observe(max(0.0, queued) * max(scale, 0.0))
+                    self.queue_time.observe(max(0.0, queued) * wall)
+            if engine.later_tokens_total > later:
+                self.token_time.observe(result.duration * wall, engine.later_tokens_total - later)
+            for done in result.finished:  # vLLM observes a request's phases when it finishes
+                scheduled, first_token = done.first_scheduled_time, done.first_token_time
+                if scheduled is not None and first_token is not None and done.finish_time is not None:
+                    self.prefill_time.observe((first_token - scheduled) * wall)
+                    self.decode_time.observe((done.finish_time - first_token) * wall)
+                    held = max(done.num_cached_tokens, done.remote_tokens)
+                    self.prefill_computed.observe(max(done.num_prompt_tokens - held, 0))
             # Only running or just-finished requests can have new tokens (O(running), not O(queue)).
             for e_req in (*engine.running_requests(), *result.finished):
                 sim_req = self._active.get(e_req.request_id)
@@ -456,6 +477,10 @@ class SimState:
         self.ttft = Histogram(LATENCY_BUCKETS)
         self.e2e = Histogram(LATENCY_BUCKETS)
         self.queue_time = Histogram(LATENCY_BUCKETS)
+        self.prefill_time = Histogram(REQUEST_TIME_BUCKETS)
+        self.decode_time = Histogram(REQUEST_TIME_BUCKETS)
+        self.token_time = Histogram(TOKEN_TIME_BUCKETS)
+        self.prefill_computed = Histogram(TOKEN_COUNT_BUCKETS)
 
     def lora_adapters(self) -> tuple[list[str], list[str]]:
         """The adapters of the running and of the waiting requests, sorted, each once."""

@@ -21,12 +21,13 @@ class Histogram:
         self.total = 0.0
         self.count = 0
 
-    def observe(self, value: float) -> None:
-        self.total += value
-        self.count += 1
+    def observe(self, value: float, times: int = 1) -> None:
+        """`times` observations of `value` (a step's tokens share one inter-token time)."""
+        self.total += value * times
+        self.count += times
         for i, bound in enumerate(self.buckets):
             if value <= bound:
-                self.counts[i] += 1
+                self.counts[i] += times
 
     def render(self, name: str, labels: str) -> list[str]:
         lines = [f"# TYPE {name} histogram"]
@@ -42,6 +43,16 @@ LATENCY_BUCKETS = (
     *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1),
     *(0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
 )
+# vLLM 0.32's buckets for its per-request phase times, per-token times and prompt-token counts.
+REQUEST_TIME_BUCKETS = (
+    *(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0),
+    *(120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
+)
+TOKEN_TIME_BUCKETS = (
+    *(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0),
+    *(2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
+)
+TOKEN_COUNT_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))
 
 
 def render_metrics(state: SimState) -> str:
@@ -96,6 +107,10 @@ def render_metrics(state: SimState) -> str:
     lines += state.ttft.render("vllm:time_to_first_token_seconds", m)
     lines += state.e2e.render("vllm:e2e_request_latency_seconds", m)
     lines += state.queue_time.render("vllm:request_queue_time_seconds", m)
+    lines += state.prefill_time.render("vllm:request_prefill_time_seconds", m)
+    lines += state.decode_time.render("vllm:request_decode_time_seconds", m)
+    lines += state.token_time.render("vllm:inter_token_latency_seconds", m)
+    lines += state.prefill_computed.render("vllm:request_prefill_kv_computed_tokens", m)
     return "\n".join(lines) + "\n"
 
 

@@ -77,6 +77,13 @@ def test_bookings_are_released_and_scrapes_feed_the_datastore() -> None:
     served = [x for x in result.records if x.status == 200]
     assert all(x.first_token is not None and x.arrival <= x.first_token <= x.finish for x in served)  # type: ignore[operator]
     assert all(x.output_tokens == x.max_tokens for x in served)
+    # The latency histograms' sums and counts, as a vLLM page gives them: every request finished
+    # by the last scrape (the last few finish after it).
+    totals = [ep.metrics.latency for ep in r.endpoints]
+    assert all(t is not None and t.decode_seconds > 0 and t.token_seconds > 0 for t in totals)
+    assert 0.98 * len(served) <= sum(t.decodes for t in totals if t is not None) <= len(served)
+    tokens = sum(x.output_tokens - 1 for x in served)
+    assert 0.98 * tokens <= sum(t.tokens for t in totals if t is not None) <= tokens
 
 
 def test_closed_loop_keeps_at_most_one_request_per_user_in_flight() -> None:

@@ -22,6 +22,7 @@ import msgspec
 import pytest
 import zmq
 
+from epp.datastore import promtext
 from epp.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from epp.sim import core
 from epp.sim.blocks import BlockHasher
@@ -177,6 +178,36 @@ async def test_preemption_under_a_small_kv_cache(pods: Any, http: aiohttp.Client
     assert await metric(http, pod.url, "vllm:num_preemptions_total") >= 1
     assert pod.state.snapshot()["max_running"] == 4
     assert await metric(http, pod.url, "vllm:kv_cache_usage_perc") == 0
+
+
+async def test_the_per_request_latency_histograms_read_as_vllms(
+    pods: Any, http: aiohttp.ClientSession
+) -> None:
+    """vLLM's prefill (scheduled to first token), uncached prompt tokens and decode histograms,
+    observed when a request finishes, and its per-token one, in wall seconds: epp's scrape reads
+    the decode side (`LatencyTotals`) to learn a pod's per-token time."""
+    pod = await pods(SimConfig.from_profile(linear()))  # 0.1 ms per token computed, nothing else
+    await complete(http, pod.url, ids(1, 2000), 5)  # a 0.2 s prefill, then 4 one-token steps
+    await complete(http, pod.url, ids(1, 2000), 5)  # a hit: 16 tokens computed
+    async with http.get(pod.url + "/metrics") as r:
+        page = await r.read()
+    totals = promtext.parse(page).latency
+    assert totals is not None
+    assert (totals.decodes, totals.tokens) == (2, 8)
+    assert totals.token_seconds == pytest.approx(8e-4, rel=0.01)
+    assert totals.decode_seconds == pytest.approx(8e-4, rel=0.01)
+    sums = {
+        line.split("{")[0]: float(line.rpartition(" ")[2])
+        for line in page.decode().splitlines()
+        if line.startswith(
+            ("vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_kv_computed_tokens_sum")
+        )
+    }
+    assert sums["vllm:request_prefill_kv_computed_tokens_sum"] == 2000 + 16
+    assert sums["vllm:request_prefill_time_seconds_sum"] == pytest.approx(0.2 + 0.0016, rel=0.01)
+    # vLLM's buckets: the prefill in 0.3's (the first), every token in 0.01's.
+    assert b'vllm:request_prefill_time_seconds_bucket{model_name="sim-model",le="0.3"} 2.0' in page
+    assert b'vllm:inter_token_latency_seconds_bucket{model_name="sim-model",le="0.01"} 8.0' in page
 
 
 async def test_a_prompt_longer_than_max_model_len_is_a_400(pods: Any, http: aiohttp.ClientSession) -> None:
