@@ -137,6 +137,7 @@ LATENCY_TERMS = {
     "e2e_s",
     "decode_s",
     "step_s",
+    "pod_step_factor",
     "output_tokens",
     "batch",
     "context_tokens",

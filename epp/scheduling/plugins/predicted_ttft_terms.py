@@ -12,7 +12,7 @@ import dataclasses
 from typing import Annotated
 
 import msgspec
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from epp.api.requests import InferenceRequest
 from epp.observability import metrics
@@ -28,6 +28,13 @@ prediction_error = Histogram(
     "Actual minus predicted time to first token of requests routed by predicted-ttft-scorer.",
     ["plugin"],
     buckets=ERROR_BUCKETS,
+    registry=metrics.REGISTRY,
+)
+observations = Counter(
+    "epp_latency_observations_total",
+    "Observations the latency scorers learned from: a response read through epp (`response`), or "
+    "a pod's growth of vLLM's per-request latency histograms between two scrapes (`metrics`).",
+    ["plugin", "source"],
     registry=metrics.REGISTRY,
 )
 prefill_rate = Gauge(

@@ -24,7 +24,13 @@ The objective, per candidate endpoint `e`, in seconds of someone's latency:
   completed response's time per output token ((duration - TTFT) / (tokens - 1)) against the batch
   and context its endpoint had on average over the response's life, by recursive least squares
   (forgetting `tpotForgetting`), from a prior of `stepSeconds`, 0 and 0 (until responses complete
-  the decode terms price only the batch's size at the prior fixed step).
+  the decode terms price only the batch's size at the prior fixed step). The model is shared;
+  with `podStepFactors` (default on, with `learnFromMetrics`) each pod's step is its own factor
+  times it, learned from the pod's /metrics: over a window of its scrapes, its mean inter-token
+  latency (vLLM's `inter_token_latency_seconds`; `metrics_learning.py`) against the model's
+  prediction for the batch and context epp had in flight there meanwhile, the log of the ratio
+  averaged, the factors kept at a geometric mean of 1. A pool of A100 and H100 pods decodes at two
+  paces, which one model priced at their mean (BENCHMARKS.md#pod-step-factors).
 - `n`, `ctx`: the requests epp has in flight on `e` and their context (prompt + half the expected
   output: a sequence's average size over its decode), or the scraped running + waiting when more
   (other replicas' traffic), its context scaled alike. `L` the new request's, `out` its expected
@@ -73,12 +79,15 @@ Parameters: predicted-ttft-scorer's, and
   per-token milliseconds for a lower TTFT tail: BENCHMARKS.md#five-seeds).
 - `tpotForgetting` (0.999, (0.9, 1]): how fast old observations of the step model fade.
 - `meanOutputTokens` (256, >= 1): the prior mean output of a request without `max_tokens`.
+- `podStepFactors` (true): each pod's own factor on the step model, from its /metrics (needs
+  `learnFromMetrics`).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
@@ -89,6 +98,7 @@ from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces, registry
 from epp.scheduling.plugins import slo_targets
+from epp.scheduling.plugins.metrics_learning import Growth
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
 from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer
 from epp.scheduling.plugins.predicted_ttft_terms import Prediction, TTFTDecision
@@ -98,6 +108,10 @@ MAX_ACTIVE: Final = 65536
 
 PRIOR_VARIANCE: Final = 10.0
 """Of each (scaled) step coefficient: a few dozen responses outweigh the prior."""
+
+POD_SPEED_RATE: Final = 0.05
+"""The least weight of a pod's latest metrics window in its step factor (`podStepFactors`): the
+factor follows a change within ~20 windows (~40 s at the default window)."""
 
 # Regressors are scaled so that the three step coefficients are of similar size.
 _N_SCALE: Final = 10.0
@@ -197,6 +211,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         stallWeight: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)] = 1.0
         tpotForgetting: Annotated[float, msgspec.Meta(gt=0.9, le=1.0)] = 0.999
         meanOutputTokens: Annotated[float, msgspec.Meta(ge=1.0, le=1e7)] = 256.0
+        podStepFactors: bool = True
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         super().__init__(name, params, handle)
@@ -209,6 +224,13 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         self._out_ratio = 1.0  # learned: generated / allowed tokens
         self._out_seen = 0.0
         self._loads: dict[str, _Load] = {}
+        # Per endpoint, (clock time, area_n, area_ctx) of its load at its last metrics growth.
+        self._metric_areas: dict[str, tuple[float, float, float]] = {}
+        # Per endpoint, its per-token time as a factor on the shared step model, learned from its
+        # /metrics (`podStepFactors`); 1 until it has some. The model learns from responses.
+        self._pod_speed = params.podStepFactors and params.learnFromMetrics
+        self._speeds: dict[str, float] = {}
+        self._speed_seen: dict[str, int] = {}
         self._active: collections.OrderedDict[int, _Active] = collections.OrderedDict()
         # endpoint -> the TPOT targets of the requests in flight there (target -> count)
         self._tpot_targets: dict[str, collections.Counter[float]] = {}
@@ -271,8 +293,9 @@ class RequestLatencyScorer(PredictedTTFTScorer):
             ctx = ctx * seen / n if n else seen * size
             n = seen
         model = self._model
-        before = model.step(n, ctx)
-        after = model.step(n + 1, ctx + size)
+        speed = self._speeds.get(ep.name, 1.0)
+        before = speed * model.step(n, ctx)
+        after = speed * model.step(n + 1, ctx + size)
         decode = out * after
         overlap = min(out, self._mean_out / 2.0)
         slowdown = n * overlap * (after - before)
@@ -296,6 +319,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
             "e2e_s": p.ttft + admission + decode,
             "decode_s": decode,
             "step_s": after,
+            "pod_step_factor": speed,
             "output_tokens": out,
             "batch": n,
             "context_tokens": ctx,
@@ -402,11 +426,58 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         # included, as the prediction counts it).
         n = (load.area_n - a.area_n) / span
         ctx = (load.area_ctx - a.area_ctx) / span
-        self._model.observe(n, ctx, (outcome.duration_s - ttft) / (out - 1))
+        speed = self._speeds.get(a.endpoint, 1.0)
+        self._model.observe(n, ctx, (outcome.duration_s - ttft) / (out - 1) / speed)
+
+    def _learn_growth(self, ep: Endpoint, growth: Growth) -> None:
+        """Beside the base class's, the pod's step factor (`podStepFactors`): its mean time per
+        token over the window against the shared model's prediction for the batch and context epp
+        had in flight there meanwhile. The shared model itself learns from responses only: fed
+        these windows too it chased their noise (in flight is not decoding: a 32k-token prompt
+        in prefill counts), and on rag (fast mode, seeds 1 and 3) E2E p99 went from 11.9 and 11.1
+        s to 15.3 and 15.0."""
+        super()._learn_growth(ep, growth)
+        if not self._pod_speed:
+            return
+        load = self._loads.get(ep.name)
+        if load is None:
+            return
+        now = clock.now()
+        load.advance(now)
+        last = self._metric_areas.get(ep.name)
+        self._metric_areas[ep.name] = (now, load.area_n, load.area_ctx)
+        if last is None or growth.tokens < 1.0 or now <= last[0]:
+            return
+        span = now - last[0]
+        n = (load.area_n - last[1]) / span
+        if n <= 0.0:  # tokens made only for other replicas' requests say nothing of epp's batch
+            return
+        ctx = (load.area_ctx - last[2]) / span
+        tpot = growth.token_seconds / growth.tokens
+        # The factor moves by the log of observed over predicted, with a weight decaying to
+        # POD_SPEED_RATE; the factors are then kept at a geometric mean of 1
+        # (`_learned_from_pods`): only how the pods differ is theirs.
+        seen = self._speed_seen.get(ep.name, 0) + 1
+        self._speed_seen[ep.name] = seen
+        old = self._speeds.get(ep.name, 1.0)
+        ratio = min(max(tpot / max(old * self._model.step(n, ctx), 1e-6), 0.1), 10.0)
+        self._speeds[ep.name] = old * math.exp(max(1.0 / seen, POD_SPEED_RATE) * math.log(ratio))
+
+    def _learned_from_pods(self) -> None:
+        speeds = self._speeds
+        if len(speeds) > 1:
+            mean = math.exp(sum(math.log(v) for v in speeds.values()) / len(speeds))
+            for name in speeds:
+                speeds[name] /= mean
+        else:
+            speeds.update(dict.fromkeys(speeds, 1.0))  # one pod alone: the model is its own
 
     def _on_endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         super()._on_endpoints_changed(added, removed)
         for ep in removed:
+            self._metric_areas.pop(ep.name, None)
+            self._speeds.pop(ep.name, None)
+            self._speed_seen.pop(ep.name, None)
             self._loads.pop(ep.name, None)
             self._tpot_targets.pop(ep.name, None)
 
@@ -424,7 +495,8 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         (`slowdown_others_s` + `prefill_stall_others_s`) x othersWeight; `e2e_s` =
         `predicted_ttft_s` + `admission_wait_s` + `decode_s`.
         `step_s` is the per-token time predicted after the pick (`batch` sequences over
-        `context_tokens` before it); request-level `step_model` gives the learned coefficients.
+        `context_tokens` before it), `pod_step_factor` the endpoint's factor on the shared model;
+        request-level `step_model` gives the learned coefficients.
         With latency targets in play, `slo` per endpoint (predictions against the targets, met or
         not, the tier) and per request (who meets them, which target drove the preferred
         candidate): `slo_targets.Verdict.explain`, `SloDecision.explain`."""
