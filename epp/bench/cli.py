@@ -23,7 +23,7 @@ from typing import Any
 
 from epp.bench import fast, report
 from epp.bench.peers import PEERS, Peer, peers_dir
-from epp.bench.policies import ADMISSION, POLICIES, Policy
+from epp.bench.policies import ADMISSION, CONFIG_PREFIX, POLICIES, Policy, config_file
 from epp.bench.progress import Progress
 from epp.bench.trace import Trace, TraceError
 from epp.bench.workload import Fleet, Workload
@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policies",
         default="all",
         help=f"comma-separated: {', '.join(POLICIES)}; `all` (the default): the routing policies; "
-        f"`admission`: {', '.join(ADMISSION)} (flow control and its peers, for overload workloads)",
+        f"`admission`: {', '.join(ADMISSION)} (flow control and its peers, for overload workloads); "
+        f"{CONFIG_PREFIX}<path.yaml>: an EndpointPickerConfig file, named for the file",
     )
     parser.add_argument(
         "--mode",
@@ -170,6 +171,7 @@ def listing() -> str:
     lines.append("policies:")
     for name, p in POLICIES.items():
         lines.append(f"  {name:<20} {p.description}")
+    lines.append(f"  {CONFIG_PREFIX + '<path.yaml>':<20} an EndpointPickerConfig file, named for the file")
     lines.append("real routers (--mode live; `peers` names them all):")
     for name, peer in PEERS.items():
         lines.append(f"  {name:<20} {peer.description}")
@@ -446,16 +448,29 @@ def plan_policies(args: argparse.Namespace) -> list[Policy | Peer]:
     if names == ["admission"]:
         return [POLICIES[n] for n in ADMISSION]
     names = [m for n in names for m in (PEERS if n == "peers" else [n])]
-    unknown = [n for n in names if n not in POLICIES and n not in PEERS]
+    unknown = [n for n in names if n not in POLICIES and n not in PEERS and not n.startswith(CONFIG_PREFIX)]
     if unknown:
         raise BenchConfigError(
             f"--policies: unknown policy {unknown[0]!r}; allowed: {', '.join(POLICIES)}, all, admission, "
-            f"and in live mode the real routers {', '.join(PEERS)} (or peers, all of them)"
+            f"{CONFIG_PREFIX}<path.yaml>, and in live mode the real routers {', '.join(PEERS)} (or peers, "
+            "all of them)"
         )
     peers = [n for n in names if n in PEERS]
     if peers and getattr(args, "mode", "fast") != "live":
         raise BenchConfigError(f"--policies: {peers[0]} is a real router, which runs in --mode live only")
-    return [PEERS[n] if n in PEERS else POLICIES[n] for n in dict.fromkeys(names)]
+    arms: list[Policy | Peer] = []
+    for n in dict.fromkeys(names):
+        if n.startswith(CONFIG_PREFIX):
+            try:
+                arm: Policy | Peer = config_file(n)
+            except ValueError as e:
+                raise BenchConfigError(f"--policies: {e}") from None
+            if any(a.name == arm.name for a in arms):
+                raise BenchConfigError(f"--policies: two arms named {arm.name!r}")
+            arms.append(arm)
+        else:
+            arms.append(PEERS[n] if n in PEERS else POLICIES[n])
+    return arms
 
 
 def _allowed_workloads() -> str:

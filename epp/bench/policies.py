@@ -4,13 +4,16 @@ The peers' algorithms (peers.md) are expressed as epp scheduling configurations 
 `epp/bench/policies/<name>.yaml`, so every policy goes through the same request control,
 scheduler and plugin framework; only the configuration differs. `epp` is epp's own default
 configuration with KV events (`epp/scheduling/default-precise-config.yaml`), read from where
-`epp serve` reads it, so the benchmark always measures what epp ships.
+`epp serve` reads it, so the benchmark always measures what epp ships. `config:<path>` is any
+other EndpointPickerConfig file as an arm, named for the file (`ConfigFile`): one's own config
+against epp's default, or an ablation of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+from pathlib import Path
 
 from epp.scheduling import config as sched_config
 
@@ -30,6 +33,34 @@ class Policy:
             .joinpath("policies", f"{self.name}.yaml")
             .read_text("utf-8")
         )
+
+
+CONFIG_PREFIX = "config:"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConfigFile(Policy):
+    """An EndpointPickerConfig file as a policy (`config:<path>` in --policies), named for the file.
+    The fleet publishes KV events for it, whether or not its plugins read them."""
+
+    path: Path = Path()
+
+    def config_text(self) -> str:
+        return self.path.read_text("utf-8")
+
+
+def config_file(spec: str) -> ConfigFile:
+    """The policy `config:<path>` names; ValueError (its message for the user) when the file cannot
+    be read or its name is a built-in policy's."""
+    path = Path(spec.removeprefix(CONFIG_PREFIX)).expanduser()
+    name = path.stem
+    if name in POLICIES:
+        raise ValueError(f"{spec}: the file's name {name!r} is a built-in policy's; rename the file")
+    try:
+        path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{spec}: cannot read it: {e}") from None
+    return ConfigFile(name, f"the EndpointPickerConfig in {path}", True, path)
 
 
 POLICIES: dict[str, Policy] = {

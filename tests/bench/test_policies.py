@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.resources
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +105,36 @@ def test_flow_control_sends_a_request_to_a_pod_under_its_prefill_limit() -> None
     assert [ep.name for ep in cfg.scheduler.schedule(builders.request(), [behind, room]).targets] == [
         "behind"
     ]
+
+
+def test_a_config_file_is_an_arm_named_for_the_file(tmp_path: Path) -> None:
+    from epp.bench.cli import BenchConfigError, plan_policies
+    from epp.bench.policies import ConfigFile
+
+    def parse(policies: str) -> argparse.Namespace:
+        return argparse.Namespace(policies=policies, mode="fast")
+
+    mine = tmp_path / "my-config.yaml"
+    mine.write_text(sched_config.default_config_text(precise=True))
+    arms = plan_policies(parse(f"epp,config:{mine}"))
+    assert [a.name for a in arms] == ["epp", "my-config"]
+    assert isinstance(arms[1], ConfigFile) and arms[1].kv_events
+    assert arms[1].config_text() == POLICIES["epp"].config_text()
+    # The shipped baseline of BENCHMARKS.md's pod-step-factor A/B loads, and says what it turns off.
+    shipped = Path(__file__).parents[2] / "docs" / "bench" / "epp-responses-only.yaml"
+    (baseline,) = plan_policies(parse(f"config:{shipped}"))
+    assert isinstance(baseline, ConfigFile) and baseline.name == "epp-responses-only"
+    handle = Handle(datastore=Datastore(), kv_index=BlockIndex())
+    cfg = sched_config.load_config(baseline.config_text(), handle)
+    assert cfg.warnings == []
+    assert cfg.plugins["request-latency-scorer"]._scraped is None  # learnFromMetrics: false
+    for bad, why in [
+        (f"config:{tmp_path / 'missing.yaml'}", "cannot read it"),
+        (f"config:{tmp_path / 'epp.yaml'}", "is a built-in policy's"),
+        (f"config:{mine},config:{tmp_path / 'other' / 'my-config.yaml'}", "two arms named 'my-config'"),
+    ]:
+        (tmp_path / "epp.yaml").write_text("x")
+        (tmp_path / "other").mkdir(exist_ok=True)
+        (tmp_path / "other" / "my-config.yaml").write_text("x")
+        with pytest.raises(BenchConfigError, match=why):
+            plan_policies(parse(bad))
