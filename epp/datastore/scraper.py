@@ -94,9 +94,9 @@ _HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain", "User-Agent":
 LATE_TIMEOUT_S = 0.5
 
 # vLLM's decode-latency histograms' sums and counts (`ModelServerMetrics.latency`) are read from a
-# page at most this often: finding them costs about what the other series do together (their
-# families lie far down the page), and their readers learn from growth over seconds, not 50 ms.
-# Between reads a scrape carries the last totals over.
+# page at most this often: finding them costs about half of what the other series do together
+# (~21 against ~39 us on vLLM 0.32's 54 KB page: their families lie far down it), and their readers
+# learn from growth over seconds, not 50 ms. Between reads a scrape carries the last totals over.
 LATENCY_READ_S = 0.5
 
 # /v1/models lists a card per model and adapter: a few KB even for a server with many adapters.
