@@ -270,7 +270,7 @@ class PrefixCache:
         with self._locked():
             self.hits += 1
             self.reused_tokens += len(ids)
-        return self._specials(ids, add_special_tokens)
+        return self._specials(ids, add_special_tokens, owned=True)
 
     def begin(
         self,
@@ -384,7 +384,7 @@ class PrefixCache:
             ids = self._joined(path if seam is path[-1] else path[:-1], remember=text[: seam.end])
             reused = len(ids)
             ids.extend(new)
-        answer = self._specials(ids, add_special_tokens)
+        answer = self._specials(ids, add_special_tokens, owned=ids is not new)
         fallback = seam is not None and base is self.trie.root
         if fresh is not None:
             parts = None
@@ -486,9 +486,18 @@ class PrefixCache:
             return path[-2], last, last.end - path[-2].end
         return None
 
-    def _specials(self, ids: list[int], add_special_tokens: bool) -> list[int]:
-        if add_special_tokens and (self._head or self._tail):
-            return self._head + ids + self._tail
+    def _specials(self, ids: list[int], add_special_tokens: bool, *, owned: bool) -> list[int]:
+        """`ids` with the tokenizer's special tokens around them. `owned`: `ids` is the caller's
+        own list (`_joined`'s, never the memo's), changed in place; otherwise (`new`, which
+        `commit` still reads) copied once. Two copies of a seen 100k-token prompt's ids cost
+        ~0.28 ms here; the head's insert moves its pointers once."""
+        if not add_special_tokens or not (self._head or self._tail):
+            return ids
+        if not owned:
+            return [*self._head, *ids, *self._tail]
+        if self._head:
+            ids[:0] = self._head
+        ids.extend(self._tail)
         return ids
 
     def _joined(self, path: list[Node], *, remember: str | None = None) -> list[int]:
