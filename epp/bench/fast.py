@@ -14,7 +14,10 @@ A discrete-event loop in virtual time (`epp.clock.use`), in order of time:
   engine; the response headers (200, SSE) are recorded on its context, as vLLM sends them at once.
 - engine step end: each engine runs step after step while it has work; outputs of a step count at
   its end. A first token sets the tracker's `first_chunk_at`; a finished request gets its usage
-  (prompt, completion and cached tokens, as vLLM reports them) and `finish(complete=True)`. The
+  (prompt, completion and cached tokens, as vLLM reports them) and `finish(complete=True)`.
+  Behind epp's own gateway config (`epp bench --gateway-config override`: the Director's
+  `response_sample_ratio` below 1) an off-sample request's body skips epp: it gets neither, only
+  the end of its stream (`response_skipped`), and its prefill booking lasts until then. The
   step's KV events then reach the index (after `kv_delay_s`, 0 by default: ZMQ on a LAN delivers
   in well under a step).
 - scrape: every `scrape_interval_s` (GIE's 50 ms) every pod's `ModelServerMetrics` is refreshed
@@ -63,7 +66,7 @@ from epp.kvcache.events import EventBatch
 from epp.kvcache.index import BlockIndex
 from epp.requestcontrol import admission
 from epp.requestcontrol.context import RequestContext
-from epp.requestcontrol.director import Director
+from epp.requestcontrol.director import Director, DirectorSettings
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 from epp.sim import blocks, core
@@ -166,9 +169,12 @@ class FastRun:
         progress: Callable[[float], None] | None = None,
         request_headers: Mapping[str, str] | None = None,
         pod_profiles: Sequence[Profile] | None = None,
+        settings: DirectorSettings | None = None,
     ) -> None:
         """`pod_profiles`: each pod's profile, for a mixed fleet (the same block size in all; a
-        workload's `pod_profiles`); None = `profile` for every pod."""
+        workload's `pod_profiles`); None = `profile` for every pod. `settings`: the Director's
+        (`epp serve`'s defaults when None); with `response_sample_ratio` below 1 the responses
+        are sampled as behind epp's own gateway config (module docstring)."""
         if pods <= 0:
             raise ValueError(f"pods must be > 0, got {pods}")
         self.workload = workload
@@ -195,9 +201,11 @@ class FastRun:
         detector, self.flow, _ = flowcontrol.from_scheduler_config(
             cfg, self.datastore.candidates, timer=self, pool_name="bench"
         )
+        self.settings = settings or DirectorSettings()
         self.director = Director(
             datastore=self.datastore,
             scheduler=cfg.scheduler,
+            settings=self.settings,
             pre_request=cfg.pre_request,
             response_complete=cfg.response_complete,
             admission_controller=admission.LegacyAdmissionController(detector),
@@ -485,15 +493,18 @@ class FastRun:
         now = self.now
         for req in res.first_tokens:
             flight = self._inflight[req.request_id]
-            flight.ctx.tracker.first_chunk_at = now
-            flight.ctx.prefill_done()
             flight.record.first_token = now - START
+            if flight.ctx.sampled:  # an off-sample body never reaches epp
+                flight.ctx.tracker.first_chunk_at = now
+                flight.ctx.prefill_done()
         for req in res.finished:
             flight = self._inflight.pop(req.request_id)
             record = flight.record
+            sampled = flight.ctx.sampled
             if record.first_token is None:  # one step did both (a one-token request)
-                flight.ctx.tracker.first_chunk_at = now
                 record.first_token = now - START
+                if sampled:
+                    flight.ctx.tracker.first_chunk_at = now
             record.finish = now - START
             record.status = 200
             record.cached_tokens = req.num_cached_tokens
@@ -502,9 +513,12 @@ class FastRun:
             record.isolated_prefill_s = isolated_prefill_s(
                 self.profiles[pod], record.prompt_tokens, req.num_cached_tokens
             )
-            flight.ctx.tracker.usage = Usage(
-                record.prompt_tokens, req.num_output_tokens, req.num_cached_tokens
-            )
+            if sampled:
+                flight.ctx.tracker.usage = Usage(
+                    record.prompt_tokens, req.num_output_tokens, req.num_cached_tokens
+                )
+            else:  # epp sees the stream end, as Envoy ends it, and nothing of the body
+                flight.ctx.response_skipped = True
             flight.ctx.finish(complete=True)
             self._user_done(flight.user, now)
         self._finished[pod] += len(res.finished)

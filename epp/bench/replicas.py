@@ -67,6 +67,7 @@ class ReplicatedRun(FastRun):
                     scheduler=cfg.scheduler,
                     pre_request=cfg.pre_request,
                     response_complete=cfg.response_complete,
+                    settings=self.settings,
                     admission_controller=admission.LegacyAdmissionController(cfg.saturation_detector),
                 )
             )

@@ -17,6 +17,7 @@ ext-proc flags (message sizes, stream metrics, endpoint scores, TLS) in epp.flag
 from __future__ import annotations
 
 import argparse
+from typing import TypedDict
 
 from epp.flags.compat import add_gie_arguments
 from epp.flags.extproc import add_extproc_arguments
@@ -262,6 +263,33 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument("--log-format", default="json", choices=["json", "text"])
     add_gie_arguments(p)
+
+
+RESPONSE_SAMPLE_FLAGS = (
+    "--response-sample-ratio",
+    "--response-sample-min-interval",
+    "--response-sample-settled-interval",
+)
+
+
+class ResponseSampling(TypedDict):
+    """The Director's response-sampling settings (`DirectorSettings`' fields of these names)."""
+
+    response_sample_ratio: float
+    response_sample_min_interval: float
+    response_sample_settled_interval: float
+
+
+def response_sampling(args: argparse.Namespace) -> ResponseSampling:
+    """The Director's response-sampling settings from the `--response-sample-*` flags (`epp
+    serve`, and `epp bench`'s fast mode behind epp's own gateway config)."""
+    return {
+        "response_sample_ratio": args.response_sample_ratio,
+        "response_sample_min_interval": args.response_sample_min_interval,
+        "response_sample_settled_interval": max(
+            args.response_sample_settled_interval, args.response_sample_min_interval
+        ),
+    }
 
 
 # Off-sample responses skip epp where Envoy allows it. A sampled stream costs epp ~40 ms of CPU

@@ -25,6 +25,7 @@ from epp.extproc import server as extproc_server
 from epp.extproc import tls
 from epp.extproc.limits import StreamGuard, StreamLimits, sized_limits
 from epp.flags import extproc as flags_extproc
+from epp.flags.serve import response_sampling
 from epp.flowcontrol import controller as flowcontrol
 from epp.k8s import connections as k8s_connections
 from epp.k8s import metricsauth as k8s_metricsauth
@@ -223,11 +224,7 @@ def _director(
                 max_json_depth=args.max_request_json_depth,
             ),
             disable_subset_filter=args.disable_endpoint_subset_filter,
-            response_sample_ratio=args.response_sample_ratio,
-            response_sample_min_interval=args.response_sample_min_interval,
-            response_sample_settled_interval=max(
-                args.response_sample_settled_interval, args.response_sample_min_interval
-            ),
+            **response_sampling(args),
             trust_model_rewrite_header=bool(args.trust_model_name_rewrite_header),
             parsers=config.parsers,
             emit_endpoint_scores=bool(args.emit_endpoint_scores),

@@ -45,12 +45,16 @@ def test_list_names_workloads_and_policies(capsys: pytest.CaptureFixture[str]) -
         (["--workload", "unique", "--mode", "live", "--time-scale", "0"], "--time-scale must be > 0"),
         (["--workload", "unique", "--mode", "live", "--kv-delay", "0.1"], "--kv-delay is for --mode fast"),
         (
-            ["--workload", "unique", "--gateway-config", "override"],
-            "--gateway-config and --epp-arg are for --mode live",
+            ["--workload", "unique", "--gateway-config", "override", "--epp-arg=--workers=2"],
+            "--epp-arg=--workers=2: fast mode runs no epp process; it takes only --response-sample-ratio=VALUE",
         ),
         (
-            ["--workload", "unique", "--epp-arg=--workers=2"],
-            "--gateway-config and --epp-arg are for --mode live",
+            ["--workload", "unique", "--epp-arg=--response-sample-min-interval=0"],
+            "fast mode needs --gateway-config override",
+        ),
+        (
+            ["--workload", "unique", "--gateway-config", "override", "--epp-arg=--response-sample-ratio=2"],
+            "--epp-arg: argument --response-sample-ratio:",
         ),
         (["--workload", "unique", "--mode", "slow"], "--mode: unknown mode 'slow'; allowed: fast, live"),
         (["--workload", "unique", "--profile", "h200"], "--profile: unknown profile 'h200'; allowed:"),

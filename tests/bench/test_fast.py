@@ -8,6 +8,8 @@ import pytest
 from epp.bench import fast, report
 from epp.bench.policies import POLICIES
 from epp.bench.workload import OpenLoop, Prompt
+from epp.requestcontrol.director import DirectorSettings
+from epp.scheduling import interfaces
 
 from . import helpers
 
@@ -84,6 +86,42 @@ def test_bookings_are_released_and_scrapes_feed_the_datastore() -> None:
     assert 0.98 * len(served) <= sum(t.decodes for t in totals if t is not None) <= len(served)
     tokens = sum(x.output_tokens - 1 for x in served)
     assert 0.98 * tokens <= sum(t.tokens for t in totals if t is not None) <= tokens
+
+
+def test_behind_epps_gateway_config_off_sample_bodies_skip_epp() -> None:
+    # epp serve's sampling behind its own gateway config: 1 in 100, and each pod's floor (one
+    # sampled answer per pod every 2 s until it has had 32). The learners hear only the sampled
+    # answers; every booking is still released, at the stream's end.
+    settings = DirectorSettings(
+        response_sample_ratio=0.01, response_sample_min_interval=2.0, response_sample_settled_interval=20.0
+    )
+    r = fast.FastRun(
+        helpers.small(), POLICIES["epp"], profile=helpers.PROFILE, pods=helpers.PODS, seed=7, settings=settings
+    )
+    heard: list[interfaces.RequestOutcome] = []
+    r.director._response_complete.append(_Hear(heard))
+    result = r.run()
+    served = [x for x in result.records if x.status == 200]
+    assert len(heard) == len(served) > 300
+    with_ttft = [o for o in heard if o.ttft_s is not None]
+    assert all(o.completion_tokens is not None for o in with_ttft)
+    assert all(o.ttft_s is None and o.completion_tokens is None and o.ok for o in heard if o not in with_ttft)
+    # The ratio's 1% plus every pod's floor over the run's few virtual seconds: a few dozen.
+    span = max(x.finish for x in served) - min(x.arrival for x in served)  # type: ignore[type-var,operator]
+    assert helpers.PODS <= len(with_ttft) <= 0.01 * len(served) + helpers.PODS * (span / 2.0 + 1) + 1
+    assert all(ep.inflight_requests == 0 and ep.prefill_tokens == 0 for ep in r.endpoints)
+    # The bench's own records keep every request's TTFT: only epp's view is sampled.
+    assert all(x.first_token is not None for x in served)
+
+
+class _Hear:
+    name = "hear"
+
+    def __init__(self, into: list[interfaces.RequestOutcome]) -> None:
+        self.into = into
+
+    def response_complete(self, request: object, outcome: interfaces.RequestOutcome) -> None:
+        self.into.append(outcome)
 
 
 def test_closed_loop_keeps_at_most_one_request_per_user_in_flight() -> None:
