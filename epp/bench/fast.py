@@ -557,6 +557,8 @@ class FastRun:
                     float(engine.later_tokens_total),
                     engine.decode_seconds_total,
                     float(engine.requests_finished),
+                    engine.ttft_seconds_total,
+                    float(engine.first_tokens_total),
                 ),
             )
             ep.metrics = m

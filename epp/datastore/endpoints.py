@@ -33,9 +33,9 @@ DEGRADED_LOG_EVERY_S = 30.0
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LatencyTotals:
-    """What a vLLM pod has spent decoding, from the `_sum` and `_count` of two of its histograms
-    (cumulative since it started): the latency scorers learn each pod's per-token time and the
-    mean decode time from their growth between two scrapes
+    """What a vLLM pod has spent on its requests, from the `_sum` and `_count` of three of its
+    histograms (cumulative since it started): the latency scorers learn each pod's per-token time,
+    the mean decode time and its time to first token from their growth between two scrapes
     (`epp.scheduling.plugins.metrics_learning`), from every request the pod served, where a
     response read through epp is one request in many."""
 
@@ -43,6 +43,8 @@ class LatencyTotals:
     tokens: float  # vllm:inter_token_latency_seconds_count
     decode_seconds: float  # vllm:request_decode_time_seconds_sum (first token -> finished)
     decodes: float  # vllm:request_decode_time_seconds_count
+    ttft_seconds: float = 0.0  # vllm:time_to_first_token_seconds_sum (arrival -> first token)
+    ttfts: float = 0.0  # vllm:time_to_first_token_seconds_count (0 with the sum: not on the page)
 
 
 @dataclasses.dataclass(slots=True)

@@ -56,6 +56,7 @@ LATENCY_HISTOGRAMS = (  # whose sums and counts make LatencyTotals, in its order
     b"vllm:inter_token_latency_seconds",
     b"vllm:request_decode_time_seconds",
 )
+TTFT_HISTOGRAM = b"vllm:time_to_first_token_seconds"  # LatencyTotals' last two, where the page has it
 
 _AFTER_NAME = (b"{", b" ", b"\t")  # what may follow a metric name on a sample line
 
@@ -219,7 +220,8 @@ def _latency(data: bytes) -> LatencyTotals | None:
             return None
         found.append(pair)
     (token_s, tokens), (decode_s, decodes) = found
-    return LatencyTotals(token_s, tokens, decode_s, decodes)
+    ttft_s, ttfts = _sum_and_count(data, TTFT_HISTOGRAM) or (0.0, 0.0)
+    return LatencyTotals(token_s, tokens, decode_s, decodes, ttft_s, ttfts)
 
 
 def _sum_and_count(data: bytes, name: bytes) -> tuple[float, float] | None:

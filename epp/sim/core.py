@@ -107,13 +107,15 @@ class Engine:
         self.num_steps = 0
         self.prompt_tokens_total = 0  # vllm:prompt_tokens_total: prefill tokens computed
         self.generation_tokens_total = 0
-        # The sums and counts of two of vLLM's latency histograms, in simulated seconds: decode
+        # The sums and counts of three of vLLM's latency histograms, in simulated seconds: decode
         # (first token to finish), observed when a request finishes, as vLLM does; the time
-        # between two tokens of a request, per token after its first.
+        # between two tokens of a request, per token after its first; arrival to first token.
         self.decode_seconds_total = 0.0
         self.requests_finished = 0
         self.token_seconds_total = 0.0
         self.later_tokens_total = 0
+        self.ttft_seconds_total = 0.0
+        self.first_tokens_total = 0
 
     # --- what /metrics shows ----------------------------------------------------------------------
 
@@ -380,6 +382,8 @@ class Engine:
         self.token_seconds_total += later * duration
         for req in first:
             req.first_token_time = end
+            self.ttft_seconds_total += end - req.arrival_time
+        self.first_tokens_total += len(first)
         if done:
             for req in done:
                 req.finish_time = end

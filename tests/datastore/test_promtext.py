@@ -232,11 +232,17 @@ def test_huge_counts_do_not_overflow() -> None:
 
 def test_latency_totals_from_a_real_vllm_page() -> None:
     """vLLM 0.32's page (a capture, scripts/capture_vllm_metrics.py): the sums and counts of its
-    decode-latency histograms (vLLM's decode time is its tokens' inter-token times, summed)."""
+    decode-latency histograms (vLLM's decode time is its tokens' inter-token times, summed) and of
+    its time to first token."""
     page = (Path(promtext.__file__).parents[1] / "bench" / "data" / "vllm-0.32-metrics.txt").read_bytes()
     m = promtext.parse(page)
     assert m.latency == LatencyTotals(
-        token_seconds=3.0486851190007656, tokens=636.0, decode_seconds=3.0486851190007656, decodes=24.0
+        token_seconds=3.0486851190007656,
+        tokens=636.0,
+        decode_seconds=3.0486851190007656,
+        decodes=24.0,
+        ttft_seconds=0.613983154296875,
+        ttfts=24.0,
     )
     assert promtext.parse(page, latency=False).latency is None
 
@@ -253,6 +259,8 @@ def test_latency_totals_are_summed_over_engines_as_the_reference_parser_reads_th
     assert got.tokens == values["vllm:inter_token_latency_seconds_count"]
     assert got.decode_seconds == pytest.approx(values["vllm:request_decode_time_seconds_sum"])
     assert got.decodes == values["vllm:request_decode_time_seconds_count"] == 60
+    assert got.ttft_seconds == pytest.approx(values["vllm:time_to_first_token_seconds_sum"])
+    assert got.ttfts == values["vllm:time_to_first_token_seconds_count"] > 0
 
 
 def test_latency_totals_need_every_series_and_sane_values() -> None:
@@ -263,6 +271,12 @@ def test_latency_totals_need_every_series_and_sane_values() -> None:
         line for line in page.split(b"\n") if not line.startswith(b"vllm:request_decode_time_seconds")
     )
     assert promtext.parse(without).latency is None
+    # The TTFT histogram missing: the decode totals still read, its own zero (nothing learned).
+    no_ttft = b"\n".join(
+        line for line in page.split(b"\n") if not line.startswith(b"vllm:time_to_first_token_seconds")
+    )
+    got = promtext.parse(no_ttft).latency
+    assert got is not None and got.decodes > 0 and got.ttft_seconds == got.ttfts == 0.0
     # The sum written elsewhere than right after its count (another exporter): found all the same.
     lines = page.split(b"\n")
     at = next(i for i, line in enumerate(lines) if line.startswith(b"vllm:inter_token_latency_seconds_sum"))
