@@ -1,6 +1,6 @@
-"""Learning the pods' decode from their /metrics: `ScrapedLatency`'s growth between scrapes, and
-what request-latency-scorer and predicted-ttft-scorer learn from it (each pod's step factor, the
-mean decode time), on a virtual clock."""
+"""Learning from the pods' /metrics: `ScrapedLatency`'s growth between scrapes, and what
+request-latency-scorer and predicted-ttft-scorer learn from it (each pod's step factor, the mean
+decode time, each pod's prefill rate through `FirstTokens`), on a virtual clock."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec, LatencyTotals, ModelServerMetrics
 from epp.observability import metrics
+from epp.scheduling import interfaces
+from epp.scheduling.plugins.metrics_learning import FirstTokens, Growth
 
 from . import fleet
 from .fleet import Clock, toks
@@ -135,3 +137,115 @@ def test_learn_from_metrics_off_learns_nothing_from_them(clock: Clock) -> None:
     decode_traffic(s, eps, clock, [lambda n: 0.01 + 0.002 * n], steps=100)
     assert s.scorer.decode_seconds == 5.0  # the prior
     assert s.scorer._speeds == {}
+
+
+# --- the prefill rate, from the TTFT histogram ----------------------------------------------------
+
+
+def window(ttft_seconds: float, ttfts: float) -> Growth:
+    return Growth(2.0, 0.0, 0.0, 0.0, 0.0, ttft_seconds, ttfts)
+
+
+def test_a_ttft_window_pairs_with_the_requests_predicted_to_have_had_their_first_token() -> None:
+    f = FirstTokens()
+    f.routed("a", 1.0, 1000.0, 2, True)
+    f.routed("a", 1.5, 3000.0, 4, True)
+    f.routed("a", 9.0, 500.0, 0, True)  # not due by the window's end
+    assert f.sample("a", window(0.6, 2.0), at=2.0) is None  # no response completed yet: unknown
+    f.routed("a", 2.5, 1000.0, 2, True)
+    f.routed("a", 2.6, 3000.0, 4, True)
+    f.completed("a", taught=False)  # one completed without its TTFT (its body skipped epp)
+    got = f.sample("a", window(0.6, 2.0), at=3.0)
+    assert got is not None
+    assert (got.ttft, got.tokens, got.decodes, got.requests) == (0.3, 2000.0, 3, 2)
+    assert f.sample("a", window(0.6, 2.0), at=4.0) is None  # nothing of epp's was due since
+    assert f.sample("a", window(0.0, 0.0), at=10.0) is None  # no TTFT histogram on the page
+    assert f.sample("a", window(0.6, 2.0), at=11.0) is None  # ...and that request is gone with it
+    # Most responses taught their TTFT (GIE's config reads every one): the exact pairs suffice.
+    for at in (20.0, 20.1):
+        f.routed("a", at, 100.0, 0, True)
+    f.completed("a", taught=True)
+    f.completed("a", taught=True)
+    f.completed("a", taught=False)
+    assert f.sample("a", window(0.2, 2.0), at=21.0) is None
+    # ...until most teach nothing again (the decision holds through windows with no completion).
+    f.completed("a", taught=False)
+    f.routed("a", 22.0, 100.0, 0, True)
+    assert f.sample("a", window(0.2, 2.0), at=23.0) is not None
+    f.routed("a", 24.0, 100.0, 0, True)
+    assert f.sample("a", window(0.2, 2.0), at=25.0) is not None
+    # Mostly KV-block waits or remote prefills: not the prefill rate.
+    f.routed("a", 30.0, 100.0, 0, True)
+    f.routed("a", 30.1, 100.0, 0, False)
+    assert f.sample("a", window(0.2, 2.0), at=31.0) is None
+    f.forget("a")
+    f.routed("a", 40.0, 100.0, 0, True)
+    assert f.sample("a", window(0.2, 1.0), at=41.0) is None  # forgotten: unknown again
+
+
+def prefill_traffic(s: Stack, eps: list[Endpoint], clock: Clock, rates: list[float], read: bool) -> None:
+    """Every 0.5 s a 200-800-token prompt never seen to each pod; its first token comes 10 ms plus
+    its prefill at the pod's rate later, and the pod's TTFT histogram grows then (scraped every
+    0.1 s). `read`: every response is read through epp (GIE's config), else none is (epp's own
+    config at a ratio of 0)."""
+    rng = random.Random(5)
+    totals = [ZERO for _ in eps]
+    coming: list[tuple[float, int, float, Any]] = []  # first token at, pod, its TTFT, request
+    for step in range(2400):
+        clock.now += 0.1
+        for first, i, ttft, req in [c for c in coming if c[0] <= clock.now]:
+            coming.remove((first, i, ttft, req))
+            totals[i] = grown(
+                totals[i],
+                ttft_seconds=ttft,
+                ttfts=1,
+                tokens=9,
+                token_seconds=0.2,
+                decodes=1,
+                decode_seconds=0.2,
+            )
+            # Its response completes (at once: its decode does not matter here), read through
+            # epp or skipped (then no TTFT, no usage).
+            outcome = interfaces.RequestOutcome(
+                endpoint=eps[i],
+                status=200,
+                ok=True,
+                prompt_tokens=len(req.token_ids) if read else None,
+                cached_tokens=0 if read else None,
+                ttft_s=ttft if read else None,
+            )
+            s.scorer.response_complete(req, outcome)
+        for i, ep in enumerate(eps):
+            scraped(ep, clock.now, totals[i])
+            if step % 5 == 0:
+                n = rng.randint(200, 800)
+                req = request(toks(n, start=rng.randrange(10**9)), max_tokens=10, rid=f"r{step}-{i}")
+                s.precise.score({}, req, [ep])
+                s.scorer.score({}, req, [ep])
+                s.scorer.pre_request(req, fleet.result(ep))
+                ttft = 0.01 + n / rates[i]
+                coming.append((clock.now + ttft, i, ttft, req))
+
+
+def test_each_pods_prefill_rate_is_learned_from_its_ttft_histogram(clock: Clock) -> None:
+    """No response read (behind epp's own gateway config, nearly every request): two pods whose
+    prefill runs at 2,000 and 8,000 tokens/s, against the prior's 10,000."""
+    s = Stack()
+    eps = pods(s, 2)
+    prefill_traffic(s, eps, clock, [2000.0, 8000.0], read=False)
+    assert s.scorer.prefill_tokens_per_second(eps[0].name) == pytest.approx(2000.0, rel=0.15)
+    assert s.scorer.prefill_tokens_per_second(eps[1].name) == pytest.approx(8000.0, rel=0.15)
+    # Without metrics learning: the prior, which nothing corrects.
+    plain = Stack(learnFromMetrics=False)
+    eps2 = pods(plain, 2)
+    prefill_traffic(plain, eps2, clock, [2000.0, 8000.0], read=False)
+    assert plain.scorer.prefill_tokens_per_second(eps2[0].name) == pytest.approx(10000.0)
+
+
+def test_where_every_response_is_read_the_ttft_histogram_adds_nothing(clock: Clock) -> None:
+    s = Stack()
+    eps = pods(s, 1)
+    prefill_traffic(s, eps, clock, [2000.0], read=True)
+    assert s.scorer.prefill_tokens_per_second(eps[0].name) == pytest.approx(2000.0, rel=0.1)
+    # One observation per response, none from the windows.
+    assert s.scorer._rates[eps[0].name].seen == 480

@@ -26,10 +26,13 @@ The model, per candidate endpoint `e` (seconds):
   parameters and learn at `minLearningRate` (`learnShared: false` keeps them fixed). The tokens of
   an observation are the queue ahead at pick time plus the uncached tokens the model server
   reported. Exported: `epp_predicted_ttft_prefill_tokens_per_second{plugin, endpoint}`.
-  The prefill rate is learned from responses only: vLLM's own prefill histograms
-  (`request_prefill_time_seconds` over `request_prefill_kv_computed_tokens`) time the compute
-  alone, about twice as fast as the rate that predicts TTFT with this model, and mixing the two
-  moved a seed-stress TTFT p99 from 0.19 to 0.95 s (fast mode).
+  With `learnFromMetrics`, where few of a pod's responses pass through epp (one in many behind
+  epp's own gateway config), its `vllm:time_to_first_token_seconds` teaches the rate too: each
+  window's mean TTFT against the mean work of epp's own requests whose first token it predicted
+  meanwhile, weighing as that many observations (`metrics_learning.FirstTokens`). vLLM's
+  prefill histograms (`request_prefill_time_seconds` over `request_prefill_kv_computed_tokens`)
+  are not used: they time the compute alone, about twice as fast as the rate that predicts TTFT
+  with this model, and mixing the two moved a seed-stress TTFT p99 from 0.19 to 0.95 s (fast mode).
 - `decodes(e)`: running requests (scraped, or epp's own in-flight count when larger): each takes a
   token of every step's budget and attention time, which slows the step a prefill runs in.
 - `queue(e)`: the larger of (a) a fluid "busy until" time per endpoint, advanced at pick time by
@@ -100,9 +103,9 @@ Parameters (each checked at startup; a misspelt or out-of-range one is a `Config
 - `missPenalty` (1.0), `missPenaltyPerWaiting` (1.0), `popularityWindowSeconds` (60): the price of
   a miss to the fleet.
 - `homeTolerance` (0.2), `homeSlackSeconds` (0.1): how near the minimum a home may be.
-- `learnFromMetrics` (true), `metricsWindowSeconds` (2.0, > 0): learning the decode time (and, in
-  request-latency-scorer, each pod's step factor) from the pods' /metrics, at most once a window
-  each.
+- `learnFromMetrics` (true), `metricsWindowSeconds` (2.0, > 0): learning the decode time, the
+  prefill rate where few responses are read (and, in request-latency-scorer, each pod's step
+  factor) from the pods' /metrics, at most once a window each.
 - `trafficShare` (1, "auto", or a share in [1/64, 1]): this epp's share of the pods' traffic, which
   scales the prefill it books; "auto" learns it from the pods' `vllm:request_success_total`
   (opt-in: BENCHMARKS.md#replicas measured no gain from it on the shipped default).
@@ -122,7 +125,7 @@ from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import framework, interfaces, registry
-from epp.scheduling.plugins.metrics_learning import Growth, ScrapedLatency
+from epp.scheduling.plugins.metrics_learning import FirstTokens, Growth, ScrapedLatency
 from epp.scheduling.plugins.precise_prefix_cache_scorer import DEFAULT_BLOCK_SIZE, PrefixMatch, cached_tokens
 from epp.scheduling.plugins.predicted_ttft_terms import (
     FINITE,
@@ -217,6 +220,7 @@ class PredictedTTFTScorer(registry.PluginBase):
         self._endpoints = handle.datastore.endpoints
         # The pods' own latency histograms (module docstring); checked at most four times a window.
         self._scraped = ScrapedLatency(params.metricsWindowSeconds) if params.learnFromMetrics else None
+        self._first = FirstTokens()  # the pairing of TTFT windows with epp's requests (metrics_learning)
         self._scraped_check = 0.0
         self._from_responses = observations.labels(name, "response")
         self._from_metrics = observations.labels(name, "metrics")
@@ -352,6 +356,9 @@ class PredictedTTFTScorer(registry.PluginBase):
         if self._popularity is not None and last[2] is not None:
             self._popularity.add(last[2], now)
         self._homes.routed(primary, now)
+        if self._scraped is not None:
+            usable = not remote and p.kv_wait <= 0.1 * p.ttft  # as response_complete learns
+            self._first.routed(primary, now + p.ttft, p.queue_tokens + p.uncached, p.decodes, usable)
         pending = self._pending
         pending[id(request)] = Booked(
             request,
@@ -374,6 +381,8 @@ class PredictedTTFTScorer(registry.PluginBase):
             return
         ttft = outcome.ttft_s
         served = outcome.endpoint
+        if outcome.ok and served is not None and served.name == booked.endpoint:
+            self._first.completed(served.name, ttft is not None)
         if ttft is None or not outcome.ok or served is None or served.name != booked.endpoint:
             return  # a failed or rerouted request says nothing about this endpoint's rate
         self._error.observe(ttft - booked.predicted)
@@ -411,10 +420,14 @@ class PredictedTTFTScorer(registry.PluginBase):
         """After a pass that learned from some pods' growth (a subclass's hook)."""
 
     def _learn_growth(self, ep: Endpoint, growth: Growth) -> None:
-        """One pod's growth: the mean decode time of the requests it finished meanwhile."""
+        """One pod's growth: the mean decode time of the requests it finished meanwhile, and its
+        prefill rate from the mean TTFT where few responses taught it (`FirstTokens`)."""
         self._from_metrics.inc()
         if growth.decodes >= 1.0 and growth.decode_seconds > 0.0:
             self._learn_decode(growth.decode_seconds / growth.decodes, growth.decodes)
+        first = self._first.sample(ep.name, growth, ep.metrics.updated_at)
+        if first is not None:
+            self.learn(ep.name, first.ttft, first.tokens, first.decodes, first.requests)
 
     def _learn_decode(self, seconds: float, count: float = 1.0) -> None:
         """The time from first token to the end of a response, or the mean of `count` of them."""
@@ -422,21 +435,22 @@ class PredictedTTFTScorer(registry.PluginBase):
         weight = min(max(count / (self._decode_seen + 1.0), self._min_rate * count), 0.5)
         self._decode_s += weight * (seconds - self._decode_s)
 
-    def learn(self, endpoint: str, ttft: float, tokens: float, decodes: int = 0) -> None:
+    def learn(self, endpoint: str, ttft: float, tokens: float, decodes: int = 0, count: float = 1.0) -> None:
         """One observation: `tokens` of prefill (queued ahead plus its own) took `ttft` seconds
-        beside `decodes` running requests.
+        beside `decodes` running requests; or the means of `count` such (a /metrics window).
 
         A gradient step on the squared log error of `(overhead + tokens * cost) * (1 + k *
         decodes)`, clipped (robust, see the module): each parameter moves by its share of the
         prediction (d log ttft / d log parameter), the endpoint's cost with a weight decaying from
-        the prior's to `minLearningRate`, the shared overhead and interference at that floor.
+        the prior's to `minLearningRate`, the shared overhead and interference at that floor; a
+        mean of `count` weighs as `count` observations (at most half of the whole).
         """
         rate = self._rate(endpoint)
         k, overhead = self._k_decode, self._overhead
         slowdown = 1.0 + k * decodes
         work = tokens * rate.cost
         error = self._clip(math.log(max(ttft, 1e-9) / ((overhead + work) * slowdown)))
-        floor = self._min_rate
+        floor = min(self._min_rate * count, 0.5)
         if self._learn and decodes > 0:
             self._k_decode = min(max(k * math.exp(floor * error * k * decodes / slowdown), 1e-4), 1.0)
         if self._learn:
@@ -445,9 +459,9 @@ class PredictedTTFTScorer(registry.PluginBase):
             )
         if tokens < 1.0:
             return
-        weight = max(1.0 / (rate.seen + 1.0 + self._prior_n), floor)
+        weight = min(max(count / (rate.seen + count + self._prior_n), floor), 0.5)
         rate.cost *= math.exp(weight * error * work / (overhead + work))
-        rate.seen += 1.0
+        rate.seen += count
         prefill_rate.labels(self.name, endpoint).set(1.0 / rate.cost)
 
     def _clip(self, step: float) -> float:
@@ -494,6 +508,7 @@ class PredictedTTFTScorer(registry.PluginBase):
         for ep in removed:
             if self._scraped is not None:
                 self._scraped.forget(ep.name)
+            self._first.forget(ep.name)
             if self._rates.pop(ep.name, None) is not None:
                 with contextlib.suppress(KeyError):  # never learned: no series
                     prefill_rate.remove(self.name, ep.name)
