@@ -105,8 +105,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_RESPONSE_SAMPLE_MIN_INTERVAL_S,
         help="with --response-sample-ratio below 1: an endpoint with no sampled response for this "
         "long gets its next request sampled, so the rates the latency scorers learn per endpoint "
-        "keep coming (default 2s; at most endpoints/interval extra sampled streams a second per "
-        "worker; 0: the ratio alone)",
+        "keep coming, unless its /metrics has vLLM's latency histograms (time to first token: "
+        "they learn from those; learnFromMetrics: false then wants a ratio of 1) (default 2s; at "
+        "most endpoints/interval extra sampled streams a second per worker; 0: the ratio alone)",
     )
     g.add_argument(
         "--response-sample-settled-interval",
@@ -298,8 +299,9 @@ def response_sampling(args: argparse.Namespace) -> ResponseSampling:
 # usage metrics and TTFT learning a few samples a second at production rates.
 DEFAULT_RESPONSE_SAMPLE_RATIO = 0.01
 # ...but the learned per-endpoint rates need samples from every endpoint, also quiet ones: one per
-# endpoint every 2 s at least (Director: the floor). Bounded by endpoints / 2 s sampled streams a
-# second per worker, each ~13-45 ms of CPU (BENCHMARKS.md#streamed, #mode-override).
+# endpoint every 2 s at least (Director: the floor), where its page lacks vLLM's latency histograms
+# (with them, the rates come from there). Bounded by endpoints / 2 s sampled streams a second per
+# worker, each ~13-45 ms of CPU (BENCHMARKS.md#streamed, #mode-override).
 DEFAULT_RESPONSE_SAMPLE_MIN_INTERVAL_S = 2.0
 # ...until an endpoint has had 32 (Director.SETTLE_SAMPLES), then one every 20 s: the learners weigh
 # a sample at their floor rate by then, and the 2 s floor was a third of epp's and Envoy's CPU per

@@ -20,16 +20,22 @@ Response sampling: where the gateway lets epp stop the response body's streaming
 (and every request whose model name is rewritten back) keep passing their body through epp. The
 decision is made here at routing time (`RequestContext.sampled`); the ext-proc layer acts on it.
 The ratio alone would leave a quiet endpoint without samples for minutes (1 in 100 of a few
-requests a second), and the rates predicted-ttft-scorer and request-latency-scorer learn per
-endpoint come from sampled responses only: so an endpoint with no sampled response started
-within `response_sample_min_interval` gets its next request sampled (a per-endpoint floor). The
-floor's samples count toward the ratio, so at high rates, where the ratio already samples every
-endpoint that often, it adds nothing. Once an endpoint has had `SETTLE_SAMPLES` sampled responses,
-its floor widens to `response_sample_settled_interval`: a sampled stream costs epp and Envoy ~50
-ms of CPU (one gRPC round trip per chunk), so a 2 s floor on every endpoint was a third of epp's
-CPU per request on 8 pods and grows with the pool, while the learners by then weigh each new
-sample at their floor rate (predicted-ttft-scorer's default prior is worth 20 observations and
-its step reaches `minLearningRate` 0.02 at the 29th): later samples track drift, not the rate.
+requests a second). The per-endpoint rates predicted-ttft-scorer and request-latency-scorer learn
+come from a vLLM pod's own latency histograms where its /metrics page has them
+(`epp.scheduling.plugins.metrics_learning`); for an endpoint whose page does not (another server,
+an older vLLM) they come from sampled responses only, so such an endpoint with no sampled
+response started within `response_sample_min_interval` gets its next request sampled (a
+per-endpoint floor). The floor is not needed, and not applied, where the page reports the pod's
+time to first token: its samples were each the first request after a quiet spell, not a random
+one, and taught the prefill rate worse than the histogram does (BENCHMARKS.md, "Behind epp's own
+gateway config"). The floor's samples count toward the ratio, so at high rates, where the ratio
+already samples every endpoint that often, it adds nothing. Once an endpoint has had
+`SETTLE_SAMPLES` sampled responses, its floor widens to `response_sample_settled_interval`: a
+sampled stream costs epp and Envoy ~50 ms of CPU (one gRPC round trip per chunk), so a 2 s floor
+on every endpoint was a third of epp's CPU per request on 8 pods and grows with the pool, while
+the learners by then weigh each new sample at their floor rate (predicted-ttft-scorer's default
+prior is worth 20 observations and its step reaches `minLearningRate` 0.02 at the 29th): later
+samples track drift, not the rate.
 
 `finish()` is idempotent and the ext-proc layer calls it from a `finally`, so every way a stream
 can end (completion, model-server error, client reset, Envoy cancelling the stream, epp answering
@@ -285,7 +291,8 @@ class Director:
 
     def _sample(self, endpoint: Endpoint, required: bool) -> bool:
         """Whether this request's response is read through: `required` (a rewritten model name),
-        `endpoint`'s first request after its floor's interval without a sample, or a share of
+        `endpoint`'s first request after its floor's interval without a sample (an endpoint whose
+        /metrics lacks vLLM's latency histograms: module docstring), or a share of
         `response_sample_ratio`, spread evenly rather than at random so a low ratio still samples
         steadily. Every sample but a required one spends a unit of the ratio's credit (never below
         0): the floor's samples count toward the ratio."""
@@ -298,7 +305,7 @@ class Director:
         else:
             credit = self._sample_credit + settings.response_sample_ratio
             sampled = credit >= 1.0
-            if not sampled and interval > 0.0:
+            if not sampled and interval > 0.0 and not _reports_latency(endpoint):
                 if floor is None:
                     sampled = True
                 else:
@@ -503,6 +510,13 @@ class Director:
 SETTLE_SAMPLES = 32
 """Sampled responses after which an endpoint's floor widens to the settled interval: past the
 29th, predicted-ttft-scorer's default step weight is at its floor (module docstring)."""
+
+
+def _reports_latency(endpoint: Endpoint) -> bool:
+    """Whether `endpoint`'s last scrape had vLLM's latency histograms with a first token counted:
+    the latency scorers learn its rates from them (no floor needed)."""
+    latency = endpoint.metrics.latency
+    return latency is not None and latency.ttfts > 0.0
 
 
 class _Floor:

@@ -2,8 +2,8 @@
 sampled response for that long gets its next request sampled, whatever the ratio, so the rates
 learned from sampled responses (predicted-ttft-scorer, request-latency-scorer) keep coming for
 every endpoint; the floor's samples count toward the ratio. After `SETTLE_SAMPLES` samples an
-endpoint's floor widens to `response_sample_settled_interval`. Real Director and scheduler, on a
-virtual clock."""
+endpoint's floor widens to `response_sample_settled_interval`. An endpoint whose page reports its
+time to first token needs no floor. Real Director and scheduler, on a virtual clock."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from epp import clock
-from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.datastore.endpoints import Datastore, EndpointSpec, LatencyTotals, ModelServerMetrics
 from epp.requestcontrol.director import SETTLE_SAMPLES, Director, DirectorSettings
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
@@ -107,6 +107,26 @@ async def test_an_endpoint_past_its_first_samples_is_sampled_at_the_settled_inte
         ds.sync("floor", specs())
         assert await sampled(d, PODS[0])
         now.t += 2.0
+        assert await sampled(d, PODS[0])
+
+
+async def test_no_floor_for_an_endpoint_whose_page_reports_its_ttft() -> None:
+    # vLLM's latency histograms on pod-0's page (a first token counted): the latency scorers learn
+    # its rates from them, so only the ratio samples it; pod-1's page lacks them: floored.
+    now = Clock()
+    with clock.use(now):
+        d, ds = make(0.0, 2.0, settled=20.0)
+        pod0 = next(ep for ep in ds.endpoints() if ep.name == "pod-0")
+        pod0.metrics = ModelServerMetrics(
+            updated_at=now.t, latency=LatencyTotals(0.1, 4.0, 0.2, 1.0, 0.3, 1.0)
+        )
+        assert [await sampled(d, PODS[0]) for _ in range(3)] == [False] * 3
+        assert [await sampled(d, PODS[1]) for _ in range(3)] == [True, False, False]
+        now.t += 2.0
+        assert not await sampled(d, PODS[0])
+        assert await sampled(d, PODS[1])
+        # The histograms without a first token counted yet (a pod just started): floored.
+        pod0.metrics = ModelServerMetrics(updated_at=now.t, latency=LatencyTotals(0.0, 0.0, 0.0, 0.0))
         assert await sampled(d, PODS[0])
 
 
