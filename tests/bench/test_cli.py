@@ -46,7 +46,8 @@ def test_list_names_workloads_and_policies(capsys: pytest.CaptureFixture[str]) -
         (["--workload", "unique", "--mode", "live", "--kv-delay", "0.1"], "--kv-delay is for --mode fast"),
         (
             ["--workload", "unique", "--gateway-config", "override", "--epp-arg=--workers=2"],
-            "--epp-arg=--workers=2: fast mode runs no epp process; it takes only --response-sample-ratio=VALUE",
+            "--epp-arg=--workers=2: fast mode runs no epp process; it takes only "
+            "--response-sample-ratio=VALUE",
         ),
         (
             ["--workload", "unique", "--epp-arg=--response-sample-min-interval=0"],

@@ -96,7 +96,12 @@ def test_behind_epps_gateway_config_off_sample_bodies_skip_epp() -> None:
         response_sample_ratio=0.01, response_sample_min_interval=2.0, response_sample_settled_interval=20.0
     )
     r = fast.FastRun(
-        helpers.small(), POLICIES["epp"], profile=helpers.PROFILE, pods=helpers.PODS, seed=7, settings=settings
+        helpers.small(),
+        POLICIES["epp"],
+        profile=helpers.PROFILE,
+        pods=helpers.PODS,
+        seed=7,
+        settings=settings,
     )
     heard: list[interfaces.RequestOutcome] = []
     r.director._response_complete.append(_Hear(heard))
