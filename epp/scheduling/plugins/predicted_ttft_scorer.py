@@ -381,8 +381,8 @@ class PredictedTTFTScorer(registry.PluginBase):
             return
         ttft = outcome.ttft_s
         served = outcome.endpoint
-        if outcome.ok and served is not None and served.name == booked.endpoint:
-            self._first.completed(served.name, ttft is not None)
+        if self._scraped is not None and outcome.ok and served is not None and served.name == booked.endpoint:
+            self._first.completed(served.name, ttft is not None)  # only the windows read these counts
         if ttft is None or not outcome.ok or served is None or served.name != booked.endpoint:
             return  # a failed or rerouted request says nothing about this endpoint's rate
         self._error.observe(ttft - booked.predicted)
