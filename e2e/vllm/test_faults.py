@@ -151,6 +151,44 @@ def test_pod_killed_mid_stream(stack: VllmStack) -> None:
     end (not hang), epp's in-flight count must return to zero, and the pod must leave the pool:
     first as unroutable (its scrapes fail), then gone once the endpoints file no longer lists it."""
     client = stack.client(timeout=60)
+    # Under load the tiny model may finish all its tokens before the kill lands (the booking is
+    # gone once the pods are frozen): nothing was killed then, and the request is sent again.
+    for attempt in range(3):
+        victim, chunks, ending = _stream_and_kill(stack, client)
+        if victim is not None:
+            break
+        print(f"attempt {attempt + 1}: the stream ended before the kill ({chunks} chunks: {ending})")
+    else:
+        raise AssertionError("three streams in a row ended before their pod could be killed")
+    assert victim is not None
+    assert chunks < 1500, "the stream went on after its pod was killed"
+
+    def inflight() -> dict[str, float]:
+        return stack.epp_metric("epp_endpoint_inflight_requests")
+
+    # The victim's series must be there and read 0 (an absent series would pass vacuously).
+    wait_for(
+        lambda: any(victim.address in k for k in inflight()) and all(v == 0 for v in inflight().values()),
+        within=30,
+        what=f"epp's in-flight gauge never returned to 0: {inflight()}",
+    )
+    wait_for(
+        lambda: not stack.endpoints()[victim.address]["routable"],
+        within=30,
+        what="the killed pod stayed routable",
+    )
+    survivors = [p for p in stack.pods if p is not victim]
+    stack.write_endpoints(survivors)
+    wait_for(lambda: victim.address not in stack.endpoints(), within=30, what="the pod never left the pool")
+    for i in range(4):
+        answer = client.completions.create(model=MODEL, prompt=f"After the crash {i}", max_tokens=1)
+        assert answer.choices, answer
+
+
+def _stream_and_kill(stack: VllmStack, client: Any) -> tuple[Pod | None, int, str]:
+    """Stream a long completion and SIGKILL the pod epp booked it on, once booked (after its
+    first chunk, or 0.1 s). Returns the pod killed (None when the request had ended by the time
+    the pods were frozen), the chunks the client read, and how its stream ended."""
     first_chunk = threading.Event()
     killed: list[Pod] = []
     failed: list[BaseException] = []
@@ -179,9 +217,10 @@ def test_pod_killed_mid_stream(stack: VllmStack) -> None:
                 pod.server.freeze()
             try:
                 busy = busy_pods()
-                assert len(busy) == 1, stack.endpoints()
-                busy[0].server.kill()
-                killed.append(busy[0])
+                assert len(busy) <= 1, stack.endpoints()
+                if busy:
+                    busy[0].server.kill()
+                    killed.append(busy[0])
             finally:
                 for pod in stack.pods:
                     pod.server.thaw()
@@ -212,30 +251,7 @@ def test_pod_killed_mid_stream(stack: VllmStack) -> None:
     except Exception as exc:  # what a truncated stream, or a 503, looks like to the client
         ending = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
     killer.join(timeout=60)
-    elapsed = time.monotonic() - started
-    print(f"stream of {chunks} chunks ended after {elapsed:.1f} s: {ending}")
+    print(f"stream of {chunks} chunks ended after {time.monotonic() - started:.1f} s: {ending}")
+    assert not killer.is_alive(), "the killer thread hung"
     assert not failed, failed
-    assert killed, f"the stream ended after {chunks} chunks, before the kill"
-    victim = killed[0]
-    assert chunks < 1500, "the stream went on after its pod was killed"
-
-    def inflight() -> dict[str, float]:
-        return stack.epp_metric("epp_endpoint_inflight_requests")
-
-    # The victim's series must be there and read 0 (an absent series would pass vacuously).
-    wait_for(
-        lambda: any(victim.address in k for k in inflight()) and all(v == 0 for v in inflight().values()),
-        within=30,
-        what=f"epp's in-flight gauge never returned to 0: {inflight()}",
-    )
-    wait_for(
-        lambda: not stack.endpoints()[victim.address]["routable"],
-        within=30,
-        what="the killed pod stayed routable",
-    )
-    survivors = [p for p in stack.pods if p is not victim]
-    stack.write_endpoints(survivors)
-    wait_for(lambda: victim.address not in stack.endpoints(), within=30, what="the pod never left the pool")
-    for i in range(4):
-        answer = client.completions.create(model=MODEL, prompt=f"After the crash {i}", max_tokens=1)
-        assert answer.choices, answer
+    return (killed[0] if killed else None), chunks, ending
