@@ -89,6 +89,27 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
             }
         },
     ),
+    # The model server's engine and the request parsers: their default-plugins.yaml changes.
+    *(
+        (
+            f"llm-d-gateway-{engine}",
+            "llm-d",
+            "llm-d-router-gateway",
+            {"router": {"modelServers": {**MODEL_SERVERS, "type": engine}}},
+        )
+        for engine in ("sglang", "trtllm-serve", "triton-tensorrt-llm", "triton")
+    ),
+    (
+        "llm-d-gateway-parsers",
+        "llm-d",
+        "llm-d-router-gateway",
+        {
+            "router": {
+                "modelServers": MODEL_SERVERS,
+                "epp": {"parsers": ["openai-parser", "anthropic-parser"]},
+            }
+        },
+    ),
     ("llm-d-standalone", "llm-d", "llm-d-router-standalone", {"router": {"modelServers": MODEL_SERVERS}}),
     (
         "llm-d-standalone-selector",
@@ -145,6 +166,19 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
                 "tracing": {"enabled": True},
             },
         },
+    ),
+    *(
+        (
+            f"gie-inferencepool-{engine}",
+            "gie",
+            "inferencepool",
+            {"inferencePool": {"modelServers": MODEL_SERVERS, "modelServerType": engine, **parser}},
+        )
+        for engine, parser in (
+            ("sglang", {}),
+            ("trtllm-serve", {"parser": "passthrough-parser"}),
+            ("triton-tensorrt-llm", {}),
+        )
     ),
     (
         "gie-inferencepool-image",
