@@ -24,6 +24,9 @@ import yaml
 from epp import cli
 from epp.flags import compat
 from epp.k8s import pools
+from epp.kvcache.index import BlockIndex
+from epp.scheduling import config as scheduling_config
+from tests.scheduling import builders
 
 from . import chart
 
@@ -90,6 +93,14 @@ def profile_weights(config: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
     ]
 
 
+def engine_and_parsers(text: str) -> tuple[str, list[str]]:
+    """What a scheduling config, as `epp serve` loads it, reads the pods' metrics as (the default
+    engine's metric names) and which parsers read the requests."""
+    loaded = scheduling_config.load_config(text, builders.handle(BlockIndex()))
+    engines = loaded.data_layer.metrics.engines
+    return (engines.default.name if engines is not None else "vllm"), [p.type for p in loaded.parsers.active]
+
+
 # Standalone values in epp's chart say `proxy.enabled: true`, which llm-d-router-standalone
 # assumes from its own values.yaml (docs/migrate.md).
 PROXY = {"router": {"proxy": {"enabled": True}}}
@@ -113,6 +124,14 @@ COMPARED = [
     ("llm-d-standalone-service-proxy", PROXY),
     ("gie-inferencepool", {"inferenceExtension": {"replicas": 1}}),  # GIE's defaults need a GIE key
     ("gie-inferencepool-ha-flags", {}),
+    # The model server's engine and the request parsers shape their default-plugins.yaml.
+    ("llm-d-gateway-sglang", {}),
+    ("llm-d-gateway-trtllm-serve", {}),
+    ("llm-d-gateway-triton-tensorrt-llm", {}),
+    ("llm-d-gateway-triton", {}),
+    ("llm-d-gateway-parsers", {}),
+    ("gie-inferencepool-sglang", {"inferenceExtension": {"replicas": 1}}),
+    ("gie-inferencepool-triton-tensorrt-llm", {"inferenceExtension": {"replicas": 1}}),
 ]
 
 
@@ -144,6 +163,8 @@ def test_their_values_give_their_epp(case: str, extra: dict[str, Any]) -> None:
         }
     config = yaml.safe_load(chart.one(docs, "ConfigMap", f"{EPP_NAME}-config")["data"]["config.yaml"])
     assert profile_weights(config) == profile_weights(yaml.safe_load(fact["config"]))
+    mine_text = chart.one(docs, "ConfigMap", f"{EPP_NAME}-config")["data"]["config.yaml"]
+    assert engine_and_parsers(mine_text) == engine_and_parsers(fact["config"])
     objectives = [
         {"apiVersion": d["apiVersion"], "name": d["metadata"]["name"], "spec": d["spec"]}
         for d in chart.by_kind(docs, "InferenceObjective")
@@ -286,8 +307,28 @@ def test_the_readme_values_of_gie_and_llm_d_lint_clean() -> None:
 ROUTER = {"modelServers": {"matchLabels": {"app": "v"}}}
 REFUSED = [
     (
-        {"router": {**ROUTER, "modelServers": {"matchLabels": {"app": "v"}, "type": "sglang"}}},
-        "vLLM pools only",
+        {"router": {**ROUTER, "modelServers": {"matchLabels": {"app": "v"}, "type": "tgi"}}},
+        "router.modelServers.type=tgi: one of vllm, sglang, trtllm-serve, triton-tensorrt-llm, triton",
+    ),
+    (
+        {
+            "router": {
+                **ROUTER,
+                "modelServers": {"matchLabels": {"app": "v"}, "type": "sglang"},
+                "epp": {
+                    "pluginsConfigFile": "mine.yaml",
+                    "pluginsCustomConfig": {"mine.yaml": "plugins: []"},
+                },
+            }
+        },
+        "shape their default-plugins.yaml only",
+    ),
+    (
+        {
+            "inferencePool": {"modelServers": {"matchLabels": {"app": "v"}}, "modelServerType": "ollama"},
+            "inferenceExtension": {"replicas": 1},
+        },
+        "inferencePool.modelServerType=ollama: one of",
     ),
     (
         {"router": {**ROUTER, "modelServers": {"matchLabels": {"app": "v"}, "protocol": "grpc"}}},
@@ -298,7 +339,7 @@ REFUSED = [
         {"router": {**ROUTER, "latencyPredictor": {"enabled": True}}},
         "latency-predictor servers are not built",
     ),
-    ({"router": {**ROUTER, "epp": {"parsers": ["openai-parser"]}}}, "requestHandler.parsers"),
+    ({"inferenceExtension": {"parsers": ["openai-parser"]}}, "use inferencePool.parser"),
     (
         {"router": {**ROUTER, "epp": {"pluginsConfigFile": "payload-agnostic.yaml"}}},
         "not in router.epp.pluginsCustomConfig",
@@ -310,7 +351,7 @@ REFUSED = [
     ({"router": {"inferencePool": {"create": False}}}, "router.modelServers.matchLabels is required"),
     ({"router": ROUTER, "provider": {"name": "gke"}}, "GKE"),
     ({"router": ROUTER, "inferenceExtension": {"replicas": 1}}, "not both"),
-    ({"inferencePool": {"modelServerType": "triton"}}, "vLLM pools only"),
+    ({"inferencePool": {"modelServerType": "triton"}}, "with epp's own values the engine is chosen"),
     ({"inferencePool": {"parser": "passthrough-parser"}}, "requestHandler.parsers"),
     ({"pool": {"endpointSelector": {"a": "b"}}, "httpRoute": {"enabled": True}}, "pool-less mode"),
     ({"pool": {"endpointSelector": {"a": "b"}}, "inferencePool": {"create": True}}, "exclude each other"),

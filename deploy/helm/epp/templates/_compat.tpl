@@ -56,13 +56,13 @@ value that epp's chart cannot honour fails the install with what to use instead.
 {{- $_ := set $p "selector" $labels -}}
 {{- end -}}
 {{- if and $p.modelServerType (ne $p.modelServerType "vllm") -}}
-{{- fail (printf "inferencePool.modelServerType=%s: epp's chart configures vLLM pools only (its engines are chosen in the scheduling config; docs/migrate.md)" $p.modelServerType) -}}
+{{- fail (printf "inferencePool.modelServerType=%s: with epp's own values the engine is chosen in the scheduling config (core-metrics-extractor's defaultEngine; docs/configs.md)" $p.modelServerType) -}}
 {{- end -}}
 {{- if and $p.modelServerProtocol (ne $p.modelServerProtocol "http") -}}
 {{- fail (printf "inferencePool.modelServerProtocol=%s: epp routes HTTP model servers only (the vllmgrpc-parser is not built)" $p.modelServerProtocol) -}}
 {{- end -}}
 {{- if $p.parser -}}
-{{- fail (printf "inferencePool.parser=%s: put requestHandler.parsers in the scheduling config instead" $p.parser) -}}
+{{- fail (printf "inferencePool.parser=%s: with epp's own values put requestHandler.parsers in the scheduling config" $p.parser) -}}
 {{- end -}}
 {{- if and $p.apiVersion (ne $p.apiVersion "inference.networking.k8s.io/v1") -}}
 {{- fail (printf "inferencePool.apiVersion=%s: epp serves InferencePool inference.networking.k8s.io/v1 only" $p.apiVersion) -}}
@@ -121,8 +121,8 @@ epplib), with their monitoring and tracing blocks. `where` names the block in me
 {{- end -}}
 {{- if $e.extProcPort }}{{ $_ := set $v.epp "grpcPort" (int $e.extProcPort) }}{{ end -}}
 {{- if $e.grpcHealthPort }}{{ $_ := set $v.epp "grpcHealthPort" (int $e.grpcHealthPort) }}{{ end -}}
-{{- if $e.parsers -}}
-{{- fail (printf "%s.parsers: put requestHandler.parsers in the scheduling config (%s.pluginsCustomConfig) instead" $where $where) -}}
+{{- if and $e.parsers (ne $where "router.epp") -}}
+{{- fail (printf "%s.parsers: GIE's chart has no such key; use inferencePool.parser, or put requestHandler.parsers in the scheduling config (%s.pluginsCustomConfig)" $where $where) -}}
 {{- end -}}
 {{- $args := list -}}
 {{- with $e.metricsDataSource -}}
@@ -146,9 +146,12 @@ default-plugins.yaml (files/default-plugins.yaml: the same weighted sum, no KV e
 {{- $file := $e.pluginsConfigFile | default "default-plugins.yaml" -}}
 {{- $custom := $e.pluginsCustomConfig | default dict -}}
 {{- if hasKey $custom $file -}}
+{{- if or (ne (.engine | default "vllm") "vllm") .parsers -}}
+{{- fail (printf "%s and the parsers shape their default-plugins.yaml only: with pluginsConfigFile=%s, name the engine (core-metrics-extractor's defaultEngine) and requestHandler.parsers in that config" (.engineKey | default "the model server type") $file) -}}
+{{- end -}}
 {{- $_ := set $v "schedulingConfig" (index $custom $file) -}}
 {{- else if eq $file "default-plugins.yaml" -}}
-{{- $_ := set $v "schedulingConfig" (.root.Files.Get "files/default-plugins.yaml") -}}
+{{- $_ := set $v "schedulingConfig" (include "epp.compat.defaultPlugins" (dict "root" .root "engine" .engine "parsers" .parsers "where" .engineKey)) -}}
 {{- else -}}
 {{- fail (printf "%s.pluginsConfigFile=%s is not in %s.pluginsCustomConfig: epp's chart ships only default-plugins.yaml of theirs" $where $file $where) -}}
 {{- end -}}
@@ -201,11 +204,12 @@ default-plugins.yaml (files/default-plugins.yaml: the same weighted sum, no KV e
 {{- define "epp.compat.router" -}}
 {{- $v := .Values -}}
 {{- $r := .Values.router -}}
-{{- include "epp.compat.epp" (dict "root" . "epp" ($r.epp | default dict) "monitoring" $r.monitoring "tracing" $r.tracing "where" "router.epp") -}}
 {{- $ms := $r.modelServers | default dict -}}
-{{- if and $ms.type (ne $ms.type "vllm") -}}
-{{- fail (printf "router.modelServers.type=%s: epp's chart configures vLLM pools only; give router.epp.pluginsCustomConfig a config for %s (docs/migrate.md)" $ms.type $ms.type) -}}
+{{- $parsers := (($r.epp | default dict).parsers) | default list -}}
+{{- if and (not $parsers) (eq ($ms.type | default "vllm") "triton") -}}
+{{- $parsers = list "passthrough-parser" -}}
 {{- end -}}
+{{- include "epp.compat.epp" (dict "root" . "epp" ($r.epp | default dict) "monitoring" $r.monitoring "tracing" $r.tracing "where" "router.epp" "engine" ($ms.type | default "vllm") "engineKey" "router.modelServers.type" "parsers" $parsers) -}}
 {{- if and $ms.protocol (ne $ms.protocol "http") -}}
 {{- fail (printf "router.modelServers.protocol=%s: epp routes HTTP model servers only (llm-d's vllmgrpc-parser is not built)" $ms.protocol) -}}
 {{- end -}}
@@ -262,11 +266,48 @@ default-plugins.yaml (files/default-plugins.yaml: the same weighted sum, no KV e
 {{- define "epp.compat.gie" -}}
 {{- $v := .Values -}}
 {{- $ie := .Values.inferenceExtension -}}
-{{- include "epp.compat.epp" (dict "root" . "epp" $ie "monitoring" $ie.monitoring "tracing" $ie.tracing "where" "inferenceExtension") -}}
+{{- $p := $v.inferencePool -}}
+{{- $parsers := list -}}
+{{- if $p.parser }}{{ $parsers = list $p.parser }}{{ end -}}
+{{- include "epp.compat.epp" (dict "root" . "epp" $ie "monitoring" $ie.monitoring "tracing" $ie.tracing "where" "inferenceExtension" "engine" ($p.modelServerType | default "vllm") "engineKey" "inferencePool.modelServerType" "parsers" $parsers) -}}
+{{- /* Consumed here: "epp.compat.pool" refuses them with epp's own values. */ -}}
+{{- $_ := unset $p "modelServerType" -}}
+{{- $_ := unset $p "parser" -}}
 {{- $_ := set $v.inferencePool "failureMode" ($ie.failureMode | default "FailOpen") -}}
 {{- $_ := set $v.inferencePool "create" true -}}
 {{- $_ := set $v "inferenceObjectivesGroup" "inference.networking.x-k8s.io" -}}
 {{- if $ie.latencyPredictor -}}
 {{- if $ie.latencyPredictor.enabled }}{{ fail "inferenceExtension.latencyPredictor.enabled: GIE's latency-predictor servers are not built; epp's own latency scorers need none (docs/configs.md)" }}{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Their charts' default-plugins.yaml (files/default-plugins.yaml) for a pool's engine and
+request parsers, as llm-d Router v0.10 and GIE v1.5 render it: a model server type other than
+vllm becomes core-metrics-extractor's defaultEngine (the metric names epp reads), and the
+parsers (router.epp.parsers; GIE's inferencePool.parser; passthrough-parser for llm-d's
+`triton`) are listed as plugins and as requestHandler.parsers. The engines are the ones both
+ship (epp/datastore/engines.py); a parser epp does not build is refused when epp starts. */}}
+{{- define "epp.compat.defaultPlugins" -}}
+{{- $text := .root.Files.Get "files/default-plugins.yaml" -}}
+{{- $engines := list "vllm" "sglang" "trtllm-serve" "triton-tensorrt-llm" "triton" -}}
+{{- if not (has .engine $engines) -}}
+{{- fail (printf "%s=%s: one of %s" .where .engine (join ", " $engines)) -}}
+{{- end -}}
+{{- if or (ne .engine "vllm") .parsers -}}
+{{- $cfg := fromYaml $text -}}
+{{- $plugins := $cfg.plugins -}}
+{{- if ne .engine "vllm" -}}
+{{- $plugins = append $plugins (dict "type" "core-metrics-extractor" "parameters" (dict "defaultEngine" .engine)) -}}
+{{- end -}}
+{{- $refs := list -}}
+{{- range .parsers -}}
+{{- $plugins = append $plugins (dict "type" .) -}}
+{{- $refs = append $refs (dict "pluginRef" .) -}}
+{{- end -}}
+{{- $_ := set $cfg "plugins" $plugins -}}
+{{- if $refs }}{{ $_ := set $cfg "requestHandler" (dict "parsers" $refs) }}{{ end -}}
+{{- printf "# Their charts' default-plugins.yaml for %s=%s (epp's chart, templates/_compat.tpl).\n%s" .where .engine (toYaml $cfg) -}}
+{{- else -}}
+{{- $text -}}
 {{- end -}}
 {{- end -}}
