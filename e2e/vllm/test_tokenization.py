@@ -22,8 +22,8 @@ import pytest
 from e2e.harness import EppProcess
 from e2e.vllm import api_requests, chat_requests, differential
 from e2e.vllm.chat_requests import Case
-from e2e.vllm.fleet import MAX_MODEL_LEN
-from e2e.vllm.stack import VllmStack
+from e2e.vllm.fleet import MAX_MODEL_LEN, STARTUP_TIMEOUT, render_server
+from e2e.vllm.stack import VllmStack, stable_ports
 from epp.gateway.processes import HOST
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -95,9 +95,36 @@ def test_every_route_tokenizes_and_refuses_like_vllm(stack: VllmStack, route: st
 def test_a_token_producer_renders_at_the_pods(stack: VllmStack, tmp_path: Path) -> None:
     """llm-d's token-producer without a local tokenizer: epp asks the pods' /render, and routes on
     exactly the ids vLLM would feed its engine."""
+    _renders_like_the_pods(stack, tmp_path, "{modelName: tiny}")
+
+
+def test_a_token_producer_renders_at_a_render_server(
+    stack: VllmStack, tmp_path: Path, vllm_python: Path, model_root: Path
+) -> None:
+    """llm-d's render sidecar (`router.tokenizer.enabled` in its chart and in epp's): a `vllm
+    launch render` server of the model beside epp, named by the token-producer's `vllm.url`. epp
+    routes on the ids the pods' engine would be fed, from a process that runs no engine."""
+    (port,) = stable_ports(1)
+    server = render_server(
+        name="render",
+        python=vllm_python,
+        model_dir=model_root / "model",
+        served_name="tiny",
+        port=port,
+        workdir=tmp_path,
+    )
+    server.start()
+    try:
+        server.wait_healthy(time.monotonic() + STARTUP_TIMEOUT)
+        _renders_like_the_pods(stack, tmp_path, f'{{modelName: tiny, vllm: {{url: "http://{HOST}:{port}"}}}}')
+    finally:
+        server.stop()
+
+
+def _renders_like_the_pods(stack: VllmStack, tmp_path: Path, parameters: str) -> None:
     config = (
         "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
-        "- type: token-producer\n  parameters: {modelName: tiny}\n- {type: prefix-cache-scorer}\n"
+        f"- type: token-producer\n  parameters: {parameters}\n- {{type: prefix-cache-scorer}}\n"
     )
     epp = EppProcess(
         tmp_path, endpoints=[p.address for p in stack.pods], extra_args=["--config-text", config]
