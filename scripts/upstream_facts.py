@@ -110,6 +110,57 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
             }
         },
     ),
+    # llm-d's render sidecar: its defaults, and the shape of llm-d's precise-prefix perf config.
+    (
+        "llm-d-gateway-render-sidecar",
+        "llm-d",
+        "llm-d-router-gateway",
+        {
+            "router": {
+                "modelServers": MODEL_SERVERS,
+                "tokenizer": {"enabled": True, "modelName": "Qwen/Qwen3-8B"},
+            }
+        },
+    ),
+    (
+        "llm-d-gateway-render-sidecar-custom",
+        "llm-d",
+        "llm-d-router-gateway",
+        {
+            "router": {
+                "modelServers": MODEL_SERVERS,
+                "tokenizer": {
+                    "enabled": True,
+                    "modelName": "Qwen/Qwen3-8B",
+                    "image": {
+                        "registry": "docker.io",
+                        "repository": "vllm/vllm-openai-cpu",
+                        "tag": "v0.21.0",
+                    },
+                    "port": 8100,
+                    "env": [{"name": "HF_HOME", "value": "/tmp/hf/hub"}],
+                    "args": ["Qwen/Qwen3-8B", "--port=8100", "--max-model-len=131072"],
+                    "extraArgs": ["--enable-auto-tool-choice"],
+                    "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
+                    "initContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
+                    "volumes": [{"name": "models", "emptyDir": {}}],
+                    "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+                },
+                "epp": {
+                    "pluginsConfigFile": "render.yaml",
+                    "pluginsCustomConfig": {
+                        "render.yaml": (
+                            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+                            "- type: token-producer\n  parameters:\n    modelName: Qwen/Qwen3-8B\n"
+                            "    vllm: {url: 'http://localhost:8100'}\n- type: prefix-cache-scorer\n"
+                            "schedulingProfiles:\n- name: default\n  plugins:\n"
+                            "  - pluginRef: prefix-cache-scorer\n"
+                        )
+                    },
+                },
+            }
+        },
+    ),
     ("llm-d-standalone", "llm-d", "llm-d-router-standalone", {"router": {"modelServers": MODEL_SERVERS}}),
     (
         "llm-d-standalone-selector",
@@ -323,6 +374,11 @@ def facts(docs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     return {
         "containers": [c["name"] for c in spec["containers"]],
+        # llm-d's render sidecar (router.tokenizer.enabled), whole, and the pod's volumes and
+        # init containers beside it.
+        "render_sidecar": next((c for c in spec["containers"] if c["name"] == "vllm-render"), None),
+        "init_containers": spec.get("initContainers", []),
+        "volumes": spec.get("volumes", []),
         "deployments": sorted(d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"),
         "services": services,
         "pool": pools[0] if pools else None,
