@@ -130,6 +130,8 @@ COMPARED = [
     ("llm-d-gateway-triton-tensorrt-llm", {}),
     ("llm-d-gateway-triton", {}),
     ("llm-d-gateway-parsers", {}),
+    ("llm-d-gateway-render-sidecar", {}),
+    ("llm-d-gateway-render-sidecar-custom", {}),
     ("gie-inferencepool-sglang", {"inferenceExtension": {"replicas": 1}}),
     ("gie-inferencepool-triton-tensorrt-llm", {"inferenceExtension": {"replicas": 1}}),
 ]
@@ -172,6 +174,24 @@ def test_their_values_give_their_epp(case: str, extra: dict[str, Any]) -> None:
     for o in objectives:
         o["spec"]["poolRef"].pop("kind")  # ours names the kind; theirs leaves it to the CRD default
     assert objectives == fact["objectives"]
+
+
+@pytest.mark.parametrize("case", ["llm-d-gateway-render-sidecar", "llm-d-gateway-render-sidecar-custom"])
+def test_llm_ds_render_sidecar_runs_beside_epp_as_in_their_pod(case: str) -> None:
+    """router.tokenizer.enabled: the `vllm launch render` container their chart runs (its
+    defaults, or the user's image, port, args, env, resources, volumes and init containers), in
+    epp's pod. It runs as root, as theirs does: epp's pod user cannot reach /root."""
+    fact = FACTS[case]
+    docs = render(fact["values"])
+    for doc in docs:
+        chart.validate(doc)
+    spec = deployment(docs)["spec"]["template"]["spec"]
+    (sidecar,) = [c for c in spec["containers"] if c["name"] == "vllm-render"]
+    assert sidecar.pop("securityContext") == {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
+    assert sidecar == fact["render_sidecar"]
+    theirs = [v for v in fact["volumes"] if "configMap" not in v]  # their config volume is epp's own
+    assert [v for v in spec["volumes"] if v["name"] in {t["name"] for t in theirs}] == theirs
+    assert spec.get("initContainers", []) == fact["init_containers"]
 
 
 def test_an_image_from_registry_repository_and_tag() -> None:
@@ -334,7 +354,7 @@ REFUSED = [
         {"router": {**ROUTER, "modelServers": {"matchLabels": {"app": "v"}, "protocol": "grpc"}}},
         "vllmgrpc-parser",
     ),
-    ({"router": {**ROUTER, "tokenizer": {"enabled": True}}}, "no `vllm launch render` sidecar"),
+    ({"router": {**ROUTER, "tokenizer": {"enabled": True}}}, "router.tokenizer.modelName is required"),
     (
         {"router": {**ROUTER, "latencyPredictor": {"enabled": True}}},
         "latency-predictor servers are not built",

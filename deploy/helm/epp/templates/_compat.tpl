@@ -230,7 +230,7 @@ default-plugins.yaml (files/default-plugins.yaml: the same weighted sum, no KV e
 {{- with $r.extraServicePorts }}{{ $_ := set $v.service "extraPorts" . }}{{ end -}}
 {{- with $r.clusterDomain }}{{ $_ := set $v "clusterDomain" . }}{{ end -}}
 {{- if ($r.tokenizer | default dict).enabled -}}
-{{- fail "router.tokenizer.enabled: epp's chart runs no `vllm launch render` sidecar; give epp the model's tokenizer (tokenizer.*), or a token-producer rendering at the pods in the scheduling config" -}}
+{{- include "epp.compat.renderSidecar" (dict "root" . "tokenizer" $r.tokenizer) -}}
 {{- end -}}
 {{- if ($r.latencyPredictor | default dict).enabled -}}
 {{- fail "router.latencyPredictor.enabled: llm-d's latency-predictor servers are not built; epp's own latency scorers need none (docs/configs.md)" -}}
@@ -310,4 +310,42 @@ ship (epp/datastore/engines.py); a parser epp does not build is refused when epp
 {{- else -}}
 {{- $text -}}
 {{- end -}}
+{{- end -}}
+
+{{/* llm-d v0.10's render sidecar (router.tokenizer.enabled): `vllm launch render` beside epp,
+as llm-d's chart renders it (its defaults from its values.yaml, the user's keys over them), with
+the pod's `model-cache` volume and the user's volumes and init containers. The scheduling config
+names it, as with llm-d: a token-producer with `vllm: {url: "http://localhost:<port>"}`.
+The vLLM images run as root and keep the model under /root/.cache/huggingface, which epp's
+non-root pod user (65532) cannot reach: the sidecar runs as root, as in llm-d's pod. */}}
+{{- define "epp.compat.renderSidecar" -}}
+{{- $v := .root.Values -}}
+{{- $defaults := dict
+  "image" (dict "registry" "docker.io" "repository" "vllm/vllm-openai-cpu" "tag" "v0.19.1" "pullPolicy" "IfNotPresent")
+  "port" 8000
+  "env" (list (dict "name" "HF_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" "llm-d-hf-token" "key" "HF_TOKEN"))))
+  "resources" (dict "requests" (dict "cpu" "4" "memory" "8Gi"))
+  "readinessProbe" (dict "httpGet" (dict "path" "/health" "port" "render-http") "initialDelaySeconds" 30 "periodSeconds" 10 "timeoutSeconds" 5 "failureThreshold" 60) -}}
+{{- $t := merge (deepCopy .tokenizer) $defaults -}}
+{{- if not $t.modelName -}}
+{{- fail "router.tokenizer.modelName is required when the tokenizer is enabled" -}}
+{{- end -}}
+{{- $port := int $t.port -}}
+{{- $args := $t.args | default (list $t.modelName (printf "--port=%d" $port)) -}}
+{{- $c := dict
+  "name" "vllm-render"
+  "image" (printf "%s/%s:%s" $t.image.registry $t.image.repository (toString $t.image.tag))
+  "imagePullPolicy" ($t.image.pullPolicy | default "IfNotPresent")
+  "command" ($t.command | default (list "vllm" "launch" "render"))
+  "args" (concat $args ($t.extraArgs | default list))
+  "ports" (list (dict "name" "render-http" "containerPort" $port))
+  "volumeMounts" (concat (list (dict "name" "model-cache" "mountPath" "/root/.cache/huggingface")) ($t.volumeMounts | default list))
+  "securityContext" (dict "runAsUser" 0 "runAsGroup" 0 "runAsNonRoot" false) -}}
+{{- with $t.readinessProbe }}{{ $_ := set $c "readinessProbe" . }}{{ end -}}
+{{- with $t.env }}{{ $_ := set $c "env" . }}{{ end -}}
+{{- with $t.resources }}{{ $_ := set $c "resources" . }}{{ end -}}
+{{- $_ := set $v "extraContainers" (append ($v.extraContainers | default list) $c) -}}
+{{- $volumes := concat (list (dict "name" "model-cache" "emptyDir" dict)) ($t.volumes | default list) -}}
+{{- $_ := set $v "extraVolumes" (concat ($v.extraVolumes | default list) $volumes) -}}
+{{- $_ := set $v "initContainers" (concat ($v.initContainers | default list) ($t.initContainers | default list)) -}}
 {{- end -}}
