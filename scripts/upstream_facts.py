@@ -161,6 +161,33 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
             }
         },
     ),
+    # GKE: its health-check and backend policies, and Google Managed Prometheus (the legacy
+    # provider.name gke maps to it), on GKE Standard and Autopilot.
+    (
+        "llm-d-gateway-gke",
+        "llm-d",
+        "llm-d-router-gateway",
+        {
+            "router": {"modelServers": MODEL_SERVERS, "monitoring": {"prometheus": {"enabled": True}}},
+            "provider": {"name": "gke"},
+        },
+    ),
+    (
+        "llm-d-gateway-gke-autopilot-health-port",
+        "llm-d",
+        "llm-d-router-gateway",
+        {
+            "router": {
+                "modelServers": {**MODEL_SERVERS, "targetPorts": [{"number": 8200}]},
+                "epp": {"grpcHealthPort": 9005},
+                "monitoring": {
+                    "prometheus": {"enabled": True},
+                    "provider": {"name": "gmp", "gmp": {"autopilot": True}},
+                },
+            },
+            "provider": {"name": "gke"},
+        },
+    ),
     ("llm-d-standalone", "llm-d", "llm-d-router-standalone", {"router": {"modelServers": MODEL_SERVERS}}),
     (
         "llm-d-standalone-selector",
@@ -230,6 +257,16 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
             ("trtllm-serve", {"parser": "passthrough-parser"}),
             ("triton-tensorrt-llm", {}),
         )
+    ),
+    (
+        "gie-inferencepool-gke",
+        "gie",
+        "inferencepool",
+        {
+            "inferencePool": {"modelServers": MODEL_SERVERS},
+            "inferenceExtension": {"monitoring": {"prometheus": {"enabled": True}}},
+            "provider": {"name": "gke"},
+        },
     ),
     (
         "gie-inferencepool-image",
@@ -315,8 +352,15 @@ def render(chart: Path, values: dict[str, Any]) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     for path, text in sorted(files.items()):
         if not path.endswith("NOTES.txt"):
-            docs.extend(d for d in yaml.safe_load_all(text) if d)
+            # Split as Helm does (releaseutil.SplitManifests): a separator need not end its line.
+            # GIE's and llm-d's gke.yaml put the next manifest right after one ("---apiVersion"),
+            # which a YAML parser reads as one document.
+            for part in _SEPARATOR.split(text):
+                docs.extend(d for d in yaml.safe_load_all(part) if d)
     return docs
+
+
+_SEPARATOR = re.compile(r"(?:^|\s*\n)---\s*")
 
 
 def probe(spec: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -372,7 +416,20 @@ def facts(docs: list[dict[str, Any]]) -> dict[str, Any]:
         for d in docs
         if d["kind"] == "Service"
     }
+    google = [
+        {"kind": d["kind"], "name": d["metadata"]["name"], "spec": d["spec"]}
+        for d in docs
+        if d["kind"] in ("HealthCheckPolicy", "GCPBackendPolicy", "PodMonitoring")
+    ]
+    gmp_bindings = [
+        {"name": d["metadata"]["name"], "role": d["roleRef"]["name"], "subjects": d["subjects"]}
+        for d in docs
+        if d["kind"] == "RoleBinding" and ":collector:" in d["metadata"]["name"]
+    ]
     return {
+        # GKE's policies and Google Managed Prometheus (provider.name gke, monitoring gmp).
+        "google": google,
+        "gmp_bindings": gmp_bindings,
         "containers": [c["name"] for c in spec["containers"]],
         # llm-d's render sidecar (router.tokenizer.enabled), whole, and the pod's volumes and
         # init containers beside it.
