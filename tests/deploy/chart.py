@@ -30,6 +30,8 @@ FOREIGN_KINDS = {
     "networking.istio.io/v1alpha3": {"EnvoyFilter"},
     "gateway.networking.k8s.io/v1": {"HTTPRoute"},
     "monitoring.coreos.com/v1": {"ServiceMonitor"},
+    "monitoring.googleapis.com/v1": {"PodMonitoring"},
+    "networking.gke.io/v1": {"HealthCheckPolicy", "GCPBackendPolicy"},
 }
 
 

@@ -132,6 +132,9 @@ COMPARED = [
     ("llm-d-gateway-parsers", {}),
     ("llm-d-gateway-render-sidecar", {}),
     ("llm-d-gateway-render-sidecar-custom", {}),
+    ("llm-d-gateway-gke", {}),
+    ("llm-d-gateway-gke-autopilot-health-port", {}),
+    ("gie-inferencepool-gke", {"inferenceExtension": {"replicas": 1}}),
     ("gie-inferencepool-sglang", {"inferenceExtension": {"replicas": 1}}),
     ("gie-inferencepool-triton-tensorrt-llm", {"inferenceExtension": {"replicas": 1}}),
 ]
@@ -192,6 +195,54 @@ def test_llm_ds_render_sidecar_runs_beside_epp_as_in_their_pod(case: str) -> Non
     theirs = [v for v in fact["volumes"] if "configMap" not in v]  # their config volume is epp's own
     assert [v for v in spec["volumes"] if v["name"] in {t["name"] for t in theirs}] == theirs
     assert spec.get("initContainers", []) == fact["init_containers"]
+
+
+GOOGLE = ["llm-d-gateway-gke", "llm-d-gateway-gke-autopilot-health-port", "gie-inferencepool-gke"]
+
+
+@pytest.mark.parametrize("case", GOOGLE)
+def test_gke_policies_and_managed_prometheus_as_theirs(case: str) -> None:
+    """provider.name gke: their HealthCheckPolicy and GCPBackendPolicy for the pool (and for epp's
+    Service off GKE's default health port), and Google Managed Prometheus: a PodMonitoring that
+    scrapes with a reader token, whose Secret the GMP collector (in gke-gmp-system on Autopilot)
+    may read. The token is epp's reader's (templates/metricsauth.yaml), not a second one."""
+    fact = FACTS[case]
+    extra = {"inferenceExtension": {"replicas": 1}} if fact["source"] == "gie" else {}
+    docs = render(merged(fact["values"], extra))
+    for doc in docs:
+        chart.validate(doc)
+    mine = [d for d in docs if d["kind"] in ("HealthCheckPolicy", "GCPBackendPolicy")]
+    assert sorted(
+        (d["kind"], d["metadata"]["name"], json.dumps(d["spec"], sort_keys=True)) for d in mine
+    ) == sorted(
+        (g["kind"], g["name"], json.dumps(g["spec"], sort_keys=True))
+        for g in fact["google"]
+        if g["kind"] != "PodMonitoring"
+    )
+    assert chart.by_kind(docs, "ServiceMonitor") == []
+    (theirs,) = [g["spec"] for g in fact["google"] if g["kind"] == "PodMonitoring"]
+    (monitor,) = chart.by_kind(docs, "PodMonitoring")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    secret = endpoint["authorization"]["credentials"]["secret"].pop("name")
+    for e in theirs["endpoints"]:
+        e["authorization"]["credentials"]["secret"].pop("name")
+    assert [endpoint] == theirs["endpoints"]
+    pod_labels = deployment(docs)["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    token = chart.one(docs, "Secret", secret)
+    assert token["type"] == "kubernetes.io/service-account-token"
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding" and ":collector:" in d["metadata"]["name"]]
+    (their_binding,) = fact["gmp_bindings"]
+    assert binding["subjects"] == their_binding["subjects"]
+    role = chart.one(docs, "Role", binding["roleRef"]["name"])
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "verbs": ["get", "list", "watch"],
+            "resourceNames": [secret],
+        }
+    ]
 
 
 def test_an_image_from_registry_repository_and_tag() -> None:
@@ -367,9 +418,16 @@ REFUSED = [
     ({"router": {**ROUTER, "proxy": {"enabled": True, "proxyType": "agentgateway"}}}, "Envoy only"),
     ({"router": {**ROUTER, "proxy": {"enabled": True, "failOpen": True}}}, "fails closed"),
     ({"router": {**ROUTER, "proxy": {"enabled": True, "presets": {}}}}, "router.proxy.presets"),
-    ({"router": {**ROUTER, "monitoring": {"provider": {"name": "gmp"}}}}, "ServiceMonitor only"),
+    (
+        {"router": {**ROUTER, "monitoring": {"provider": {"name": "datadog"}}}},
+        "one of prometheusoperator, gmp",
+    ),
     ({"router": {"inferencePool": {"create": False}}}, "router.modelServers.matchLabels is required"),
-    ({"router": ROUTER, "provider": {"name": "gke"}}, "GKE"),
+    (
+        {"router": ROUTER, "provider": {"name": "gke", "gke": {"preferredBackends": {"enabled": True}}}},
+        "preferred and backup epp Services are not built",
+    ),
+    ({"pool": {"endpointSelector": {"a": "b"}}, "gke": {"enabled": True}}, "pool-less mode has none"),
     ({"router": ROUTER, "inferenceExtension": {"replicas": 1}}, "not both"),
     ({"inferencePool": {"modelServerType": "triton"}}, "with epp's own values the engine is chosen"),
     ({"inferencePool": {"parser": "passthrough-parser"}}, "requestHandler.parsers"),

@@ -97,7 +97,10 @@ experimentalHttpRoute (enabled, inferenceGatewayName, requestTimeout). */}}
 {{- fail "provider.istio.destinationRule.host/trafficPolicy: epp's chart writes its own DestinationRule (TLS to epp without verification); edit it after install or set istio.destinationRule.enabled=false and bring yours" -}}
 {{- end -}}
 {{- else if eq $name "gke" -}}
-{{- fail "provider.name=gke: epp's chart has no GKE HealthCheckPolicy/GCPBackendPolicy; apply them yourself (llm-d's chart templates/gke.yaml lists them) with provider.name=none" -}}
+{{- $_ := set .Values.gke "enabled" true -}}
+{{- if ((($p.gke | default dict).preferredBackends) | default dict).enabled -}}
+{{- fail "provider.gke.preferredBackends: llm-d's preferred and backup epp Services are not built; epp's replicas share one Service (docs/kubernetes.md)" -}}
+{{- end -}}
 {{- else if ne $name "none" -}}
 {{- fail (printf "provider.name=%s: one of none, istio" $name) -}}
 {{- end -}}
@@ -178,9 +181,24 @@ default-plugins.yaml (files/default-plugins.yaml: the same weighted sum, no KV e
 {{- if hasKey $prom "enabled" }}{{ $_ := set $sm "enabled" $prom.enabled }}{{ end -}}
 {{- if $m.interval }}{{ $_ := set $sm "interval" $m.interval }}{{ end -}}
 {{- if $prom.extraLabels }}{{ $_ := set $sm "labels" $prom.extraLabels }}{{ end -}}
-{{- $provider := (($m.provider | default dict).name) | default "prometheusoperator" -}}
-{{- if ne $provider "prometheusoperator" -}}
-{{- fail (printf "monitoring provider %s: epp's chart makes a Prometheus Operator ServiceMonitor only (monitoring.serviceMonitor)" $provider) -}}
+{{- /* Their monitoring provider: llm-d's monitoring.provider.name, else (llm-d's legacy rule,
+GIE's only one) Google Managed Prometheus on GKE, else the Prometheus Operator. */ -}}
+{{- $mp := $m.provider | default dict -}}
+{{- $gateway := .root.Values.provider | default dict -}}
+{{- $onGke := eq (lower ($gateway.name | default "")) "gke" -}}
+{{- $provider := lower ($mp.name | default (ternary "gmp" "prometheusoperator" $onGke)) -}}
+{{- if eq $provider "gmp" -}}
+{{- /* A PodMonitoring with the reader token, made as their charts make it: with metrics
+authentication on. Autopilot's collector runs in gke-gmp-system. */ -}}
+{{- $autopilot := (($gateway.gke | default dict).autopilot) | default false -}}
+{{- with $mp.gmp }}{{ if hasKey . "autopilot" }}{{ $autopilot = .autopilot }}{{ end }}{{ end -}}
+{{- $pm := $v.monitoring.podMonitoring -}}
+{{- $_ := set $pm "enabled" (and ($prom.enabled | default false) (ne (toString $auth.enabled) "false")) -}}
+{{- $_ := set $pm "collectorNamespace" (ternary "gke-gmp-system" "gmp-system" $autopilot) -}}
+{{- if $m.interval }}{{ $_ := set $pm "interval" $m.interval }}{{ end -}}
+{{- $_ := set $sm "enabled" false -}}
+{{- else if ne $provider "prometheusoperator" -}}
+{{- fail (printf "monitoring provider %s: one of prometheusoperator, gmp" $provider) -}}
 {{- end -}}
 {{- /* tracing: --tracing and OpenTelemetry's variables, as their charts set them. */ -}}
 {{- $t := .tracing | default dict -}}
