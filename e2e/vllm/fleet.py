@@ -252,6 +252,7 @@ def render_server(
         workdir=workdir,
         num_blocks=MAX_MODEL_LEN // BLOCK_SIZE,
     )
+    # Its access log stays on: a test counts the renders it served.
     server.argv = [
         str(python), "-c", _LAUNCH_RENDER,
         "--model", str(model_dir),
@@ -261,7 +262,6 @@ def render_server(
         # As the pods: a body with tools and no tool_choice means "auto", which needs a parser
         # (without it, the render answers 400 where the pods serve).
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--disable-uvicorn-access-log",
     ]  # fmt: skip
     return server
 

@@ -116,12 +116,19 @@ def test_a_token_producer_renders_at_a_render_server(
     server.start()
     try:
         server.wait_healthy(time.monotonic() + STARTUP_TIMEOUT)
-        _renders_like_the_pods(stack, tmp_path, f'{{modelName: tiny, vllm: {{url: "http://{HOST}:{port}"}}}}')
+        served = _renders_like_the_pods(
+            stack, tmp_path, f'{{modelName: tiny, vllm: {{url: "http://{HOST}:{port}"}}}}'
+        )
     finally:
         server.stop()
+    # The ids came from the render server, not from the pods (epp's fallback without a url).
+    renders = server.log_path.read_text(errors="replace").count('/render HTTP/1.1" 200')
+    assert renders >= served, (renders, served)
 
 
-def _renders_like_the_pods(stack: VllmStack, tmp_path: Path, parameters: str) -> None:
+def _renders_like_the_pods(stack: VllmStack, tmp_path: Path, parameters: str) -> int:
+    """The differential test of epp's ids against the pods' engine, with `parameters` for the
+    token-producer; returns how many requests the pods served (each compared)."""
     config = (
         "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
         f"- type: token-producer\n  parameters: {parameters}\n- {{type: prefix-cache-scorer}}\n"
@@ -144,5 +151,6 @@ def _renders_like_the_pods(stack: VllmStack, tmp_path: Path, parameters: str) ->
         results = differential.run(served, vllm_url=stack.pods[0].url, epp_url=epp_url, epp_length=True)
         assert [r.outcome for r in results] == ["equal"] * len(served), [r.describe() for r in results]
         assert len(served) >= 8
+        return len(served)
     finally:
         epp.stop()
