@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from epp import cli
+from epp.datastore import engines
 from epp.flags import compat
 from epp.k8s import pools
 from epp.kvcache.index import BlockIndex
@@ -195,6 +196,15 @@ def test_llm_ds_render_sidecar_runs_beside_epp_as_in_their_pod(case: str) -> Non
     theirs = [v for v in fact["volumes"] if "configMap" not in v]  # their config volume is epp's own
     assert [v for v in spec["volumes"] if v["name"] in {t["name"] for t in theirs}] == theirs
     assert spec.get("initContainers", []) == fact["init_containers"]
+
+
+@pytest.mark.parametrize("engine", sorted(engines.BUILTIN))
+def test_the_charts_engine_list_is_epps(engine: str) -> None:
+    """The chart checks router.modelServers.type against its own list of engines (a template
+    cannot read epp/datastore/engines.py): every engine epp maps is accepted and read as such."""
+    docs = render({"router": {"modelServers": {"matchLabels": {"app": "v"}, "type": engine}}})
+    config = chart.one(docs, "ConfigMap", f"{EPP_NAME}-config")["data"]["config.yaml"]
+    assert engine_and_parsers(config)[0] == engine
 
 
 GOOGLE = ["llm-d-gateway-gke", "llm-d-gateway-gke-autopilot-health-port", "gie-inferencepool-gke"]
