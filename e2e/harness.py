@@ -205,6 +205,8 @@ class StackOptions:
     # Envoy gRPC-health-checks the ext-proc cluster (`epp envoy-config`'s default), so a draining
     # epp stops getting new streams.
     epp_health_check: bool = False
+    # Envoy routes without epp when it cannot be reached (GatewayParams.failure_mode_allow).
+    failure_mode_allow: bool = False
 
 
 class Stack:
@@ -309,10 +311,11 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
         epp_addresses=tuple(e.grpc_address for e in epps),
         pods_mode=opts.pods_mode,
         pod_endpoints=tuple(endpoints) if opts.pods_mode is not PodsMode.ORIGINAL_DST else (),
-        body_mode=opts.body_mode,
+        body_mode=BodyMode.BUFFERED if opts.mode_override else opts.body_mode,
         process_responses=opts.process_responses,
         epp_tls=opts.epp_tls,
         epp_health_check=opts.epp_health_check,
+        failure_mode_allow=opts.failure_mode_allow,
         num_retries=opts.num_retries,
         client_control_headers=tuple(opts.client_control_headers),
         route_timeout=60.0,

@@ -459,6 +459,31 @@ async def test_epp_killed_mid_load_holds_new_requests_and_recovers(
     assert 200 in after
 
 
+async def test_fail_open_serves_every_new_request_while_epp_is_down(
+    stacks: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    """`envoy.failOpen` (llm-d's `router.proxy.failOpen`): with epp gone, a request goes on at
+    once to the pod with the fewer requests; back up, epp routes again."""
+    stack = stacks(pods_mode=PodsMode.OVERRIDE_HOST, failure_mode_allow=True, mode_override=True)
+    await wait_routable(session, stack.url)
+    url = stack.url + "/v1/chat/completions"
+    reply = await request(session, "POST", url, body=chat_body("with epp"))
+    assert reply.status == 200 and reply.received_destination, reply.text[:300]
+    await asyncio.to_thread(stack.epp.kill)
+    served = []
+    for i in range(12):
+        t0 = time.monotonic()
+        reply = await request(session, "POST", url, body=chat_body(f"without epp {i}"), total=10)
+        assert reply.status == 200, f"{reply.status}: {reply.text[:300]}"
+        assert time.monotonic() - t0 < 2, "failing open waited"
+        assert not reply.received_destination  # nobody named a pod: Envoy's fallback chose
+        served.append(reply.served_by)
+    assert set(served) == set(stack.sims.addresses), served
+    await asyncio.to_thread(stack.epp.start)
+    reply = await request(session, "POST", url, body=chat_body("with epp again"))
+    assert reply.status == 200 and reply.received_destination, reply.text[:300]
+
+
 # --- TLS to epp ---------------------------------------------------------------------------------------------
 
 

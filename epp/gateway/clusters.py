@@ -111,11 +111,13 @@ def pods_cluster(params: GatewayParams) -> dict[str, Any]:
     if params.pods_mode is PodsMode.ROUND_ROBIN:
         cluster["lb_policy"] = "ROUND_ROBIN"
         return cluster
-    round_robin = {
+    # The fallback is what a request gets without epp's pick (failure_mode_allow with epp down):
+    # the pod with the fewest requests of two drawn, as an LLM server's load varies per request.
+    least_request = {
         "typed_extension_config": {
-            "name": "envoy.load_balancing_policies.round_robin",
+            "name": "envoy.load_balancing_policies.least_request",
             "typed_config": {
-                "@type": TYPE_URL + "envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"
+                "@type": TYPE_URL + "envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"
             },
         }
     }
@@ -135,7 +137,7 @@ def pods_cluster(params: GatewayParams) -> dict[str, Any]:
                         # Tells epp's response path which endpoint actually served (after retries).
                         "selected_host_key": lb_metadata_key(SERVED_KEY),
                         # Used only when epp named no host of this cluster, or the list is used up.
-                        "fallback_policy": {"policies": [round_robin]},
+                        "fallback_policy": {"policies": [least_request]},
                     },
                 }
             }

@@ -42,6 +42,9 @@ Envoy facts this module relies on (found by running the 1.40 binary):
   stream when the HTTP stream ends (a few ms at most, BENCHMARKS.md#mode-override), alike for a finished
   response and a client reset. A ``BUFFERED`` request body over the listener's buffer limit
   (1 MiB by default) is answered 413 by Envoy itself.
+* ``failure_mode_allow`` with a ``FULL_DUPLEX_STREAMED`` request body fails open only until the
+  first body chunk has gone to the ext_proc server: a POST with epp down got 503, not a pod
+  (e2e/test_routing.py runs the BUFFERED case). `GatewayParams` refuses the combination.
 * Envoy sets ``PR_SET_PDEATHSIG``: the process that starts it must stay alive; and two Envoys on
   one machine need distinct ``--base-id`` values, which `start_envoy` requires.
 """

@@ -146,7 +146,7 @@ def catch_all_route(params: GatewayParams) -> dict[str, Any]:
             "retry_on": params.retry_on,
             "num_retries": params.num_retries,
             # override_host hands out the next listed host per attempt; this predicate only
-            # matters once the list repeats or the round-robin fallback takes over.
+            # matters once the list repeats or the least-request fallback takes over.
             "retry_host_predicate": [
                 {
                     "name": "envoy.retry_host_predicates.previous_hosts",

@@ -156,6 +156,17 @@ class GatewayParams:
             raise ValueError("epp_status_on_error must be an HTTP error status (400-599)")
         if self.max_heap_bytes < 0 or self.max_streams_per_client_connection < 1:
             raise ValueError("max_heap_bytes must be >= 0 and max_streams_per_client_connection >= 1")
+        if (
+            self.failure_mode_allow
+            and self.pods_mode is not PodsMode.ROUND_ROBIN
+            and self.body_mode is BodyMode.FULL_DUPLEX_STREAMED
+        ):
+            # Measured on 1.40 (e2e/test_routing.py): a POST with epp down got 503, not a pod.
+            raise ValueError(
+                "failing open needs a BUFFERED request body: with FULL_DUPLEX_STREAMED Envoy fails "
+                "open only until the first body chunk has gone to epp, so a request with a body "
+                "still fails closed when epp is down"
+            )
         unknown = {h.lower() for h in self.client_control_headers} - set(CONTROL_HEADERS)
         if unknown:
             raise ValueError(f"not control headers: {sorted(unknown)} (known: {list(CONTROL_HEADERS)})")

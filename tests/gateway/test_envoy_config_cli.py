@@ -82,6 +82,7 @@ def test_flags_reach_the_config(tmp_path: Path) -> None:
         (["--pods-mode", "override-host"], "needs pod_endpoints"),
         (["--pod", "10.0.0.1:8000"], "--pod needs --pods-mode override-host"),
         (["--epp", "no-port"], "not a host:port"),
+        (["--mode-override=false", "--failure-mode-allow"], "failing open needs a BUFFERED request body"),
     ],
 )
 def test_bad_flags_are_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,7 +105,7 @@ def test_bad_flags_are_refused(argv: list[str], message: str, capsys: pytest.Cap
             "/dev/stdout",
         ],
         ["--pods-mode", "override-host", "--pod", "10.0.0.1:8000", "--body-mode", "BUFFERED"],
-        ["--process-responses=false", "--failure-mode-allow"],
+        ["--process-responses=false", "--failure-mode-allow", "--body-mode", "BUFFERED"],
     ],
 )
 def test_envoy_loads_it(argv: list[str]) -> None:

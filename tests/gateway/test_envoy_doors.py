@@ -2,9 +2,10 @@
 
 - Client-sent control headers (destination, model rewrite, ...) never reach a filter or a
   backend, unless the config lets one through.
-- Failing open (`failure_mode_allow`) with epp down leads nowhere: a client's destination header
-  cannot reach Envoy's admin page, and even a config that trusts client destinations refuses
-  the admin port and a loop into Envoy's own listener.
+- Failing open (`failure_mode_allow`) with epp down, on an ORIGINAL_DST cluster, leads nowhere: a
+  client's destination header cannot reach Envoy's admin page, and even a config that trusts
+  client destinations refuses the admin port and a loop into Envoy's own listener. Over a list
+  of pods (override-host), it reaches the pods, by Envoy's least-request choice.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from epp.gateway.envoy import (
     CONTROL_HEADERS,
     DESTINATION_HEADER,
     MODEL_REWRITE_HEADER,
+    BodyMode,
     GatewayParams,
     PodsMode,
     find_envoy,
@@ -47,7 +49,9 @@ class _Echo(http.server.BaseHTTPRequestHandler):
     """Answers every request with the request headers it received, as JSON."""
 
     def do_GET(self) -> None:
-        body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+        seen = {k.lower(): v for k, v in self.headers.items()}
+        seen["x-test-served-by"] = "{}:{}".format(*self.server.server_address[:2])
+        body = json.dumps(seen).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -120,7 +124,7 @@ def gateways(tmp_path: Path) -> Iterator[Any]:
 
 
 def test_fail_open_with_epp_down_reaches_neither_admin_nor_a_named_backend(gateways: Any, echo: str) -> None:
-    gw = gateways(failure_mode_allow=True)
+    gw = gateways(failure_mode_allow=True, body_mode=BodyMode.BUFFERED)
     status, body = gw.get("/server_info", {DESTINATION_HEADER: f"127.0.0.1:{gw.admin}"})
     assert status != 200 and b"hot_restart_version" not in body
     assert gw.get("/stats", {DESTINATION_HEADER: f"localhost:{gw.admin}"})[0] != 200
@@ -128,8 +132,38 @@ def test_fail_open_with_epp_down_reaches_neither_admin_nor_a_named_backend(gatew
     assert gw.get("/v1/models", {DESTINATION_HEADER: echo})[0] == 503
 
 
+def test_fail_open_over_the_pods_list_serves_every_request_with_epp_down(gateways: Any) -> None:
+    """What `router.proxy.failOpen` and `envoy.failOpen` build: without epp's pick, Envoy's
+    least-request fallback spreads the requests over the listed pods. A client cannot steer it."""
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    pods = tuple(f"127.0.0.1:{s.server_address[1]}" for s in servers)
+    try:
+        gw = gateways(
+            failure_mode_allow=True,
+            body_mode=BodyMode.BUFFERED,
+            pods_mode=PodsMode.OVERRIDE_HOST,
+            pod_endpoints=pods,
+        )
+        served = []
+        for _ in range(20):
+            status, body = gw.get("/v1/models", {DESTINATION_HEADER: pods[0]})
+            assert status == 200, body
+            served.append(json.loads(body)["x-test-served-by"])
+        assert set(served) == set(pods), served  # both pods, though the client named the first
+        closed = gateways(pods_mode=PodsMode.OVERRIDE_HOST, pod_endpoints=pods, epp_retries=0)
+        assert closed.get("/v1/models", {})[0] == 503  # failing closed: no pod without epp
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
 def test_the_guard_holds_when_clients_may_name_destinations(gateways: Any, echo: str) -> None:
-    gw = gateways(failure_mode_allow=True, client_control_headers=(DESTINATION_HEADER,))
+    gw = gateways(
+        failure_mode_allow=True, body_mode=BodyMode.BUFFERED, client_control_headers=(DESTINATION_HEADER,)
+    )
     assert gw.get("/v1/models", {DESTINATION_HEADER: echo})[0] == 200  # configured: passes
     for target in (f"127.0.0.1:{gw.admin}", f"0.0.0.0:{gw.admin}", f"127.0.0.1:{gw.listen}"):
         status, body = gw.get("/server_info", {DESTINATION_HEADER: target})
