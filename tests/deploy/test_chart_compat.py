@@ -286,6 +286,24 @@ def test_the_standalone_proxy_modes(case: str, mode: str) -> None:
         assert address["socket_address"]["address"].startswith(f"{EPP_NAME}.")
 
 
+@pytest.mark.parametrize("fail_open", [None, True, False])
+def test_the_standalone_proxy_fails_open_as_llm_ds(fail_open: bool | None) -> None:
+    """llm-d's values.yaml says `router.proxy.failOpen: true`: unset or true, the proxy sends a
+    request epp cannot answer to the pod with the fewest requests; false fails closed."""
+    values = merged(FACTS["llm-d-standalone"]["values"], PROXY)
+    if fail_open is not None:
+        values = merged(values, {"router": {"proxy": {"failOpen": fail_open}}})
+    docs = render(values)
+    envoy_config = yaml.safe_load(chart.one(docs, "ConfigMap", f"{EPP_NAME}-envoy")["data"]["envoy.yaml"])
+    (pods,) = [c for c in envoy_config["static_resources"]["clusters"] if c["name"] == "pods"]
+    hcm = envoy_config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = hcm["http_filters"][0]["typed_config"]
+    opens = fail_open is not False
+    assert ext_proc["failure_mode_allow"] is opens
+    assert pods["type"] == ("STRICT_DNS" if opens else "ORIGINAL_DST")
+    assert any(d["kind"] == "Service" and d["metadata"]["name"] == f"{EPP_NAME}-pods" for d in docs) is opens
+
+
 def test_gateway_chart_extras_become_epps() -> None:
     docs = render(
         {
@@ -426,7 +444,7 @@ REFUSED = [
         "not in router.epp.pluginsCustomConfig",
     ),
     ({"router": {**ROUTER, "proxy": {"enabled": True, "proxyType": "agentgateway"}}}, "Envoy only"),
-    ({"router": {**ROUTER, "proxy": {"enabled": True, "failOpen": True}}}, "fails closed"),
+    ({"router": {**ROUTER, "proxy": {"enabled": True, "failOpen": "yes"}}}, "failOpen must be a boolean"),
     ({"router": {**ROUTER, "proxy": {"enabled": True, "presets": {}}}}, "router.proxy.presets"),
     (
         {"router": {**ROUTER, "monitoring": {"provider": {"name": "datadog"}}}},

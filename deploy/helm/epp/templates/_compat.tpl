@@ -263,9 +263,11 @@ authentication on. Autopilot's collector runs in gke-gmp-system. */ -}}
 {{- if $extra -}}
 {{- fail (printf "router.proxy.%s: epp's chart writes its own Envoy config (envoy.*); give only enabled, mode, replicas, failOpen, resources" (keys $extra | sortAlpha | join ", router.proxy.")) -}}
 {{- end -}}
-{{- if eq (toString $proxy.failOpen) "true" -}}
-{{- fail "router.proxy.failOpen=true: epp's Envoy fails closed (without epp's answer its ORIGINAL_DST cluster has no pod to send to)" -}}
+{{- if and (not (kindIs "invalid" $proxy.failOpen)) (not (kindIs "bool" $proxy.failOpen)) -}}
+{{- fail (printf "router.proxy.failOpen must be a boolean, got %q" (toString $proxy.failOpen)) -}}
 {{- end -}}
+{{- /* llm-d's values.yaml sets failOpen: true: unset, the proxy fails open, as there. */ -}}
+{{- if or $proxy.failOpen (kindIs "invalid" $proxy.failOpen) }}{{ $_ := set $v.envoy "failOpen" true }}{{ end -}}
 {{- $_ := set $v.envoy "enabled" true -}}
 {{- $_ := set $v.envoy "mode" ($proxy.mode | default "sidecar") -}}
 {{- if $proxy.replicas }}{{ $_ := set $v.envoy "replicas" (int $proxy.replicas) }}{{ end -}}
