@@ -289,6 +289,24 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ),
 ]
 
+# Cases whose values are the chart's own values.yaml (what `helm show values` prints and users
+# copy to edit) with the case's values merged over it: the file is kept as the case's values.
+SHOWN_VALUES_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
+    (
+        "llm-d-standalone-shown-values",
+        "llm-d",
+        "llm-d-router-standalone",
+        {"router": {"modelServers": MODEL_SERVERS}},
+    ),
+]
+
+
+def merged(base: Any, extra: Any) -> Any:
+    """`extra` over `base`, maps merged key by key as Helm merges values files."""
+    if not (isinstance(base, dict) and isinstance(extra, dict)):
+        return extra
+    return {**base, **{k: merged(base.get(k), v) for k, v in extra.items()}}
+
 
 CRDS = {
     "llm-d": ["llm-d.ai_inferenceobjectives.yaml", "llm-d.ai_inferencemodelrewrites.yaml"],
@@ -477,7 +495,16 @@ def main() -> int:
             for filename in CRDS[key]:
                 crds["crds"][filename] = crd_facts(charts[key].parent / "crd" / "bases" / filename)
         vendored: set[Path] = set()
-        for case, source, chart_name, values in CASES:
+        shown = [
+            (
+                case,
+                source,
+                chart_name,
+                merged(yaml.safe_load((charts[source] / chart_name / "values.yaml").read_text()), extra),
+            )
+            for case, source, chart_name, extra in SHOWN_VALUES_CASES
+        ]
+        for case, source, chart_name, values in CASES + shown:
             chart = charts[source] / chart_name
             if chart not in vendored:
                 helm_python.dependency_update(chart)  # the file:// library chart, as `helm dep up`

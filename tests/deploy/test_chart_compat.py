@@ -123,6 +123,8 @@ COMPARED = [
     ("llm-d-standalone", PROXY),
     ("llm-d-standalone-selector", PROXY),
     ("llm-d-standalone-service-proxy", PROXY),
+    # Their values.yaml as `helm show values` prints it (proxy presets and failOpen included).
+    ("llm-d-standalone-shown-values", {}),
     ("gie-inferencepool", {"inferenceExtension": {"replicas": 1}}),  # GIE's defaults need a GIE key
     ("gie-inferencepool-ha-flags", {}),
     # The model server's engine and the request parsers shape their default-plugins.yaml.
@@ -284,6 +286,22 @@ def test_the_standalone_proxy_modes(case: str, mode: str) -> None:
         deployment(docs, f"{EPP_NAME}-envoy")
         assert chart.one(docs, "Service", f"{EPP_NAME}-envoy")["spec"]["ports"][0]["port"] == 8081
         assert address["socket_address"]["address"].startswith(f"{EPP_NAME}.")
+
+
+def test_their_shown_values_install_and_changed_presets_do_not() -> None:
+    """`helm show values llm-d-router-standalone > values.yaml`, the model servers' labels filled
+    in: it installs (the proxy presets as llm-d ships them configure the proxy epp's chart
+    replaces). A preset changed would configure nothing here: refused."""
+    values = FACTS["llm-d-standalone-shown-values"]["values"]
+    assert values["router"]["proxy"]["presets"]  # the case holds their presets
+    docs = render(values)
+    envoy_config = yaml.safe_load(chart.one(docs, "ConfigMap", f"{EPP_NAME}-envoy")["data"]["envoy.yaml"])
+    hcm = envoy_config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm["http_filters"][0]["typed_config"]["failure_mode_allow"] is True  # their failOpen: true
+    changed = copy.deepcopy(values)
+    changed["router"]["proxy"]["presets"]["envoy"]["image"] = "docker.io/envoyproxy/envoy:distroless-v1.36.0"
+    with pytest.raises(helm_python.HelmRenderError, match=r"router\.proxy\.presets"):
+        render(changed)
 
 
 @pytest.mark.parametrize("fail_open", [None, True, False])

@@ -259,9 +259,16 @@ authentication on. Autopilot's collector runs in gke-gmp-system. */ -}}
 {{- if and $proxy.proxyType (ne $proxy.proxyType "envoy") -}}
 {{- fail (printf "router.proxy.proxyType=%s: epp's chart brings Envoy only" $proxy.proxyType) -}}
 {{- end -}}
+{{- /* router.proxy.presets are llm-d's own proxies' configs. As llm-d v0.10.0's values.yaml ships
+them (`helm show values`: tests/deploy/upstream/charts.json, llm-d-standalone-shown-values) they
+configure the proxy epp's chart replaces with its own; changed, they are refused below. */ -}}
+{{- $llmdPresets := list "9e797a6566cc4f189e914bf6d73cc15efeea7b324a4d95d2d1cf9a198e5c2486" -}}
 {{- $extra := omit $proxy "enabled" "proxyType" "mode" "replicas" "failOpen" "resources" -}}
+{{- if and $proxy.presets (has (sha256sum (toYaml $proxy.presets)) $llmdPresets) -}}
+{{- $extra = omit $extra "presets" -}}
+{{- end -}}
 {{- if $extra -}}
-{{- fail (printf "router.proxy.%s: epp's chart writes its own Envoy config (envoy.*); give only enabled, mode, replicas, failOpen, resources" (keys $extra | sortAlpha | join ", router.proxy.")) -}}
+{{- fail (printf "router.proxy.%s: epp's chart writes its own Envoy config (envoy.*); give only enabled, mode, replicas, failOpen, resources (and presets as llm-d v0.10.0 ships them)" (keys $extra | sortAlpha | join ", router.proxy.")) -}}
 {{- end -}}
 {{- if and (not (kindIs "invalid" $proxy.failOpen)) (not (kindIs "bool" $proxy.failOpen)) -}}
 {{- fail (printf "router.proxy.failOpen must be a boolean, got %q" (toString $proxy.failOpen)) -}}
