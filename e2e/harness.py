@@ -180,6 +180,8 @@ class StackOptions:
     # replaces DISCOVERY_FILE in epp_args (the config naming a file-discovery plugin).
     endpoints_source: str = "flag"
     # The endpoints file's `objectives:` (InferenceObjective name -> priority); needs a file source.
+    # Each sim's labels in the endpoints file (e.g. llm-d.ai/role), in sim order; needs "file".
+    endpoint_labels: Sequence[Mapping[str, str]] = ()
     objectives: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # Addresses given to epp (and to Envoy's STATIC clusters) besides the sims, e.g. dead ones.
     extra_endpoints: Sequence[str] = ()
@@ -282,7 +284,10 @@ def start_stack(workdir: Path, cleanup: Cleanup, options: StackOptions | None = 
     elif opts.endpoints_source != "flag":
         endpoints_file = workdir / "endpoints.yaml"
         # epp's YAML format; `endpoints: []` is a valid empty pool (a 0-byte file is rejected).
-        listed = [] if opts.endpoints_source == "empty-file" else endpoints
+        listed: list[Any] = [] if opts.endpoints_source == "empty-file" else list(endpoints)
+        for i, labels in enumerate(opts.endpoint_labels):
+            address = sims.addresses[i]
+            listed[listed.index(address)] = {"address": address, "labels": dict(labels)}
         document: dict[str, Any] = {"endpoints": listed}
         if opts.objectives:
             document["objectives"] = dict(opts.objectives)

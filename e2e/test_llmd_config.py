@@ -1,6 +1,7 @@
 """llm-d Router v0.10's configuration shape end to end, through a real Envoy: the endpoints from
 llm-d's file discovery, a session pinned by the `x-session-token` epp's session-affinity scorer
-answers with, and GIE's conformance verifier reporting the endpoint Envoy served from."""
+answers with, GIE's conformance verifier reporting the endpoint Envoy served from, and one epp
+serving every stage of llm-d's coordinator pipeline (`header-profile-handler`)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,43 @@ async def test_file_discovery_session_tokens_and_the_served_endpoint(
             session, "POST", f"{stack.url}/v1/completions", body=body, headers={"x-session-token": token}
         )
         assert again.status == 200 and again.served_by == first.served_by
+
+
+STAGES = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: encode-filter}
+- {type: prefill-filter}
+- {type: decode-filter}
+- {type: queue-scorer}
+- {type: max-score-picker, name: pick}
+- {type: header-profile-handler}
+schedulingProfiles:
+- {name: encode, plugins: [{pluginRef: encode-filter}, {pluginRef: pick}]}
+- {name: prefill, plugins: [{pluginRef: prefill-filter}, {pluginRef: queue-scorer}, {pluginRef: pick}]}
+- {name: decode, plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer}, {pluginRef: pick}]}
+"""
+
+
+async def test_the_epp_profile_header_picks_the_stage_and_its_pod(
+    stacks: Callable[..., Stack], session: aiohttp.ClientSession
+) -> None:
+    roles = ["encode", "prefill", "decode"]
+    stack = stacks(
+        n_backends=3,
+        endpoints_source="file",
+        endpoint_labels=[{"llm-d.ai/role": r} for r in roles],
+        epp_args=["--allow-experimental-plugins", "--config-text", STAGES],
+    )
+    await wait_routable(session, stack.url)
+    body = {"model": "sim-model", "prompt": "Once upon a time", "max_tokens": 2}
+    url = f"{stack.url}/v1/completions"
+    for header, role in (("encode", "encode"), ("prefill", "prefill"), ("decode", "decode"), ("", "decode")):
+        for _ in range(3):
+            headers = {"EPP-Profile": header} if header else {}
+            reply = await request(session, "POST", url, body=body, headers=headers)
+            assert reply.status == 200, reply.text[:300]
+            assert reply.served_by == stack.sims.addresses[roles.index(role)], (header, reply.served_by)
+    wrong = await request(session, "POST", url, body=body, headers={"EPP-Profile": "prefil"})
+    assert wrong.status == 400 and "no scheduling profile 'prefil'" in wrong.text, wrong.text[:300]

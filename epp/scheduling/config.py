@@ -76,6 +76,7 @@ from epp.scheduling import (
 from epp.scheduling.config_compat import GIE_ONLY as _GIE_ONLY
 from epp.scheduling.config_compat import WHY as _WHY
 from epp.scheduling.plugins import (
+    header_profile_handler,
     no_hit_lru_scorer,
     precise_llmd,
     precise_prefix_cache_scorer,
@@ -282,11 +283,14 @@ class _Builder:
             self.used.update(
                 d.name for d in (scheduler.prefill_decider, scheduler.encode_decider) if d is not None
             )
+        elif handlers and isinstance(handlers[0], header_profile_handler.HeaderProfileHandler):
+            scheduler, notes = handlers[0].scheduler(profiles)
+            self.warnings.extend(notes)
         elif len(profiles) > 1:
             raise self.where.error(
                 ("schedulingProfiles",),
                 f"{len(profiles)} profiles ({', '.join(p.name for p in profiles)}) need a multi-profile "
-                "handler (disagg-profile-handler)",
+                "handler (disagg-profile-handler, header-profile-handler)",
             )
         else:
             scheduler = framework.Scheduler(profiles, profiles[0].name)
@@ -577,7 +581,11 @@ class _Builder:
         return self._default_picker
 
 
-_HANDLERS = (single_profile_handler.SingleProfileHandler, disagg.handler.DisaggProfileHandler)
+_HANDLERS = (
+    single_profile_handler.SingleProfileHandler,
+    disagg.handler.DisaggProfileHandler,
+    header_profile_handler.HeaderProfileHandler,
+)
 
 
 def _follows_endpoints(plugin: interfaces.Plugin) -> bool:

@@ -83,10 +83,6 @@ REFUSED = {
         "it pairs prefill and decode pods by llm-d's DisaggregatedSet revision labels during a "
         "rollout; epp's disaggregation has no screener stage"
     ),
-    "header-profile-handler": (
-        "a profile chosen per request by a header is not built; epp runs one profile, or a "
-        "disaggregation handler's stages"
-    ),
     "multicluster-approx-prefix-cache-producer": _MULTICLUSTER,
     "multicluster-file-discovery": _MULTICLUSTER,
     "multicluster-kv-cache-utilization-scorer": _MULTICLUSTER,

@@ -491,7 +491,7 @@ ERRORS: list[tuple[str, str, list[str]]] = [
         [
             "schedulingProfiles (line 4)",
             "2 profiles (prefill, decode)",
-            "need a multi-profile handler (disagg-profile-handler)",
+            "need a multi-profile handler (disagg-profile-handler, header-profile-handler)",
         ],
     ),
     (

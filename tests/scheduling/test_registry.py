@@ -33,6 +33,7 @@ BUILT_IN_TYPES = [
     "endpoint-attribute-scorer",
     "header-based-testing-filter",
     "header-label-affinity-scorer",
+    "header-profile-handler",
     "inflight-load-scorer",
     "kv-cache-utilization-scorer",
     "label-selector-filter",
