@@ -77,7 +77,9 @@ REFUSED = {
     "mm-embeddings-cache-producer": _MM_HASHES,
     "mm-embeddings-cache-scorer": "it scores mm-embeddings-cache-producer's matches; " + _MM_HASHES,
     "p2p-source-producer": (
-        "llm-d's P2P KV pull (x-kv-cache-source-host-port for vLLM's OffloadingConnector peers) is not built"
+        "llm-d's P2P KV pull (x-kv-cache-source-host-port for vLLM's OffloadingConnector peers) is not "
+        "built: vLLM 0.32 runs the OffloadingConnector on CUDA and XPU only, so no pod epp is tested "
+        "against could serve a pull"
     ),
     "disaggregatedset-rollout-screener": (
         "it pairs prefill and decode pods by llm-d's DisaggregatedSet revision labels during a "
