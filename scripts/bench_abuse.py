@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import itertools
 import json
 import re
@@ -52,7 +53,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.bench import measure
 from epp.bench.soak.pods import rss_mb
 from epp.extproc import limits
-from epp.gateway.envoy import GatewayParams, override_params
+from epp.gateway.envoy import GatewayParams, PodsMode, override_params
 from epp.gateway.processes import HOST, EnvoyServer, EppServer, free_ports
 
 LAG = "epp_event_loop_lag_seconds"
@@ -98,6 +99,13 @@ class Stack:
             epp_health_check=True,
             access_log_path=str(workdir / "access.log"),
         )
+        if args.fail_open:  # envoy.failOpen: the pods listed, the least-loaded one without epp
+            params = dataclasses.replace(
+                override_params(params),
+                pods_mode=PodsMode.OVERRIDE_HOST,
+                pod_endpoints=tuple(pods),
+                failure_mode_allow=True,
+            )
         self.envoy = EnvoyServer(workdir, override_params(params) if args.config == "override" else params)
         self.url = f"http://{HOST}:{listen}/v1/chat/completions"
         self.listen = listen
@@ -419,7 +427,8 @@ async def restart(stack: Stack, args: argparse.Namespace) -> None:
         await asyncio.gather(*clients)
     statuses = collections.Counter(s for _, s in answers)
     print(
-        f"{len(answers)} requests, {args.clients} clients, {args.replicas} replica(s), config {args.config}"
+        f"{len(answers)} requests, {args.clients} clients, {args.replicas} replica(s), "
+        f"config {'fail-open' if args.fail_open else args.config}"
     )
     print(f"  answers: {dict(statuses)}; not 200: {len(answers) - statuses.get(200, 0)}")
     for i, (drain, gap) in enumerate(gaps):
@@ -436,6 +445,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--keep", type=Path, help="keep the stack's logs (epp, Envoy, backends) in this directory")
     p.add_argument("--config", choices=("override", "duplex"), default="override")
     p.add_argument("--pods", type=int, default=2)
+    p.add_argument(
+        "--fail-open",
+        action="store_true",
+        help="Envoy fails open over the pods' list (epp's override config; `--config` is ignored)",
+    )
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument(
         "--seconds", type=float, default=10.0, help="the idle probe phase (restart: between restarts)"
