@@ -19,6 +19,7 @@ def director(text: str, ds: Datastore) -> tuple[Director, sched_config.Scheduler
     cfg = sched_config.load_config(text, Handle(datastore=ds), allow_experimental=True)
     return Director(datastore=ds, scheduler=cfg.scheduler, pre_request=cfg.pre_request), cfg
 
+
 # As llm-d's coordinator e2e runs its single EPP: role filters narrow one pool to each stage.
 STAGES = """
 apiVersion: llm-d.ai/v1alpha1
@@ -59,7 +60,8 @@ async def test_the_header_names_the_profile_and_its_pod() -> None:
     assert isinstance(cfg.scheduler, HeaderProfileScheduler)
     assert cfg.scheduler.profile_names() == ["encode", "prefill", "decode"]
     for value, role in (("encode", "encode"), ("prefill", "prefill"), (" decode ", "decode"), ("", "decode")):
-        ctx = await d.route(path="/v1/completions", headers={"epp-profile": value}, body=body(20), subset=None)
+        headers = {"epp-profile": value}
+        ctx = await d.route(path="/v1/completions", headers=headers, body=body(20), subset=None)
         assert ctx.booked.spec.labels[ROLE] == role, value
         assert ctx.headers == {}  # no P/D headers: the caller runs the stages
         ctx.finish(complete=True)
@@ -73,7 +75,7 @@ async def test_the_header_names_the_profile_and_its_pod() -> None:
 async def test_a_profile_nobody_configured_is_a_400_naming_them() -> None:
     ds = pool("encode", "prefill", "decode")
     d, _ = director(stages(), ds)
-    with pytest.raises(errors.BadRequest, match="no scheduling profile 'prefil'.*encode, prefill, decode"):
+    with pytest.raises(errors.BadRequest, match=r"no scheduling profile 'prefil'.*encode, prefill, decode"):
         await d.route(path="/v1/completions", headers={"epp-profile": "prefil"}, body=body(20), subset=None)
     assert all(ep.inflight_requests == 0 for ep in ds.endpoints())
 
@@ -92,7 +94,8 @@ async def test_header_name_default_profile_and_a_missing_default() -> None:
     assert any("defaultProfile 'decode' is not a scheduling profile" in w for w in cfg.warnings), cfg.warnings
     with pytest.raises(errors.BadRequest, match="epp-profile is missing and the default profile 'decode'"):
         await d.route(path="/v1/completions", headers={}, body=body(20), subset=None)
-    ctx = await d.route(path="/v1/completions", headers={"epp-profile": "generate"}, body=body(20), subset=None)
+    headers = {"epp-profile": "generate"}
+    ctx = await d.route(path="/v1/completions", headers=headers, body=body(20), subset=None)
     assert ctx.booked.spec.labels[ROLE] == "decode"
     ctx.finish(complete=True)
 
