@@ -188,6 +188,26 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
             "provider": {"name": "gke"},
         },
     ),
+    # GKE's preferred backends: the EPP a StatefulSet, a Service and a backend tier per pod.
+    (
+        "llm-d-gateway-gke-preferred-backends",
+        "llm-d",
+        "llm-d-router-gateway",
+        {
+            "router": {"modelServers": MODEL_SERVERS},
+            "provider": {
+                "name": "gke",
+                "gke": {
+                    "preferredBackends": {
+                        "enabled": True,
+                        "preferredReplicas": 2,
+                        "defaultReplicas": 2,
+                        "maxRatePerEndpoint": 50,
+                    }
+                },
+            },
+        },
+    ),
     ("llm-d-standalone", "llm-d", "llm-d-router-standalone", {"router": {"modelServers": MODEL_SERVERS}}),
     (
         "llm-d-standalone-selector",
@@ -434,6 +454,15 @@ def facts(docs: list[dict[str, Any]]) -> dict[str, Any]:
         for d in docs
         if d["kind"] == "Service"
     }
+    # Whom each Service selects, and its annotations (GKE's per-pod Services and their NEGs).
+    service_routing = {
+        d["metadata"]["name"]: {
+            "selector": d["spec"].get("selector", {}),
+            "annotations": d["metadata"].get("annotations", {}),
+        }
+        for d in docs
+        if d["kind"] == "Service"
+    }
     google = [
         {"kind": d["kind"], "name": d["metadata"]["name"], "spec": d["spec"]}
         for d in docs
@@ -459,6 +488,10 @@ def facts(docs: list[dict[str, Any]]) -> dict[str, Any]:
         "pool": pools[0] if pools else None,
         "objectives": objectives,
         "kind": pod["kind"],
+        "replicas": pod["spec"].get("replicas"),
+        "service_name": pod["spec"].get("serviceName"),
+        "pod_management_policy": pod["spec"].get("podManagementPolicy"),
+        "service_routing": service_routing,
         "image": epp["image"],
         "command": epp.get("command"),
         "args": args,

@@ -257,6 +257,45 @@ def test_gke_policies_and_managed_prometheus_as_theirs(case: str) -> None:
     ]
 
 
+def test_gke_preferred_backends_as_theirs() -> None:
+    """provider.gke.preferredBackends: epp a StatefulSet of preferred + default pods, each behind
+    a Service of its own (a NEG of the ext-proc port), with a GCPBackendPolicy naming its tier
+    and, after the first, a gRPC HealthCheckPolicy; the pool's epp the first backup's Service."""
+    fact = FACTS["llm-d-gateway-gke-preferred-backends"]
+    docs = render(fact["values"])
+    for doc in docs:
+        chart.validate(doc)
+    (pod,) = chart.by_kind(docs, "StatefulSet")
+    assert not chart.by_kind(docs, "Deployment")
+    assert (pod["kind"], pod["spec"]["replicas"]) == (fact["kind"], fact["replicas"]) == ("StatefulSet", 4)
+    assert pod["spec"]["podManagementPolicy"] == fact["pod_management_policy"]
+    # epp's governing Service is its headless one (pod DNS names), where llm-d names its first.
+    assert chart.one(docs, "Service", pod["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
+    routing = {
+        d["metadata"]["name"]: {
+            "selector": d["spec"]["selector"],
+            "annotations": d["metadata"].get("annotations", {}),
+        }
+        for d in docs
+        if d["kind"] == "Service" and d["metadata"]["name"] in fact["service_routing"]
+    }
+    assert routing == fact["service_routing"]
+    for name, ports in fact["services"].items():
+        mine = {(p["name"], p["port"]) for p in chart.one(docs, "Service", name)["spec"]["ports"]}
+        assert {tuple(p) for p in ports} <= mine, name
+    pod_labels = pod["spec"]["template"]["metadata"]["labels"]
+    assert pod["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (pool,) = chart.by_kind(docs, "InferencePool")
+    assert pool["spec"]["endpointPickerRef"]["name"] == fact["pool"]["endpointPickerRef"]["name"]
+    mine = [d for d in docs if d["kind"] in ("HealthCheckPolicy", "GCPBackendPolicy")]
+    assert sorted(
+        (d["kind"], d["metadata"]["name"], json.dumps(d["spec"], sort_keys=True)) for d in mine
+    ) == sorted((g["kind"], g["name"], json.dumps(g["spec"], sort_keys=True)) for g in fact["google"])
+    (mine_epp,) = [c for c in pod["spec"]["template"]["spec"]["containers"] if c["name"] == "epp"]
+    # Every pod routes alone (no leader election), as llm-d's: the same epp as without the tiers.
+    assert mine_epp["args"] == epp_container(render(FACTS["llm-d-gateway"]["values"]))["args"]
+
+
 def test_an_image_from_registry_repository_and_tag() -> None:
     for case in ("llm-d-gateway-image", "gie-inferencepool-image"):
         values = FACTS[case]["values"]
@@ -469,10 +508,7 @@ REFUSED = [
         "one of prometheusoperator, gmp",
     ),
     ({"router": {"inferencePool": {"create": False}}}, "router.modelServers.matchLabels is required"),
-    (
-        {"router": ROUTER, "provider": {"name": "gke", "gke": {"preferredBackends": {"enabled": True}}}},
-        "preferred and backup epp Services are not built",
-    ),
+    ({"gke": {"preferredBackends": {"enabled": True}}}, "gke.preferredBackends.enabled needs gke.enabled"),
     ({"pool": {"endpointSelector": {"a": "b"}}, "gke": {"enabled": True}}, "pool-less mode has none"),
     ({"router": ROUTER, "inferenceExtension": {"replicas": 1}}, "not both"),
     ({"inferencePool": {"modelServerType": "triton"}}, "with epp's own values the engine is chosen"),

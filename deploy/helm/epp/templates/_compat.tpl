@@ -33,6 +33,14 @@ value that epp's chart cannot honour fails the install with what to use instead.
 {{- end -}}
 {{- include "epp.compat.provider" . -}}
 {{- include "epp.compat.pool" . -}}
+{{- $pb := .Values.gke.preferredBackends | default dict -}}
+{{- if $pb.enabled -}}
+{{- if not .Values.gke.enabled -}}
+{{- fail "gke.preferredBackends.enabled needs gke.enabled (GKE's Gateway reads the policies)" -}}
+{{- end -}}
+{{- /* One pod per Service, PREFERRED then DEFAULT: the pod count is theirs. */ -}}
+{{- $_ := set .Values "replicas" (add (int $pb.preferredReplicas) (int $pb.defaultReplicas)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -98,8 +106,16 @@ experimentalHttpRoute (enabled, inferenceGatewayName, requestTimeout). */}}
 {{- end -}}
 {{- else if eq $name "gke" -}}
 {{- $_ := set .Values.gke "enabled" true -}}
-{{- if ((($p.gke | default dict).preferredBackends) | default dict).enabled -}}
-{{- fail "provider.gke.preferredBackends: llm-d's preferred and backup epp Services are not built; epp's replicas share one Service (docs/kubernetes.md)" -}}
+{{- $pb := (($p.gke | default dict).preferredBackends) | default dict -}}
+{{- if $pb.enabled -}}
+{{- /* llm-d's defaults (`| default`: 0 or unset is 1, RATE, 100, 100). */ -}}
+{{- $_ := set .Values.gke "preferredBackends" (dict
+  "enabled" true
+  "preferredReplicas" (int ($pb.preferredReplicas | default 1))
+  "defaultReplicas" (int ($pb.defaultReplicas | default 1))
+  "balancingMode" ($pb.balancingMode | default "RATE")
+  "maxRatePerEndpoint" (int ($pb.maxRatePerEndpoint | default 100))
+  "capacityScalerPercent" (int ($pb.capacityScalerPercent | default 100))) -}}
 {{- end -}}
 {{- else if ne $name "none" -}}
 {{- fail (printf "provider.name=%s: one of none, istio" $name) -}}

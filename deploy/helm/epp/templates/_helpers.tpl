@@ -118,3 +118,23 @@ spreads streams over them all). */}}
 {{- if gt $n 1 }}{{ fail "tokenizer: set only one of pvc.claimName, hostPath.path, configMap.name" }}{{ end }}
 {{- if $t.pvc.claimName }}pvc{{ else if $t.hostPath.path }}hostPath{{ else if $t.configMap.name }}configMap{{ end }}
 {{- end }}
+
+{{/* GKE's preferred backends (gke.preferredBackends), one entry per epp pod, by ordinal: its
+Service (the first pod's is epp's own), its policies' name and its backend tier, named as llm-d's
+chart names them. A YAML list: `include "epp.preferredBackends" . | fromYamlArray`. */}}
+{{- define "epp.preferredBackends" -}}
+{{- $pb := .Values.gke.preferredBackends -}}
+{{- $full := include "epp.fullname" . -}}
+{{- $pool := include "epp.poolName" . -}}
+{{- $preferred := int $pb.preferredReplicas -}}
+{{- range $i := until (int .Values.replicas) }}
+{{- $suffix := printf "-preferred-%d" $i -}}
+{{- if eq $i 0 }}{{ $suffix = "" }}{{ end -}}
+{{- if eq $i $preferred }}{{ $suffix = "-backup" }}{{ end -}}
+{{- if gt $i $preferred }}{{ $suffix = printf "-backup-%d" (sub $i $preferred) }}{{ end }}
+- ordinal: {{ $i }}
+  service: {{ printf "%s%s" $full $suffix }}
+  policy: {{ printf "%s%s" $pool $suffix }}
+  tier: {{ ternary "PREFERRED" "DEFAULT" (lt $i $preferred) }}
+{{- end }}
+{{- end -}}
