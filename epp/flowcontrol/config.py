@@ -41,6 +41,7 @@ from typing import Annotated, Any
 import msgspec
 
 from epp.flowcontrol import fairness, ordering, usage_limits
+from epp.flowcontrol.fair_share import FairShare
 from epp.flowcontrol.program_aware import Params as ProgramAwareParams
 from epp.flowcontrol.program_aware import ProgramAware
 from epp.scheduling import config as sched_config
@@ -157,6 +158,11 @@ class _NoParams(msgspec.Struct, forbid_unknown_fields=True):
     pass
 
 
+class _FairShareParams(msgspec.Struct, forbid_unknown_fields=True):
+    overShareCeiling: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.4
+    overShareFactor: Annotated[float, msgspec.Meta(ge=1)] = 1.5
+
+
 # type -> (kind, parameters)
 PLUGIN_TYPES: dict[str, tuple[str, type[msgspec.Struct]]] = {
     ordering.Fcfs.type: ("ordering policy", _NoParams),
@@ -164,6 +170,7 @@ PLUGIN_TYPES: dict[str, tuple[str, type[msgspec.Struct]]] = {
     ordering.SloDeadline.type: ("ordering policy", _NoParams),
     fairness.GlobalStrict.type: ("fairness policy", _NoParams),
     fairness.RoundRobin.type: ("fairness policy", _NoParams),
+    FairShare.type: ("fairness policy", _FairShareParams),
     ProgramAware.type: ("fairness policy", ProgramAwareParams),
     usage_limits.Static.type: ("usage-limit policy", _StaticParams),
     usage_limits.SoftReflectiveCeiling.type: ("usage-limit policy", _NoParams),
@@ -258,6 +265,8 @@ class _Builder:
             return fairness.GlobalStrict(name)
         if type_name == fairness.RoundRobin.type:
             return fairness.RoundRobin(name)
+        if type_name == FairShare.type:
+            return FairShare(name, params.overShareCeiling, params.overShareFactor)
         if type_name == ProgramAware.type:
             return ProgramAware(name, params)
         if type_name == usage_limits.Static.type:

@@ -56,6 +56,7 @@ from epp.flowcontrol import config as fc_config
 from epp.flowcontrol import metrics as fc_metrics
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.eviction import InFlight, Reclaimer
+from epp.flowcontrol.fair_share import FairShare
 from epp.flowcontrol.outcomes import Outcome, http_error
 from epp.flowcontrol.program_aware import ProgramAware
 from epp.flowcontrol.queues import DEFAULT_FLOW, Band, FlowItem, Registry
@@ -189,7 +190,7 @@ class FlowController:
             )
             self._count(stat_labels, refused, 0.0)
             raise http_error(refused, pool_empty=self.pool_empty)
-        if self.registry.len == 0 and self._may_dispatch(band, now):
+        if self.registry.len == 0 and self._may_dispatch(band, flow, now):
             self._count(stat_labels, Outcome.DISPATCHED, 0.0)
             self._dispatched(band, flow, 0.0, now)
             return
@@ -240,12 +241,20 @@ class FlowController:
         assert self.reclaimer is not None
         self.reclaimer.untrack(entry, clock.now())
 
+    def started(self, request: InferenceRequest) -> None:
+        """A dispatched request was routed: its flow holds one more in flight (fair-share)."""
+        band = self.registry.bands.get(request.priority)
+        if band is not None and isinstance(band.fairness, FairShare):
+            band.fairness.started(band, fairness_id(request))
+
     def completed(self, request: InferenceRequest, outcome: RequestOutcome) -> None:
-        """A dispatched request's stream ended (the Director's response-complete): programs count
-        its tokens (program-aware-fairness)."""
+        """A routed request's stream ended (the Director's response-complete): programs count
+        its tokens (program-aware-fairness), its flow holds one less in flight (fair-share)."""
         band = self.registry.bands.get(request.priority)
         if band is not None and isinstance(band.fairness, ProgramAware):
             band.fairness.completed(fairness_id(request), request, outcome)
+        elif band is not None and isinstance(band.fairness, FairShare):
+            band.fairness.finished(band, fairness_id(request))
 
     def close(self) -> None:
         """Stop: every queued request is answered 503 `rejected-shutting-down`, as is every later one."""
@@ -266,9 +275,9 @@ class FlowController:
 
     # ---- dispatch -----------------------------------------------------------------------------
 
-    def _may_dispatch(self, band: Band, now: float) -> bool:
-        """Whether a request of `band` would dispatch in a cycle now (queues empty): its ceiling
-        and every higher band's are above the saturation."""
+    def _may_dispatch(self, band: Band, flow: str, now: float) -> bool:
+        """Whether `flow`'s request of `band` would dispatch in a cycle now (queues empty): its
+        ceiling and every higher band's are above the saturation (and fair-share lets it)."""
         saturation, ceilings = self._gates(now)
         for i, other in enumerate(self.registry.ordered):
             if saturation >= ceilings[i]:
@@ -276,6 +285,8 @@ class FlowController:
                 return False
             if other is band:
                 self.halted = ""
+                if isinstance(band.fairness, FairShare):
+                    return band.fairness.admits(band, flow, saturation, ceilings[i])
                 return True
         return False  # not reached: the band is registered
 
@@ -293,7 +304,11 @@ class FlowController:
                     return False
                 if band.len == 0:
                     continue
-                queue = band.fairness.pick(band)
+                fairness = band.fairness
+                if isinstance(fairness, FairShare):
+                    queue = fairness.pick_gated(band, saturation, ceilings[i])
+                else:
+                    queue = fairness.pick(band)
                 head = queue.head() if queue is not None else None
                 if head is None:
                     continue

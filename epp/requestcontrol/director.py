@@ -285,6 +285,7 @@ class Director:
         for ep in ctx.helpers:
             ep.book(request.prompt_tokens_estimate)
         if self.flow_control is not None:
+            self.flow_control.started(request)
             ctx.inflight = self.flow_control.track(request.priority, ctx.evict)
         self.accounting.routed(ctx, body_size)
         return ctx

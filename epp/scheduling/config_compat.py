@@ -38,6 +38,7 @@ FLOW_CONTROL = frozenset(
     {
         "global-strict-fairness-policy",
         "round-robin-fairness-policy",
+        "fair-share-fairness-policy",
         "program-aware-fairness",
         "fcfs-ordering-policy",
         "edf-ordering-policy",
