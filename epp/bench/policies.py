@@ -100,8 +100,20 @@ POLICIES: dict[str, Policy] = {
             "epp's flow control counting requests only (48 per pod), priority holdback, round-robin",
             False,
         ),
+        Policy(
+            "flow-control-fair-share",
+            "flow-control with fair-share tenants: a tenant over 1.5x its share held from 40% of the ceiling",
+            False,
+        ),
     )
 }
 # The policies `epp bench` runs by default (`--policies all`): the routing comparison. The
 # admission ones above take part where a workload is about overload (`Workload.policies`).
-ADMISSION = ("gie-approx", "smg-veto", "llm-d-flow-control", "flow-control-requests", "flow-control")
+ADMISSION = (
+    "gie-approx",
+    "smg-veto",
+    "llm-d-flow-control",
+    "flow-control-requests",
+    "flow-control",
+    "flow-control-fair-share",
+)

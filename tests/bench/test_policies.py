@@ -18,7 +18,7 @@ from epp.scheduling.interfaces import Handle
 NAMES = [
     "round-robin", "random", "least-request", "load-only", "gie-approx", "llm-d-precise",
     "sglang-cache-aware", "dynamo-cost", "ranvier-bounded", "epp-ttft", "epp",
-    "smg-veto", "llm-d-flow-control", "flow-control", "flow-control-requests",
+    "smg-veto", "llm-d-flow-control", "flow-control", "flow-control-requests", "flow-control-fair-share",
 ]  # fmt: skip
 
 
@@ -44,7 +44,7 @@ def test_policy_loads_without_warnings(name: str) -> None:
     flow = fc_config.build(cfg.flow_control, cfg.plugins, cfg.saturation_detector)
     assert flow.warnings == []
     assert (flow.config is not None) == (
-        name in ("llm-d-flow-control", "flow-control", "flow-control-requests")
+        name in ("llm-d-flow-control", "flow-control", "flow-control-requests", "flow-control-fair-share")
     )
     # A policy reading the KV index says so (the fast fleet then publishes events); one that does
     # not must load without an index.
@@ -77,6 +77,7 @@ def test_the_live_bench_reads_epps_metrics_only_for_flow_control() -> None:
     assert {n for n, p in POLICIES.items() if _has_flow_control(p.config_text())} == {
         "flow-control",
         "flow-control-requests",
+        "flow-control-fair-share",
         "llm-d-flow-control",
     }
     assert _has_flow_control("featureGates: [flowControl=true]")
