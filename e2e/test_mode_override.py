@@ -122,6 +122,9 @@ async def test_sampled_streams_still_report_usage_and_ttft(
 ) -> None:
     stack = stack_for(stacks, "1")
     await wait_routable(session, stack.url)
+    # The probe's own stream ends after its client read it: its TTFT lands then (CI once counted
+    # it after the baseline was read).
+    await eventually(lambda: inflight(stack) == 0, within=5.0, what="the probe's stream ended")
     msgs_before = ext_proc_msgs(stack)
     ttft_before = metric_sum(stack, "inference_objective_request_ttft_seconds_count")
     resp = await open_stream(session, stack)
