@@ -53,6 +53,7 @@ from epp.api import agent_identity
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.flowcontrol import config as fc_config
+from epp.flowcontrol import debug
 from epp.flowcontrol import metrics as fc_metrics
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.eviction import InFlight, Reclaimer
@@ -521,65 +522,7 @@ class FlowController:
 
     def snapshot(self) -> dict[str, Any]:
         """The state behind /debug/flow-control."""
-        now = clock.now()
-        config = self.config
-        bands = []
-        for band in self.registry.ordered:
-            flows = []
-            for flow_id in band.flow_ids[:100]:
-                queue = band.flows[flow_id]
-                head = queue.head()
-                flows.append(
-                    {
-                        "fairness_id": flow_id,
-                        "requests": queue.len,
-                        "bytes": queue.bytes,
-                        "oldest_wait_s": round(max(now - i.enqueued for i in queue.items()), 3)
-                        if head
-                        else 0.0,
-                    }
-                )
-            bands.append(
-                {
-                    "priority": band.priority,
-                    "requests": band.len,
-                    "bytes": band.bytes,
-                    "max_requests": band.max_requests,
-                    "max_bytes": band.max_bytes,
-                    "fairness": band.fairness.type,
-                    "ordering": band.ordering.type,
-                    "flows": flows,
-                    "flows_total": len(band.flows),
-                }
-            )
-        outcomes: dict[str, int] = {}
-        for (outcome, _), n in self.stats.outcomes.items():
-            outcomes[outcome] = outcomes.get(outcome, 0) + n
-        return {
-            "pool": self.pool_name,
-            "closed": self.closed,
-            "queued_requests": self.registry.len,
-            "queued_bytes": self.registry.bytes,
-            "max_requests": self.registry.max_requests,
-            "max_bytes": self.registry.max_bytes,
-            "default_request_ttl_s": config.default_request_ttl,
-            "no_endpoint_request_ttl_s": config.no_endpoint_request_ttl,
-            "pool_empty": self.pool_empty,
-            "saturation": {k: round(v, 4) for k, v in self.saturations.items()},
-            "detector": self.detector.name,
-            "stale_endpoints": self.stale,
-            "dispatch_halted": self.halted or None,
-            "usage_limit_policy": config.usage_limit.type,
-            "bands": bands,
-            "outcomes": outcomes,
-            "programs": {
-                policy.name: {
-                    "programs": len(policy.programs),
-                    "jains_fairness_index": round(policy.jains_index(), 4),
-                }
-                for policy in config.programs
-            },
-        }
+        return debug.snapshot(self)
 
 
 def _stages(pool: Sequence[Endpoint]) -> list[tuple[str, list[Endpoint]]]:

@@ -70,6 +70,15 @@ async def test_an_over_share_tenant_waits_past_its_ceiling_and_the_others_go(tim
     await held
 
 
+async def test_debug_shows_each_tenants_requests_in_flight(timer: VirtualTimer) -> None:
+    fc = fair_share(timer, Detector(0.0))
+    run(fc, "burst", 3)
+    run(fc, "steady", 1)
+    (band,) = fc.snapshot()["bands"]
+    assert band["fairness"] == "fair-share-fairness-policy"
+    assert band["in_flight"] == {"burst": 3, "steady": 1}
+
+
 async def test_a_lone_tenant_is_never_over_its_share(timer: VirtualTimer) -> None:
     fc = fair_share(timer, Detector(0.9), over_share_ceiling=0.4, over_share_factor=1.0)
     run(fc, "only", 50)
