@@ -308,6 +308,9 @@ class FlowController:
                 fairness = band.fairness
                 if isinstance(fairness, FairShare):
                     queue = fairness.pick_gated(band, saturation, ceilings[i])
+                    if queue is None:  # only tenants over their share wait: lower bands too
+                        self._halt(saturation)
+                        return False
                 else:
                     queue = fairness.pick(band)
                 head = queue.head() if queue is not None else None

@@ -14,7 +14,8 @@ limit keeps headroom that the flows under their share dispatch into at once.
   work-conserving for one tenant.
 - Below `overShareCeiling` x the band's ceiling every flow takes its turn, as round-robin; from
   there to the ceiling only the flows at or under their share do (in turn), and the band's other
-  flows wait; past the ceiling the band waits, as with any fairness policy.
+  flows wait (with only those queued, the band holds dispatch as a band at its ceiling does:
+  lower bands wait behind it); past the ceiling the band waits, as with any fairness policy.
 - Parameters: `overShareCeiling` (0.4, in (0, 1]; 1 is plain round-robin) and `overShareFactor`
   (1.5, >= 1). At 1, tenants of equal rates hold one another back as their counts fluctuate
   around the mean: the steady tenants' TTFT p99 without any burst rose 2-5% in `tenant-steady`;

@@ -79,6 +79,21 @@ async def test_debug_shows_each_tenants_requests_in_flight(timer: VirtualTimer) 
     assert band["in_flight"] == {"burst": 3, "steady": 1}
 
 
+async def test_a_band_holding_its_over_share_tenant_holds_the_lower_bands_too(timer: VirtualTimer) -> None:
+    detector = Detector(0.5)
+    fc = fair_share(timer, detector)
+    run(fc, "burst", 20)
+    run(fc, "steady", 1)
+    held = asyncio.create_task(fc.admit(request(flow="burst"), 10))
+    lower = asyncio.create_task(fc.admit(request(priority=-1, flow="other"), 10))
+    await timer.advance(0.01)
+    assert not held.done() and not lower.done() and fc.halted == "saturated"
+    detector.value = 0.1
+    await timer.advance(0.01)
+    await held
+    await lower
+
+
 async def test_a_lone_tenant_is_never_over_its_share(timer: VirtualTimer) -> None:
     fc = fair_share(timer, Detector(0.9), over_share_ceiling=0.4, over_share_factor=1.0)
     run(fc, "only", 50)
