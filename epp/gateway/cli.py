@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "failure-mode-allow",
         default=False,
         help="route without epp when it cannot be reached (GIE's FailOpen): with --pods-mode "
-        "override-host, to the listed pod with the fewest requests (with original-dst there is no "
+        "override-host, to the less loaded of two listed pods (with original-dst there is no "
         "pod to go to: 503). Needs a BUFFERED request body (the mode override's). Default false",
     )
     g.add_argument(
