@@ -28,16 +28,15 @@ its stream ends (every routed request's context is finished once). A band collec
 
 from __future__ import annotations
 
-import bisect
-
+from epp.flowcontrol.fairness import Cursor, take_turn
 from epp.flowcontrol.queues import Band, FlowQueue
 
 
-class _State:
-    __slots__ = ("inflight", "last", "total")
+class _State(Cursor):
+    __slots__ = ("inflight", "total")
 
     def __init__(self) -> None:
-        self.last: str | None = None  # the round-robin cursor: the last flow served
+        super().__init__()
         self.inflight: dict[str, int] = {}
         self.total = 0
 
@@ -57,14 +56,16 @@ class FairShare:
 
     def pick(self, band: Band) -> FlowQueue | None:
         """Round-robin, every flow eligible (the controller calls `pick_gated` when it gates)."""
-        return self._turn(band, None)
+        return take_turn(band, band.state)
 
     def pick_gated(self, band: Band, saturation: float, ceiling: float) -> FlowQueue | None:
         """The next flow to dispatch from at `saturation` under the band's `ceiling`; None when
         only flows over their share are queued and the pool is past their limit."""
+        state: _State = band.state
         if saturation < ceiling * self.over_share_ceiling:
-            return self._turn(band, None)
-        return self._turn(band, self._share(band))
+            return take_turn(band, state)
+        share = self._share(band)
+        return take_turn(band, state, lambda flow: state.inflight.get(flow, 0) <= share)
 
     def admits(self, band: Band, flow: str, saturation: float, ceiling: float) -> bool:
         """Whether `flow`'s request may go at once (queues empty, the band under its ceiling)."""
@@ -95,16 +96,3 @@ class FairShare:
         if extra:
             active.add(extra)
         return self.over_share_factor * state.total / len(active) if active else 0.0
-
-    def _turn(self, band: Band, share: float | None) -> FlowQueue | None:
-        ids = band.flow_ids
-        if not ids:
-            return None
-        state: _State = band.state
-        start = 0 if state.last is None else bisect.bisect_right(ids, state.last) % len(ids)
-        for k in range(len(ids)):
-            flow = ids[(start + k) % len(ids)]
-            if share is None or state.inflight.get(flow, 0) <= share:
-                state.last = flow
-                return band.flows[flow]
-        return None

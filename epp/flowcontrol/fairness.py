@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from epp.flowcontrol.queues import Band, FlowQueue
@@ -48,11 +49,28 @@ class GlobalStrict:
         return best
 
 
-class _Cursor:
+class Cursor:
+    """A band's round-robin position: the last flow served."""
+
     __slots__ = ("last",)
 
     def __init__(self) -> None:
         self.last: str | None = None
+
+
+def take_turn(band: Band, cursor: Cursor, eligible: Callable[[str], bool] | None = None) -> FlowQueue | None:
+    """The first flow after the cursor's (in ID order, wrapping) that is `eligible` (any, when
+    None), and the cursor moved to it; None when there is none."""
+    ids = band.flow_ids
+    if not ids:
+        return None
+    start = 0 if cursor.last is None else bisect.bisect_right(ids, cursor.last) % len(ids)
+    for k in range(len(ids)):
+        flow = ids[(start + k) % len(ids)]
+        if eligible is None or eligible(flow):
+            cursor.last = flow
+            return band.flows[flow]
+    return None
 
 
 class RoundRobin:
@@ -61,14 +79,8 @@ class RoundRobin:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def new_state(self) -> _Cursor:
-        return _Cursor()
+    def new_state(self) -> Cursor:
+        return Cursor()
 
     def pick(self, band: Band) -> FlowQueue | None:
-        ids = band.flow_ids
-        if not ids:
-            return None
-        cursor: _Cursor = band.state
-        i = 0 if cursor.last is None else bisect.bisect_right(ids, cursor.last) % len(ids)
-        cursor.last = ids[i]
-        return band.flows[ids[i]]
+        return take_turn(band, band.state)
