@@ -211,13 +211,18 @@ class Scheduler:
         """
         if not endpoints:
             raise errors.ServiceUnavailable("no ready endpoints")
+        profile = self.choose(request)
         start = time.perf_counter()
         cycle: interfaces.CycleState = {}
         try:
-            result = self._profile.run(cycle, request, endpoints, explain=explain)
+            result = profile.run(cycle, request, endpoints, explain=explain)
         finally:
             self._observe(time.perf_counter() - start)
-        return interfaces.SchedulingResult(self.primary, {self.primary: result}, cycle)
+        return interfaces.SchedulingResult(profile.name, {profile.name: result}, cycle)
+
+    def choose(self, request: InferenceRequest) -> Profile:
+        """The one profile `request` runs, primary (a per-request handler overrides it)."""
+        return self._profile
 
     def facts(self, result: interfaces.SchedulingResult) -> dict[str, Any]:
         """The primary profile's explainer findings for a decision made without `explain`."""

@@ -22,7 +22,6 @@ pre-request hook either).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +29,6 @@ import msgspec
 
 from epp.api import errors
 from epp.api.requests import InferenceRequest
-from epp.datastore.endpoints import Endpoint
 from epp.observability import metrics
 from epp.scheduling import framework, interfaces, registry
 
@@ -91,20 +89,6 @@ class HeaderProfileScheduler(framework.Scheduler):
             f"header {self.header} is missing and the default profile {self.default_profile!r} is "
             f"not configured (configured: {configured})"
         )
-
-    def schedule(
-        self, request: InferenceRequest, endpoints: list[Endpoint], *, explain: bool = False
-    ) -> interfaces.SchedulingResult:
-        if not endpoints:
-            raise errors.ServiceUnavailable("no ready endpoints")
-        profile = self.choose(request)
-        cycle: interfaces.CycleState = {}
-        start = time.perf_counter()
-        try:
-            result = profile.run(cycle, request, endpoints, explain=explain)
-        finally:
-            self._observe(time.perf_counter() - start)
-        return interfaces.SchedulingResult(profile.name, {profile.name: result}, cycle)
 
     def facts(self, result: interfaces.SchedulingResult) -> dict[str, Any]:
         return self._by_name.get(result.primary, self._profile).facts(result.cycle)
