@@ -18,6 +18,10 @@ The client (this process, grpc.aio, one channel like Envoy's) runs two phases:
   this is the floor under what a probe request waits behind a burst (docs/reliability.md,
   "Thousands of new streams at once").
 
+`--server grpclib` serves the same bytes with grpclib (a pure-Python gRPC server on h2) instead
+of grpc.aio: whether another runtime takes a burst sooner. Give it a `--server-python` whose
+environment has grpclib (`python -m venv /tmp/gl && /tmp/gl/bin/pip install grpclib`).
+
 `--registered` also registers the method (`add_registered_method_handlers`, as epp does):
 grpcio 1.84 changed the server's accept loop to an `asyncio.wait` over one task per registered
 method and RPC (grpc/grpc#41796); BENCHMARKS.md, "Streamed responses", has the figures.
@@ -36,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -48,6 +53,46 @@ MESSAGES = (b"h" * 600, b"b" * 16_000, b"r" * 300)
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system
+
+
+async def serve_grpclib(port: int, stats: Path) -> None:
+    """The same servicer on grpclib, messages passed through as bytes."""
+    from grpclib.const import Cardinality, Handler  # type: ignore[import-not-found,unused-ignore]
+    from grpclib.encoding.base import CodecBase  # type: ignore[import-not-found,unused-ignore]
+    from grpclib.server import Server as GrpclibServer  # type: ignore[import-not-found,unused-ignore]
+
+    class Raw(CodecBase):  # type: ignore[misc]
+        __content_subtype__ = "proto"
+
+        def encode(self, message: bytes, message_type: object) -> bytes:
+            return message
+
+        def decode(self, data: bytes, message_type: object) -> bytes:
+            return data
+
+    async def process(stream: Any) -> None:
+        async for _ in stream:
+            await stream.send_message(ANSWER)
+
+    class Service:
+        def __mapping__(self) -> dict[str, object]:
+            return {PATH: Handler(process, Cardinality.STREAM_STREAM, bytes, bytes)}
+
+    server = GrpclibServer([Service()], codec=Raw())
+    await server.start("127.0.0.1", port)
+    await _until_stopped(stats, "grpclib")
+    server.close()
+    await server.wait_closed()
+
+
+async def _until_stopped(stats: Path, version: str) -> None:
+    """Answer SIGUSR1 with this process's CPU (in `stats`) until SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, lambda: stats.write_text(json.dumps({"cpu": _cpu()})))
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    print(json.dumps({"ready": version}), flush=True)
+    await stop.wait()
 
 
 async def serve(port: int, registered: bool, stats: Path) -> None:
@@ -69,24 +114,19 @@ async def serve(port: int, registered: bool, stats: Path) -> None:
         server.add_registered_method_handlers(SERVICE, {"Process": handler})
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGUSR1, lambda: stats.write_text(json.dumps({"cpu": _cpu()})))
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    print(json.dumps({"ready": grpc.__version__}), flush=True)
-    await stop.wait()
+    await _until_stopped(stats, f"grpcio {grpc.__version__}")
     await server.stop(None)
 
 
 class Server:
-    def __init__(self, python: str, registered: bool) -> None:
+    def __init__(self, python: str, registered: bool, kind: str) -> None:
         self._stats = Path(tempfile.mkstemp(suffix=".json")[1])
         # Imported here: the server side runs this file under `--server-python`, which may be a
         # venv holding grpcio alone.
         from epp.gateway.processes import free_ports
 
         (self.port,) = free_ports(1)
-        argv = [python, __file__, "--serve", str(self.port), "--stats", str(self._stats)]
+        argv = [python, __file__, "--serve", str(self.port), "--stats", str(self._stats), "--server", kind]
         self._proc = subprocess.Popen(argv + (["--registered"] if registered else []), stdout=subprocess.PIPE)
         assert self._proc.stdout is not None
         self.version = json.loads(self._proc.stdout.readline())["ready"]
@@ -152,6 +192,7 @@ async def drive(server: Server, streams: int, concurrency: int, burst: int) -> N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server-python", default=sys.executable)
+    parser.add_argument("--server", choices=("grpc.aio", "grpclib"), default="grpc.aio")
     parser.add_argument("--registered", action="store_true")
     parser.add_argument("--streams", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=20)
@@ -160,11 +201,14 @@ def main() -> None:
     parser.add_argument("--stats", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.serve, args.registered, args.stats))
+        if args.server == "grpclib":
+            asyncio.run(serve_grpclib(args.serve, args.stats))
+        else:
+            asyncio.run(serve(args.serve, args.registered, args.stats))
         return
-    server = Server(args.server_python, args.registered)
+    server = Server(args.server_python, args.registered, args.server)
     try:
-        print(f"server: grpcio {server.version}{', method registered' if args.registered else ''}")
+        print(f"server: {server.version}{', method registered' if args.registered else ''}")
         asyncio.run(drive(server, args.streams, args.concurrency, args.burst))
     finally:
         server.stop()
