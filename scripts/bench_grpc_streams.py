@@ -200,6 +200,8 @@ def main() -> None:
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--stats", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.registered and args.server == "grpclib":
+        parser.error("--registered is grpc.aio's (grpclib has no registered methods)")
     if args.serve:
         if args.server == "grpclib":
             asyncio.run(serve_grpclib(args.serve, args.stats))
