@@ -55,8 +55,9 @@ is kept per endpoint, ~55 KB each): ~0.2-0.3% of a core per endpoint (`epp bench
 ignores prometheus_client's `name[]` filter (scripts/capture_vllm_metrics.py), so the page cannot
 be asked for smaller. So the interval is paced (epp.datastore.pacing): an endpoint idle at its
 last scrape, on which epp has booked nothing, is read every `idle_interval` until a booking wakes
-it (`Endpoint.on_book`, or a worker's word through the supervisor), and every interval grows
-while epp's event loop runs late. With `--workers N` the supervisor scrapes once for the pod.
+it (`Endpoint.on_book`, or a worker's word through the supervisor), one whose load at its last
+scrape was all epp's own bookings, none waiting, every `booked_interval`, and every interval grows while epp's
+event loop runs late. With `--workers N` the supervisor scrapes once for the pod.
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ def from_flags(
         datastore,
         interval=args.refresh_metrics_interval,
         idle_interval=args.idle_metrics_interval,
+        booked_interval=args.booked_metrics_interval,
         staleness=args.metrics_staleness_threshold,
         failure_threshold=args.scrape_failure_threshold,
         pool_name=pool_name,
@@ -182,6 +184,7 @@ class MetricsScraper:
         pool_name: str,
         interval: float = 0.05,
         idle_interval: float = 0.0,
+        booked_interval: float = 0.0,
         max_interval: float | None = None,
         timeout: float | None = None,
         failure_threshold: int = 3,
@@ -198,11 +201,12 @@ class MetricsScraper:
     ) -> None:
         """`timeout` (per request) defaults to max(20 x interval, 0.5 s): 1 s at the default 50 ms.
 
-        `idle_interval` and `max_interval` pace the scrapes (epp.datastore.pacing): an idle
-        endpoint is scraped every `idle_interval` (0, the default here, or <= `interval`: at
-        `interval` like any other), and while the event loop cannot keep the timers the interval
-        grows up to `max_interval` (default half of `staleness`, so a paced endpoint never looks
-        stale).
+        `idle_interval`, `booked_interval` and `max_interval` pace the scrapes
+        (epp.datastore.pacing): an idle endpoint is scraped every `idle_interval`, one whose load
+        is all epp's own bookings every `booked_interval` (each 0, the default here, or <=
+        `interval`: at `interval` like any other), and while the event loop cannot keep the
+        timers the interval grows up to `max_interval` (default half of `staleness`, so a paced
+        endpoint never looks stale).
 
         GIE's `--model-server-metrics-*` flags: `scheme` http or https (the model-card reads use it
         too: a server with TLS serves both on its own port), `port` the metrics port of every
@@ -229,6 +233,7 @@ class MetricsScraper:
         self.pace = pacing.Pace(
             interval,
             idle_interval=min(idle_interval, staleness / 2),
+            booked_interval=min(booked_interval, staleness / 2),
             max_interval=staleness / 2 if max_interval is None else max_interval,
         )
         self.timeout = timeout if timeout is not None else max(interval * 20, 0.5)
@@ -252,6 +257,7 @@ class MetricsScraper:
         # The idle pause of each endpoint whose loop is in one: what ends it early.
         self._idle: dict[Endpoint, asyncio.Future[bool]] = {}
         self._paced: set[Endpoint] = set()  # endpoints on the idle pace now
+        self._booked: set[Endpoint] = set()  # endpoints on the booked pace now
         self._probe: asyncio.Task[None] | None = None  # the pace's measure of the loop's lag
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -286,7 +292,9 @@ class MetricsScraper:
         self._loops.clear()
         await tasks.cancel_and_wait(loops)
         self._paced.clear()
+        self._booked.clear()
         metrics.idle_endpoints.set(0)
+        metrics.booked_endpoints.set(0)
         if http is not None:
             http.close()
 
@@ -342,7 +350,9 @@ class MetricsScraper:
             self._pages.pop(ep, None)
             self._latency_read.pop(ep, None)
             self._paced.discard(ep)
+            self._booked.discard(ep)
             metrics.idle_endpoints.set(len(self._paced))
+            metrics.booked_endpoints.set(len(self._booked))
             if ep.on_book == self.wake:
                 ep.on_book = None
             if task is not None:
@@ -393,7 +403,11 @@ class MetricsScraper:
             if idle != (ep in self._paced):
                 (self._paced.add if idle else self._paced.discard)(ep)
                 metrics.idle_endpoints.set(len(self._paced))
-            delay = self.pace.delay(idle)
+            booked = not idle and self.pace.booked_interval > self.pace.current and pacing.booked(ep)
+            if booked != (ep in self._booked):
+                (self._booked.add if booked else self._booked.discard)(ep)
+                metrics.booked_endpoints.set(len(self._booked))
+            delay = self.pace.delay(idle, booked)
             ep.metrics.grace = delay - self.interval
             next_at = max(next_at + delay, loop.time())
             if idle and await self._idle_pause(ep, next_at - loop.time()):

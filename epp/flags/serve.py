@@ -210,6 +210,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "0 scrapes idle endpoints like the others (default 500ms)",
     )
     g.add_argument(
+        "--booked-metrics-interval",
+        type=duration,
+        default=0.0,
+        help="epp's: scrape interval of an endpoint whose last scrape showed nothing waiting and "
+        "no more requests running than epp has in flight there (all its load is epp's own, which "
+        "epp counts between scrapes); a queue or load epp did not book brings it back to "
+        "--refresh-metrics-interval from its next scrape. At most half of "
+        "--metrics-staleness-threshold; e.g. 200ms (less CPU per request, a longer first-token "
+        "tail in BENCHMARKS.md's live runs). Default 0: such endpoints like the others",
+    )
+    g.add_argument(
         "--metrics-staleness-threshold",
         type=duration,
         default=2.0,

@@ -544,6 +544,15 @@ def _stages(pool: Sequence[Endpoint]) -> list[tuple[str, list[Endpoint]]]:
     return [(name, eps) for name, eps in (("prefill", prefill), ("decode", decode)) if eps]
 
 
+def dispatch_reads_scrapes(flow: FlowController | None) -> bool:
+    """Whether flow control dispatches on the pods' scraped figures: its saturation detector reads
+    /metrics (utilization-detector), not epp's own bookings (concurrency-detector; a detector that
+    does not say is taken to read them). The scraper then reads every busy pod at the base
+    interval: with the booked pace (epp.datastore.pacing) llm-d's flow-control configuration
+    dispatched later under overload (BENCHMARKS.md, "Side by side with the Rust routers")."""
+    return flow is not None and bool(getattr(flow.detector, "reads_scrapes", True))
+
+
 def from_scheduler_config(
     config: sched_config.SchedulerConfig,
     pool: Callable[[], Sequence[Endpoint]],

@@ -303,6 +303,13 @@ idle_endpoints = Gauge(
     registry=REGISTRY,
 )
 
+booked_endpoints = Gauge(
+    "epp_metrics_booked_endpoints",
+    "Endpoints scraped at --booked-metrics-interval: their last scrape showed nothing waiting and "
+    "no more requests running than epp has in flight there.",
+    registry=REGISTRY,
+)
+
 # Series labelled by endpoint name, dropped when the endpoint goes (`forget_endpoint`).
 _BY_ENDPOINT: tuple[Any, ...] = (
     picks_total,

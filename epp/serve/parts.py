@@ -92,7 +92,8 @@ async def run_until_stopped(
     pool_gauge.set(len(datastore.routable()))
     if ingester is not None:
         ingester.set_feeds(shared_kv.feed_spec(ep, args) for ep in datastore.endpoints())
-    metrics_source = scrape.scraper(args, datastore, pool_label, config.data_layer.metrics, role)
+    booked = 0.0 if flowcontrol.dispatch_reads_scrapes(flow) else args.booked_metrics_interval
+    metrics_source = scrape.scraper(args, datastore, pool_label, config.data_layer.metrics, role, booked)
     dcgm = [
         DcgmPoller(
             datastore,

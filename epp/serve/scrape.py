@@ -26,6 +26,7 @@ def scraper(
     pool_label: str,
     source: datalayer.MetricsScrape,
     role: workers_worker.WorkerRole | None = None,
+    booked_interval: float | None = None,
 ) -> MetricsScraper | MetricsFollower:
     """The metrics scrape: GIE's --model-server-metrics-* flags, or the config's metrics source
     (llm-d's metrics-data-source; a flag given that says otherwise is a startup error), with the
@@ -34,8 +35,10 @@ def scraper(
     A worker follows its supervisor's scrape (epp.workers.shared_metrics: one scrape per model
     server for the pod), which the flags alone describe: the supervisor reads no config. With a
     config whose metrics source sets anything of its own, each worker scrapes for itself, never
-    with other settings than the config says."""
-    own = _own_scraper(args, datastore, pool_label, source)  # a contrary flag is an error either way
+    with other settings than the config says. `booked_interval`: the booked pace
+    (`--booked-metrics-interval` when None; 0 where flow control dispatches on the scrapes)."""
+    booked = args.booked_metrics_interval if booked_interval is None else booked_interval
+    own = _own_scraper(args, datastore, pool_label, source, booked)  # a contrary flag is an error either way
     if role is None:
         return own
     given = _config_settings(args, source)
@@ -55,7 +58,11 @@ def scraper(
 
 
 def _own_scraper(
-    args: argparse.Namespace, datastore: Datastore, pool_label: str, source: datalayer.MetricsScrape
+    args: argparse.Namespace,
+    datastore: Datastore,
+    pool_label: str,
+    source: datalayer.MetricsScrape,
+    booked_interval: float,
 ) -> MetricsScraper:
     scheme = _one_way("model-server-metrics-scheme", args.model_server_metrics_scheme, "http", source.scheme)
     path = _one_way(
@@ -93,6 +100,7 @@ def _own_scraper(
         datastore,
         interval=tick(source.interval, base) if source.interval is not None else base,
         idle_interval=args.idle_metrics_interval,
+        booked_interval=booked_interval,
         staleness=args.metrics_staleness_threshold,
         failure_threshold=args.scrape_failure_threshold,
         pool_name=pool_label,

@@ -1,5 +1,6 @@
 """Scrape pacing (epp.datastore.pacing): idle endpoints less often until epp books work on them,
-every endpoint less often while the event loop cannot keep the timers. Real aiohttp servers."""
+endpoints whose load is all epp's own bookings less often until other load shows, every endpoint
+less often while the event loop cannot keep the timers. Real aiohttp servers."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .fake_vllm import FakeVLLM, until
 
 INTERVAL = 0.02
 IDLE = 0.4
+BOOKED = 0.2
 
 
 @pytest.fixture
@@ -110,9 +112,64 @@ async def test_a_removed_endpoint_keeps_no_hook(server: FakeVLLM) -> None:
         ep.book(1)  # no scraper to wake: nothing happens
 
 
+async def test_load_that_is_all_epps_bookings_is_scraped_at_the_booked_interval(server: FakeVLLM) -> None:
+    ds = one(server)
+    (ep,) = ds.endpoints()
+    server.running = 2
+    for _ in range(3):
+        ep.book(100)  # epp's three requests, one still on its way: all the load the pod shows
+    scraper = MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=IDLE, booked_interval=BOOKED)
+    async with scraper:
+        await until(lambda: ep.metrics.running == 2)
+        n = await scrapes_in(server, 1.0)
+        assert 3 <= n <= 7, n  # 1 s / 0.2 s; at the base interval it would be ~50
+        assert ep.metrics.grace == pytest.approx(BOOKED - INTERVAL)  # staleness checks forgive it
+        assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 1
+        assert metrics.REGISTRY.get_sample_value("epp_metrics_idle_endpoints") == 0
+        server.running = 4  # load epp did not book (another replica's): seen within one pause
+        started = time.monotonic()
+        await until(lambda: ep.metrics.running == 4, within=BOOKED + 0.5)
+        assert time.monotonic() - started <= BOOKED + 0.2
+        assert await scrapes_in(server, 0.6) >= 15  # then the base interval
+        assert ep.metrics.grace == 0.0
+        assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 0
+    assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 0
+
+
+async def test_booked_interval_zero_scrapes_booked_load_at_the_base_interval(server: FakeVLLM) -> None:
+    ds = one(server)
+    (ep,) = ds.endpoints()
+    server.running = 1
+    ep.book(100)
+    async with MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=IDLE, booked_interval=0):
+        await until(lambda: ep.metrics.running == 1)
+        assert await scrapes_in(server, 0.6) >= 15
+
+
+def test_booked_means_no_load_beyond_epps_own() -> None:
+    ds = Datastore()
+    ds.sync("t", [EndpointSpec(name="a", address="127.0.0.1", port=1)])
+    (ep,) = ds.endpoints()
+    ep.metrics.updated_at = 1.0
+    assert not pacing.booked(ep)  # nothing booked: the idle rule's, not this one's
+    ep.book(10)
+    ep.metrics.running = 1
+    assert pacing.booked(ep)
+    ep.metrics.running = 2  # one request more than epp sent it
+    assert not pacing.booked(ep)
+    ep.book(10)
+    assert pacing.booked(ep)
+    ep.metrics.waiting = 1  # a queue: vLLM's own admission, read at the base interval
+    ep.book(10)
+    assert not pacing.booked(ep)
+    ep.metrics.waiting = 0
+    ep.scrape_failures = 1  # its last scrape failed: what it holds is not known
+    assert not pacing.booked(ep)
+
+
 def test_pace_backs_off_while_timers_fire_late_and_comes_back(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="epp.datastore.scraper")
-    pace = Pace(0.05, idle_interval=0.5, max_interval=1.0)
+    pace = Pace(0.05, idle_interval=0.5, max_interval=1.0, booked_interval=0.2)
     now = 0.0
     for _ in range(4):  # the loop 100 ms late: +50% a second
         now += WINDOW_S
@@ -125,6 +182,7 @@ def test_pace_backs_off_while_timers_fire_late_and_comes_back(caplog: pytest.Log
     assert pace.current == pytest.approx(1.0)  # capped at max_interval
     assert metrics.REGISTRY.get_sample_value("epp_metrics_scrape_interval_seconds") == pytest.approx(1.0)
     assert pace.delay(idle=True) == pytest.approx(1.0)  # never faster than the busy interval
+    assert pace.delay(idle=False, booked=True) == pytest.approx(1.0)
     assert any("late on average" in r.message for r in caplog.records)
     logged = len(caplog.records)
     assert logged <= 6, [r.message for r in caplog.records]  # at doublings, not every step
@@ -134,6 +192,8 @@ def test_pace_backs_off_while_timers_fire_late_and_comes_back(caplog: pytest.Log
         pace.woke(0.0, now)
     assert pace.current == pytest.approx(0.05)
     assert pace.delay(idle=True) == pytest.approx(0.5)
+    assert pace.delay(idle=False, booked=True) == pytest.approx(0.2)
+    assert pace.delay(idle=False) == pytest.approx(0.05)
     assert "every 50 ms" in caplog.records[-1].message
 
 

@@ -8,9 +8,14 @@ import pytest
 
 from epp import clock
 from epp.api import errors
+from epp.bench.policies import POLICIES
+from epp.datastore.endpoints import Datastore
 from epp.flowcontrol import config as fc_config
+from epp.flowcontrol import controller as fc_controller
 from epp.flowcontrol import fairness, ordering, usage_limits
 from epp.flowcontrol.outcomes import DROPPED_REASON_HEADER
+from epp.scheduling import config as sched_config
+from epp.scheduling.interfaces import Handle
 from tests.flowcontrol.helpers import Detector, VirtualTimer, controller, endpoint, request, settle
 
 
@@ -272,3 +277,20 @@ async def test_saturation_is_per_stage(timer: VirtualTimer) -> None:
     assert not task.done()
     task.cancel()
     await settle()
+
+
+@pytest.mark.parametrize(
+    ("policy", "reads"),
+    [("gie-approx", False), ("flow-control", False), ("llm-d-flow-control", True)],
+)
+def test_flow_control_dispatches_on_the_scrapes_only_with_a_detector_reading_them(
+    policy: str, reads: bool
+) -> None:
+    """Where it does, epp serve and fast mode read every busy pod at the base interval
+    (epp.datastore.pacing's booked pace is off)."""
+    ds = Datastore()
+    text = POLICIES[policy].config_text()
+    cfg = sched_config.load_config(text, Handle(datastore=ds), allow_experimental=True)
+    _, flow, _ = fc_controller.from_scheduler_config(cfg, ds.candidates)
+    assert (flow is not None) == (policy != "gie-approx")
+    assert fc_controller.dispatch_reads_scrapes(flow) is reads

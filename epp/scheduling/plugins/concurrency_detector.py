@@ -53,6 +53,8 @@ from epp.scheduling import interfaces, registry
 
 @registry.register("concurrency-detector")
 class ConcurrencyDetector(registry.PluginBase):
+    reads_scrapes = False  # epp's own bookings (epp.flowcontrol.controller.dispatch_reads_scrapes)
+
     class Params(msgspec.Struct, forbid_unknown_fields=True):
         concurrencyMode: Literal["requests", "tokens", "hybrid"] = "requests"
         maxConcurrency: Annotated[int, msgspec.Meta(gt=0)] = 100

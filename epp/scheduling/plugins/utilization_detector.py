@@ -42,6 +42,8 @@ from epp.units import parse_duration
 
 @registry.register("utilization-detector")
 class UtilizationDetector(registry.PluginBase):
+    reads_scrapes = True  # the pods' /metrics (epp.flowcontrol.controller.dispatch_reads_scrapes)
+
     class Params(msgspec.Struct, forbid_unknown_fields=True):
         queueDepthThreshold: Annotated[int, msgspec.Meta(gt=0)] = 5
         kvCacheUtilThreshold: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
