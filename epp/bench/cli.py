@@ -142,6 +142,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fast mode: seconds between scrapes of every pod's metrics (default 0.05, GIE's and "
         "epp serve's --refresh-metrics-interval)",
     )
+    parser.add_argument(
+        "--booked-scrape-interval",
+        type=float,
+        default=0.0,
+        help="fast mode: seconds between scrapes of a pod whose load at its last scrape was all "
+        "epp's own bookings, none of it waiting (epp serve's --booked-metrics-interval; default 0: "
+        "every scrape)",
+    )
     parser.add_argument("--progress", action="store_true", help="draw the progress bar even off a terminal")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
@@ -257,7 +265,8 @@ def _run_fast(
 ) -> fast.RunResult:
     kwargs: dict[str, Any] = {
         "profile": profile, "pods": pods, "seed": args.seed, "kv_delay_s": args.kv_delay,
-        "scrape_interval_s": args.scrape_interval, "progress": progress.update,
+        "scrape_interval_s": args.scrape_interval, "booked_interval_s": args.booked_scrape_interval,
+        "progress": progress.update,
     }  # fmt: skip
     if args.slo_headers:
         slo = _slo(args, profile)
@@ -403,6 +412,14 @@ def _plan(args: argparse.Namespace) -> _Plan:
             )
     if not 0.001 <= args.scrape_interval <= 60:
         raise BenchConfigError(f"--scrape-interval must be in [0.001, 60] s, got {args.scrape_interval}")
+    if not 0 <= args.booked_scrape_interval <= 60:
+        raise BenchConfigError(
+            f"--booked-scrape-interval must be in [0, 60] s, got {args.booked_scrape_interval}"
+        )
+    if args.mode != "fast" and args.booked_scrape_interval != 0:
+        raise BenchConfigError(
+            "--booked-scrape-interval is for --mode fast (live: --epp-arg=--booked-metrics-interval=...)"
+        )
     if args.mode != "fast" and args.scrape_interval != 0.05:
         raise BenchConfigError("--scrape-interval is for --mode fast (live: epp serve scrapes)")
     if args.kv_delay < 0:

@@ -23,7 +23,10 @@ A discrete-event loop in virtual time (`epp.clock.use`), in order of time:
 - scrape: every `scrape_interval_s` (GIE's 50 ms) every pod's `ModelServerMetrics` is refreshed
   from its engine (waiting, running, KV usage, block size and count, requests finished, the sums
   and counts of the decode-latency histograms), as the scraper would parse vLLM's /metrics;
-  all pods on the same tick.
+  all pods on the same tick. A pod whose load at its last refresh was all epp's own bookings,
+  none of it waiting (`epp.datastore.pacing.booked`), is refreshed every `booked_interval_s`
+  instead, on the first tick that far after its last, as `epp serve --booked-metrics-interval`
+  paces it (0: every tick; never where flow control dispatches on the scrapes).
 
 Closed-loop users send their next request when the previous one finished. Determinism: the
 pickers' global `random` is seeded with the run's seed, workloads carry their own seeded streams,
@@ -60,6 +63,7 @@ from epp.api import errors
 from epp.api.responses import Usage
 from epp.bench.policies import Policy
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
+from epp.datastore import pacing
 from epp.datastore.endpoints import Datastore, EndpointSpec, LatencyTotals, ModelServerMetrics
 from epp.flowcontrol import controller as flowcontrol
 from epp.kvcache.events import EventBatch
@@ -166,6 +170,7 @@ class FastRun:
         seed: int,
         kv_delay_s: float = 0.0,
         scrape_interval_s: float = 0.05,
+        booked_interval_s: float = 0.0,
         progress: Callable[[float], None] | None = None,
         request_headers: Mapping[str, str] | None = None,
         pod_profiles: Sequence[Profile] | None = None,
@@ -184,6 +189,7 @@ class FastRun:
         self.seed = seed
         self.kv_delay_s = kv_delay_s
         self.scrape_interval_s = scrape_interval_s
+        self.booked_interval_s = booked_interval_s
         self.progress = progress
         # Sent with every request (`epp bench --slo-headers`: the latency target as x-slo-*).
         self.request_headers = dict(request_headers or {})
@@ -543,7 +549,17 @@ class FastRun:
         now = self.now
         waiting, running, usage = [], [], []
         pods = self.endpoints  # none before a cold start's pods are up
+        # As epp serve paces them: not where flow control dispatches on the scrapes.
+        paced = self.booked_interval_s > self.scrape_interval_s and not flowcontrol.dispatch_reads_scrapes(
+            self.flow
+        )
         for ep, engine, finished in zip(pods, self.engines[: len(pods)], self._finished, strict=False):
+            last = ep.metrics
+            waiting.append(engine.num_waiting)  # the pods' own figures, whatever epp last read
+            running.append(engine.num_running)
+            usage.append(engine.kv_usage)
+            if paced and pacing.booked(ep) and now - last.updated_at < self.booked_interval_s - 1e-9:
+                continue  # not due: epp keeps its last refresh
             m = ModelServerMetrics(
                 waiting=engine.num_waiting,
                 running=engine.num_running,
@@ -562,9 +578,8 @@ class FastRun:
                 ),
             )
             ep.metrics = m
-            waiting.append(m.waiting)
-            running.append(m.running)
-            usage.append(m.kv_usage)
+            if paced and pacing.booked(ep):  # the scraper's grace for its longer interval
+                m.grace = self.booked_interval_s - self.scrape_interval_s
         queued = {b.priority: b.len for b in self.flow.registry.ordered} if self.flow is not None else {}
         self.result.samples.append(Sample(now - START, waiting, running, usage, queued))
 

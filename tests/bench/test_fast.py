@@ -8,6 +8,7 @@ import pytest
 from epp.bench import fast, report
 from epp.bench.policies import POLICIES
 from epp.bench.workload import OpenLoop, Prompt
+from epp.datastore import pacing
 from epp.requestcontrol.director import DirectorSettings
 from epp.scheduling import interfaces
 
@@ -165,3 +166,49 @@ def test_a_request_vllm_rejects_is_answered_400_and_released() -> None:
     result = r.run()
     assert [x.status for x in result.records] == [400, 200]
     assert all(ep.inflight_requests == 0 for ep in r.endpoints)
+
+
+Tick = tuple[float, list[tuple[float, bool]], list[float]]
+
+
+def _refreshes(booked_interval_s: float, policy: str = "epp") -> list[Tick]:
+    """Per scrape tick of a run: its time, each pod's (last refresh, booked) before, and after."""
+    run = fast.FastRun(
+        helpers.small(), POLICIES[policy], profile=helpers.PROFILE, pods=helpers.PODS, seed=7,
+        booked_interval_s=booked_interval_s,
+    )  # fmt: skip
+    ticks: list[Tick] = []
+    scrape = run._scrape
+
+    def spy() -> None:
+        before = [(ep.metrics.updated_at, pacing.booked(ep)) for ep in run.endpoints]
+        scrape()
+        ticks.append((run.now, before, [ep.metrics.updated_at for ep in run.endpoints]))
+        # What the run reports of the pods is theirs, read every tick whatever epp last refreshed.
+        assert run.result.samples[-1].waiting == [e.num_waiting for e in run.engines]
+        assert run.result.samples[-1].running == [e.num_running for e in run.engines]
+
+    run._scrape = spy  # type: ignore[method-assign]
+    run.run()
+    return ticks
+
+
+@pytest.mark.parametrize("policy", ["epp", "flow-control"])  # flow control on epp's own bookings
+def test_a_pod_whose_load_is_all_epps_is_refreshed_at_the_booked_interval(policy: str) -> None:
+    ticks = _refreshes(0.2, policy)
+    kept = 0
+    for now, before, after in ticks:
+        for (last, booked), refreshed in zip(before, after, strict=True):
+            if refreshed != now:  # kept: only a booked pod, and only until it is due
+                kept += 1
+                assert booked and now - last < 0.2, (now, last)
+    assert kept > len(ticks)  # the rule ran (helpers.small keeps pods busy with epp's own load)
+
+
+@pytest.mark.parametrize(
+    ("booked_interval_s", "policy"),
+    [(0.0, "epp"), (0.2, "llm-d-flow-control")],  # the latter dispatches on the scrapes
+)
+def test_every_pod_is_refreshed_every_tick(booked_interval_s: float, policy: str) -> None:
+    ticks = _refreshes(booked_interval_s, policy)
+    assert ticks and all(all(r == now for r in after) for now, _, after in ticks)
