@@ -207,6 +207,11 @@ class FastRun:
         detector, self.flow, _ = flowcontrol.from_scheduler_config(
             cfg, self.datastore.candidates, timer=self, pool_name="bench"
         )
+        # Booked pods refreshed less often, as epp serve paces them: not where flow control
+        # dispatches on the scrapes.
+        self._booked_pace = booked_interval_s > scrape_interval_s and not flowcontrol.dispatch_reads_scrapes(
+            self.flow
+        )
         self.settings = settings or DirectorSettings()
         self.director = Director(
             datastore=self.datastore,
@@ -549,10 +554,7 @@ class FastRun:
         now = self.now
         waiting, running, usage = [], [], []
         pods = self.endpoints  # none before a cold start's pods are up
-        # As epp serve paces them: not where flow control dispatches on the scrapes.
-        paced = self.booked_interval_s > self.scrape_interval_s and not flowcontrol.dispatch_reads_scrapes(
-            self.flow
-        )
+        paced = self._booked_pace
         for ep, engine, finished in zip(pods, self.engines[: len(pods)], self._finished, strict=False):
             last = ep.metrics
             waiting.append(engine.num_waiting)  # the pods' own figures, whatever epp last read

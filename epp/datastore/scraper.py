@@ -56,8 +56,9 @@ ignores prometheus_client's `name[]` filter (scripts/capture_vllm_metrics.py), s
 be asked for smaller. So the interval is paced (epp.datastore.pacing): an endpoint idle at its
 last scrape, on which epp has booked nothing, is read every `idle_interval` until a booking wakes
 it (`Endpoint.on_book`, or a worker's word through the supervisor), one whose load at its last
-scrape was all epp's own bookings, none waiting, every `booked_interval`, and every interval grows while epp's
-event loop runs late. With `--workers N` the supervisor scrapes once for the pod.
+scrape was all epp's own bookings, none waiting, every `booked_interval` (opt-in), and every
+interval grows while epp's event loop runs late. With `--workers N` the supervisor scrapes once
+for the pod.
 """
 
 from __future__ import annotations
