@@ -356,7 +356,7 @@ class PDLatencyDecider(registry.PluginBase):
         if local is None or latency is None:
             pricing.reason = "the decode pod was not priced"
             return False
-        extras = decided.extras.get(decode.name, {}) if isinstance(decided, TTFTDecision) else {}
+        extras = decided.extras(decode.name) if isinstance(decided, TTFTDecision) else {}
         pricing.local_ttft_s = local.ttft
         own = local.uncached / latency.prefill_tokens_per_second(decode.name)
         pricing.local_prefill_s = own * local.slowdown

@@ -258,13 +258,7 @@ class PredictedTTFTScorer(registry.PluginBase):
             preds[ep.name] = p
             objectives.append(p.objective)
         self._last = (request, preds, digest)
-        decision = TTFTDecision(
-            {n: (p.ttft, p.objective, p.queue_s, p.uncached) for n, p in preds.items()},
-            "",
-            preds,
-            penalty,
-            warming=warming,
-        )
+        decision = TTFTDecision(terms=preds, penalty=penalty, warming=warming)
         cycle[self.name] = decision
         best = min(objectives)
         scores = [best / t for t in objectives]
@@ -280,7 +274,9 @@ class PredictedTTFTScorer(registry.PluginBase):
     def _predict(
         self, ep: Endpoint, tokens: int, match: PrefixMatch | None, now: float, penalty: float
     ) -> Prediction:
-        rate = self._rate(ep.name)
+        rate = self._rates.get(ep.name)
+        if rate is None:
+            rate = self._rate(ep.name)
         m = ep.metrics
         uncached = float(tokens)
         block_size = DEFAULT_BLOCK_SIZE

@@ -9,7 +9,7 @@ in `predicted_ttft_scorer`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 from prometheus_client import Counter, Gauge, Histogram
@@ -96,17 +96,45 @@ class Booked:
     remote_prefill: bool = False  # another pod prefilled it (P/D): its TTFT is not this pod's rate
 
 
+EXTRA_FIELDS: Final = (
+    "ttft_objective_s",
+    "admission_wait_s",
+    "e2e_s",
+    "decode_s",
+    "step_s",
+    "pod_step_factor",
+    "output_tokens",
+    "batch",
+    "context_tokens",
+    "slowdown_others_s",
+    "prefill_stall_others_s",
+)
+"""The names of request-latency-scorer's decode terms, in the order of `TTFTDecision.extra_rows`."""
+
+
 @dataclasses.dataclass(slots=True)
 class TTFTDecision:
-    """What the scorer predicted for one request (explain reads it from the cycle state)."""
+    """What the scorer predicted for one request (explain reads it from the cycle state).
 
-    # endpoint -> (predicted ttft, objective, queue, uncached tokens)
-    predictions: dict[str, tuple[float, float, float, float]]
+    Per endpoint it keeps the objects the scoring made anyway; the dicts explain shows are built
+    only when asked (`predictions`, `extras`): at 1,000 endpoints building them for every request
+    cost more than a tenth of its scoring."""
+
     home: str = ""
     # For explain: each endpoint's whole prediction, and the miss penalty factor it was priced at.
     terms: dict[str, Prediction] = dataclasses.field(default_factory=dict)
     penalty: float = 0.0
     # Endpoints far below their share of the recent requests, priced with no miss penalty.
     warming: frozenset[str] = frozenset()
-    # request-latency-scorer's decode terms per endpoint (explain).
-    extras: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # request-latency-scorer's decode terms per endpoint: values in the order of EXTRA_FIELDS.
+    extra_rows: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def predictions(self) -> dict[str, tuple[float, float, float, float]]:
+        """endpoint -> (predicted ttft, objective, queue, uncached tokens)."""
+        return {n: (p.ttft, p.objective, p.queue_s, p.uncached) for n, p in self.terms.items()}
+
+    def extras(self, endpoint: str) -> dict[str, float]:
+        """request-latency-scorer's decode terms for `endpoint` by name (empty if none)."""
+        row = self.extra_rows.get(endpoint)
+        return dict(zip(EXTRA_FIELDS, row, strict=True)) if row is not None else {}

@@ -149,14 +149,17 @@ class _Active:
 
 @dataclasses.dataclass(slots=True)
 class _Scoring:
-    """The request being scored, as `_predict` (called per endpoint by the base class) needs it."""
+    """The request being scored, as `_predict` (called per endpoint by the base class) needs it:
+    what does not depend on the endpoint is worked out once per request."""
 
     request: InferenceRequest
     out: float  # expected output tokens
     size: float  # its context: prompt + half its expected output
-    terms: dict[str, dict[str, float]]
+    terms: dict[str, tuple[float, ...]]  # per endpoint, values in the order of EXTRA_FIELDS
     slo: bool  # targets in play: the request's, or those of requests in flight
     verdicts: dict[str, slo_targets.Verdict]
+    coefficients: tuple[float, float, float]  # the step model's, as `StepModel.step` uses them
+    overlap: float  # the tokens of its decode that overlap a running stream's
     # per endpoint: its first token had it no wait (overhead + uncached prefill, slowed by decodes)
     own: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -253,9 +256,12 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         match = found if isinstance(found, PrefixMatch) else None
         tokens = (match.request_tokens if match is not None else 0) or _prompt_len(request)
         out = self.expected_output(request)
-        terms: dict[str, dict[str, float]] = {}
+        terms: dict[str, tuple[float, ...]] = {}
         slo = request.slo_ttft is not None or request.slo_tpot is not None or bool(self._tpot_targets)
-        scoring = _Scoring(request, out, tokens + out / 2.0, terms, slo, {})
+        overlap = min(out, self._mean_out / 2.0)
+        scoring = _Scoring(
+            request, out, tokens + out / 2.0, terms, slo, {}, self._model.coefficients, overlap
+        )
         self._scoring = scoring
         try:
             scores = super().score(cycle, request, endpoints)
@@ -263,7 +269,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
             self._scoring = None
         decision = cycle.get(self.name)
         if isinstance(decision, TTFTDecision):
-            decision.extras = terms
+            decision.extra_rows = terms
         verdicts = scoring.verdicts
         if verdicts and len(verdicts) == len(endpoints):
             tiered = slo_targets.tiered(scores, [verdicts[ep.name].tier for ep in endpoints])
@@ -284,50 +290,52 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         scoring = self._scoring
         if scoring is None:
             return p
-        out, size, terms = scoring.out, scoring.size, scoring.terms
-        load = self._loads.get(ep.name)
+        name = ep.name
+        out, size = scoring.out, scoring.size
+        load = self._loads.get(name)
         n, ctx = (load.n, load.ctx) if load is not None else (0, 0.0)
         m = ep.metrics
-        seen = m.running + m.waiting
+        waiting = m.waiting
+        seen = m.running + waiting
         if seen > n:  # other replicas' requests too: their context taken as the average of ours
             ctx = ctx * seen / n if n else seen * size
             n = seen
-        model = self._model
-        speed = self._speeds.get(ep.name, 1.0)
-        before = speed * model.step(n, ctx)
-        after = speed * model.step(n + 1, ctx + size)
+        # StepModel.step(n, ctx) and step(n + 1, ctx + size), the coefficients read once per request
+        a, b, c = scoring.coefficients
+        speed = self._speeds.get(name, 1.0)
+        before = speed * (a + b * n + c * ctx)
+        after = speed * (a + b * (n + 1) + c * (ctx + size))
         decode = out * after
-        overlap = min(out, self._mean_out / 2.0)
-        slowdown = n * overlap * (after - before)
-        prefill = p.uncached * self._rate(ep.name).cost * p.slowdown
-        stall = self._stall_w * max(n - m.waiting, 0) * prefill
-        scoring.own[ep.name] = self._overhead * p.slowdown + prefill
+        slowdown = n * scoring.overlap * (after - before)
+        prefill = p.uncached * self._rates[name].cost * p.slowdown  # the base class made the rate
+        stall = self._stall_w * (n - waiting if n > waiting else 0) * prefill
+        scoring.own[name] = self._overhead * p.slowdown + prefill
         admission = 0.0
-        if m.waiting > 0 and m.kv_usage >= self._kv_soft:
+        if waiting > 0 and m.kv_usage >= self._kv_soft:
             # Requests wait for KV blocks, admitted one per finishing sequence: the queue ahead
             # drains at `running` per mean decode time (Little), not at the prefill rate.
-            admission = m.waiting * self._decode_s / max(m.running, 1)
+            admission = waiting * self._decode_s / max(m.running, 1)
         ttft_objective = p.objective
         p.objective = (
             self._ttft_w * (ttft_objective + admission)
             + self._decode_w * decode
             + self._others_w * (slowdown + stall)
         )
-        terms[ep.name] = {
-            "ttft_objective_s": ttft_objective,
-            "admission_wait_s": admission,
-            "e2e_s": p.ttft + admission + decode,
-            "decode_s": decode,
-            "step_s": after,
-            "pod_step_factor": speed,
-            "output_tokens": out,
-            "batch": n,
-            "context_tokens": ctx,
-            "slowdown_others_s": slowdown,
-            "prefill_stall_others_s": stall,
-        }
+        scoring.terms[name] = (  # EXTRA_FIELDS
+            ttft_objective,
+            admission,
+            p.ttft + admission + decode,
+            decode,
+            after,
+            speed,
+            out,
+            n,
+            ctx,
+            slowdown,
+            stall,
+        )
         if scoring.slo:
-            running = self._tpot_targets.get(ep.name)
+            running = self._tpot_targets.get(name)
             request = scoring.request
             # The streams running there stall for this prefill: spread over what is left of
             # them (half a mean output), it is part of their time per token.
@@ -505,7 +513,8 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         if not base or not isinstance(decision, TTFTDecision):
             return base
         endpoints = base.get("endpoints", {})
-        for name, extra in decision.extras.items():
+        for name in decision.extra_rows:
+            extra = decision.extras(name)
             row = endpoints.get(name)
             if row is None:
                 continue
