@@ -4,6 +4,7 @@ shared-prefix request's time goes.
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts                  # both sections
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts long --sizes 8000,32000 --reps 5
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts breakdown --requests 400
+    .venv/bin/python -m tests.requestcontrol.bench_long_prompts breakdown --requests 300 --pods 8,100,1000
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts runrule --sizes 32000,100000 --reps 16
 
 Both run epp's real request path in this process, without gRPC: `Director.route` (parse, tokenize
@@ -20,10 +21,11 @@ the request (a 1 ms ticker's largest gap), which is what other streams wait for.
 - runrule: cold requests with `FastEngine.takes`'s run rule in C and in its former Python form,
   alternated request by request in one process.
 - breakdown: the peers' shared-prefix workload's shape (inference-perf's `shared_prefix`: 30
-  system prompts of 2k-4k tokens, short questions; here as chats) routed one after another; CPU
-  per request, then the same under cProfile, by phase (parse, tokenize, keys, scheduling by
-  plugin, book and release), in microseconds per request. cProfile inflates every call by about
-  the same factor: read its column as shares of the measured total.
+  system prompts of 2k-4k tokens, short questions; here as chats) routed one after another, over
+  8 pods or `--pods` (each system prompt held by one); CPU per request and the scheduler's wall
+  time per request (p50), then the same under cProfile, by phase (parse, tokenize, keys,
+  scheduling by plugin, book and release), in microseconds per request. cProfile inflates every
+  call by about the same factor: read its column as shares of the measured total.
 
 Run it on a quiet machine: on a shared one the CPU figures move with the neighbours (compare
 rows of one run, not runs).
@@ -88,13 +90,18 @@ class Text:
         return f"[{tag}] " + self.text[start : start + size]
 
 
-def make_director(tokenizers: Tokenizers) -> tuple[Director, BlockIndex]:
+def make_director(tokenizers: Tokenizers, pods: int = PODS) -> tuple[Director, BlockIndex]:
     ds = Datastore()
     ds.sync(
         "bench",
         [
-            EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000, model=MODEL)
-            for i in range(PODS)
+            EndpointSpec(
+                name=f"pod-{i}",
+                address=f"10.{(i + 1) >> 16}.{((i + 1) >> 8) & 255}.{(i + 1) & 255}",
+                port=8000,
+                model=MODEL,
+            )
+            for i in range(pods)
         ],
     )
     index = BlockIndex()
@@ -239,11 +246,11 @@ PHASES: list[tuple[str, Callable[[str, str], bool]]] = [
 ]
 
 
-async def bench_breakdown(requests: int) -> None:
+async def bench_breakdown(requests: int, pods: int = PODS) -> None:
     tok = load_shipped()
     text = Text(tok)
     tokenizers = Tokenizers(default=tok)
-    director, index = make_director(tokenizers)
+    director, index = make_director(tokenizers, pods)
     systems = [text.piece(random.Random(i).randrange(2000, 4000), f"system-{i}") for i in range(30)]
     rng = random.Random(1)
 
@@ -256,9 +263,26 @@ async def bench_breakdown(requests: int) -> None:
         for i, system in enumerate(systems):  # each system prompt seen once and held by a pod
             warm = body_of("chat", system, "hello")
             await one(director, "chat", warm)
-            report_blocks(index, tok, "chat", warm, f"pod-{i % PODS}")
+            report_blocks(index, tok, "chat", warm, f"pod-{i % pods}")
+        for _ in range(50):  # past the first requests' one-off work (per-pod state, caches)
+            ctx = await director.route(
+                path="/v1/chat/completions", headers=next_headers(), body=body(), subset=None
+            )
+            ctx.finish(complete=True)
         await tokenizers.drain()
         bodies = [body() for _ in range(requests)]
+        scheduler = director.scheduler
+        schedule = scheduler.schedule
+        walls: list[float] = []
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            w0 = time.perf_counter()
+            try:
+                return schedule(*args, **kwargs)
+            finally:
+                walls.append(time.perf_counter() - w0)
+
+        scheduler.schedule = timed  # type: ignore[method-assign]
         gc.collect()
         c0 = time.process_time()
         for b in bodies:
@@ -267,10 +291,11 @@ async def bench_breakdown(requests: int) -> None:
             )
             ctx.finish(complete=True)
         total = (time.process_time() - c0) / requests
+        scheduler.schedule = schedule  # type: ignore[method-assign]
         await tokenizers.drain()
         print(
-            "== shared-prefix chats (30 system prompts of 2k-4k tokens, 8 pods):"
-            f" {total * 1e6:.0f} us CPU per request"
+            f"== shared-prefix chats (30 system prompts of 2k-4k tokens, {pods} pods):"
+            f" {total * 1e6:.0f} us CPU per request; scheduling p50 {statistics.median(walls) * 1e6:.0f} us"
         )
         prof = cProfile.Profile()
         bodies = [body() for _ in range(requests)]
@@ -354,14 +379,18 @@ def main() -> None:
     parser.add_argument("--sizes", default="8000,32000,100000,200000")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--pods", default=str(PODS), help="breakdown: pod counts, comma-separated")
     args = parser.parse_args()
     runs: dict[str, Callable[[], Awaitable[None]]] = {
         "long": lambda: bench_long([int(s) for s in args.sizes.split(",")], args.reps),
-        "breakdown": lambda: bench_breakdown(args.requests),
         "runrule": lambda: bench_run_rule([int(s) for s in args.sizes.split(",")], args.reps),
     }
     for name in args.sections:
-        asyncio.run(runs[name]())
+        if name == "breakdown":
+            for pods in (int(p) for p in args.pods.split(",")):
+                asyncio.run(bench_breakdown(args.requests, pods))
+        else:
+            asyncio.run(runs[name]())
 
 
 if __name__ == "__main__":
