@@ -147,6 +147,12 @@ class _Active:
     tpot_target: float | None = None
 
 
+def step_at(coefficients: tuple[float, float, float], n: float, ctx: float) -> float:
+    """`StepModel.step` at coefficients read beforehand (once per request when scoring)."""
+    a, b, c = coefficients
+    return a + b * n + c * ctx
+
+
 @dataclasses.dataclass(slots=True)
 class _Scoring:
     """The request being scored, as `_predict` (called per endpoint by the base class) needs it:
@@ -186,8 +192,7 @@ class StepModel:
         return max(a, 1e-4), max(b, 0.0) / _N_SCALE, max(c, 0.0) / _CTX_SCALE
 
     def step(self, n: float, ctx: float) -> float:
-        a, b, c = self.coefficients
-        return a + b * n + c * ctx
+        return step_at(self.coefficients, n, ctx)
 
     def observe(self, n: float, ctx: float, tpot: float) -> None:
         x = (1.0, n / _N_SCALE, ctx / _CTX_SCALE)
@@ -300,11 +305,10 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         if seen > n:  # other replicas' requests too: their context taken as the average of ours
             ctx = ctx * seen / n if n else seen * size
             n = seen
-        # StepModel.step(n, ctx) and step(n + 1, ctx + size), the coefficients read once per request
-        a, b, c = scoring.coefficients
+        coefficients = scoring.coefficients
         speed = self._speeds.get(name, 1.0)
-        before = speed * (a + b * n + c * ctx)
-        after = speed * (a + b * (n + 1) + c * (ctx + size))
+        before = speed * step_at(coefficients, n, ctx)
+        after = speed * step_at(coefficients, n + 1, ctx + size)
         decode = out * after
         slowdown = n * scoring.overlap * (after - before)
         prefill = p.uncached * self._rates[name].cost * p.slowdown  # the base class made the rate
