@@ -29,6 +29,7 @@ from e2e.harness import (
     start_stack,
 )
 from epp.flags import DEFAULT_DRAIN_DELAY_S
+from epp.gateway.params import GatewayParams
 from epp.sim.engine import SimConfig, output_tokens
 
 pytestmark = pytest.mark.e2e
@@ -37,6 +38,13 @@ TOKENS = 600
 # 10 ms per decoded token: the 600-token stream takes ~6 s, longer than the fixed 5 s drain epp
 # had before --drain-timeout.
 SLOW = SimConfig(time_scale=0.5, decode_per_token=0.02)
+
+
+def _longest_retry_hold() -> float:
+    """The longest the generated Envoy holds a request whose ext-proc stream finds no epp: its
+    retries' back-off intervals at their upper bounds (Envoy jitters each in [0, bound])."""
+    p = GatewayParams(listen_port=0, admin_port=0)
+    return sum(min(p.epp_retry_base_interval * 2**k, p.epp_retry_max_interval) for k in range(p.epp_retries))
 
 
 def body(max_tokens: int, stream: bool = True) -> dict[str, Any]:
@@ -91,10 +99,14 @@ async def test_sigterm_lets_a_long_stream_finish(
             assert served.status == 200, await served.text()
         assert time.monotonic() - sigterm_at < 1.5
 
-        # After it, no new streams: a request sent now does not get routed by this epp.
+        # After it, no new streams: a request sent now does not get routed by this epp. Envoy
+        # retries the refused ext-proc connection with back-off (~8 s here, up to ~16 s) before it
+        # answers 503: a 10 s client timeout failed this test once in CI.
         await asyncio.sleep(max(0.0, 2.0 - (time.monotonic() - sigterm_at)))
         async with session.post(
-            url, json=body(4, stream=False), timeout=aiohttp.ClientTimeout(total=10)
+            url,
+            json=body(4, stream=False),
+            timeout=aiohttp.ClientTimeout(total=_longest_retry_hold() + 10),
         ) as refused:
             assert refused.status >= 500, await refused.text()
 
