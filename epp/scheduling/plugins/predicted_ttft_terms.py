@@ -117,8 +117,8 @@ class TTFTDecision:
     """What the scorer predicted for one request (explain reads it from the cycle state).
 
     Per endpoint it keeps the objects the scoring made anyway; the dicts explain shows are built
-    only when asked (`predictions`, `extras`): at 1,000 endpoints building them for every request
-    cost more than a tenth of its scoring."""
+    only when asked (`predictions`, `extras`): for every request and endpoint they cost ~0.4 us
+    more than a tuple, ~5% of an endpoint's scoring (BENCHMARKS.md#per-request-pods)."""
 
     home: str = ""
     # For explain: each endpoint's whole prediction, and the miss penalty factor it was priced at.
