@@ -274,25 +274,36 @@ class PredictedTTFTScorer(registry.PluginBase):
     def _predict(
         self, ep: Endpoint, tokens: int, match: PrefixMatch | None, now: float, penalty: float
     ) -> Prediction:
-        rate = self._rates.get(ep.name)
+        # Called per endpoint per request: the max()es below are spelt out as comparisons (same
+        # results, ties and NaN included), a builtin call less each (BENCHMARKS.md#per-request-pods).
+        name = ep.name
+        rate = self._rates.get(name)
         if rate is None:
-            rate = self._rate(ep.name)
+            rate = self._rate(name)
         m = ep.metrics
+        waiting = m.waiting
         uncached = float(tokens)
         block_size = DEFAULT_BLOCK_SIZE
         if match is not None:
-            block_size = match.block_sizes.get(ep.name, match.block_size) or DEFAULT_BLOCK_SIZE
-            held = match.matches.get(ep.name)
+            block_size = match.block_sizes.get(name, match.block_size) or DEFAULT_BLOCK_SIZE
+            held = match.matches.get(name)
             if held is not None:
                 gpu = cached_tokens(tokens, held.gpu_blocks, block_size)
                 anywhere = cached_tokens(tokens, held.blocks, block_size)
                 uncached = tokens - gpu - (anywhere - gpu) * (1.0 - self._offload)
-        decodes = max(m.running, ep.inflight_requests - m.waiting, 0)
+        decodes = m.running  # max(running, inflight_requests - waiting, 0)
+        own = ep.inflight_requests - waiting
+        if own > decodes:
+            decodes = own
+        if decodes < 0:
+            decodes = 0
         slowdown = 1.0 + self._k_decode * decodes
         cost = rate.cost * slowdown
-        fluid = max(0.0, rate.busy_until - now)
-        scraped = self._queue_weight * m.waiting * self._mean_prefill * cost
-        queue_s = max(fluid, scraped)
+        fluid = rate.busy_until - now  # max(0.0, busy_until - now)
+        if not fluid > 0.0:
+            fluid = 0.0
+        scraped = self._queue_weight * waiting * self._mean_prefill * cost
+        queue_s = scraped if scraped > fluid else fluid
         service = uncached * cost
         kv_price = 0.0
         if self._kv_weight and m.num_gpu_blocks > 0:
@@ -306,9 +317,11 @@ class PredictedTTFTScorer(registry.PluginBase):
         # the wait the observations so far say such a price comes with.
         kv_wait = kv_price * self._kv_scale
         base = self._overhead * slowdown + queue_s + service
-        ttft = max(base + kv_wait, 1e-9)
+        ttft = base + kv_wait  # max(base + kv_wait, 1e-9)
+        if ttft < 1e-9:
+            ttft = 1e-9
         # Every request waiting there is delayed by this prefill too (queueing is FIFO-ish).
-        waiting_factor = 1.0 + self._waiting_weight * m.waiting
+        waiting_factor = 1.0 + self._waiting_weight * waiting
         objective = base + kv_price + penalty * waiting_factor * service
         return Prediction(
             ttft, objective, queue_s, queue_s / cost, uncached, slowdown, decodes, kv_wait, kv_price
