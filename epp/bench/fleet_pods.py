@@ -4,10 +4,11 @@ stream, nothing else.
 What a router pays per pod is in the pages it scrapes and the events it decodes, so these pods
 serve exactly those and no model: each listens on its own port of 127.0.0.1 and answers
 - `GET /metrics`: a real vLLM 0.32 page (epp/bench/data/vllm-0.32-metrics.txt: 54.6 KB, 642 lines,
-  histograms included, captured by scripts/capture_vllm_metrics.py after 24 requests; vLLM 0.32
-  ignores prometheus_client's `name[]` filter, so a scraper gets the whole page every time). The
-  page is re-rendered once a second with new `process_*` values, as a live server's changes
-  even when idle, and, while events flow, with the queue, running and KV-usage gauges moving;
+  histograms included, captured by scripts/capture_vllm_metrics.py after 24 requests), and
+  `GET /metrics/?name[]=...` the series named, as vLLM's prometheus_client app under `/metrics/`
+  filters them (`epp.sim.metrics_page.restrict`). The page is re-rendered once a second with new
+  `process_*` values, as a live server's changes even when idle, and, while events flow, with the
+  queue, running and KV-usage gauges moving;
 - `GET /v1/models`: one model card;
 over raw asyncio protocols with keep-alive (a few microseconds a request, so that hundreds of pods
 fit in one process beside the router on a small machine);
@@ -35,6 +36,7 @@ import struct
 import sys
 import threading
 import time
+import urllib.parse
 from collections import deque
 from importlib import resources
 from typing import Any
@@ -43,6 +45,7 @@ import zmq
 
 from epp.kvcache.events import BlockRemoved, BlockStored
 from epp.sim.kvpublisher import encode_map_events
+from epp.sim.metrics_page import restrict
 
 HOST = "127.0.0.1"
 BLOCK_SIZE = 16
@@ -82,10 +85,24 @@ class Pages:
                 value = self._rng.random() if b"kv_cache" in name else float(self._rng.randrange(8))
                 lines[i] = name + b" %r" % value
         self.body = b"\n".join(lines)
-        self.response = (
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(self.body)
-        ) + self.body
+        self.response = _ok(self.body)
+        self._filtered: dict[bytes, bytes] = {}
+
+    def filtered(self, query: bytes) -> bytes:
+        """The response to `/metrics/?<query>`: the page restricted to the `name[]`s it names."""
+        response = self._filtered.get(query)
+        if response is None:
+            names = urllib.parse.parse_qs(query.decode("latin-1")).get("name[]", [])
+            body = restrict(self.body.decode(), set(names)).encode() if names else self.body
+            response = self._filtered[query] = _ok(body)
+        return response
+
+
+def _ok(body: bytes) -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
 
 
 _MODELS_BODY = json.dumps(
@@ -116,7 +133,10 @@ class _Http(asyncio.Protocol):
         while (end := self._buf.find(b"\r\n\r\n")) >= 0:
             head, self._buf = self._buf[:end], self._buf[end + 4 :]
             path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b""
-            if path.startswith(b"/metrics"):
+            if path.startswith(b"/metrics/?"):
+                self._counts[0] += 1
+                reply = self._pages.filtered(path[len(b"/metrics/?") :])
+            elif path.startswith(b"/metrics"):
                 self._counts[0] += 1
                 reply = self._pages.response
             elif path.startswith(b"/v1/models"):

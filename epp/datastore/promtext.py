@@ -288,6 +288,20 @@ def _gauge(data: bytes, spec: MetricSpec | None) -> float | None:
     return max(values) if values else None
 
 
+def series_read(engine: EngineMapping = VLLM) -> tuple[str, ...]:
+    """The sample names `parse` reads from `engine`'s page, in a stable order: what a scraper may
+    ask a prometheus_client server for (its `name[]` filter) and still get every figure `parse`
+    returns. A histogram is named by its `_sum` and `_count` samples only (its buckets are not read)."""
+    names = [spec.name for spec in engine.specs()]
+    if engine.kv_usage is not None and engine.kv_usage.name == KV_USAGE and not engine.kv_usage.labels:
+        names.append(KV_USAGE_OLD)
+    if engine is VLLM or engine.queued == VLLM.queued:
+        names.append(SUCCESS)
+        for histogram in (*LATENCY_HISTOGRAMS, TTFT_HISTOGRAM):
+            names += (histogram + b"_sum", histogram + b"_count")
+    return tuple(dict.fromkeys(n.decode() for n in names))
+
+
 def parse(data: bytes | str, engine: EngineMapping = VLLM, *, latency: bool = True) -> ModelServerMetrics:
     """Extract epp's metrics from one /metrics page of `engine` (vLLM by default; its names and
     llm-d's mappings for other engines: `epp.datastore.engines`). `updated_at` is left 0 for the

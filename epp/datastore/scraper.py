@@ -48,12 +48,22 @@ all of them; see `epp.datastore.endpoints`). While started, the scraper is also 
 averages (`inference_pool_average_*`, `inference_pool_per_pod_queue_size`), computed from the
 endpoints' latest scrapes whenever /metrics is read (`collectors.PoolCollector`).
 
+Only the series epp reads. vLLM serves two metrics handlers: prometheus-fastapi-instrumentator's
+at `/metrics`, which writes the whole registry whatever the query, and prometheus_client's own
+ASGI app mounted under it, reached as `/metrics/`, which honours prometheus_client's `name[]`
+filter. So with the default path an endpoint of a vLLM-named engine is asked for
+`/metrics/?name%5B%5D=...`, the 13 series `promtext` reads (`promtext.series_read`): on vLLM 0.32
+a 3.1 KB page instead of 55 KB, which costs the server's API process ~0.7 ms of CPU a scrape
+instead of 4.3-5.4, and epp ~145 us instead of 300-400 with the parse (scripts/capture_vllm_metrics.py
+measures both; BENCHMARKS.md 11a). The figures parsed are the same. A server that answers
+that form with anything but 200, or with a page holding none of the series, is read at the plain
+path from then on (one INFO line), until it is excluded and comes back.
+
 Cost note: at GIE's default 50 ms interval every endpoint costs 20 HTTP requests and parses per
-second: ~60-95 us for the GET of a real vLLM 0.32 page (55 KB) and ~40 us for the parse
+second: ~60-95 us for the GET of a whole vLLM 0.32 page (55 KB) and ~40 us for the parse
 (promtext), which a page equal to the endpoint's last one skips (~1 us to compare; the last page
-is kept per endpoint, ~55 KB each): ~0.2-0.3% of a core per endpoint (`epp bench fleet`). vLLM
-ignores prometheus_client's `name[]` filter (scripts/capture_vllm_metrics.py), so the page cannot
-be asked for smaller. So the interval is paced (epp.datastore.pacing): an endpoint idle at its
+is kept per endpoint): ~0.2-0.3% of a core per endpoint (`epp bench fleet`) before the filter above.
+The interval is paced too (epp.datastore.pacing): an endpoint idle at its
 last scrape, on which epp has booked nothing, is read every `idle_interval` until a booking wakes
 it (`Endpoint.on_book`, or a worker's word through the supervisor), one whose load at its last
 scrape was all epp's own bookings, none waiting, every `booked_interval` (opt-in), and every
@@ -66,10 +76,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 import ssl
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -78,7 +90,7 @@ import msgspec
 from epp import tasks
 from epp.datastore import httpget, pacing, promtext
 from epp.datastore.endpoints import Datastore, Endpoint, ModelServerMetrics
-from epp.datastore.engines import DEFAULT_ENGINES, EngineMapping, Engines
+from epp.datastore.engines import DEFAULT_ENGINES, VLLM, EngineMapping, Engines
 from epp.observability import collectors, metrics
 
 log = logging.getLogger(__name__)
@@ -128,6 +140,22 @@ class TLSFiles:
 
 class _ScrapeError(Exception):
     """A failed scrape with a human-readable reason."""
+
+
+class _StatusError(_ScrapeError):
+    """The server answered, with a status other than 200."""
+
+
+@functools.lru_cache(maxsize=64)  # per scrape otherwise: ~10 us to join and quote the names
+def filtered_path(path: str, engine: EngineMapping) -> str | None:
+    """The `name[]`-filtered form of the metrics path for `engine`, or None where none is asked:
+    a path other than the default, or an engine that is not vLLM's (other servers' handlers have
+    not been checked). See the module docstring."""
+    if path != "/metrics" or engine.queued != VLLM.queued:
+        return None
+    return "/metrics/?" + "&".join(
+        "name%5B%5D=" + urllib.parse.quote(n, safe=":") for n in promtext.series_read(engine)
+    )
 
 
 class _Card(msgspec.Struct):
@@ -253,6 +281,8 @@ class MetricsScraper:
         # once a second (its process_* series), so most scrapes at 50 ms find the same bytes.
         self._pages: dict[Endpoint, tuple[bytes, EngineMapping, ModelServerMetrics]] = {}
         self._latency_read: dict[Endpoint, float] = {}  # time.monotonic() of each one's last read
+        # Endpoints that refused the filtered path (`filtered_path`): read at the plain one.
+        self._unfiltered: set[Endpoint] = set()
         self._subscribed = False
         self._on_update = on_update
         # The idle pause of each endpoint whose loop is in one: what ends it early.
@@ -350,6 +380,7 @@ class MetricsScraper:
             task = self._loops.pop(ep, None)
             self._pages.pop(ep, None)
             self._latency_read.pop(ep, None)
+            self._unfiltered.discard(ep)
             self._paced.discard(ep)
             self._booked.discard(ep)
             metrics.idle_endpoints.set(len(self._paced))
@@ -444,20 +475,22 @@ class MetricsScraper:
     async def _scrape(self, ep: Endpoint, started: float) -> None:
         attempted = time.monotonic()
         try:
-            body = await self._fetch(ep)
             engine = self._engines.for_labels(ep.spec.labels)
-            last = self._pages.get(ep)
-            if last is not None and last[0] == body and last[1] is engine:
-                result = dataclasses.replace(last[2])  # the same page: ~1 us to compare, ~40 to parse
+            path = None if ep in self._unfiltered else filtered_path(self._path, engine)
+            if path is None:
+                result = await self._read(ep, engine, self._path, attempted)
             else:
-                read = self._latency_read.get(ep)
-                latency = read is None or attempted - read >= LATENCY_READ_S
-                result = promtext.parse(body, engine, latency=latency)
-                if latency:
-                    self._latency_read[ep] = attempted
-                elif last is not None:
-                    result.latency = last[2].latency
-                self._pages[ep] = (body, engine, dataclasses.replace(result))
+                try:
+                    result = await self._read(ep, engine, path, attempted)
+                except (_StatusError, promtext.PromTextError) as e:
+                    result = await self._read(ep, engine, self._path, attempted)
+                    self._unfiltered.add(ep)
+                    log.info(
+                        "%s answered the filtered metrics path with %s: reading %s whole from now on",
+                        ep.name,
+                        self._reason(e),
+                        self._path,
+                    )
         # Anything a scrape raises is a failed scrape, never a dead loop: the parser raises only
         # PromTextError by design, but a garbage page must not find an exception we did not list.
         # (CancelledError is a BaseException and passes through.)
@@ -481,10 +514,25 @@ class MetricsScraper:
             return f"no answer within {self.timeout:g}s"
         return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
-    async def _fetch(self, ep: Endpoint) -> bytes:
+    async def _read(
+        self, ep: Endpoint, engine: EngineMapping, path: str, attempted: float
+    ) -> ModelServerMetrics:
+        """One GET of `path` and what it parses to (the last parse, where the page is the same)."""
         spec = ep.spec
         port = spec.metrics_port or self._metrics_port or spec.port
-        return await self._get(spec.address, port, self._path, MAX_BODY_BYTES)
+        body = await self._get(spec.address, port, path, MAX_BODY_BYTES)
+        last = self._pages.get(ep)
+        if last is not None and last[0] == body and last[1] is engine:
+            return dataclasses.replace(last[2])  # the same page: ~1 us to compare, ~40 to parse
+        read = self._latency_read.get(ep)
+        latency = read is None or attempted - read >= LATENCY_READ_S
+        result = promtext.parse(body, engine, latency=latency)
+        if latency:
+            self._latency_read[ep] = attempted
+        elif last is not None:
+            result.latency = last[2].latency
+        self._pages[ep] = (body, engine, dataclasses.replace(result))
+        return result
 
     async def _get(self, address: str, port: int, path: str, limit: int) -> bytes:
         assert self._http is not None  # loops run only between start() and stop()
@@ -493,7 +541,7 @@ class MetricsScraper:
         except httpget.HttpError as e:
             raise _ScrapeError(str(e)) from None
         if status != 200:
-            raise _ScrapeError(f"HTTP {status}")
+            raise _StatusError(f"HTTP {status}")
         return body
 
     async def _read_model_cards(self, ep: Endpoint) -> bool:
@@ -533,6 +581,7 @@ class MetricsScraper:
             self._on_update(ep)
         if ep.excluded:
             ep.excluded = False
+            self._unfiltered.discard(ep)  # perhaps another server now: ask for the filtered page again
             log.info("endpoint recovered: %s (%s), back in rotation", ep.name, ep.hostport)
             metrics.endpoint_excluded.labels(endpoint=ep.name).set(0)
             self._datastore.refresh_candidates()

@@ -1,11 +1,12 @@
 """The /metrics page of a simulated replica: Prometheus text with vLLM's metric names for the
 series a picker scrapes (SGLang's with `SimConfig.metrics_engine` "sglang"), and the histograms
-the replica keeps for it."""
+the replica keeps for it; `restrict` is prometheus_client's `name[]` filter, which vLLM honours
+at `/metrics/` (not at `/metrics`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -145,3 +146,43 @@ def _render_sglang(state: SimState) -> str:
     lines += state.ttft.render("sglang:time_to_first_token_seconds", m)
     lines += state.e2e.render("sglang:e2e_request_latency_seconds", m)
     return "\n".join(lines) + "\n"
+
+
+def restrict(page: str, names: Collection[str]) -> str:
+    """`page` with only the samples named in `names`, as prometheus_client's `name[]` filter writes
+    it: a family's comment lines (`# HELP`, `# TYPE`) are kept where one of its samples is, the
+    family left out where none is. A histogram's `_sum` sample is named as such (its buckets not
+    with it).
+
+    The samples after a comment line are skipped unread where no name asked for starts with the
+    name that line gives (less a counter's `_total`): the simulator's filtered page then costs
+    less to write than its whole page, as vLLM's does."""
+    out: list[str] = []
+    header: list[str] = []  # the comment lines before the samples being read
+    for i, piece in enumerate(page.split("\n#")):
+        if i or piece.startswith("#"):  # a comment line ("#" split off but on the first), samples
+            comment, _, samples = piece.partition("\n")
+            comment = comment if i == 0 else "#" + comment
+            header.append(comment)
+        else:  # samples before any comment
+            comment, samples = "", piece
+        if not samples.strip():
+            continue
+        words = comment.split(maxsplit=3)
+        base = words[2].removesuffix("_total") if len(words) > 2 else ""
+        if not base or any(name.startswith(base) for name in names):
+            kept = [line for line in samples.split("\n") if line and _sample_name(line) in names]
+            if kept:
+                out += header
+                out += kept
+        header = []
+    return "\n".join(out) + "\n" if out else ""
+
+
+def _sample_name(line: str) -> str:
+    end = len(line)
+    for stop in ("{", " "):
+        j = line.find(stop)
+        if j != -1:
+            end = min(end, j)
+    return line[:end]

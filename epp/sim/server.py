@@ -39,7 +39,7 @@ from epp.sim import apis
 from epp.sim.core import RequestRejected
 from epp.sim.engine import SimConfig, SimRequest, SimState
 from epp.sim.httpfront import fastapi_errors, json_response, server_logger
-from epp.sim.metrics_page import render_metrics
+from epp.sim.metrics_page import render_metrics, restrict
 from epp.tokenize.anthropic_request import RequestModelError
 from epp.tokenize.chat import ChatTemplateError
 
@@ -477,6 +477,11 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     text = render_metrics(request.app[SIM_STATE])
+    # vLLM serves prometheus_client's own app under /metrics/, which honours `name[]`; its
+    # /metrics handler writes everything whatever the query.
+    names = request.query.getall("name[]", []) if request.path == "/metrics/" else []
+    if names:
+        text = restrict(text, set(names))
     return web.Response(
         text=text, content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"}
     )
@@ -506,7 +511,11 @@ async def _count(request: web.Request, handler: Any) -> web.StreamResponse:
     # Scrapes and probes are not routed traffic: keep them out of the routing counters. So is a
     # model-card read that no gateway routed (a router's discovery: epp reads /v1/models every 30 s).
     discovery = request.path == "/v1/models" and DESTINATION_HEADER not in request.headers
-    if not request.path.startswith("/sim/") and request.path not in ("/metrics", "/health") and not discovery:
+    if (
+        not request.path.startswith("/sim/")
+        and request.path not in ("/metrics", "/metrics/", "/health")
+        and not discovery
+    ):
         state.stats.requests += 1
         state.stats.by_path[request.path] += 1
         state.stats.destinations[request.headers.get(DESTINATION_HEADER, "")] += 1
@@ -541,6 +550,7 @@ def make_app(config: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics/", _metrics)
     app.router.add_get("/health", _health)
     app.router.add_get("/sim/stats", _stats)
     app.router.add_post("/sim/reset", _reset)

@@ -14,6 +14,8 @@ import zmq
 
 from epp.bench import fleet, fleet_pods
 from epp.datastore import promtext
+from epp.datastore.engines import VLLM
+from epp.datastore.scraper import filtered_path
 from epp.kvcache.events import BlockRemoved, BlockStored, EventBatch, decode_batch
 from epp.kvcache.index import BlockIndex
 
@@ -46,6 +48,10 @@ def test_pods_serve_the_page_and_publish_events() -> None:
             page = r.read()
         assert page.count(b"\n") > 600 and b"vllm:time_to_first_token_seconds_bucket" in page
         assert promtext.parse(page).block_size > 0
+        path = filtered_path("/metrics", VLLM)  # what epp's scraper asks a vLLM pod for
+        with urllib.request.urlopen(f"http://{pods[1]['address']}:{pods[1]['port']}{path}") as r:
+            filtered = r.read()
+        assert len(filtered) < len(page) // 10 and promtext.parse(filtered) == promtext.parse(page)
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(pods[0]["kv_events"])
@@ -61,7 +67,7 @@ def test_pods_serve_the_page_and_publish_events() -> None:
         proc.stdin.write(json.dumps({"stats": True}) + "\n")
         proc.stdin.flush()
         stats = json.loads(proc.stdout.readline())
-        assert stats["scrapes"] == 1 and stats["batches"] > 0 and stats["blocks"] > 0
+        assert stats["scrapes"] == 2 and stats["batches"] > 0 and stats["blocks"] > 0
         sub.close(linger=0)
     finally:
         ctx.destroy(linger=0)  # term() would wait forever on a socket an assertion left open

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from epp.sim.metrics_page import restrict
+
 from . import vllm_sample
 
 
@@ -32,8 +34,11 @@ def _page(waiting: int, running: int, kv_usage: float) -> bytes:
 class FakeVLLM:
     """Serves `/metrics` from the current `waiting`/`running`/`kv_usage`, or a scripted failure.
 
-    `status` != 200 answers with that status; `body` (bytes) replaces the page; `delay` stalls
-    each answer. Records each request's headers and the client port of its connection.
+    As vLLM does, `/metrics/` serves the page restricted to the `name[]` series asked for
+    (prometheus_client's filter) and `/metrics` the whole page whatever the query; `filtered`
+    False answers `/metrics/` 404, `filtered_body` replaces its page. `status` != 200 answers with
+    that status; `body` (bytes) replaces the page; `delay` stalls each answer. Records each
+    request's path (with its query), headers and the client port of its connection.
     """
 
     def __init__(self) -> None:
@@ -44,6 +49,9 @@ class FakeVLLM:
         self.body: bytes | None = None
         self.delay = 0.0
         self.requests = 0
+        self.filtered = True
+        self.filtered_body: bytes | None = None
+        self.paths: list[str] = []
         self.client_ports: set[int] = set()
         self.headers: list[dict[str, str]] = []
         self.port = 0
@@ -54,7 +62,10 @@ class FakeVLLM:
         self.model_requests = 0
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/metrics/" and not self.filtered:
+            return web.Response(status=404, text="not found")
         self.requests += 1
+        self.paths.append(request.path_qs)
         peer = request.transport.get_extra_info("peername") if request.transport else None
         if peer:
             self.client_ports.add(peer[1])
@@ -66,6 +77,11 @@ class FakeVLLM:
         if self.status != 200:
             return web.Response(status=self.status, text="unavailable")
         body = self.body if self.body is not None else _page(self.waiting, self.running, self.kv_usage)
+        names = request.query.getall("name[]", []) if request.path == "/metrics/" else []
+        if self.filtered_body is not None and request.path == "/metrics/":
+            body = self.filtered_body
+        elif names:
+            body = restrict(body.decode(), set(names)).encode()
         return web.Response(body=body, content_type="text/plain")
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
@@ -77,6 +93,7 @@ class FakeVLLM:
     async def start(self, port: int = 0, *, ssl_context: ssl.SSLContext | None = None) -> FakeVLLM:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/metrics/", self._metrics)
         app.router.add_get("/prometheus/metrics", self._metrics)  # GIE's trtllm-serve path
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)

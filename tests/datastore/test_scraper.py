@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
 import ssl
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from epp.datastore import promtext
 from epp.datastore import scraper as scraper_mod
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
+from epp.datastore.engines import BUILTIN, VLLM
 from epp.datastore.scraper import MetricsScraper
 from epp.extproc import tls
 from epp.observability import metrics
+from epp.sim.metrics_page import restrict
 
-from .fake_vllm import FakeVLLM, free_port, until
+from .fake_vllm import FakeVLLM, _page, free_port, until
 
 INTERVAL = 0.01
 POOL = "test-pool"
@@ -488,3 +493,86 @@ async def test_gies_metrics_flags_scheme_path_port(tmp_path: Path) -> None:
     finally:
         await secure.stop()
         await other.stop()
+
+
+# -- the name[]-filtered page (vLLM's /metrics/) ---------------------------------------------------
+
+
+def _asked(path: str) -> list[str]:
+    """The `name[]` values of a requested path, decoded."""
+    return urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("name[]", [])
+
+
+async def test_vllm_is_asked_for_the_series_epp_reads_only(server: FakeVLLM) -> None:
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.waiting, server.running, server.kv_usage = 3, 2, 0.25
+    async with make(ds):
+        await until(lambda: server.requests >= 5, "five scrapes")
+    assert all(p.startswith("/metrics/?") for p in server.paths), server.paths[:3]
+    assert _asked(server.paths[0]) == list(promtext.series_read())
+    whole = _page(3, 2, 0.25)
+    restricted = restrict(whole.decode(), set(promtext.series_read())).encode()
+    assert len(restricted) < len(whole) // 4
+    got = dataclasses.replace(ep.metrics, updated_at=0.0)
+    assert got == promtext.parse(whole) and got.block_size > 0 and got.latency is not None
+
+
+async def test_a_server_without_the_filtered_path_is_read_whole(
+    server: FakeVLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.filtered = False  # /metrics/ answers 404
+    caplog.set_level(logging.INFO, logger="epp.datastore.scraper")
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.waiting = 5
+    async with make(ds):
+        await until(lambda: ep.metrics.waiting == 5 and server.requests >= 5, "scrapes of the whole page")
+    assert set(server.paths) == {"/metrics"}  # asked once for /metrics/ (404), never again
+    assert ep.scrape_failures == 0 and not ep.excluded
+    notes = [r.getMessage() for r in caplog.records if "filtered metrics path" in r.getMessage()]
+    assert len(notes) == 1 and "HTTP 404" in notes[0], notes
+
+
+@pytest.mark.parametrize("body", [b"<html>not metrics</html>", b"process_cpu_seconds_total 1.0\n"])
+async def test_a_filtered_page_without_the_series_falls_back_to_the_whole_page(
+    server: FakeVLLM, body: bytes
+) -> None:
+    server.filtered_body = body
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.waiting = 6
+    async with make(ds):
+        await until(lambda: ep.metrics.waiting == 6 and server.requests >= 6, "scrapes of the whole page")
+    assert server.paths[0].startswith("/metrics/?") and set(server.paths[1:]) == {"/metrics"}
+    assert ep.scrape_failures == 0
+
+
+async def test_the_filtered_path_is_asked_again_after_the_server_comes_back(server: FakeVLLM) -> None:
+    server.filtered = False
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    async with make(ds, failure_threshold=2):
+        await until(lambda: server.requests >= 3, "scrapes of the whole page")
+        server.status = 503  # down (a restart) ...
+        await until(lambda: ep.excluded, "exclusion")
+        server.status, server.filtered, server.waiting = 200, True, 7  # ... back, a newer build
+        await until(
+            lambda: ep.metrics.waiting == 7 and server.paths[-1].startswith("/metrics/?"), "filtered again"
+        )
+
+
+async def test_no_filter_off_the_default_path_or_for_other_engines(server: FakeVLLM) -> None:
+    assert scraper_mod.filtered_path("/prometheus/metrics", VLLM) is None
+    assert scraper_mod.filtered_path("/metrics", BUILTIN["sglang"]) is None
+    ds = Datastore()
+    ds.sync("t", [spec(server.port)])
+    (ep,) = ds.endpoints()
+    server.waiting = 2
+    async with make(ds, path="/prometheus/metrics"):  # type: ignore[arg-type]
+        await until(lambda: ep.metrics.waiting == 2 and server.requests >= 3)
+    assert set(server.paths) == {"/prometheus/metrics"}

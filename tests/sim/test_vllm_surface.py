@@ -14,8 +14,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from epp.sim.config import SimConfig
+from epp.sim.metrics_page import restrict
 from epp.sim.server import bound_address, start_sim_server
 
 Sim = tuple[str, aiohttp.ClientSession]
@@ -155,3 +157,63 @@ async def test_scale_out_routes_answer_403_without_the_flag() -> None:
                 assert resp.status == 200
     finally:
         await runner.cleanup()
+
+
+async def test_metrics_slash_honours_the_name_filter_and_metrics_ignores_it(sim: Sim) -> None:
+    """vLLM 0.32 answers `/metrics` from prometheus-fastapi-instrumentator (the whole registry,
+    whatever the query) and `/metrics/` from prometheus_client's app, which keeps the `name[]`s
+    asked for (54 KB against 2.5 KB in a real run: scripts/capture_vllm_metrics.py)."""
+    query = "?name%5B%5D=vllm:num_requests_waiting&name%5B%5D=vllm:inter_token_latency_seconds_count"
+    _, _, whole = await _call(sim, "GET", "/metrics")
+    _, _, ignored = await _call(sim, "GET", "/metrics" + query)
+    status, _, filtered = await _call(sim, "GET", "/metrics/" + query)
+    names = {
+        line.split(b"{")[0].split(b" ")[0] for line in filtered.splitlines() if not line.startswith(b"#")
+    }
+    assert status == 200 and names == {
+        b"vllm:num_requests_waiting",
+        b"vllm:inter_token_latency_seconds_count",
+    }
+    assert len(ignored) > 4 * len(filtered) and b"vllm:num_requests_running" in ignored
+    assert b"# TYPE vllm:inter_token_latency_seconds histogram" in filtered
+    assert whole.count(b"\n# TYPE ") > 5
+
+
+def test_restrict_writes_what_prometheus_clients_name_filter_writes() -> None:
+    """`restrict` against prometheus_client's own `restricted_registry` on a page with a gauge with
+    labels, a counter, a histogram, an info-style gauge and a metric whose name extends another's
+    (families compared in any order, samples in order)."""
+    registry = CollectorRegistry(auto_describe=True)
+    waiting = Gauge("vllm:num_requests_waiting", "Waiting.", ["engine"], registry=registry)
+    Gauge("vllm:num_requests_waiting_by_reason", "By reason.", ["reason"], registry=registry).labels("x").set(
+        1
+    )
+    success = Counter("vllm:request_success", "Successes.", ["finished_reason"], registry=registry)
+    latency = Histogram("vllm:inter_token_latency_seconds", "ITL.", ["engine"], registry=registry)
+    Gauge("vllm:cache_config_info", "Cache.", ["block_size"], registry=registry).labels("16").set(1)
+    for engine in ("0", "1"):
+        waiting.labels(engine).set(3)
+        latency.labels(engine).observe(0.02)
+    success.labels("stop").inc(5)
+    whole = generate_latest(registry).decode()
+    for names in (
+        {"vllm:num_requests_waiting"},
+        {"vllm:request_success_total", "vllm:inter_token_latency_seconds_sum", "vllm:cache_config_info"},
+        {"vllm:inter_token_latency_seconds_count", "vllm:inter_token_latency_seconds_sum", "nothing"},
+        {"nothing"},
+        {"vllm:num_requests_waiting_by_reason", "vllm:cache_config_info"},
+    ):
+        expected = generate_latest(registry.restricted_registry(names)).decode()
+        assert _families(restrict(whole, names)) == _families(expected), names
+        without_comments = "".join(line + "\n" for line in whole.splitlines() if not line.startswith("#"))
+        assert _samples(restrict(without_comments, names)) == _samples(expected), names
+
+
+def _samples(page: str) -> list[str]:
+    return sorted(line for line in page.splitlines() if not line.startswith("#"))
+
+
+def _families(page: str) -> list[str]:
+    """A page's families, each with its comment lines and samples, in a stable order (the
+    restricted registry writes them in a set's order)."""
+    return sorted("# HELP " + block for block in page.split("# HELP ") if block)
