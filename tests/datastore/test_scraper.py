@@ -365,8 +365,10 @@ async def test_restart_after_stop_reconciles(server: FakeVLLM) -> None:
         await sc.stop()
 
 
-async def test_many_endpoints_start_jittered(server: FakeVLLM) -> None:
-    """Twenty endpoints on one server: first scrapes spread over the interval, not one burst."""
+async def test_endpoints_scrape_together_in_ticks_of_eight(server: FakeVLLM) -> None:
+    """Twenty endpoints on one server: their scrapes fall on three ticks of the 200 ms interval,
+    a third of it apart, at most eight on each (`SCRAPES_PER_TICK`), not twenty wake-ups spread
+    at random and not one burst of twenty."""
     ds = Datastore()
     ds.sync("t", [spec(server.port, name=f"ep-{i}") for i in range(20)])
     eps: list[Endpoint] = ds.endpoints()
@@ -374,7 +376,55 @@ async def test_many_endpoints_start_jittered(server: FakeVLLM) -> None:
     async with sc:
         await until(lambda: all(e.metrics.updated_at for e in eps), "all scraped once")
     firsts = sorted(e.metrics.updated_at for e in eps)
-    assert firsts[-1] - firsts[0] > 0.1
+    ticks: list[list[float]] = []
+    for t in firsts:
+        if ticks and t - ticks[-1][0] < 0.03:
+            ticks[-1].append(t)
+        else:
+            ticks.append([t])
+    assert [len(t) for t in ticks] == [7, 7, 6] or sorted(len(t) for t in ticks) == [6, 7, 7], ticks
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(ticks)]
+    assert all(abs(g - 0.2 / 3) < 0.03 for g in gaps), gaps
+
+
+def test_the_grid_groups_endpoints_and_spreads_the_groups() -> None:
+    """`_slot`: twenty endpoints make three groups (phases a third of the interval apart), each
+    group its own turn; `_on_grid`: the next time of a slot on a pace, the pace taken up to whole
+    intervals, the group's turn picking which of them."""
+    ds = Datastore()
+    sc = MetricsScraper(ds, pool_name=POOL, interval=0.05)
+    ds.sync("t", [spec(1000 + i) for i in range(20)])
+    sc._loops = dict.fromkeys(ds.endpoints())  # type: ignore[assignment]  # twenty endpoints to place
+    slots = [sc._slot() for _ in range(6)]
+    third = 0.05 / 3
+    assert slots == [(0.0, 0), (third, 1), (2 * third, 2)] * 2
+    assert sc._on_grid(1.0, (0.01, 3), 0.05) == pytest.approx(1.01)
+    assert sc._on_grid(1.0100001, (0.01, 3), 0.05) == pytest.approx(1.01)  # within a microsecond
+    assert sc._on_grid(1.011, (0.01, 3), 0.05) == pytest.approx(1.06)
+    # Idle, every tenth interval: turn 3 of ten, 0.01 + 3 x 0.05 past each multiple of 0.5.
+    assert sc._on_grid(1.0, (0.01, 3), 0.5) == pytest.approx(1.16)
+    assert sc._on_grid(1.17, (0.01, 3), 0.5) == pytest.approx(1.66)
+    # A backed-off pace of 1.5 intervals is taken as two; turn 3 of two is 1.
+    assert sc._on_grid(1.0, (0.01, 3), 0.075) == pytest.approx(1.06)
+
+
+async def test_a_woken_endpoint_keeps_to_its_tick(server: FakeVLLM) -> None:
+    """An idle endpoint woken by a booking is scraped next on its tick, with the others."""
+    ds = Datastore()
+    ds.sync("t", [spec(server.port, name=f"ep-{i}") for i in range(2)])
+    a, b = ds.endpoints()
+    interval = 0.1
+    async with MetricsScraper(ds, pool_name=POOL, interval=interval, idle_interval=0.5) as sc:
+        await until(lambda: a in sc._idle and b in sc._idle, "both in an idle pause")
+        b_last = b.metrics.updated_at
+        before = a.metrics.updated_at
+        sc.wake(a)
+        await until(lambda: a.metrics.updated_at > before, "the woken endpoint's scrape")
+        woken = a.metrics.updated_at
+    # Both scrape on one tick (two endpoints: one tick); the woken one's scrape is still a whole
+    # number of intervals from the other's, give or take a GET's time.
+    offset = (woken - b_last) % interval
+    assert min(offset, interval - offset) < interval / 4, (woken, b_last)
 
 
 def test_bad_settings_are_rejected() -> None:
@@ -515,7 +565,7 @@ async def test_vllm_is_asked_for_the_series_epp_reads_only(server: FakeVLLM) -> 
     whole = _page(3, 2, 0.25)
     restricted = restrict(whole.decode(), set(promtext.series_read())).encode()
     assert len(restricted) < len(whole) // 4
-    got = dataclasses.replace(ep.metrics, updated_at=0.0)
+    got = dataclasses.replace(ep.metrics, updated_at=0.0, grace=0.0)  # (grace: the pace's, not the page's)
     assert got == promtext.parse(whole) and got.block_size > 0 and got.latency is not None
 
 
