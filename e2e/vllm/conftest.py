@@ -31,6 +31,7 @@ _MODULE_ORDER = (
     "test_max_model_len",
     "test_prefix_cache",
     "test_peer_fidelity",
+    "test_metrics_page",
     "test_faults",
 )
 
