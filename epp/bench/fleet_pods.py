@@ -45,7 +45,7 @@ import zmq
 
 from epp.kvcache.events import BlockRemoved, BlockStored
 from epp.sim.kvpublisher import encode_map_events
-from epp.sim.metrics_page import restrict
+from epp.sim.metrics_page import as_vllm_serves
 
 HOST = "127.0.0.1"
 BLOCK_SIZE = 16
@@ -93,8 +93,9 @@ class Pages:
         response = self._filtered.get(query)
         if response is None:
             names = urllib.parse.parse_qs(query.decode("latin-1")).get("name[]", [])
-            body = restrict(self.body.decode(), set(names)).encode() if names else self.body
-            response = self._filtered[query] = _ok(body)
+            response = self._filtered[query] = _ok(
+                as_vllm_serves(self.body.decode(), "/metrics/", names).encode()
+            )
         return response
 
 

@@ -288,14 +288,25 @@ def _gauge(data: bytes, spec: MetricSpec | None) -> float | None:
     return max(values) if values else None
 
 
+def is_vllm(engine: EngineMapping) -> bool:
+    """Whether `engine` names vLLM's series (vLLM's mapping, or one with its queue metric): its page
+    then has vLLM's success counter and latency histograms too, and vLLM's metrics handlers."""
+    return engine is VLLM or engine.queued == VLLM.queued
+
+
+def _reads_old_usage(engine: EngineMapping) -> bool:
+    """Whether vLLM's KV-usage name before 0.10 is read where the new one is absent."""
+    return engine.kv_usage is not None and engine.kv_usage.name == KV_USAGE and not engine.kv_usage.labels
+
+
 def series_read(engine: EngineMapping = VLLM) -> tuple[str, ...]:
     """The sample names `parse` reads from `engine`'s page, in a stable order: what a scraper may
     ask a prometheus_client server for (its `name[]` filter) and still get every figure `parse`
     returns. A histogram is named by its `_sum` and `_count` samples only (its buckets are not read)."""
     names = [spec.name for spec in engine.specs()]
-    if engine.kv_usage is not None and engine.kv_usage.name == KV_USAGE and not engine.kv_usage.labels:
+    if _reads_old_usage(engine):
         names.append(KV_USAGE_OLD)
-    if engine is VLLM or engine.queued == VLLM.queued:
+    if is_vllm(engine):
         names.append(SUCCESS)
         for histogram in (*LATENCY_HISTOGRAMS, TTFT_HISTOGRAM):
             names += (histogram + b"_sum", histogram + b"_count")
@@ -320,7 +331,7 @@ def parse(data: bytes | str, engine: EngineMapping = VLLM, *, latency: bool = Tr
     if engine.kv_usage is not None:
         usage = _matching(data, engine.kv_usage)
         # vLLM before 0.10: the old name, looked for only when the new one is absent.
-        if not usage and engine.kv_usage.name == KV_USAGE and not engine.kv_usage.labels:
+        if not usage and _reads_old_usage(engine):
             usage = _samples(data, KV_USAGE_OLD)
     cache_info = _matching(data, engine.cache_info) if engine.cache_info is not None else none
     lora_info = _matching(data, engine.lora) if engine.lora is not None else none
@@ -336,7 +347,7 @@ def parse(data: bytes | str, engine: EngineMapping = VLLM, *, latency: bool = Tr
         names = ", ".join(str(s) for s in engine.specs()) or "none"
         raise PromTextError(f"no {engine.name} series found ({names})")
     m = ModelServerMetrics()
-    if engine is VLLM or engine.queued == VLLM.queued:
+    if is_vllm(engine):
         success = [v for _, v in _samples(data, SUCCESS) if math.isfinite(v) and v >= 0]
         if success:
             m.requests_total = sum(success)

@@ -92,7 +92,7 @@ import msgspec
 from epp import tasks
 from epp.datastore import httpget, pacing, promtext
 from epp.datastore.endpoints import Datastore, Endpoint, ModelServerMetrics
-from epp.datastore.engines import DEFAULT_ENGINES, VLLM, EngineMapping, Engines
+from epp.datastore.engines import DEFAULT_ENGINES, EngineMapping, Engines
 from epp.observability import collectors, metrics
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ def filtered_path(path: str, engine: EngineMapping) -> str | None:
     """The `name[]`-filtered form of the metrics path for `engine`, or None where none is asked:
     a path other than the default, or an engine that is not vLLM's (other servers' handlers have
     not been checked). See the module docstring."""
-    if path != "/metrics" or engine.queued != VLLM.queued:
+    if path != "/metrics" or not promtext.is_vllm(engine):
         return None
     return "/metrics/?" + "&".join(
         "name%5B%5D=" + urllib.parse.quote(n, safe=":") for n in promtext.series_read(engine)

@@ -148,6 +148,13 @@ def _render_sglang(state: SimState) -> str:
     return "\n".join(lines) + "\n"
 
 
+def as_vllm_serves(page: str, path: str, names: Collection[str]) -> str:
+    """What vLLM 0.32 answers to `GET path` with these `name[]` query values: `/metrics/` is
+    prometheus_client's app, which keeps only the series named; `/metrics` is
+    prometheus-fastapi-instrumentator's handler, which writes everything whatever the query."""
+    return restrict(page, set(names)) if path == "/metrics/" and names else page
+
+
 def restrict(page: str, names: Collection[str]) -> str:
     """`page` with only the samples named in `names`, as prometheus_client's `name[]` filter writes
     it: a family's comment lines (`# HELP`, `# TYPE`) are kept where one of its samples is, the

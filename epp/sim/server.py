@@ -39,7 +39,7 @@ from epp.sim import apis
 from epp.sim.core import RequestRejected
 from epp.sim.engine import SimConfig, SimRequest, SimState
 from epp.sim.httpfront import fastapi_errors, json_response, server_logger
-from epp.sim.metrics_page import render_metrics, restrict
+from epp.sim.metrics_page import as_vllm_serves, render_metrics
 from epp.tokenize.anthropic_request import RequestModelError
 from epp.tokenize.chat import ChatTemplateError
 
@@ -476,12 +476,9 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    text = render_metrics(request.app[SIM_STATE])
-    # vLLM serves prometheus_client's own app under /metrics/, which honours `name[]`; its
-    # /metrics handler writes everything whatever the query.
-    names = request.query.getall("name[]", []) if request.path == "/metrics/" else []
-    if names:
-        text = restrict(text, set(names))
+    text = as_vllm_serves(
+        render_metrics(request.app[SIM_STATE]), request.path, request.query.getall("name[]", [])
+    )
     return web.Response(
         text=text, content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"}
     )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from epp.sim.metrics_page import restrict
+from epp.sim.metrics_page import as_vllm_serves
 
 from . import vllm_sample
 
@@ -77,11 +77,10 @@ class FakeVLLM:
         if self.status != 200:
             return web.Response(status=self.status, text="unavailable")
         body = self.body if self.body is not None else _page(self.waiting, self.running, self.kv_usage)
-        names = request.query.getall("name[]", []) if request.path == "/metrics/" else []
         if self.filtered_body is not None and request.path == "/metrics/":
             body = self.filtered_body
-        elif names:
-            body = restrict(body.decode(), set(names)).encode()
+        else:
+            body = as_vllm_serves(body.decode(), request.path, request.query.getall("name[]", [])).encode()
         return web.Response(body=body, content_type="text/plain")
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
