@@ -63,14 +63,20 @@ async def server2() -> AsyncIterator[FakeVLLM]:
     await s.stop()
 
 
+def one_endpoint(port: int) -> tuple[Datastore, Endpoint]:
+    """A datastore holding one endpoint, the server on `port`."""
+    ds = Datastore()
+    ds.sync("t", [spec(port)])
+    (ep,) = ds.endpoints()
+    return ds, ep
+
+
 def make(ds: Datastore, **kw: float) -> MetricsScraper:
     return MetricsScraper(ds, pool_name=POOL, interval=INTERVAL, **kw)  # type: ignore[arg-type]
 
 
 async def test_metrics_follow_the_server(server: FakeVLLM) -> None:
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     server.waiting, server.running, server.kv_usage = 2, 5, 0.5
     async with make(ds):
         await until(lambda: (ep.metrics.waiting, ep.metrics.running, ep.metrics.kv_usage) == (2, 5, 0.5))
@@ -97,9 +103,7 @@ async def test_an_unchanged_page_is_not_parsed_again(
         return real(data, *rest, **kw)
 
     monkeypatch.setattr(scraper_mod.promtext, "parse", counting)
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     server.waiting = 3
     async with make(ds):
         await until(lambda: server.requests >= 10, "ten scrapes")
@@ -123,9 +127,7 @@ async def test_latency_totals_are_read_at_most_every_half_second_and_carried_bet
         return real(data, *rest, latency=latency)
 
     monkeypatch.setattr(scraper_mod.promtext, "parse", recording)
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     async with make(ds):
         await until(lambda: ep.metrics.latency is not None)
         totals = ep.metrics.latency
@@ -218,9 +220,7 @@ async def test_connection_refused_excludes_and_a_restarted_server_recovers() -> 
     ],
 )
 async def test_garbage_counts_as_failure_and_never_kills_the_loop(server: FakeVLLM, body: bytes) -> None:
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     server.body = body
     async with make(ds):
         await until(lambda: ep.excluded, "exclusion")
@@ -230,9 +230,7 @@ async def test_garbage_counts_as_failure_and_never_kills_the_loop(server: FakeVL
 
 async def test_oversized_body_is_a_failure(server: FakeVLLM, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scraper_mod, "MAX_BODY_BYTES", 1000)
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     async with make(ds):
         await until(lambda: ep.excluded, "exclusion")
     assert ep.metrics.updated_at == 0
@@ -241,9 +239,7 @@ async def test_oversized_body_is_a_failure(server: FakeVLLM, monkeypatch: pytest
 async def test_hung_server_is_excluded_by_staleness_before_the_threshold(
     server: FakeVLLM, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     caplog.set_level(logging.WARNING, logger="epp.datastore.scraper")
     async with make(ds, timeout=0.1, failure_threshold=1000, staleness=0.3):
         await until(lambda: ep.metrics.updated_at > 0)
@@ -258,9 +254,7 @@ async def test_hung_server_is_excluded_by_staleness_before_the_threshold(
 async def test_an_event_loop_stall_does_not_exclude_a_healthy_server(server: FakeVLLM) -> None:
     """A stall of epp's own loop fires in-flight scrape timeouts late and ages every scrape; neither
     says anything about the server (issue 19: a 2.4 s stall excluded a healthy pod)."""
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     server.delay = 0.03  # a scrape is in flight most of the time
     async with make(ds, timeout=0.2, failure_threshold=1, staleness=0.3):
         await until(lambda: ep.metrics.updated_at > 0)
@@ -350,9 +344,7 @@ async def test_stop_cancels_everything_and_later_syncs_start_nothing(server: Fak
 
 
 async def test_restart_after_stop_reconciles(server: FakeVLLM) -> None:
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     sc = make(ds)
     await sc.start()
     await sc.stop()
@@ -456,9 +448,7 @@ def model_list(**limits: int | None) -> bytes:
 
 
 async def test_model_cards_give_each_models_max_model_len(server: FakeVLLM) -> None:
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     cards = json.loads(model_list(tiny=2048, adapter=None, other=None))
     cards["data"][1]["parent"] = "tiny"  # vLLM 0.32 lists a LoRA adapter so: null, with its base
     server.models = json.dumps(cards).encode()
@@ -476,9 +466,7 @@ async def reread(server: FakeVLLM) -> None:
 
 
 async def test_unreadable_model_cards_keep_what_was_known(server: FakeVLLM) -> None:
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     server.models = model_list(tiny=2048)
     async with make(ds, models_interval=0.02):
         await until(lambda: ds.max_model_len("tiny") == 2048, "the card read")
@@ -554,9 +542,7 @@ def _asked(path: str) -> list[str]:
 
 
 async def test_vllm_is_asked_for_the_series_epp_reads_only(server: FakeVLLM) -> None:
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     server.waiting, server.running, server.kv_usage = 3, 2, 0.25
     async with make(ds):
         await until(lambda: server.requests >= 5, "five scrapes")
@@ -574,9 +560,7 @@ async def test_a_server_without_the_filtered_path_is_read_whole(
 ) -> None:
     server.filtered = False  # /metrics/ answers 404
     caplog.set_level(logging.INFO, logger="epp.datastore.scraper")
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     server.waiting = 5
     async with make(ds):
         await until(lambda: ep.metrics.waiting == 5 and server.requests >= 5, "scrapes of the whole page")
@@ -591,9 +575,7 @@ async def test_a_filtered_page_without_the_series_falls_back_to_the_whole_page(
     server: FakeVLLM, body: bytes
 ) -> None:
     server.filtered_body = body
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     server.waiting = 6
     async with make(ds):
         await until(lambda: ep.metrics.waiting == 6 and server.requests >= 6, "scrapes of the whole page")
@@ -603,9 +585,7 @@ async def test_a_filtered_page_without_the_series_falls_back_to_the_whole_page(
 
 async def test_the_filtered_path_is_asked_again_after_the_server_comes_back(server: FakeVLLM) -> None:
     server.filtered = False
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     async with make(ds, failure_threshold=2):
         await until(lambda: server.requests >= 3, "scrapes of the whole page")
         server.status = 503  # down (a restart) ...
@@ -619,9 +599,7 @@ async def test_the_filtered_path_is_asked_again_after_the_server_comes_back(serv
 async def test_no_filter_off_the_default_path_or_for_other_engines(server: FakeVLLM) -> None:
     assert scraper_mod.filtered_path("/prometheus/metrics", VLLM) is None
     assert scraper_mod.filtered_path("/metrics", BUILTIN["sglang"]) is None
-    ds = Datastore()
-    ds.sync("t", [spec(server.port)])
-    (ep,) = ds.endpoints()
+    ds, ep = one_endpoint(server.port)
     server.waiting = 2
     async with make(ds, path="/prometheus/metrics"):  # type: ignore[arg-type]
         await until(lambda: ep.metrics.waiting == 2 and server.requests >= 3)
