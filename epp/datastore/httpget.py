@@ -20,10 +20,31 @@ ConnectionError; TimeoutError past `timeout`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 from typing import Final
 
 MAX_HEAD_BYTES: Final = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TLSFiles:
+    """PEM files for scraping over https: a CA bundle to verify the servers with, and a client
+    certificate and key to present (each "" when not given)."""
+
+    ca_cert: str = ""
+    client_cert: str = ""
+    client_key: str = ""
+
+    def context(self, *, verify: bool) -> ssl.SSLContext:
+        """The SSL context; raises OSError / ssl.SSLError for files that cannot be used."""
+        ctx = ssl.create_default_context(cafile=self.ca_cert or None)
+        if not verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.client_cert:
+            ctx.load_cert_chain(self.client_cert, self.client_key or None)
+        return ctx
 
 
 class HttpError(Exception):

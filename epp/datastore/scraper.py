@@ -5,7 +5,7 @@ each endpoint keeps one keep-alive connection instead of a handshake per 50 ms p
 costs ~2-3x less CPU than through aiohttp's client: epp.datastore.httpget). Loops
 follow the datastore: `start()` reconciles with `Datastore.endpoints()` and subscribes to its
 listener, which starts a loop for each added endpoint and cancels the loop of each removed one.
-Loops scrape on a shared grid of ticks (`SCRAPES_PER_TICK` endpoints to a tick, the ticks evenly
+Loops scrape on a shared grid of ticks (`pacing.SCRAPES_PER_TICK` endpoints to a tick, the ticks evenly
 spaced within the interval), so that up to eight endpoints cost the loop one wake-up per interval,
 not eight, and hundreds added at once (a file load, an operator resync) do not all scrape in the
 same tick.
@@ -24,11 +24,10 @@ each time, since a label-only resync may change the metrics port in place):
 
 Every `models_interval` (30 s), and at once when an excluded endpoint comes back (a restarted
 server may serve another context length), the loop also reads the server's model cards from
-`GET /v1/models` on its serving port: vLLM lists each served model and LoRA adapter with its
-`max_model_len` (an adapter's card has none: its base model's, named by `parent`, applies), which
-epp enforces as vLLM does (`epp.api.context_length`). A server
-without that page, or cards without `max_model_len`, leaves the endpoint's limits as they were
-(empty: epp then falls back to the tokenizer config); a failed read is retried after 5 s.
+`GET /v1/models` on its serving port (`epp.datastore.model_cards`): each model's `max_model_len`,
+which epp enforces as vLLM does (`epp.api.context_length`). A server without that page, or cards
+without `max_model_len`, leaves the endpoint's limits as they were (empty: epp then falls back to
+the tokenizer config); a failed read is retried after 5 s.
 
 Staleness is measured from the start of the attempt that failed, not from when its failure was
 seen: epp's own event loop, when it stalls (a burst of work, a GC pause), delays both the answer
@@ -61,16 +60,13 @@ measures both; BENCHMARKS.md 11a). The figures parsed are the same. A server tha
 that form with anything but 200, or with a page holding none of the series, is read at the plain
 path from then on (one INFO line), until it is excluded and comes back.
 
-Cost note: at GIE's default 50 ms interval every endpoint costs 20 HTTP requests and parses per
-second: ~60-95 us for the GET of a whole vLLM 0.32 page (55 KB) and ~40 us for the parse
-(promtext), which a page equal to the endpoint's last one skips (~1 us to compare; the last page
-is kept per endpoint): ~0.2-0.3% of a core per endpoint (`epp bench fleet`) before the filter above.
-The interval is paced too (epp.datastore.pacing): an endpoint idle at its
-last scrape, on which epp has booked nothing, is read every `idle_interval` until a booking wakes
-it (`Endpoint.on_book`, or a worker's word through the supervisor), one whose load at its last
-scrape was all epp's own bookings, none waiting, every `booked_interval` (opt-in), and every
-interval grows while epp's event loop runs late. With `--workers N` the supervisor scrapes once
-for the pod.
+Cost note: at GIE's default 50 ms interval every endpoint costs 20 GETs and parses a second; a
+page equal to the endpoint's last one is not parsed again (~1 us to compare; the last page is kept
+per endpoint). The interval is paced (epp.datastore.pacing): an endpoint idle at its last scrape,
+on which epp has booked nothing, is read every `idle_interval` until a booking wakes it
+(`Endpoint.on_book`, or a worker's word through the supervisor), one whose load at its last scrape
+was all epp's own bookings, none waiting, every `booked_interval` (opt-in), and every interval
+grows while epp's event loop runs late. With `--workers N` the supervisor scrapes once for the pod.
 """
 
 from __future__ import annotations
@@ -80,19 +76,18 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import math
 import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 
 from epp import tasks
-from epp.datastore import httpget, pacing, promtext
+from epp.datastore import httpget, model_cards, pacing, promtext
 from epp.datastore.endpoints import Datastore, Endpoint, ModelServerMetrics
 from epp.datastore.engines import DEFAULT_ENGINES, EngineMapping, Engines
+from epp.datastore.httpget import TLSFiles
 from epp.observability import collectors, metrics
 
 log = logging.getLogger(__name__)
@@ -109,43 +104,13 @@ _HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain", "User-Agent":
 # A timeout that fires this much later than it was due says the event loop was late, not the server.
 LATE_TIMEOUT_S = 0.5
 
-# Endpoints share scrape times, up to this many at each: the scrapes of one tick go out in one
-# wake-up of the loop, and on a small VM a wake-up costs more than reading the page (8 pods every
-# 50 ms: 2.4-2.9% of a core against 6.0-6.4% on timers of their own; 100: 18-24% against 34-38%;
-# tests/datastore/bench_scraper.py, BENCHMARKS.md "Scrapes in ticks of eight"). More endpoints
-# take more ticks, evenly spaced within the interval, so that a thousand do not all scrape at once
-# and hold the loop (a tick of eight holds it ~0.5-1 ms).
-SCRAPES_PER_TICK = 8
-
 # vLLM's decode-latency histograms' sums and counts (`ModelServerMetrics.latency`) are read from a
 # page at most this often: finding them costs about half of what the other series do together
 # (~21 against ~39 us on vLLM 0.32's 54 KB page: their families lie far down it), and their readers
 # learn from growth over seconds, not 50 ms. Between reads a scrape carries the last totals over.
 LATENCY_READ_S = 0.5
 
-# /v1/models lists a card per model and adapter: a few KB even for a server with many adapters.
-MAX_MODELS_BODY_BYTES = 1024 * 1024
 MODELS_RETRY_S = 5.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TLSFiles:
-    """PEM files for scraping over https: a CA bundle to verify the servers with, and a client
-    certificate and key to present (each "" when not given)."""
-
-    ca_cert: str = ""
-    client_cert: str = ""
-    client_key: str = ""
-
-    def context(self, *, verify: bool) -> ssl.SSLContext:
-        """The SSL context; raises OSError / ssl.SSLError for files that cannot be used."""
-        ctx = ssl.create_default_context(cafile=self.ca_cert or None)
-        if not verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if self.client_cert:
-            ctx.load_cert_chain(self.client_cert, self.client_key or None)
-        return ctx
 
 
 class _ScrapeError(Exception):
@@ -166,19 +131,6 @@ def filtered_path(path: str, engine: EngineMapping) -> str | None:
     return "/metrics/?" + "&".join(
         "name%5B%5D=" + urllib.parse.quote(n, safe=":") for n in promtext.series_read(engine)
     )
-
-
-class _Card(msgspec.Struct):
-    id: str
-    max_model_len: Any = None  # vLLM's extension of OpenAI's model card; others have none
-    parent: Any = None  # a LoRA adapter's base model (vLLM lists adapters with max_model_len null)
-
-
-class _Cards(msgspec.Struct):
-    data: list[_Card]
-
-
-_CARDS_DECODER = msgspec.json.Decoder(_Cards)
 
 
 def _settle(pause: asyncio.Future[bool], booked: bool) -> None:
@@ -300,7 +252,7 @@ class MetricsScraper:
         self._paced: set[Endpoint] = set()  # endpoints on the idle pace now
         self._booked: set[Endpoint] = set()  # endpoints on the booked pace now
         self._probe: asyncio.Task[None] | None = None  # the pace's measure of the loop's lag
-        self._started = 0  # scrape loops started, for their phases
+        self._grid = pacing.Grid(interval)  # each loop's slot among the ticks
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -429,8 +381,9 @@ class MetricsScraper:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         metrics.endpoint_excluded.labels(endpoint=ep.name).set(1 if ep.excluded else 0)
-        slot = self._slot()
-        next_at = self._on_grid(loop.time(), slot, self.interval)
+        grid = self._grid
+        slot = grid.slot(len(self._loops))
+        next_at = grid.at(loop.time(), slot, self.interval)
         await asyncio.sleep(next_at - loop.time())
         cards_at = next_at
         while True:
@@ -452,33 +405,14 @@ class MetricsScraper:
                 (self._booked.add if booked else self._booked.discard)(ep)
                 metrics.booked_endpoints.set(len(self._booked))
             delay = self.pace.delay(idle, booked)
-            due = self._on_grid(max(next_at + delay, loop.time()), slot, delay)
+            due = grid.at(max(next_at + delay, loop.time()), slot, delay)
             # The wait past one interval, as planned (to the microsecond: the grid's sums carry float noise).
             ep.metrics.grace = max(0.0, round(due - next_at - self.interval, 6))
             next_at = due
             if idle and await self._idle_pause(ep, next_at - loop.time()):
                 # Booked: the busy schedule from now, its first scrape about one interval on.
-                next_at = self._on_grid(loop.time() + self.pace.current / 2, slot, self.interval)
+                next_at = grid.at(loop.time() + self.pace.current / 2, slot, self.interval)
             await asyncio.sleep(next_at - loop.time())
-
-    def _slot(self) -> tuple[float, int]:
-        """A new endpoint's place on the grid: its phase within each interval, which
-        `SCRAPES_PER_TICK` endpoints share (the phases evenly spaced), and its phase's turn among
-        the intervals, so that on a longer pace (idle endpoints: every tenth interval) the groups
-        take turns, each still scraped in one wake-up, not all in the same interval."""
-        ticks = max(1, math.ceil(len(self._loops) / SCRAPES_PER_TICK))
-        group, self._started = self._started % ticks, self._started + 1
-        return group * self.interval / ticks, group
-
-    def _on_grid(self, at: float, slot: tuple[float, int], delay: float) -> float:
-        """The first time at or after `at` (within a microsecond) of the endpoint's `slot` on a
-        pace of `delay`, which is taken up to whole intervals: its phase past a multiple of the
-        interval, in its turn among every `delay / interval` of them."""
-        phase, turn = slot
-        every = max(1, math.ceil(delay / self.interval - 1e-6))
-        period = every * self.interval
-        offset = phase + (turn % every) * self.interval
-        return offset + math.ceil((at - offset - 1e-6) / period) * period
 
     @staticmethod
     def _is_idle(ep: Endpoint) -> bool:
@@ -581,20 +515,13 @@ class MetricsScraper:
     async def _read_model_cards(self, ep: Endpoint) -> bool:
         """Read the endpoint's /v1/models into its model limits; False when the read failed."""
         try:
-            body = await self._get(ep.spec.address, ep.spec.port, self._models_path, MAX_MODELS_BODY_BYTES)
-            cards = _CARDS_DECODER.decode(body)
+            spec = ep.spec
+            body = await self._get(spec.address, spec.port, self._models_path, model_cards.MAX_BODY_BYTES)
+            limits = model_cards.context_lengths(body)
         except Exception as e:  # any failure: keep what was known, try again soon
             reason = f"invalid model list: {e}" if isinstance(e, msgspec.MsgspecError) else self._reason(e)
             log.debug("reading %s of %s failed: %s", self._models_path, ep.name, reason)
             return False
-        limits = {
-            card.id: card.max_model_len
-            for card in cards.data
-            if type(card.max_model_len) is int and card.max_model_len > 0
-        }
-        for card in cards.data:  # an adapter runs within its base model's context
-            if card.id not in limits and isinstance(card.parent, str) and card.parent in limits:
-                limits[card.id] = limits[card.parent]
         if limits != ep.model_limits:
             log.info(
                 "endpoint %s serves %s",

@@ -53,7 +53,7 @@ import msgspec
 from epp.datastore import engines as engine_names
 from epp.datastore.dcgm import DcgmSource
 from epp.datastore.file_discovery import FileDiscoverySource
-from epp.datastore.scraper import TLSFiles
+from epp.datastore.httpget import TLSFiles
 from epp.scheduling import config_yaml, interfaces
 from epp.scheduling.registry import ConfigError
 from epp.units import parse_duration

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from epp.datastore import promtext
+from epp.datastore import pacing, promtext
 from epp.datastore import scraper as scraper_mod
 from epp.datastore.endpoints import Datastore, Endpoint, EndpointSpec
 from epp.datastore.engines import BUILTIN, VLLM
@@ -359,7 +359,7 @@ async def test_restart_after_stop_reconciles(server: FakeVLLM) -> None:
 
 async def test_endpoints_scrape_together_in_ticks_of_eight(server: FakeVLLM) -> None:
     """Twenty endpoints on one server: their scrapes fall on three ticks of the 200 ms interval,
-    a third of it apart, at most eight on each (`SCRAPES_PER_TICK`), not twenty wake-ups spread
+    a third of it apart, at most eight on each (`pacing.SCRAPES_PER_TICK`), not twenty wake-ups spread
     at random and not one burst of twenty."""
     ds = Datastore()
     ds.sync("t", [spec(server.port, name=f"ep-{i}") for i in range(20)])
@@ -380,24 +380,22 @@ async def test_endpoints_scrape_together_in_ticks_of_eight(server: FakeVLLM) -> 
 
 
 def test_the_grid_groups_endpoints_and_spreads_the_groups() -> None:
-    """`_slot`: twenty endpoints make three groups (phases a third of the interval apart), each
-    group its own turn; `_on_grid`: the next time of a slot on a pace, the pace taken up to whole
+    """`Grid.slot`: twenty endpoints make three groups (phases a third of the interval apart), each
+    group its own turn; `Grid.at`: the next time of a slot on a pace, the pace taken up to whole
     intervals, the group's turn picking which of them."""
-    ds = Datastore()
-    sc = MetricsScraper(ds, pool_name=POOL, interval=0.05)
-    ds.sync("t", [spec(1000 + i) for i in range(20)])
-    sc._loops = dict.fromkeys(ds.endpoints())  # type: ignore[assignment]  # twenty endpoints to place
-    slots = [sc._slot() for _ in range(6)]
+    grid = pacing.Grid(0.05)
+    slots = [grid.slot(20) for _ in range(6)]
     third = 0.05 / 3
     assert slots == [(0.0, 0), (third, 1), (2 * third, 2)] * 2
-    assert sc._on_grid(1.0, (0.01, 3), 0.05) == pytest.approx(1.01)
-    assert sc._on_grid(1.0100001, (0.01, 3), 0.05) == pytest.approx(1.01)  # within a microsecond
-    assert sc._on_grid(1.011, (0.01, 3), 0.05) == pytest.approx(1.06)
+    assert grid.slot(8) == (0.0, 0)  # eight share one tick
+    assert grid.at(1.0, (0.01, 3), 0.05) == pytest.approx(1.01)
+    assert grid.at(1.0100001, (0.01, 3), 0.05) == pytest.approx(1.01)  # within a microsecond
+    assert grid.at(1.011, (0.01, 3), 0.05) == pytest.approx(1.06)
     # Idle, every tenth interval: turn 3 of ten, 0.01 + 3 x 0.05 past each multiple of 0.5.
-    assert sc._on_grid(1.0, (0.01, 3), 0.5) == pytest.approx(1.16)
-    assert sc._on_grid(1.17, (0.01, 3), 0.5) == pytest.approx(1.66)
+    assert grid.at(1.0, (0.01, 3), 0.5) == pytest.approx(1.16)
+    assert grid.at(1.17, (0.01, 3), 0.5) == pytest.approx(1.66)
     # A backed-off pace of 1.5 intervals is taken as two; turn 3 of two is 1.
-    assert sc._on_grid(1.0, (0.01, 3), 0.075) == pytest.approx(1.06)
+    assert grid.at(1.0, (0.01, 3), 0.075) == pytest.approx(1.06)
 
 
 async def test_a_woken_endpoint_keeps_to_its_tick(server: FakeVLLM) -> None:
