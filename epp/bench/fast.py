@@ -21,12 +21,8 @@ A discrete-event loop in virtual time (`epp.clock.use`), in order of time:
   step's KV events then reach the index (after `kv_delay_s`, 0 by default: ZMQ on a LAN delivers
   in well under a step).
 - scrape: every `scrape_interval_s` (GIE's 50 ms) every pod's `ModelServerMetrics` is refreshed
-  from its engine (waiting, running, KV usage, block size and count, requests finished, the sums
-  and counts of the decode-latency histograms), as the scraper would parse vLLM's /metrics;
-  all pods on the same tick. A pod whose load at its last refresh was all epp's own bookings,
-  none of it waiting (`epp.datastore.pacing.booked`), is refreshed every `booked_interval_s`
-  instead, on the first tick that far after its last, as `epp serve --booked-metrics-interval`
-  paces it (0: every tick; never where flow control dispatches on the scrapes).
+  from its engine as the scraper would parse vLLM's /metrics, all pods on the same tick, and
+  booked load paced as `epp serve --booked-metrics-interval` paces it (`epp.bench.fast_scrapes`).
 
 Closed-loop users send their next request when the previous one finished. Determinism: the
 pickers' global `random` is seeded with the run's seed, workloads carry their own seeded streams,
@@ -61,10 +57,10 @@ import msgspec
 from epp import clock
 from epp.api import errors
 from epp.api.responses import Usage
+from epp.bench.fast_scrapes import Scrapes
 from epp.bench.policies import Policy
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
-from epp.datastore import pacing
-from epp.datastore.endpoints import Datastore, EndpointSpec, LatencyTotals, ModelServerMetrics
+from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.flowcontrol import controller as flowcontrol
 from epp.kvcache.events import EventBatch
 from epp.kvcache.index import BlockIndex
@@ -189,7 +185,7 @@ class FastRun:
         self.seed = seed
         self.kv_delay_s = kv_delay_s
         self.scrape_interval_s = scrape_interval_s
-        self.booked_interval_s = booked_interval_s
+        self.scrapes = Scrapes(scrape_interval_s, booked_interval_s, paced=True, now=lambda: self.now)
         self.progress = progress
         # Sent with every request (`epp bench --slo-headers`: the latency target as x-slo-*).
         self.request_headers = dict(request_headers or {})
@@ -209,9 +205,8 @@ class FastRun:
         )
         # Booked pods refreshed less often, as epp serve paces them: not where flow control
         # dispatches on the scrapes.
-        self._booked_pace = booked_interval_s > scrape_interval_s and not flowcontrol.dispatch_reads_scrapes(
-            self.flow
-        )
+        self.scrapes.paced = self.scrapes.paced and not flowcontrol.dispatch_reads_scrapes(self.flow)
+        self.endpoints = self.scrapes.hooked(self.endpoints)
         self.settings = settings or DirectorSettings()
         self.director = Director(
             datastore=self.datastore,
@@ -337,7 +332,7 @@ class FastRun:
                     callback()
             elif kind == _PODS:
                 self.datastore.sync("bench", self._specs)
-                self.endpoints = list(self.datastore.endpoints())
+                self.endpoints = self.scrapes.hooked(self.datastore.endpoints())
             elif kind != _SCRAPE:
                 self.on_event(kind, payload)
             elif self._busy():  # a scrape, while anything is left to measure
@@ -551,39 +546,12 @@ class FastRun:
             self._schedule_user(user, now - START)
 
     def _scrape(self) -> None:
-        now = self.now
-        waiting, running, usage = [], [], []
         pods = self.endpoints  # none before a cold start's pods are up
-        paced = self._booked_pace
-        for ep, engine, finished in zip(pods, self.engines[: len(pods)], self._finished, strict=False):
-            last = ep.metrics
-            waiting.append(engine.num_waiting)  # the pods' own figures, whatever epp last read
-            running.append(engine.num_running)
-            usage.append(engine.kv_usage)
-            if paced and pacing.booked(ep) and now - last.updated_at < self.booked_interval_s - 1e-9:
-                continue  # not due: epp keeps its last refresh
-            m = ModelServerMetrics(
-                waiting=engine.num_waiting,
-                running=engine.num_running,
-                kv_usage=engine.kv_usage,
-                block_size=engine.profile.block_size,
-                num_gpu_blocks=engine.profile.num_gpu_blocks,
-                updated_at=now,
-                requests_total=float(finished),
-                latency=LatencyTotals(
-                    engine.token_seconds_total,
-                    float(engine.later_tokens_total),
-                    engine.decode_seconds_total,
-                    float(engine.requests_finished),
-                    engine.ttft_seconds_total,
-                    float(engine.first_tokens_total),
-                ),
-            )
-            ep.metrics = m
-            if paced and pacing.booked(ep):  # the scraper's grace for its longer interval
-                m.grace = self.booked_interval_s - self.scrape_interval_s
+        waiting, running, usage = self.scrapes.refresh(
+            self.now, pods, self.engines[: len(pods)], self._finished
+        )
         queued = {b.priority: b.len for b in self.flow.registry.ordered} if self.flow is not None else {}
-        self.result.samples.append(Sample(now - START, waiting, running, usage, queued))
+        self.result.samples.append(Sample(self.now - START, waiting, running, usage, queued))
 
 
 class _TimerHandle:

@@ -14,7 +14,9 @@ Three rules (the second off by default), measured with `epp bench fleet` and `ep
 - **Load epp booked** (opt-in). An endpoint whose last scrape showed nothing waiting and no more
   requests running than epp has in flight there (`booked`: its batch is epp's own requests, and
   it queues none) is scraped every `booked_interval` (`--booked-metrics-interval`; 0, the
-  default, turns it off). The routing knows that load between scrapes: the scorers take the
+  default, turns it off). A booking ends that pause as it ends an idle one: the pod is read
+  about half a base interval after epp sends it another request, so a queue that request starts
+  shows as soon as at the base pace. The routing knows that load between scrapes: the scorers take the
   larger of epp's own count and the scraped one for the batch, and the queue from the prefill epp
   booked; a queue (requests waiting for KV blocks or a batch slot) is vLLM's own decision, so it
   keeps the base interval. At 200 ms, in `epp bench` fast mode (ten workloads, five seeds) no

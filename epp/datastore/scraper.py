@@ -247,8 +247,8 @@ class MetricsScraper:
         self._unfiltered: set[Endpoint] = set()
         self._subscribed = False
         self._on_update = on_update
-        # The idle pause of each endpoint whose loop is in one: what ends it early.
-        self._idle: dict[Endpoint, asyncio.Future[bool]] = {}
+        # The idle or booked pause of each endpoint whose loop is in one: what ends it early.
+        self._pauses: dict[Endpoint, asyncio.Future[bool]] = {}
         self._paced: set[Endpoint] = set()  # endpoints on the idle pace now
         self._booked: set[Endpoint] = set()  # endpoints on the booked pace now
         self._probe: asyncio.Task[None] | None = None  # the pace's measure of the loop's lag
@@ -310,9 +310,9 @@ class MetricsScraper:
         return list(self._loops)
 
     def wake(self, ep: Endpoint) -> None:
-        """epp booked work on `ep`: if its loop is in an idle pause, end it (`Endpoint.on_book`,
-        or a worker's word through the supervisor)."""
-        pause = self._idle.get(ep)
+        """epp booked work on `ep`: if its loop is in an idle or booked pause, end it
+        (`Endpoint.on_book`, or a worker's word through the supervisor)."""
+        pause = self._pauses.get(ep)
         if pause is not None:
             _settle(pause, True)
 
@@ -409,9 +409,10 @@ class MetricsScraper:
             # The wait past one interval, as planned (to the microsecond: the grid's sums carry float noise).
             ep.metrics.grace = max(0.0, round(due - next_at - self.interval, 6))
             next_at = due
-            if idle and await self._idle_pause(ep, next_at - loop.time()):
-                # Booked: the busy schedule from now, its first scrape about one interval on.
-                next_at = grid.at(loop.time() + self.pace.current / 2, slot, self.interval)
+            if (idle or booked) and await self._pause(ep, next_at - loop.time()):
+                # A booking: the base schedule from now, its first scrape about half an interval
+                # on, where what the new request does to the pod's queue shows.
+                next_at = min(next_at, grid.at(loop.time() + self.pace.current / 2, slot, self.interval))
             await asyncio.sleep(next_at - loop.time())
 
     @staticmethod
@@ -426,17 +427,17 @@ class MetricsScraper:
             and not ep.excluded
         )
 
-    async def _idle_pause(self, ep: Endpoint, delay: float) -> bool:
+    async def _pause(self, ep: Endpoint, delay: float) -> bool:
         """Wait `delay` unless a booking wakes the endpoint first (then True)."""
         loop = asyncio.get_running_loop()
         pause: asyncio.Future[bool] = loop.create_future()
         timer = loop.call_later(delay, _settle, pause, False)
-        self._idle[ep] = pause
+        self._pauses[ep] = pause
         try:
             return await pause
         finally:
             timer.cancel()
-            del self._idle[ep]
+            del self._pauses[ep]
 
     # -- one scrape ------------------------------------------------------------------------------
 

@@ -168,20 +168,22 @@ def test_a_request_vllm_rejects_is_answered_400_and_released() -> None:
     assert all(ep.inflight_requests == 0 for ep in r.endpoints)
 
 
-Tick = tuple[float, list[tuple[float, bool]], list[float]]
+Tick = tuple[float, list[tuple[float, bool, float]], list[float]]
 
 
 def _refreshes(booked_interval_s: float, policy: str = "epp") -> list[Tick]:
-    """Per scrape tick of a run: its time, each pod's (last refresh, booked) before, and after."""
+    """Per scrape tick of a run: its time, each pod's (last refresh, booked, last booking) before,
+    and each pod's last refresh after."""
     run = fast.FastRun(
         helpers.small(), POLICIES[policy], profile=helpers.PROFILE, pods=helpers.PODS, seed=7,
         booked_interval_s=booked_interval_s,
     )  # fmt: skip
     ticks: list[Tick] = []
     scrape = run._scrape
+    bookings = run.scrapes._booked_at
 
     def spy() -> None:
-        before = [(ep.metrics.updated_at, pacing.booked(ep)) for ep in run.endpoints]
+        before = [(ep.metrics.updated_at, pacing.booked(ep), bookings.get(ep, -1.0)) for ep in run.endpoints]
         scrape()
         ticks.append((run.now, before, [ep.metrics.updated_at for ep in run.endpoints]))
         # What the run reports of the pods is theirs, read every tick whatever epp last refreshed.
@@ -195,14 +197,21 @@ def _refreshes(booked_interval_s: float, policy: str = "epp") -> list[Tick]:
 
 @pytest.mark.parametrize("policy", ["epp", "flow-control"])  # flow control on epp's own bookings
 def test_a_pod_whose_load_is_all_epps_is_refreshed_at_the_booked_interval(policy: str) -> None:
+    """Kept only while booked and not due, unless epp booked on it half an interval before (as the
+    scraper's booked pause ends at a booking)."""
     ticks = _refreshes(0.2, policy)
-    kept = 0
+    kept = woken = 0
     for now, before, after in ticks:
-        for (last, booked), refreshed in zip(before, after, strict=True):
+        for (last, booked, booking), refreshed in zip(before, after, strict=True):
+            woke = booking > last and now - booking >= 0.025 - 1e-6
             if refreshed != now:  # kept: only a booked pod, and only until it is due
                 kept += 1
-                assert booked and now - last < 0.2, (now, last)
+                assert booked and now - last < 0.2 and not woke, (now, last, booking)
+            elif booked and now - last < 0.2 - 1e-9:
+                woken += 1
+                assert woke, (now, last, booking)
     assert kept > len(ticks)  # the rule ran (helpers.small keeps pods busy with epp's own load)
+    assert woken > 0  # and bookings ended pauses
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,30 @@ async def test_load_that_is_all_epps_bookings_is_scraped_at_the_booked_interval(
     assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 0
 
 
+async def test_a_booking_ends_the_booked_pause(server: FakeVLLM) -> None:
+    """A new request on a pod paced for its booked load: the pod is read about half a base
+    interval after the booking, not at the end of the longer pause, so a queue the request
+    starts there shows as soon as it would at the base pace."""
+    ds = one(server)
+    (ep,) = ds.endpoints()
+    server.running = 1
+    ep.book(100)
+    scraper = MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=IDLE, booked_interval=5.0)
+    async with scraper:
+        await until(lambda: ep.metrics.running == 1)
+        await asyncio.sleep(0.1)  # now in its booked pause (5 s)
+        assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 1
+        before, booked_at = server.requests, time.monotonic()
+        server.waiting = 1  # what the pod shows once epp's second request arrives
+        ep.book(100)
+        await until(lambda: ep.metrics.waiting == 1, within=1.0)
+        took = time.monotonic() - booked_at
+        assert server.requests == before + 1
+        assert INTERVAL * 0.5 <= took < 0.5, took
+        assert await scrapes_in(server, 0.4) >= 8  # a queue: the base interval
+        assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 0
+
+
 async def test_booked_interval_zero_scrapes_booked_load_at_the_base_interval(server: FakeVLLM) -> None:
     ds = one(server)
     (ep,) = ds.endpoints()

@@ -405,7 +405,7 @@ async def test_a_woken_endpoint_keeps_to_its_tick(server: FakeVLLM) -> None:
     a, b = ds.endpoints()
     interval = 0.1
     async with MetricsScraper(ds, pool_name=POOL, interval=interval, idle_interval=0.5) as sc:
-        await until(lambda: a in sc._idle and b in sc._idle, "both in an idle pause")
+        await until(lambda: a in sc._pauses and b in sc._pauses, "both in an idle pause")
         b_last = b.metrics.updated_at
         before = a.metrics.updated_at
         sc.wake(a)
