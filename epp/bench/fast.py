@@ -185,7 +185,6 @@ class FastRun:
         self.seed = seed
         self.kv_delay_s = kv_delay_s
         self.scrape_interval_s = scrape_interval_s
-        self.scrapes = Scrapes(scrape_interval_s, booked_interval_s, paced=True, now=lambda: self.now)
         self.progress = progress
         # Sent with every request (`epp bench --slo-headers`: the latency target as x-slo-*).
         self.request_headers = dict(request_headers or {})
@@ -205,7 +204,8 @@ class FastRun:
         )
         # Booked pods refreshed less often, as epp serve paces them: not where flow control
         # dispatches on the scrapes.
-        self.scrapes.paced = self.scrapes.paced and not flowcontrol.dispatch_reads_scrapes(self.flow)
+        paced = not flowcontrol.dispatch_reads_scrapes(self.flow)
+        self.scrapes = Scrapes(scrape_interval_s, booked_interval_s, paced=paced, now=lambda: self.now)
         self.endpoints = self.scrapes.hooked(self.endpoints)
         self.settings = settings or DirectorSettings()
         self.director = Director(
