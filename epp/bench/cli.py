@@ -28,6 +28,7 @@ from epp.bench.progress import Progress
 from epp.bench.trace import Trace, TraceError
 from epp.bench.workload import Fleet, Workload
 from epp.bench.workloads import WORKLOADS
+from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
 from epp.requestcontrol.director import DirectorSettings
 from epp.sim.profiles import PROFILES, Profile, get_profile
 
@@ -145,10 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--booked-scrape-interval",
         type=float,
-        default=0.0,
+        default=None,
         help="fast mode: seconds between scrapes of a pod whose load at its last scrape was all "
-        "epp's own bookings, none of it waiting (epp serve's --booked-metrics-interval; default 0: "
-        "every scrape)",
+        "epp's own bookings, none of it waiting, and half a scrape interval after each booking "
+        f"there (epp serve's --booked-metrics-interval; default {BOOKED_METRICS_INTERVAL_S:g}, as "
+        "epp serve's; 0: every scrape)",
     )
     parser.add_argument("--progress", action="store_true", help="draw the progress bar even off a terminal")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -265,7 +267,7 @@ def _run_fast(
 ) -> fast.RunResult:
     kwargs: dict[str, Any] = {
         "profile": profile, "pods": pods, "seed": args.seed, "kv_delay_s": args.kv_delay,
-        "scrape_interval_s": args.scrape_interval, "booked_interval_s": args.booked_scrape_interval,
+        "scrape_interval_s": args.scrape_interval, "booked_interval_s": _booked_interval(args),
         "progress": progress.update,
     }  # fmt: skip
     if args.slo_headers:
@@ -283,6 +285,11 @@ def _run_fast(
 
         return replicas.ReplicatedRun(workload, policy, replicas=args.replicas, **kwargs).run()
     return fast.FastRun(workload, policy, **kwargs).run()
+
+
+def _booked_interval(args: argparse.Namespace) -> float:
+    """Fast mode's pace of booked load: the flag's, or epp serve's default."""
+    return BOOKED_METRICS_INTERVAL_S if args.booked_scrape_interval is None else args.booked_scrape_interval
 
 
 def fast_settings(args: argparse.Namespace) -> DirectorSettings | None:
@@ -412,11 +419,11 @@ def _plan(args: argparse.Namespace) -> _Plan:
             )
     if not 0.001 <= args.scrape_interval <= 60:
         raise BenchConfigError(f"--scrape-interval must be in [0.001, 60] s, got {args.scrape_interval}")
-    if not 0 <= args.booked_scrape_interval <= 60:
+    if args.booked_scrape_interval is not None and not 0 <= args.booked_scrape_interval <= 60:
         raise BenchConfigError(
             f"--booked-scrape-interval must be in [0, 60] s, got {args.booked_scrape_interval}"
         )
-    if args.mode != "fast" and args.booked_scrape_interval != 0:
+    if args.mode != "fast" and args.booked_scrape_interval is not None:
         raise BenchConfigError(
             "--booked-scrape-interval is for --mode fast (live: --epp-arg=--booked-metrics-interval=...)"
         )

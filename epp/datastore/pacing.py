@@ -1,8 +1,8 @@
 """How often the scraper reads each endpoint's /metrics: GIE's interval, less often where that
 buys nothing.
 
-Three rules (the second off by default), measured with `epp bench fleet` and `epp bench`
-(BENCHMARKS.md, "Cost at fleet scale"):
+Three rules, measured with `epp bench fleet` and `epp bench` (BENCHMARKS.md, "Cost at fleet
+scale"):
 
 - **Idle endpoints.** At 50 ms every endpoint costs 20 GETs of a 55 KB page a second, ~0.2% of a
   core each, whether or not it serves anything. An endpoint whose last scrape showed nothing
@@ -11,24 +11,23 @@ Three rules (the second off by default), measured with `epp bench fleet` and `ep
   and the next scrape comes one base interval after the booking, as it would have. What an idle
   endpoint's figures can miss for longer is work sent to it by someone else (another epp replica,
   a client that bypasses the gateway), at most `idle_interval` late.
-- **Load epp booked** (opt-in). An endpoint whose last scrape showed nothing waiting and no more
-  requests running than epp has in flight there (`booked`: its batch is epp's own requests, and
-  it queues none) is scraped every `booked_interval` (`--booked-metrics-interval`; 0, the
-  default, turns it off). A booking ends that pause as it ends an idle one: the pod is read
-  about half a base interval after epp sends it another request, so a queue that request starts
-  shows as soon as at the base pace. The routing knows that load between scrapes: the scorers take the
-  larger of epp's own count and the scraped one for the batch, and the queue from the prefill epp
-  booked; a queue (requests waiting for KV blocks or a batch slot) is vLLM's own decision, so it
-  keeps the base interval. At 200 ms, in `epp bench` fast mode (ten workloads, five seeds) no
-  routing figure moved beyond what a 49 ms interval instead of 50 moves it, and epp's CPU per
-  request fell by 0.2-1.9 ms in live runs (8 busy pods at 20 requests a second, where scraping
-  was about a quarter of epp's busy time); but the live runs' TTFT p99 was 0.23-0.28 s against
-  0.15-0.22 s without it, which fast mode does not show, so it is not the default (BENCHMARKS.md,
-  "Busy pods whose load is epp's own"). Load epp did not book (another replica's, a client that
-  bypasses the gateway) puts the endpoint back on the base interval from its next scrape; with
-  `--workers N` the supervisor, which scrapes for the workers, books nothing, so every busy
-  endpoint stays on the base interval. Where flow control dispatches on the scrapes (a
-  `utilization-detector`) the rule is off.
+- **Load epp booked.** An endpoint whose last scrape showed nothing waiting and no more requests
+  running than epp has in flight there (`booked`: its batch is epp's own requests, and it queues
+  none) is scraped every `booked_interval` (`--booked-metrics-interval`, 200 ms by default; 0
+  turns it off). A booking ends that pause as it ends an idle one: the endpoint is read on its
+  first tick half a base interval after epp sends it another request, so a queue that request
+  starts shows as soon as at the base pace. The routing knows that load between scrapes: the
+  scorers take the larger of epp's own count and the scraped one for the batch, and the queue
+  from the prefill epp booked; a queue (requests waiting for KV blocks or a batch slot) is
+  vLLM's own decision, so it keeps the base interval. With 8 busy pods at 20 requests a second
+  (scraping was about a quarter of epp's busy time) it took 1.4-2.2 ms a request off epp's CPU
+  in live runs, with the first-token tail level; in `epp bench` fast mode (ten workloads, five
+  seeds) no routing figure moved beyond what a 49 ms interval instead of 50 moves it
+  (BENCHMARKS.md, "Busy pods whose load is epp's own"). Load epp did not book (another
+  replica's, a client that bypasses the gateway) puts the endpoint back on the base interval
+  from its next scrape; with `--workers N` the supervisor, which scrapes for the workers, books
+  nothing, so every busy endpoint stays on the base interval. Where flow control dispatches on
+  the scrapes (a `utilization-detector`) the rule is off.
 - **A late event loop.** When the loop cannot keep up (a thousand busy endpoints at 50 ms is
   ~20,000 GETs a second, more than one process can make), scraping at the configured rate only
   makes everything later, requests included. A probe sleeps one base interval over and over and

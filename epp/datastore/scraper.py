@@ -63,10 +63,10 @@ path from then on (one INFO line), until it is excluded and comes back.
 Cost note: at GIE's default 50 ms interval every endpoint costs 20 GETs and parses a second; a
 page equal to the endpoint's last one is not parsed again (~1 us to compare; the last page is kept
 per endpoint). The interval is paced (epp.datastore.pacing): an endpoint idle at its last scrape,
-on which epp has booked nothing, is read every `idle_interval` until a booking wakes it
-(`Endpoint.on_book`, or a worker's word through the supervisor), one whose load at its last scrape
-was all epp's own bookings, none waiting, every `booked_interval` (opt-in), and every interval
-grows while epp's event loop runs late. With `--workers N` the supervisor scrapes once for the pod.
+on which epp has booked nothing, is read every `idle_interval`, one whose load at its last scrape
+was all epp's own bookings, none waiting, every `booked_interval`, each until a booking ends the
+pause (`Endpoint.on_book`, or a worker's word through the supervisor), and every interval grows
+while epp's event loop runs late. With `--workers N` the supervisor scrapes once for the pod.
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ from epp.flags.types import (
     workers_count,
 )
 
+# epp's scrape interval for an endpoint whose load is all epp's own (epp.datastore.pacing); fast
+# mode's `epp bench --booked-scrape-interval` models the same default.
+BOOKED_METRICS_INTERVAL_S = 0.2
+
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ports")
@@ -212,13 +216,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--booked-metrics-interval",
         type=duration,
-        default=0.0,
+        default=BOOKED_METRICS_INTERVAL_S,
         help="epp's: scrape interval of an endpoint whose last scrape showed nothing waiting and "
         "no more requests running than epp has in flight there (all its load is epp's own, which "
-        "epp counts between scrapes); a queue or load epp did not book brings it back to "
-        "--refresh-metrics-interval from its next scrape. At most half of "
-        "--metrics-staleness-threshold; e.g. 200ms (less CPU per request, a longer first-token "
-        "tail in BENCHMARKS.md's live runs). Default 0: such endpoints like the others",
+        "epp counts between scrapes); each booking there brings its next scrape to about half of "
+        "--refresh-metrics-interval later, and a queue or load epp did not book brings it back "
+        "to --refresh-metrics-interval. At most half of --metrics-staleness-threshold; 0 scrapes "
+        "such endpoints like the others (default 200ms)",
     )
     g.add_argument(
         "--metrics-staleness-threshold",

@@ -221,3 +221,24 @@ def test_a_pod_whose_load_is_all_epps_is_refreshed_at_the_booked_interval(policy
 def test_every_pod_is_refreshed_every_tick(booked_interval_s: float, policy: str) -> None:
     ticks = _refreshes(booked_interval_s, policy)
     assert ticks and all(all(r == now for r in after) for now, _, after in ticks)
+
+
+def test_fast_mode_paces_booked_load_as_epp_serve_does_by_default() -> None:
+    """`epp bench`'s --booked-scrape-interval defaults to epp serve's --booked-metrics-interval,
+    and live mode, which runs epp serve itself, refuses it."""
+    import argparse
+
+    from epp.bench import cli
+    from epp.flags.serve import add_serve_arguments
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    serve = argparse.ArgumentParser()
+    add_serve_arguments(serve)
+    assert serve.parse_args([]).booked_metrics_interval == 0.2
+    assert cli._booked_interval(parser.parse_args([])) == 0.2
+    assert cli._booked_interval(parser.parse_args(["--booked-scrape-interval", "0"])) == 0.0
+    with pytest.raises(cli.BenchConfigError, match="for --mode fast"):
+        cli._plan(
+            parser.parse_args(["--mode", "live", "--workload", "chat", "--booked-scrape-interval", "0.2"])
+        )
