@@ -61,6 +61,7 @@ from epp.bench.fast_scrapes import Scrapes
 from epp.bench.policies import Policy
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
 from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
 from epp.flowcontrol import controller as flowcontrol
 from epp.kvcache.events import EventBatch
 from epp.kvcache.index import BlockIndex
@@ -166,7 +167,7 @@ class FastRun:
         seed: int,
         kv_delay_s: float = 0.0,
         scrape_interval_s: float = 0.05,
-        booked_interval_s: float = 0.0,
+        booked_interval_s: float = BOOKED_METRICS_INTERVAL_S,
         progress: Callable[[float], None] | None = None,
         request_headers: Mapping[str, str] | None = None,
         pod_profiles: Sequence[Profile] | None = None,

@@ -7,9 +7,8 @@ tick. With `booked_interval_s` (`epp serve --booked-metrics-interval`; 0 turns i
 load at its last refresh was all epp's own bookings, none of it waiting
 (`epp.datastore.pacing.booked`), is refreshed on the first tick that long after its last, or on
 the first tick half an interval after epp books another request on it, as the scraper paces it.
-`epp bench` paces as `epp serve` does by default (`--booked-scrape-interval`); `FastRun`'s own
-default, which `epp bench pd` and scripts/bench_flow_control.py run with, is no pace (their tables
-in BENCHMARKS.md were measured without it).
+Every fast run (`epp bench`, `epp bench pd`, scripts/bench_flow_control.py) paces as `epp serve`
+does by default; `epp bench --booked-scrape-interval` sets another pace.
 """
 
 from __future__ import annotations

@@ -33,7 +33,9 @@ def test_flow_control_holds_by_priority_and_sheds_the_excess_with_429() -> None:
 
 
 def test_tenants_are_recorded_and_served_alike_when_all_are_backlogged() -> None:
-    workload = TenantBurst(seed=1, scale=0.2, fleet=FLEET)
+    # At scale 0.2 the backlogged stage is ~6 s: its Jain's index is 0.79-0.90 over seeds 1-3 with
+    # or without the booked scrape pace; at 0.4, 0.98-0.998 with either.
+    workload = TenantBurst(seed=1, scale=0.4, fleet=FLEET)
     stats = ar.by_tenant(run(workload, "flow-control"), workload.stages, report.Slo())
     assert sorted(stats["burst"]["tenants"]) == [f"tenant-{i}" for i in range(10)]
     assert (

@@ -34,10 +34,10 @@ def test_targets_reach_the_scorer_and_easy_ones_change_nothing() -> None:
     plain = outcome(None)
     # Every candidate meets an hour: the same decisions, request by request.
     assert outcome({"x-slo-ttft-ms": "3600000", "x-slo-tpot-ms": "3600000"}) == plain
-    # On this tiny fleet TTFTs are 10-25 ms: a 20 ms target moves some picks.
-    tight = outcome({"x-slo-ttft-ms": "20"})
-    assert len(tight) == len(plain)
-    assert sum(a[1] != b[1] for a, b in zip(tight, plain, strict=True)) > 50
+    # On this tiny fleet TTFTs are 10-25 ms (p50 13, p90 21): a 15 ms target moves some picks.
+    tight = outcome({"x-slo-ttft-ms": "15"})
+    # (a closed loop: other picks may change how many requests fit in the run)
+    assert sum(a[1] != b[1] for a, b in zip(tight, plain, strict=False)) > 50
 
 
 def parse(*argv: str) -> argparse.Namespace:
