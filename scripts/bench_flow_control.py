@@ -43,6 +43,7 @@ from epp.bench.overload import CRITICAL, PriorityOverload
 from epp.bench.policies import ADMISSION, POLICIES
 from epp.bench.workload import Fleet, Prompt, Workload
 from epp.bench.workloads import WORKLOADS
+from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
 from epp.sim.profiles import get_profile
 
 WORKLOAD_NAMES = ("overload-3x", "critical-only", "tenant-burst", "tenant-steady", "cold-start")
@@ -59,6 +60,7 @@ class CriticalOnly(PriorityOverload):
 
 
 LIVE: dict[str, Any] = {}  # --mode live: {"time_scale": ..., "workdir": ...}
+FAST: dict[str, Any] = {}  # fast mode: {"booked_interval_s": ...} from --booked-scrape-interval
 
 
 def run(name: str, policy: str, seed: int, scale: float, pods: int) -> tuple[fast.RunResult, Workload]:
@@ -76,7 +78,7 @@ def run(name: str, policy: str, seed: int, scale: float, pods: int) -> tuple[fas
         if live.behind_s > 0.5:
             print(f"warning: {name} / {policy} fell {live.behind_s:.1f} s behind real time", file=sys.stderr)
         return result, workload
-    result = fast.FastRun(workload, POLICIES[policy], profile=profile, pods=pods, seed=seed).run()
+    result = fast.FastRun(workload, POLICIES[policy], profile=profile, pods=pods, seed=seed, **FAST).run()
     return result, workload
 
 
@@ -250,7 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="live mode: wall seconds per simulated second"
     )
+    parser.add_argument(
+        "--booked-scrape-interval",
+        type=float,
+        default=None,
+        help="fast mode: seconds between scrapes of a pod whose load was all epp's own at its last "
+        "scrape (epp serve's --booked-metrics-interval; default: epp serve's; 0: every scrape)",
+    )
     args = parser.parse_args(argv)
+    if args.booked_scrape_interval is not None:
+        if args.mode == "live" or not 0 <= args.booked_scrape_interval <= 60:
+            parser.error("--booked-scrape-interval is for fast mode, in [0, 60] s")
+        FAST.update(booked_interval_s=args.booked_scrape_interval)
     if args.mode == "live":
         from pathlib import Path
 
@@ -265,7 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     lines = verdicts(figures, seeds)
     with open(os.path.join(args.out, "flow-control.json"), "w", encoding="utf-8") as f:
         json.dump(
-            {"seeds": seeds, "scale": args.scale, "pods": args.pods, "figures": figures},
+            {
+                "seeds": seeds,
+                "scale": args.scale,
+                "pods": args.pods,
+                "booked_scrape_interval_s": FAST.get("booked_interval_s", BOOKED_METRICS_INTERVAL_S),
+                "figures": figures,
+            },
             f,
             indent=1,
             default=str,

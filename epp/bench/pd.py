@@ -44,6 +44,7 @@ from epp.bench.policies import Policy
 from epp.bench.report import percentile
 from epp.bench.workload import Fleet, Prompt, Workload
 from epp.datastore.endpoints import EndpointSpec
+from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
 from epp.observability import metrics
 from epp.scheduling import config as sched_config
 from epp.scheduling.plugins.role_filter import ROLE_LABEL
@@ -198,6 +199,7 @@ class PDFastRun(fast.FastRun):
         kv_bytes_per_token: float = KV_BYTES_PER_TOKEN,
         faults: float = 0.0,
         sidecar: str = "epp",
+        booked_interval_s: float = BOOKED_METRICS_INTERVAL_S,
     ) -> None:
         """`sidecar`: whose sidecar the decode pods run, as epp sees it: `epp` (its answer carries
         `x-epp-prefill` and `x-epp-prefill-seconds`) or `llm-d` (neither); either sends the
@@ -218,7 +220,14 @@ class PDFastRun(fast.FastRun):
         self.kv_bytes_per_token = kv_bytes_per_token
         self._legs: dict[str, tuple[str, Prompt, Sequence[Any], int]] = {}
         self.transfers: list[tuple[float, float]] = []  # (bytes, seconds) of every transfer
-        super().__init__(workload, policy.policy(), profile=profile, pods=pods, seed=seed)
+        super().__init__(
+            workload,
+            policy.policy(),
+            profile=profile,
+            pods=pods,
+            seed=seed,
+            booked_interval_s=booked_interval_s,
+        )
 
     def specs(self, pods: int) -> list[EndpointSpec]:
         return [
@@ -399,6 +408,7 @@ def run_one(
     load: float = 1.0,
     faults: float = 0.0,
     sidecar: str = "epp",
+    booked_interval_s: float = BOOKED_METRICS_INTERVAL_S,
 ) -> dict[str, Any]:
     profile = get_profile(PROFILE)
     fleet = Fleet(pods, profile.kv_capacity_tokens, profile.max_model_len)
@@ -412,6 +422,7 @@ def run_one(
         link_bytes_per_s=link_bytes_per_s,
         faults=faults,
         sidecar=sidecar,
+        booked_interval_s=booked_interval_s,
     )
     before = _scheduler_seconds()
     result = run.run()
@@ -492,6 +503,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the decode pods' sidecar: epp (reports the prefill leg's seconds to epp) or llm-d "
         "(does not: epp learns the prefill pods from the time to the answer's headers)",
     )
+    parser.add_argument(
+        "--booked-scrape-interval",
+        type=float,
+        default=BOOKED_METRICS_INTERVAL_S,
+        help="seconds between scrapes of a pod whose load was all epp's own at its last scrape "
+        f"(epp serve's --booked-metrics-interval; default {BOOKED_METRICS_INTERVAL_S:g}, as epp "
+        "serve's; 0: every scrape)",
+    )
     parser.add_argument("--out", default="", help="write results.json here")
 
 
@@ -514,6 +533,8 @@ def run(args: argparse.Namespace) -> int:
     workloads = _names(args.workloads, PD_WORKLOADS, "workload")
     policies = _names(args.pd_policies, PD_POLICIES, "policy")
     seeds = _seeds(args.seeds)
+    if not 0 <= args.booked_scrape_interval <= 60:
+        raise SystemExit(f"--booked-scrape-interval must be in [0, 60] s, got {args.booked_scrape_interval}")
     link = args.link_gbps * 1e9 / 8
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for w in workloads:
@@ -531,6 +552,7 @@ def run(args: argparse.Namespace) -> int:
                     load=args.load,
                     faults=args.faults,
                     sidecar=args.sidecar,
+                    booked_interval_s=args.booked_scrape_interval,
                 )
                 for s in seeds
             ]

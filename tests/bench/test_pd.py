@@ -3,10 +3,15 @@ received tokens), the P/D policies, and faults that must leave no booking behind
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from epp.bench import pd
 from epp.bench.workload import Fleet
+from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
 from epp.scheduling.disagg.latency_decider import PDLatencyDecider
 from epp.sim.profiles import get_profile
 
@@ -120,3 +125,24 @@ def test_faults_hit_the_same_requests_under_every_policy() -> None:
         run.run()
         drawn.append(sorted(Spy.cancels))
     assert drawn[0] and drawn[0] == drawn[1]
+
+
+def test_the_scrape_pace_is_epp_serves_unless_the_flag_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: list[float] = []
+    init = pd.PDFastRun.__init__
+
+    def spy(self: pd.PDFastRun, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        seen.append(self.scrapes.booked_interval_s if self.scrapes.paced else 0.0)
+
+    monkeypatch.setattr(pd.PDFastRun, "__init__", spy)
+    parser = argparse.ArgumentParser()
+    pd.add_arguments(parser)
+    argv = ["--workloads", "pd-long-answer", "--pd-policies", "aggregated", "--seeds", "1", "--scale", "0.02"]
+    assert pd.run(parser.parse_args([*argv, "--out", str(tmp_path)])) == 0
+    assert pd.run(parser.parse_args([*argv, "--booked-scrape-interval", "0"])) == 0
+    assert seen == [BOOKED_METRICS_INTERVAL_S, 0.0]
+    with pytest.raises(SystemExit, match="booked-scrape-interval"):
+        pd.run(parser.parse_args([*argv, "--booked-scrape-interval", "61"]))
