@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         "--booked-scrape-interval",
         type=float,
         default=None,
-        help="fast mode: seconds between scrapes of a pod whose load was all epp's own at its last "
-        "scrape (epp serve's --booked-metrics-interval; default: epp serve's; 0: every scrape)",
+        help="fast mode, epp's own policies (the peers' keep their routers' fixed interval): "
+        "seconds between scrapes of a pod whose load was all epp's own at its last scrape (epp "
+        "serve's --booked-metrics-interval; default: epp serve's; 0: every scrape)",
     )
     args = parser.parse_args(argv)
     if args.booked_scrape_interval is not None:

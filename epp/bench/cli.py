@@ -147,10 +147,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--booked-scrape-interval",
         type=float,
         default=None,
-        help="fast mode: seconds between scrapes of a pod whose load at its last scrape was all "
-        "epp's own bookings, none of it waiting, and half a scrape interval after each booking "
-        f"there (epp serve's --booked-metrics-interval; default {BOOKED_METRICS_INTERVAL_S:g}, as "
-        "epp serve's; 0: every scrape)",
+        help="fast mode, epp's own policies (the peers' keep their routers' fixed interval): "
+        "seconds between scrapes of a pod whose load at its last scrape was all epp's own "
+        "bookings, none of it waiting, and half a scrape interval after each booking there (epp "
+        f"serve's --booked-metrics-interval; default {BOOKED_METRICS_INTERVAL_S:g}, as epp "
+        "serve's; 0: every scrape)",
     )
     parser.add_argument("--progress", action="store_true", help="draw the progress bar even off a terminal")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")

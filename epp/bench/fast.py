@@ -203,9 +203,10 @@ class FastRun:
         detector, self.flow, _ = flowcontrol.from_scheduler_config(
             cfg, self.datastore.candidates, timer=self, pool_name="bench"
         )
-        # Booked pods refreshed less often, as epp serve paces them: not where flow control
-        # dispatches on the scrapes.
-        paced = not flowcontrol.dispatch_reads_scrapes(self.flow)
+        # Booked pods refreshed less often, as epp serve paces them: for epp's own policies (a
+        # peer's router scrapes at its fixed interval), and not where flow control dispatches on
+        # the scrapes.
+        paced = policy.paced and not flowcontrol.dispatch_reads_scrapes(self.flow)
         self.scrapes = Scrapes(scrape_interval_s, booked_interval_s, paced=paced, now=lambda: self.now)
         self.endpoints = self.scrapes.hooked(self.endpoints)
         self.settings = settings or DirectorSettings()

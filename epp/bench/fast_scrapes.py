@@ -7,8 +7,9 @@ tick. With `booked_interval_s` (`epp serve --booked-metrics-interval`; 0 turns i
 load at its last refresh was all epp's own bookings, none of it waiting
 (`epp.datastore.pacing.booked`), is refreshed on the first tick that long after its last, or on
 the first tick half an interval after epp books another request on it, as the scraper paces it.
-Every fast run (`epp bench`, `epp bench pd`, scripts/bench_flow_control.py) paces as `epp serve`
-does by default; `epp bench --booked-scrape-interval` sets another pace.
+Every fast run (`epp bench`, `epp bench pd`, scripts/bench_flow_control.py) paces epp's own
+policies as `epp serve` does by default (`Policy.paced`; the peers' rules keep their routers' fixed
+interval); `--booked-scrape-interval` sets another pace.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ class Scrapes:
     def __init__(
         self, interval_s: float, booked_interval_s: float, *, paced: bool, now: Callable[[], float]
     ) -> None:
-        """`paced`: whether booked load is paced at all (not where flow control dispatches on
-        the scrapes); `now`: the run's virtual clock."""
+        """`paced`: whether booked load is paced at all (for epp's own policies, and not where
+        flow control dispatches on the scrapes); `now`: the run's virtual clock."""
         self.interval_s = interval_s
         self.booked_interval_s = booked_interval_s
         self.paced = paced and booked_interval_s > interval_s

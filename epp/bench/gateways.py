@@ -93,6 +93,19 @@ class EppGateway(Gateway):
         self._epp: EppServer | None = None
         self._envoy: EnvoyServer | None = None
 
+    def serve_args(self) -> list[str]:
+        """`epp serve`'s arguments for the policy (beside its endpoints file)."""
+        extra = ["--log-level", "warning", "--config-text", self.policy.config_text()]
+        # As fast mode loads them (epp.bench.fast): the policies are the benchmark's own, and some
+        # use plugins llm-d marks Alpha (priority-holdback-policy in the flow-control ones).
+        extra.append("--allow-experimental-plugins")
+        if self.kv_events:
+            extra += ["--kv-events", "connect"]
+        if not self.policy.paced:
+            # A peer's rule reads the pods as its router does, every refresh (epp.bench.policies).
+            extra += ["--booked-metrics-interval", "0"]
+        return extra + self.extra_args
+
     def start(self, fleet: SimFleet, workdir: Path, label: str) -> str:
         from epp.demo.arms import endpoints_yaml, wait_subscribed
         from epp.demo.workload import wait_routable
@@ -103,15 +116,10 @@ class EppGateway(Gateway):
         # The objectives `priority-<n>` fast mode's Director knows (epp.bench.fast._Objectives).
         objectives = "objectives:\n" + "".join(f"  {OBJECTIVE_PREFIX}{n}: {n}\n" for n in range(-10, 11))
         endpoints.write_text(endpoints_yaml(fleet) + objectives)
-        extra = ["--log-level", "warning", "--config-text", self.policy.config_text()]
-        # As fast mode loads them (epp.bench.fast): the policies are the benchmark's own, and some
-        # use plugins llm-d marks Alpha (priority-holdback-policy in the flow-control ones).
-        extra.append("--allow-experimental-plugins")
-        if self.kv_events:
-            extra += ["--kv-events", "connect"]
-        extra += self.extra_args
         subscribed = fleet.kv_subscriptions()
-        self._epp = epp = EppServer(workdir / f"epp-{label}.log", endpoints_file=endpoints, extra_args=extra)
+        self._epp = epp = EppServer(
+            workdir / f"epp-{label}.log", endpoints_file=endpoints, extra_args=self.serve_args()
+        )
         self.logs.append((f"epp ({label})", epp.process.log_path))
         epp.start(timeout=60.0)
         if self.kv_events:

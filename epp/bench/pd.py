@@ -127,6 +127,7 @@ class PDPolicy:
     topology: str  # "agg", "xpyd" or "flex"
     text: str
     kv_events: bool
+    paced: bool = False  # epp's own: scraped as epp serve scrapes (`Policy.paced`)
 
     def policy(self) -> Policy:
         text = self.text
@@ -135,7 +136,7 @@ class PDPolicy:
             def config_text(self) -> str:
                 return text
 
-        return _Inline(self.name, self.description, self.kv_events)
+        return _Inline(self.name, self.description, self.kv_events, paced=self.paced)
 
 
 def _llmd(threshold: int, decider: str = "prefix-based-pd-decider") -> str:
@@ -154,7 +155,7 @@ PD_POLICIES: Final[dict[str, PDPolicy]] = {
     p.name: p
     for p in (
         PDPolicy("aggregated", "no P/D: epp's default (request-latency-scorer) on the same pods", "agg",
-                 sched_config.default_config_text(precise=True), True),
+                 sched_config.default_config_text(precise=True), True, paced=True),
         PDPolicy("llm-d-pd", "llm-d's P/D default: prefix 2 + queue 1, nonCachedTokens 16 (xPyD)", "xpyd",
                  _llmd(16), False),
         PDPolicy("dynamo-pd", "Dynamo's bypass: remote prefill past 1,000 uncached tokens, prefill queue < 8",
@@ -162,10 +163,11 @@ PD_POLICIES: Final[dict[str, PDPolicy]] = {
         PDPolicy("threshold-512", "llm-d's P/D, nonCachedTokens 512 (xPyD)", "xpyd", _llmd(512), False),
         PDPolicy("threshold-2048", "llm-d's P/D, nonCachedTokens 2048 (xPyD)", "xpyd", _llmd(2048), False),
         PDPolicy("threshold-8192", "llm-d's P/D, nonCachedTokens 8192 (xPyD)", "xpyd", _llmd(8192), False),
-        PDPolicy("epp-pd", "epp's pd-latency-decider on the same xPyD pods", "xpyd", _EPP_PD, True),
+        PDPolicy("epp-pd", "epp's pd-latency-decider on the same xPyD pods", "xpyd", _EPP_PD, True,
+                 paced=True),
         PDPolicy("epp-pd-flex", "epp's pd-latency-decider, marginRatio 0.5, minPromptTokens 2048, every pod "
                  "prefill-decode", "flex",
-                 _EPP_PD.replace("kvBytesPerToken:", _FLEX), True),
+                 _EPP_PD.replace("kvBytesPerToken:", _FLEX), True, paced=True),
     )
 }  # fmt: skip
 
@@ -507,9 +509,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--booked-scrape-interval",
         type=float,
         default=BOOKED_METRICS_INTERVAL_S,
-        help="seconds between scrapes of a pod whose load was all epp's own at its last scrape "
-        f"(epp serve's --booked-metrics-interval; default {BOOKED_METRICS_INTERVAL_S:g}, as epp "
-        "serve's; 0: every scrape)",
+        help="epp's own policies (the peers' keep their routers' fixed interval): seconds between "
+        "scrapes of a pod whose load was all epp's own at its last scrape (epp serve's "
+        f"--booked-metrics-interval; default {BOOKED_METRICS_INTERVAL_S:g}, as epp serve's; 0: "
+        "every scrape)",
     )
     parser.add_argument("--out", default="", help="write results.json here")
 

@@ -7,6 +7,12 @@ configuration with KV events (`epp/scheduling/default-precise-config.yaml`), rea
 `epp serve` reads it, so the benchmark always measures what epp ships. `config:<path>` is any
 other EndpointPickerConfig file as an arm, named for the file (`ConfigFile`): one's own config
 against epp's default, or an ablation of it.
+
+Each policy reads the pods' /metrics as the router it stands for does. epp's own policies and
+`config:` files are scraped as `epp serve` scrapes by default (`paced`: a busy pod whose load is
+all epp's bookings is read every `--booked-metrics-interval`); the peers' rules keep the fixed
+50 ms refresh their routers (GIE's and llm-d's EPPs) scrape at, so fast mode does not hand them a
+pace their routers do not have.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ class Policy:
     name: str
     description: str
     kv_events: bool  # whether its plugins read the KV-event index (the fleet then publishes events)
+    paced: bool = False  # scraped as epp serve scrapes (its booked pace), not at a fixed interval
 
     def config_text(self) -> str:
         """The policy's EndpointPickerConfig YAML."""
@@ -60,7 +67,7 @@ def config_file(spec: str) -> ConfigFile:
         path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{spec}: cannot read it: {e}") from None
-    return ConfigFile(name, f"the EndpointPickerConfig in {path}", True, path)
+    return ConfigFile(name, f"the EndpointPickerConfig in {path}", True, paced=True, path=path)
 
 
 POLICIES: dict[str, Policy] = {
@@ -79,11 +86,12 @@ POLICIES: dict[str, Policy] = {
         ),
         Policy("dynamo-cost", "Dynamo KV router: lowest 1.0 x prefill blocks + decode blocks", True),
         Policy("ranvier-bounded", "Ranvier: prefix affinity, diverted above 2x median in-flight + 2", False),
-        Policy("epp-ttft", "epp's default before issue 18: predicted TTFT only, precise prefix", True),
+        Policy("epp-ttft", "epp's earlier default: predicted TTFT only, precise prefix", True, paced=True),
         Policy(
             "epp",
             "epp's default with KV events: predicted whole-request latency (default-precise-config.yaml)",
             True,
+            paced=True,
         ),
         # Admission under overload, on GIE's default profile (gie-approx is the same without
         # flow control: GIE's legacy admission, sheddable requests 429 while saturated).
@@ -94,16 +102,19 @@ POLICIES: dict[str, Policy] = {
             "epp's flow control for overload: prefill and concurrency limits, priority holdback, "
             "round-robin tenants",
             False,
+            paced=True,
         ),
         Policy(
             "flow-control-requests",
             "epp's flow control counting requests only (48 per pod), priority holdback, round-robin",
             False,
+            paced=True,
         ),
         Policy(
             "flow-control-fair-share",
             "flow-control with fair-share tenants: a tenant over 1.5x its share held from 40% of the ceiling",
             False,
+            paced=True,
         ),
     )
 }

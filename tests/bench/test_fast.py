@@ -3,10 +3,12 @@ and the request-control bookkeeping (in-flight counts, hooks) as when serving.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from epp.bench import fast, report
-from epp.bench.policies import POLICIES
+from epp.bench import fast, pd, policies, report
+from epp.bench.policies import POLICIES, Policy, config_file
 from epp.bench.workload import OpenLoop, Prompt
 from epp.datastore import pacing
 from epp.requestcontrol.director import DirectorSettings
@@ -171,12 +173,12 @@ def test_a_request_vllm_rejects_is_answered_400_and_released() -> None:
 Tick = tuple[float, list[tuple[float, bool, float]], list[float]]
 
 
-def _refreshes(booked_interval_s: float, policy: str = "epp") -> list[Tick]:
+def _refreshes(booked_interval_s: float, policy: str | Policy = "epp") -> list[Tick]:
     """Per scrape tick of a run: its time, each pod's (last refresh, booked, last booking) before,
     and each pod's last refresh after."""
     run = fast.FastRun(
-        helpers.small(), POLICIES[policy], profile=helpers.PROFILE, pods=helpers.PODS, seed=7,
-        booked_interval_s=booked_interval_s,
+        helpers.small(), POLICIES[policy] if isinstance(policy, str) else policy, profile=helpers.PROFILE,
+        pods=helpers.PODS, seed=7, booked_interval_s=booked_interval_s,
     )  # fmt: skip
     ticks: list[Tick] = []
     scrape = run._scrape
@@ -214,13 +216,37 @@ def test_a_pod_whose_load_is_all_epps_is_refreshed_at_the_booked_interval(policy
     assert woken > 0  # and bookings ended pauses
 
 
+def _own_llmd_flow_control(tmp_path: Path) -> Policy:
+    """llm-d's flow-control configuration as one's own file (`config:`, paced as epp serve paces)."""
+    path = tmp_path / "my-flow-control.yaml"
+    path.write_text((Path(policies.__file__).parent / "policies" / "llm-d-flow-control.yaml").read_text())
+    return config_file(f"config:{path}")
+
+
 @pytest.mark.parametrize(
     ("booked_interval_s", "policy"),
-    [(0.0, "epp"), (0.2, "llm-d-flow-control")],  # the latter dispatches on the scrapes
+    [
+        (0.0, "epp"),
+        # Its utilization detector dispatches on the scrapes: they are not paced.
+        (0.2, "config:llm-d-flow-control"),
+        # A peer's rule reads the pods as its router does, at the fixed interval.
+        (0.2, "gie-approx"),
+        (0.2, "llm-d-precise"),
+    ],
 )
-def test_every_pod_is_refreshed_every_tick(booked_interval_s: float, policy: str) -> None:
-    ticks = _refreshes(booked_interval_s, policy)
+def test_every_pod_is_refreshed_every_tick(booked_interval_s: float, policy: str, tmp_path: Path) -> None:
+    own = _own_llmd_flow_control(tmp_path) if policy.startswith("config:") else policy
+    ticks = _refreshes(booked_interval_s, own)
     assert ticks and all(all(r == now for r in after) for now, _, after in ticks)
+
+
+def test_epps_own_policies_are_paced_and_the_peers_are_not(tmp_path: Path) -> None:
+    assert _own_llmd_flow_control(tmp_path).paced
+    own = {"epp", "epp-ttft", "flow-control", "flow-control-requests", "flow-control-fair-share"}
+    assert {name for name, p in POLICIES.items() if p.paced} == own
+    assert {name for name, p in pd.PD_POLICIES.items() if p.policy().paced} == {
+        "aggregated", "epp-pd", "epp-pd-flex"
+    }  # fmt: skip
 
 
 def test_fast_mode_paces_booked_load_as_epp_serve_does_by_default() -> None:

@@ -139,3 +139,15 @@ def test_a_config_file_is_an_arm_named_for_the_file(tmp_path: Path) -> None:
         (tmp_path / "other" / "my-config.yaml").write_text("x")
         with pytest.raises(BenchConfigError, match=why):
             plan_policies(parse(bad))
+
+
+def test_live_mode_reads_the_pods_as_each_policys_router_does() -> None:
+    """A peer's rule on `epp serve` reads every pod at every refresh, as its router does; epp's own
+    run with epp serve's booked pace; what a user passes comes last and wins."""
+    from epp.bench.gateways import EppGateway
+
+    off = ["--booked-metrics-interval", "0"]
+    peer = EppGateway(POLICIES["gie-approx"], extra_args=["--booked-metrics-interval", "100ms"]).serve_args()
+    assert peer[-4:] == [*off, "--booked-metrics-interval", "100ms"]
+    own = EppGateway(POLICIES["epp"]).serve_args()
+    assert "--booked-metrics-interval" not in own and "--kv-events" in own
