@@ -11,8 +11,8 @@ against epp's default, or an ablation of it.
 Each policy reads the pods' /metrics as the router it stands for does. epp's own policies and
 `config:` files are scraped as `epp serve` scrapes by default (`paced`: a busy pod whose load is
 all epp's bookings is read every `--booked-metrics-interval`); the peers' rules keep the fixed
-50 ms refresh their routers (GIE's and llm-d's EPPs) scrape at, so fast mode does not hand them a
-pace their routers do not have.
+50 ms refresh of GIE's and llm-d's EPPs (the peers that scrape /metrics; the other peers' rules
+read the same), so the benchmark does not hand them a pace no peer has.
 """
 
 from __future__ import annotations
