@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from epp.bench import admission_report as ar
-from epp.bench import fast, report
+from epp.bench import fast, fast_scrapes, report
 from epp.bench.overload import CRITICAL, PriorityOverload
 from epp.bench.policies import ADMISSION, POLICIES
 from epp.bench.workload import Fleet, Prompt, Workload
@@ -252,18 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="live mode: wall seconds per simulated second"
     )
-    parser.add_argument(
-        "--booked-scrape-interval",
-        type=float,
-        default=None,
-        help="fast mode, epp's own policies (the peers' keep their routers' fixed interval): "
-        "seconds between scrapes of a pod whose load was all epp's own at its last scrape (epp "
-        "serve's --booked-metrics-interval; default: epp serve's; 0: every scrape)",
-    )
+    fast_scrapes.add_booked_scrape_argument(parser, default=None)
     args = parser.parse_args(argv)
+    if (problem := fast_scrapes.booked_interval_problem(args.booked_scrape_interval)) is not None:
+        parser.error(problem)
     if args.booked_scrape_interval is not None:
-        if args.mode == "live" or not 0 <= args.booked_scrape_interval <= 60:
-            parser.error("--booked-scrape-interval is for fast mode, in [0, 60] s")
+        if args.mode == "live":
+            parser.error("--booked-scrape-interval is for fast mode (live: epp serve's own pace)")
         FAST.update(booked_interval_s=args.booked_scrape_interval)
     if args.mode == "live":
         from pathlib import Path

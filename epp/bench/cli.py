@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from epp.bench import fast, report
+from epp.bench import fast, fast_scrapes, report
 from epp.bench.peers import PEERS, Peer, peers_dir
 from epp.bench.policies import ADMISSION, CONFIG_PREFIX, POLICIES, Policy, config_file
 from epp.bench.progress import Progress
@@ -143,16 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fast mode: seconds between scrapes of every pod's metrics (default 0.05, GIE's and "
         "epp serve's --refresh-metrics-interval)",
     )
-    parser.add_argument(
-        "--booked-scrape-interval",
-        type=float,
-        default=None,
-        help="fast mode, epp's own policies (the peers' keep their routers' fixed interval): "
-        "seconds between scrapes of a pod whose load at its last scrape was all epp's own "
-        "bookings, none of it waiting, and half a scrape interval after each booking there (epp "
-        f"serve's --booked-metrics-interval; default {BOOKED_METRICS_INTERVAL_S:g}, as epp "
-        "serve's; 0: every scrape)",
-    )
+    fast_scrapes.add_booked_scrape_argument(parser, default=None)
     parser.add_argument("--progress", action="store_true", help="draw the progress bar even off a terminal")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
@@ -420,10 +411,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
             )
     if not 0.001 <= args.scrape_interval <= 60:
         raise BenchConfigError(f"--scrape-interval must be in [0.001, 60] s, got {args.scrape_interval}")
-    if args.booked_scrape_interval is not None and not 0 <= args.booked_scrape_interval <= 60:
-        raise BenchConfigError(
-            f"--booked-scrape-interval must be in [0, 60] s, got {args.booked_scrape_interval}"
-        )
+    if (problem := fast_scrapes.booked_interval_problem(args.booked_scrape_interval)) is not None:
+        raise BenchConfigError(problem)
     if args.mode != "fast" and args.booked_scrape_interval is not None:
         raise BenchConfigError(
             "--booked-scrape-interval is for --mode fast (live: --epp-arg=--booked-metrics-interval=...)"

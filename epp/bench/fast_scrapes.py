@@ -14,10 +14,12 @@ interval); `--booked-scrape-interval` sets another pace.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
 
 from epp.datastore import pacing
 from epp.datastore.endpoints import Endpoint, LatencyTotals, ModelServerMetrics
+from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
 from epp.sim import core
 
 
@@ -88,3 +90,25 @@ class Scrapes:
             if paced and pacing.booked(ep):  # the scraper's grace for its longer interval
                 m.grace = self.booked_interval_s - self.interval_s
         return waiting, running, usage
+
+
+def add_booked_scrape_argument(parser: argparse.ArgumentParser, *, default: float | None) -> None:
+    """`--booked-scrape-interval`, as every fast-mode benchmark takes it (`epp bench`, `epp bench
+    pd`, scripts/bench_flow_control.py); None: epp serve's."""
+    parser.add_argument(
+        "--booked-scrape-interval",
+        type=float,
+        default=default,
+        help="fast mode, epp's own policies (the peers' keep their routers' fixed interval): "
+        "seconds between scrapes of a pod whose load at its last scrape was all epp's own "
+        "bookings, none of it waiting, and half a scrape interval after each booking there (epp "
+        f"serve's --booked-metrics-interval; default {BOOKED_METRICS_INTERVAL_S:g}, as epp "
+        "serve's; 0: every scrape)",
+    )
+
+
+def booked_interval_problem(value: float | None) -> str | None:
+    """Why `--booked-scrape-interval` cannot be `value` (None: not given), or None."""
+    if value is not None and not 0 <= value <= 60:
+        return f"--booked-scrape-interval must be in [0, 60] s, got {value}"
+    return None

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from epp.bench import fast
+from epp.bench import fast, fast_scrapes
 from epp.bench.pd_workloads import PD_WORKLOADS, PODS, PROFILE
 from epp.bench.policies import Policy
 from epp.bench.report import percentile
@@ -505,15 +505,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the decode pods' sidecar: epp (reports the prefill leg's seconds to epp) or llm-d "
         "(does not: epp learns the prefill pods from the time to the answer's headers)",
     )
-    parser.add_argument(
-        "--booked-scrape-interval",
-        type=float,
-        default=BOOKED_METRICS_INTERVAL_S,
-        help="epp's own policies (the peers' keep their routers' fixed interval): seconds between "
-        "scrapes of a pod whose load was all epp's own at its last scrape (epp serve's "
-        f"--booked-metrics-interval; default {BOOKED_METRICS_INTERVAL_S:g}, as epp serve's; 0: "
-        "every scrape)",
-    )
+    fast_scrapes.add_booked_scrape_argument(parser, default=BOOKED_METRICS_INTERVAL_S)
     parser.add_argument("--out", default="", help="write results.json here")
 
 
@@ -536,8 +528,8 @@ def run(args: argparse.Namespace) -> int:
     workloads = _names(args.workloads, PD_WORKLOADS, "workload")
     policies = _names(args.pd_policies, PD_POLICIES, "policy")
     seeds = _seeds(args.seeds)
-    if not 0 <= args.booked_scrape_interval <= 60:
-        raise SystemExit(f"--booked-scrape-interval must be in [0, 60] s, got {args.booked_scrape_interval}")
+    if (problem := fast_scrapes.booked_interval_problem(args.booked_scrape_interval)) is not None:
+        raise SystemExit(problem)
     link = args.link_gbps * 1e9 / 8
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for w in workloads:
