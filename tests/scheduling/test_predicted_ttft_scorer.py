@@ -159,6 +159,45 @@ def test_kv_pressure_past_the_soft_limit_costs_part_of_a_decode(clock: Clock) ->
     assert ttfts(off, cycle)["pod-0"] == pytest.approx(0.11)
 
 
+def test_a_split_requests_kv_counts_on_its_decode_pod_until_its_answer_starts(clock: Clock) -> None:
+    # P/D: a split request books no prefill on its decode pod, but its whole prompt's KV lands
+    # there after the transfer. Until then the pod's scraped KV usage does not show it, and a pod
+    # that draws every split request's decode looked as empty as before (its queue too).
+    s = Stack(decodeSeconds=5.0, kvSoftLimit=0.8)
+    eps = builders.pool(2)
+    for ep in eps:
+        ep.metrics.num_gpu_blocks = 1000  # 16,000 tokens
+        ep.metrics.kv_usage = 0.5
+    split = request(toks(4000, start=1))
+    s.score(split, eps)
+    remote = interfaces.SchedulingResult(
+        "decode",
+        {"decode": interfaces.ProfileResult("decode", [eps[0]])},
+        stages={"prefill": [eps[1]]},
+    )
+    s.scorer.pre_request(split, remote)
+    _, cycle = s.score(request(toks(1000, start=50_000)), eps)
+    terms = cycle["ttft"].terms
+    assert terms["pod-0"].kv_price == pytest.approx(5.0 * (0.5 + 5000 / 16000 - 0.8) / 0.2)
+    assert terms["pod-1"].kv_price == 0.0
+    assert terms["pod-0"].queue_s == 0.0  # its prefill is the prefill pod's (book_prefill)
+    # The decode pod's answer starts once the prefill pod has answered: the KV is there, and
+    # its scraped usage shows it from then on.
+    assert s.scorer.response_headers(split, remote, None) == {}
+    _, cycle = s.score(request(toks(1000, start=50_000)), eps)
+    assert cycle["ttft"].terms["pod-0"].kv_price == 0.0
+    s.scorer.response_complete(split, _outcome(eps[0], ttft=1.0, prompt=4000, cached=0))
+    _, cycle = s.score(request(toks(1000, start=50_000)), eps)
+    assert cycle["ttft"].terms["pod-0"].kv_price == 0.0  # counted off once
+    # An answer that fails before its headers takes its KV off too.
+    other = request(toks(4000, start=9000))
+    s.score(other, eps)
+    s.scorer.pre_request(other, remote)
+    s.scorer.response_complete(other, interfaces.RequestOutcome(endpoint=eps[0], status=503))
+    _, cycle = s.score(request(toks(1000, start=50_000)), eps)
+    assert cycle["ttft"].terms["pod-0"].kv_price == 0.0
+
+
 def test_offloaded_blocks_cost_a_fraction_of_a_miss(clock: Clock) -> None:
     s = Stack(offloadCost=0.5)
     prompt = toks(320)

@@ -50,6 +50,14 @@ The model, per candidate endpoint `e` (seconds):
   with `learnFromMetrics`, also from each pod's vLLM `request_decode_time_seconds` between its
   scrapes, `metrics_learning.py`: every request a pod serves, where epp reads one response in
   many behind its own gateway config).
+  On a P/D decode pod the blocks in use also count the KV of the split requests booked there that
+  has not landed yet: their prefill runs on another pod and their whole prompt's KV arrives after
+  it, which neither the pod's scrape nor its fluid queue shows until then (counted off when the
+  answer's headers arrive: a sidecar sends the decode leg once the prefill pod has answered).
+  Without it a decode pod looks emptier with every split it draws, and under a prefill backlog
+  (`epp bench pd`, pd-long-prompt at `--load 4`, every pod prefill-decode, seed 5) one pod of 8
+  drew 31% of the requests, whose decode legs then waited up to 45 s for its KV: TTFT p99 61 s,
+  against 24 s with it.
   The choice pays that price in full (it keeps a pod from evicting hot prefixes and preempting);
   the prediction multiplies it by a scale learned from what such waits turned out to be.
 
@@ -134,6 +142,7 @@ from epp.scheduling.plugins.predicted_ttft_terms import (
     Prediction,
     Rate,
     TTFTDecision,
+    explain_endpoints,
     observations,
     prediction_error,
     prefill_rate,
@@ -309,7 +318,7 @@ class PredictedTTFTScorer(registry.PluginBase):
         if self._kv_weight and m.num_gpu_blocks > 0:
             # Past the soft limit the pod admits new blocks only as running requests finish (and
             # their decodes keep claiming the freed ones): the wait grows towards a decode's length.
-            after = m.kv_usage + uncached / (block_size * m.num_gpu_blocks)
+            after = m.kv_usage + (uncached + rate.incoming) / (block_size * m.num_gpu_blocks)
             over = (after - self._kv_soft) / (1.0 - self._kv_soft)
             if over > 0.0:
                 kv_price = self._kv_weight * self._decode_s * min(over, 2.0)
@@ -361,6 +370,8 @@ class PredictedTTFTScorer(registry.PluginBase):
         scale = self._share.book(now)
         if not remote:
             rate.busy_until = max(rate.busy_until, now) + p.uncached * rate.cost * p.slowdown * scale
+        else:
+            rate.incoming += p.uncached
         self._mean_prefill += 0.05 * (p.uncached - self._mean_prefill)
         if self._popularity is not None and last[2] is not None:
             self._popularity.add(last[2], now)
@@ -380,14 +391,31 @@ class PredictedTTFTScorer(registry.PluginBase):
             p.kv_wait,
             p.kv_price,
             remote,
+            p.uncached if remote else 0.0,
         )
         while len(pending) > MAX_PENDING:
-            pending.popitem(last=False)
+            self._landed(pending.popitem(last=False)[1])
+
+    def _landed(self, booked: Booked) -> None:
+        if booked.incoming:
+            rate = self._rates.get(booked.endpoint)
+            if rate is not None:
+                rate.incoming = max(rate.incoming - booked.incoming, 0.0)
+            booked.incoming = 0.0
+
+    def response_headers(
+        self, request: InferenceRequest, result: interfaces.SchedulingResult, served: str | None
+    ) -> Mapping[str, str]:
+        booked = self._pending.get(id(request))
+        if booked is not None and booked.request is request:
+            self._landed(booked)
+        return {}
 
     def response_complete(self, request: InferenceRequest, outcome: interfaces.RequestOutcome) -> None:
         booked = self._pending.pop(id(request), None)
         if booked is None or booked.request is not request:
             return
+        self._landed(booked)
         ttft = outcome.ttft_s
         served = outcome.endpoint
         if self._scraped is not None and outcome.ok and served is not None and served.name == booked.endpoint:
@@ -539,34 +567,14 @@ class PredictedTTFTScorer(registry.PluginBase):
         # The scraped queue depth each endpoint was priced with (explain leaves the candidates in
         # the cycle); without it the penalty is what is left of the objective.
         waiting = {ep.name: ep.metrics.waiting for ep in cycle.get(framework.CANDIDATES) or ()}
-        per_endpoint: dict[str, dict[str, Any]] = {}
-        for name, p in decision.terms.items():
-            rate = self._rates.get(name)
-            cost = rate.cost if rate is not None else self._prior_cost
-            overhead = self._overhead * p.slowdown
-            prefill = p.uncached * cost * p.slowdown
-            w = waiting.get(name)
-            if name in decision.warming:
-                miss = 0.0
-            elif w is not None:
-                miss = decision.penalty * (1.0 + self._waiting_weight * w) * prefill
-            else:
-                miss = max(p.objective - overhead - p.queue_s - prefill - p.kv_price, 0.0)
-            per_endpoint[name] = {
-                "predicted_ttft_s": p.ttft,
-                "objective_s": p.objective,
-                "overhead_s": overhead,
-                "queue_s": p.queue_s,
-                "queue_tokens": p.queue_tokens,
-                "uncached_tokens": round(p.uncached),
-                "prefill_tokens_per_second": 1.0 / cost,
-                "prefill_s": prefill,
-                "decodes": p.decodes,
-                "decode_slowdown": p.slowdown,
-                "kv_wait_s": p.kv_wait,
-                "kv_price_s": p.kv_price,
-                "miss_penalty_s": miss,
-            }
+        per_endpoint = explain_endpoints(
+            decision,
+            waiting,
+            self._rates,
+            self._prior_cost,
+            self._overhead,
+            self._waiting_weight,
+        )
         request: dict[str, Any] = {
             "miss_penalty": decision.penalty,
             "overhead_seconds": self._overhead,

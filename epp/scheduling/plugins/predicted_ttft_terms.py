@@ -1,6 +1,7 @@
-"""predicted-ttft-scorer's records and metrics: each endpoint's prediction for the request being
-scored (`Prediction`), the decision explain reads (`TTFTDecision`), a routed request's prediction
-kept until its response (`Booked`), an endpoint's learned rate and fluid queue (`Rate`).
+"""predicted-ttft-scorer's records, metrics and explain terms: each endpoint's prediction for the
+request being scored (`Prediction`), the decision explain reads (`TTFTDecision`), a routed
+request's prediction kept until its response (`Booked`), an endpoint's learned rate and fluid
+queue (`Rate`), and explain's terms per endpoint (`explain_endpoints`).
 
 `request-latency-scorer` and the P/D latency decider read them too; the model that fills them is
 in `predicted_ttft_scorer`.
@@ -9,7 +10,8 @@ in `predicted_ttft_scorer`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Final
+from collections.abc import Mapping
+from typing import Annotated, Any, Final
 
 import msgspec
 from prometheus_client import Counter, Gauge, Histogram
@@ -63,6 +65,7 @@ class Rate:
     cost: float  # seconds per uncached prompt token at no decode load
     seen: float  # observations so far (the prior's weight is added when learning)
     busy_until: float = 0.0  # clock.now() at which the prefill work booked so far is drained
+    incoming: float = 0.0  # KV tokens of split requests booked here, still on their way (P/D)
 
 
 @dataclasses.dataclass(slots=True)
@@ -94,6 +97,7 @@ class Booked:
     kv_wait: float
     kv_price: float
     remote_prefill: bool = False  # another pod prefilled it (P/D): its TTFT is not this pod's rate
+    incoming: float = 0.0  # its KV tokens counted in the endpoint's `Rate.incoming` until they land
 
 
 EXTRA_FIELDS: Final = (
@@ -138,3 +142,45 @@ class TTFTDecision:
         """request-latency-scorer's decode terms for `endpoint` by name (empty if none)."""
         row = self.extra_rows.get(endpoint)
         return dict(zip(EXTRA_FIELDS, row, strict=True)) if row is not None else {}
+
+
+def explain_endpoints(
+    decision: TTFTDecision,
+    waiting: Mapping[str, int],
+    rates: Mapping[str, Rate],
+    prior_cost: float,
+    overhead_s: float,
+    waiting_weight: float,
+) -> dict[str, dict[str, Any]]:
+    """predicted-ttft-scorer's explain per endpoint: each term of its prediction (seconds unless
+    named otherwise). `waiting`: the scraped queue depth each endpoint was priced with; without it
+    the miss penalty is what is left of the objective."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, p in decision.terms.items():
+        rate = rates.get(name)
+        cost = rate.cost if rate is not None else prior_cost
+        overhead = overhead_s * p.slowdown
+        prefill = p.uncached * cost * p.slowdown
+        w = waiting.get(name)
+        if name in decision.warming:
+            miss = 0.0
+        elif w is not None:
+            miss = decision.penalty * (1.0 + waiting_weight * w) * prefill
+        else:
+            miss = max(p.objective - overhead - p.queue_s - prefill - p.kv_price, 0.0)
+        out[name] = {
+            "predicted_ttft_s": p.ttft,
+            "objective_s": p.objective,
+            "overhead_s": overhead,
+            "queue_s": p.queue_s,
+            "queue_tokens": p.queue_tokens,
+            "uncached_tokens": round(p.uncached),
+            "prefill_tokens_per_second": 1.0 / cost,
+            "prefill_s": prefill,
+            "decodes": p.decodes,
+            "decode_slowdown": p.slowdown,
+            "kv_wait_s": p.kv_wait,
+            "kv_price_s": p.kv_price,
+            "miss_penalty_s": miss,
+        }
+    return out
