@@ -53,7 +53,8 @@ The model, per candidate endpoint `e` (seconds):
   On a P/D decode pod the blocks in use also count the KV of the split requests booked there that
   has not landed yet: their prefill runs on another pod and their whole prompt's KV arrives after
   it, which neither the pod's scrape nor its fluid queue shows until then (counted off when the
-  answer's headers arrive: a sidecar sends the decode leg once the prefill pod has answered).
+  answer's headers arrive: a sidecar sends the decode leg once the prefill pod has answered; an
+  answer that does not stream has its headers at its end, and its KV counts twice meanwhile).
   Without it a decode pod looks emptier with every split it draws, and under a prefill backlog
   (`epp bench pd`, pd-long-prompt at `--load 4`, every pod prefill-decode, seed 5) one pod of 8
   drew 31% of the requests, whose decode legs then waited up to 45 s for its KV: TTFT p99 61 s,
