@@ -243,6 +243,39 @@ async def test_latency_decider_splits_where_the_transfer_is_cheaper_than_a_local
     ctx.finish(complete=False)
 
 
+async def test_a_split_requests_kv_weighs_on_its_decode_pod_until_its_answer_starts() -> None:
+    # Through the Director as `epp serve` wires it (the response-headers plugins included): the
+    # decode pod prices the KV on its way to it, until the sidecar's answer starts.
+    ds = pool("prefill", "decode")
+    cfg = sched_config.load_config(LATENCY, Handle(datastore=ds))
+    d = Director(
+        datastore=ds,
+        scheduler=cfg.scheduler,
+        pre_request=cfg.pre_request,
+        response_complete=cfg.response_complete,
+        response_headers=cfg.response_headers,
+    )
+    dec = ds.get("decode-1")
+    assert dec is not None
+    # 1,000 blocks of 16 tokens, half in use; 10,000 tokens coming take it past the soft limit.
+    dec.metrics = dataclasses.replace(
+        dec.metrics, running=8, num_gpu_blocks=1000, kv_usage=0.5, updated_at=1.0
+    )
+
+    async def kv_price() -> float:
+        _, result = await d.explain(path="/v1/completions", headers={}, body=body(100, start=50_000))
+        return float(result.profiles["decode"].facts["endpoints"]["decode-1"]["kv_price_s"])
+
+    assert await kv_price() == 0.0
+    ctx = await d.route(path="/v1/completions", headers={}, body=body(10000), subset=None)
+    assert ctx.headers == {PREFILL_HEADER: "10.0.0.1:8000"}
+    assert await kv_price() > 0.0
+    ctx.on_response_headers({":status": "200", "content-type": "text/event-stream"}, "10.0.0.2:8000")
+    assert await kv_price() == 0.0
+    ctx.finish(complete=True)
+    assert await kv_price() == 0.0
+
+
 async def test_latency_decider_keeps_short_prompts_on_the_decode_pod() -> None:
     ds = pool("prefill", "decode")
     d, _ = director(
