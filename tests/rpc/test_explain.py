@@ -104,6 +104,7 @@ TTFT_TERMS = {
     "decode_slowdown",
     "kv_wait_s",
     "kv_price_s",
+    "incoming_kv_tokens",
     "miss_penalty_s",
 }
 

@@ -264,7 +264,9 @@ async def test_a_split_requests_kv_weighs_on_its_decode_pod_until_its_answer_sta
 
     async def kv_price() -> float:
         _, result = await d.explain(path="/v1/completions", headers={}, body=body(100, start=50_000))
-        return float(result.profiles["decode"].facts["endpoints"]["decode-1"]["kv_price_s"])
+        terms = result.profiles["decode"].facts["endpoints"]["decode-1"]
+        assert terms["incoming_kv_tokens"] == (10000 if terms["kv_price_s"] else 0)
+        return float(terms["kv_price_s"])
 
     assert await kv_price() == 0.0
     ctx = await d.route(path="/v1/completions", headers={}, body=body(10000), subset=None)

@@ -387,6 +387,7 @@ def test_explain_gives_each_term_of_each_endpoints_prediction(clock: Clock) -> N
         "decode_slowdown": 1.0,
         "kv_wait_s": 0.0,
         "kv_price_s": 0.0,
+        "incoming_kv_tokens": 0,
         "miss_penalty_s": pytest.approx(16e-4),
     }
     # pod-1: a miss, behind 0.5 s booked (at the 1.1x slowdown of 5 running decodes), with 2
@@ -408,6 +409,7 @@ def test_explain_gives_each_term_of_each_endpoints_prediction(clock: Clock) -> N
         "decode_slowdown": pytest.approx(slow),
         "kv_wait_s": pytest.approx(3.0),
         "kv_price_s": pytest.approx(3.0),
+        "incoming_kv_tokens": 0,
         "miss_penalty_s": pytest.approx(3 * prefill),
     }
     assert s.scorer.explain({}) == {}

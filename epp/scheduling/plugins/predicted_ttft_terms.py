@@ -181,6 +181,7 @@ def explain_endpoints(
             "decode_slowdown": p.slowdown,
             "kv_wait_s": p.kv_wait,
             "kv_price_s": p.kv_price,
+            "incoming_kv_tokens": round(rate.incoming) if rate is not None else 0,
             "miss_penalty_s": miss,
         }
     return out
