@@ -29,6 +29,7 @@ BENCHMARKS.md ("Prefill/decode disaggregation") has the runs and the commands.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -374,12 +375,16 @@ def summarize(run: PDFastRun, result: fast.RunResult, scheduler_s: float) -> dic
         good += t <= SLO_TTFT_S and tp <= SLO_TPOT_S
     split = sum(1 for r in result.records if r.prefill_pod >= 0)
     moved = sum(b for b, _ in run.transfers)
+    # The pod routed (as decode pod, when split) the most requests: a pod that draws every split
+    # request's decode shows here first (its decode legs then wait there for KV blocks).
+    per_pod = collections.Counter(r.pod for r in result.records if r.pod >= 0)
     return {
         "requests": len(result.records),
         "served": len(served),
         "unfinished": sum(1 for r in result.records if r.status == 0),
         "errors": sum(1 for r in result.records if r.status not in (0, 200)),
         "split_share": split / len(result.records) if result.records else 0.0,
+        "busiest_pod_share": max(per_pod.values()) / len(result.records) if per_pod else 0.0,
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p99_s": percentile(ttft, 99),
         "tpot_p50_s": percentile(tpots, 50),

@@ -59,6 +59,12 @@ def test_aggregated_never_splits() -> None:
     agg = _run("pd-long-answer", "aggregated")
     assert all(r.prefill_pod < 0 for r in agg.result.records)
     assert not agg.transfers
+    # The busiest pod's share of the requests, from the records: every pod serves here.
+    records = agg.result.records
+    counts = [sum(1 for r in records if r.pod == i) for i in range(pd.PODS)]
+    assert all(counts)
+    share = pd.summarize(agg, agg.result, 0.0)["busiest_pod_share"]
+    assert share == max(counts) / len(records) and 1 / pd.PODS < share < 1.0
 
 
 @pytest.mark.parametrize("policy", ["llm-d-pd", "epp-pd"])
@@ -76,6 +82,8 @@ def test_summary_and_targets_read_the_runs() -> None:
     )
     assert out["served"] == out["requests"] and out["leaked_bookings"] == 0
     assert 0.0 <= out["split_share"] <= 1.0 and out["ttft_p99_s"] >= out["ttft_p50_s"] > 0
+    # epp-pd's requests are routed to its 4 decode pods: the busiest has at least a quarter.
+    assert 0.25 <= out["busiest_pod_share"] <= 1.0
     # The means beside the percentiles: a TTFT is part of its E2E, and a mean lies within the range.
     assert out["ttft_p50_s"] / 10 < out["ttft_mean_s"] < out["e2e_mean_s"] <= out["e2e_p99_s"] * 1.5
     assert 0.0 < out["tpot_mean_s"] < 1.0
