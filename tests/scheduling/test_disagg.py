@@ -40,12 +40,14 @@ def pool(*roles: str) -> Datastore:
 
 
 def director(text: str, ds: Datastore) -> tuple[Director, sched_config.SchedulerConfig]:
+    """A Director on `text`'s plugins, wired as `epp serve` wires them."""
     cfg = sched_config.load_config(text, Handle(datastore=ds))
     d = Director(
         datastore=ds,
         scheduler=cfg.scheduler,
         pre_request=cfg.pre_request,
         response_complete=cfg.response_complete,
+        response_headers=cfg.response_headers,
     )
     return d, cfg
 
@@ -247,14 +249,7 @@ async def test_a_split_requests_kv_weighs_on_its_decode_pod_until_its_answer_sta
     # Through the Director as `epp serve` wires it (the response-headers plugins included): the
     # decode pod prices the KV on its way to it, until the sidecar's answer starts.
     ds = pool("prefill", "decode")
-    cfg = sched_config.load_config(LATENCY, Handle(datastore=ds))
-    d = Director(
-        datastore=ds,
-        scheduler=cfg.scheduler,
-        pre_request=cfg.pre_request,
-        response_complete=cfg.response_complete,
-        response_headers=cfg.response_headers,
-    )
+    d, _ = director(LATENCY, ds)
     dec = ds.get("decode-1")
     assert dec is not None
     # 1,000 blocks of 16 tokens, half in use; 10,000 tokens coming take it past the soft limit.
