@@ -39,7 +39,7 @@ import yaml
 
 from e2e.harness import Cleanup, EnvoyGateway, EppProcess, parse_prometheus
 from e2e.vllm.fleet import BLOCK_SIZE, VllmServer, start_all
-from e2e.vllm.stack import MODEL, wait_for
+from e2e.vllm.stack import MODEL, stable_ports, wait_for
 from epp.gateway.envoy import GatewayParams, PodsMode
 from epp.gateway.processes import HOST, free_ports
 
@@ -123,7 +123,11 @@ def pd(vllm_python: Path, model_root: Path, tmp_path_factory: pytest.TempPathFac
     workdir = tmp_path_factory.mktemp("pd")
     cleanup = Cleanup()
     try:
-        p_port, d_port, s_port, p_side, d_side, listen = free_ports(6)
+        # The vLLMs bind theirs (HTTP, NIXL's side channel) a minute after the pick: from outside
+        # the ephemeral range, where their own bind(0) calls took one once (CI: "Address already
+        # in use" in nixl_handshake_listener).
+        p_port, d_port, p_side, d_side = stable_ports(4)
+        s_port, listen = free_ports(2)
         servers = []
         for name, port, side in (("prefill", p_port, p_side), ("decode", d_port, d_side)):
             server = VllmServer(
