@@ -67,7 +67,7 @@ from epp.kvcache.events import EventBatch
 from epp.kvcache.index import BlockIndex
 from epp.requestcontrol import admission
 from epp.requestcontrol.context import RequestContext
-from epp.requestcontrol.director import Director, DirectorSettings
+from epp.requestcontrol.director import Director, DirectorSettings, plugin_hooks
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 from epp.sim import blocks, core
@@ -214,8 +214,7 @@ class FastRun:
             datastore=self.datastore,
             scheduler=cfg.scheduler,
             settings=self.settings,
-            pre_request=cfg.pre_request,
-            response_complete=cfg.response_complete,
+            **plugin_hooks(cfg),
             admission_controller=admission.LegacyAdmissionController(detector),
             objectives=_Objectives(),
             flow_control=self.flow,

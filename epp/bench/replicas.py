@@ -25,7 +25,7 @@ from typing import Any
 from epp.bench.fast import FastRun
 from epp.datastore.endpoints import Datastore, Endpoint
 from epp.requestcontrol import admission
-from epp.requestcontrol.director import Director
+from epp.requestcontrol.director import Director, plugin_hooks
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 
@@ -65,8 +65,7 @@ class ReplicatedRun(FastRun):
                 Director(
                     datastore=store,
                     scheduler=cfg.scheduler,
-                    pre_request=cfg.pre_request,
-                    response_complete=cfg.response_complete,
+                    **plugin_hooks(cfg),
                     settings=self.settings,
                     admission_controller=admission.LegacyAdmissionController(cfg.saturation_detector),
                 )

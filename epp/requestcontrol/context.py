@@ -139,7 +139,7 @@ class RequestContext:
             self.served = self._director.datastore.by_hostport(served_hostport)
         added: dict[str, str] = {}
         for plugin in self._director.response_header_plugins:
-            added.update(plugin.response_headers(self.request, self.result, served_hostport))
+            added.update(plugin.response_headers(self.request, self.result, served_hostport, headers))
         return added
 
     def prefill_done(self) -> None:

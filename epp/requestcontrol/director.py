@@ -49,7 +49,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
@@ -73,6 +73,7 @@ from epp.requestcontrol.accounting import Accounting
 from epp.requestcontrol.context import RequestContext
 from epp.requestcontrol.offload import BodyParsers, parse_here
 from epp.requestcontrol.prompt import Prompts, PromptTokenizer
+from epp.scheduling.config import SchedulerConfig
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import (
     Admitter,
@@ -87,6 +88,33 @@ from epp.scheduling.interfaces import (
 from epp.tokenize.render import Renderer
 
 log = logging.getLogger("epp.director")
+
+
+class PluginHooks(TypedDict):
+    """The configured plugins of each of the Director's hooks, as its keyword arguments."""
+
+    pre_request: Sequence[PreRequest]
+    response_complete: Sequence[ResponseComplete]
+    header_processors: Sequence[RequestHeaderProcessor]
+    producers: Sequence[RequestProducer]
+    admitters: Sequence[Admitter]
+    response_headers: Sequence[ResponseHeaders]
+
+
+def plugin_hooks(config: SchedulerConfig) -> PluginHooks:
+    """Every hook's plugins from `config`: `epp serve` and the benchmarks build their Directors
+    alike (fast mode once left out the response-header hook, which P/D's decode-pod pricing
+    depends on)."""
+    return PluginHooks(
+        pre_request=config.pre_request,
+        response_complete=config.response_complete,
+        header_processors=config.header_processors,
+        producers=config.producers,
+        admitters=config.admitters,
+        response_headers=config.response_headers,
+    )
+
+
 # From this many prompt tokens the scorers' work that needs no shared state (block keys: ~250 ns a
 # block) is done in a worker thread before scheduling, not on the loop inside it.
 PREPARE_AHEAD_TOKENS = 16384

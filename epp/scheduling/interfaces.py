@@ -181,11 +181,16 @@ class Admitter(Plugin, Protocol):
 @runtime_checkable
 class ResponseHeaders(Plugin, Protocol):
     def response_headers(
-        self, request: InferenceRequest, result: SchedulingResult, served: str | None
+        self,
+        request: InferenceRequest,
+        result: SchedulingResult,
+        served: str | None,
+        headers: Mapping[str, str],
     ) -> Mapping[str, str]:
         """Called when the model server's response headers arrive: headers to add to the response
         to the client. `served` is the endpoint Envoy reports it sent the request to (its
-        `x-gateway-destination-endpoint-served` metadata), None when Envoy reported none."""
+        `x-gateway-destination-endpoint-served` metadata), None when Envoy reported none;
+        `headers` the response's own (lower-case names)."""
         ...
 
 

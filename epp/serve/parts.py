@@ -38,7 +38,7 @@ from epp.observability import collectors, metrics, metrics_tls
 from epp.observability import http as obs_http
 from epp.observability.looplag import LoopLagMonitor
 from epp.requestcontrol import admission
-from epp.requestcontrol.director import Director, DirectorSettings
+from epp.requestcontrol.director import Director, DirectorSettings, plugin_hooks
 from epp.requestcontrol.offload import BodyParsers
 from epp.rpc import http as rpc_http
 from epp.rpc import service as rpc_service
@@ -210,12 +210,7 @@ def _director(
     return Director(
         datastore=datastore,
         scheduler=config.scheduler,
-        pre_request=config.pre_request,
-        response_complete=config.response_complete,
-        header_processors=config.header_processors,
-        producers=config.producers,
-        admitters=config.admitters,
-        response_headers=config.response_headers,
+        **plugin_hooks(config),
         settings=DirectorSettings(
             max_body_bytes=args.max_body_bytes,
             limits=RequestLimits(

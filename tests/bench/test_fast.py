@@ -3,10 +3,12 @@ and the request-control bookkeeping (in-flight counts, hooks) as when serving.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from epp.api.requests import InferenceRequest
 from epp.bench import fast, pd, policies, report
 from epp.bench.policies import POLICIES, Policy, config_file
 from epp.bench.workload import OpenLoop, Prompt
@@ -89,6 +91,29 @@ def test_bookings_are_released_and_scrapes_feed_the_datastore() -> None:
     assert 0.98 * len(served) <= sum(t.decodes for t in totals if t is not None) <= len(served)
     tokens = sum(x.output_tokens - 1 for x in served)
     assert 0.98 * tokens <= sum(t.tokens for t in totals if t is not None) <= tokens
+
+
+def test_every_plugin_hook_runs_as_under_epp_serve() -> None:
+    # The Director gets every hook's plugins as `epp serve` gives them: fast mode once left out
+    # the response-header hook, where P/D's decode-pod pricing counts off the KV in transit.
+    r = fast.FastRun(helpers.small(), POLICIES["epp"], profile=helpers.PROFILE, pods=helpers.PODS, seed=7)
+    (scorer,) = r.director.response_header_plugins
+    seen: list[str] = []
+    hook = scorer.response_headers
+
+    def counted(
+        request: InferenceRequest,
+        result: interfaces.SchedulingResult,
+        served: str | None,
+        headers: Mapping[str, str],
+    ) -> Mapping[str, str]:
+        seen.append(headers[":status"])
+        return hook(request, result, served, headers)
+
+    scorer.response_headers = counted  # type: ignore[method-assign]
+    result = r.run()
+    served = [x for x in result.records if x.status == 200]
+    assert served and seen == ["200"] * len(served)
 
 
 def test_behind_epps_gateway_config_off_sample_bodies_skip_epp() -> None:

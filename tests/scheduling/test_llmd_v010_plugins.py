@@ -123,7 +123,7 @@ def _result(ep: Endpoint) -> interfaces.SchedulingResult:
 def test_encoded_endpoint_header_pins_the_client_to_its_token() -> None:
     scorer = builders.plugin("session-affinity-scorer")
     a, b = labelled("a"), labelled("b")
-    headers = scorer.response_headers(req(), _result(b), None)
+    headers = scorer.response_headers(req(), _result(b), None, {":status": "200"})
     assert headers == {"x-session-token": base64.b64encode(b"ns/b").decode()}
     assert scorer.score({}, req(**headers), [a, b]) == [0.0, 1.0]
     assert scorer.score({}, req(), [a, b]) == [0.0, 0.0]

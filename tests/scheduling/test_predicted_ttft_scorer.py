@@ -183,7 +183,7 @@ def test_a_split_requests_kv_counts_on_its_decode_pod_until_its_answer_starts(cl
     assert terms["pod-0"].queue_s == 0.0  # its prefill is the prefill pod's (book_prefill)
     # The decode pod's answer starts once the prefill pod has answered: the KV is there, and
     # its scraped usage shows it from then on.
-    assert s.scorer.response_headers(split, remote, None) == {}
+    assert s.scorer.response_headers(split, remote, None, {":status": "200"}) == {}
     _, cycle = s.score(request(toks(1000, start=50_000)), eps)
     assert cycle["ttft"].terms["pod-0"].kv_price == 0.0
     s.scorer.response_complete(split, _outcome(eps[0], ttft=1.0, prompt=4000, cached=0))

@@ -51,14 +51,11 @@ The model, per candidate endpoint `e` (seconds):
   scrapes, `metrics_learning.py`: every request a pod serves, where epp reads one response in
   many behind its own gateway config).
   On a P/D decode pod the blocks in use also count the KV of the split requests booked there that
-  has not landed yet: their prefill runs on another pod and their whole prompt's KV arrives after
-  it, which neither the pod's scrape nor its fluid queue shows until then (counted off when the
-  answer's headers arrive: a sidecar sends the decode leg once the prefill pod has answered; an
-  answer that does not stream has its headers at its end, and its KV counts twice meanwhile).
-  Without it a decode pod looks emptier with every split it draws, and under a prefill backlog
-  (`epp bench pd`, pd-long-prompt at `--load 4`, every pod prefill-decode, seed 5) one pod of 8
-  drew 31% of the requests, whose decode legs then waited up to 45 s for its KV: TTFT p99 61 s,
-  against 24 s with it.
+  has not landed: their prompt's KV arrives after a prefill elsewhere, which neither the pod's
+  scrape nor its fluid queue shows until then (without it a decode pod looked emptier with each
+  split it drew: BENCHMARKS.md, "Prefill/decode disaggregation"). It is counted off when the
+  answer's headers arrive (a sidecar sends the decode leg once the prefill pod answered; an answer
+  that does not stream has them at its end, and its KV counts twice meanwhile).
   The choice pays that price in full (it keeps a pod from evicting hot prefixes and preempting);
   the prediction multiplies it by a scale learned from what such waits turned out to be.
 
@@ -397,15 +394,20 @@ class PredictedTTFTScorer(registry.PluginBase):
         while len(pending) > MAX_PENDING:
             self._landed(pending.popitem(last=False)[1])
 
-    def _landed(self, booked: Booked) -> None:
-        if booked.incoming:
-            rate = self._rates.get(booked.endpoint)
-            if rate is not None:
-                rate.incoming = max(rate.incoming - booked.incoming, 0.0)
-            booked.incoming = 0.0
+    def _landed(self, booked: Booked) -> float:
+        """Count off a split request's KV in transit to its decode pod: the tokens, once."""
+        coming, booked.incoming = booked.incoming, 0.0
+        rate = self._rates.get(booked.endpoint)
+        if coming and rate is not None:
+            rate.incoming = max(rate.incoming - coming, 0.0)
+        return coming
 
     def response_headers(
-        self, request: InferenceRequest, result: interfaces.SchedulingResult, served: str | None
+        self,
+        request: InferenceRequest,
+        result: interfaces.SchedulingResult,
+        served: str | None,
+        headers: Mapping[str, str],
     ) -> Mapping[str, str]:
         booked = self._pending.get(id(request))
         if booked is not None and booked.request is request:

@@ -66,7 +66,11 @@ class ProbabilisticAdmitter(registry.PluginBase):
 @registry.register("destination-endpoint-served-verifier")
 class DestinationEndpointServedVerifier(registry.PluginBase):
     def response_headers(
-        self, request: InferenceRequest, result: interfaces.SchedulingResult, served: str | None
+        self,
+        request: InferenceRequest,
+        result: interfaces.SchedulingResult,
+        served: str | None,
+        headers: Mapping[str, str],
     ) -> Mapping[str, str]:
         if served is None:
             return {SERVED_HEADER: "fail: missing destination endpoint served metadata"}

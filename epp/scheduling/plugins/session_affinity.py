@@ -223,7 +223,11 @@ class _SessionAffinity(registry.PluginBase):
             self._bindings.bind(session, endpoint_id(picked))
 
     def response_headers(
-        self, request: InferenceRequest, result: interfaces.SchedulingResult, served: str | None
+        self,
+        request: InferenceRequest,
+        result: interfaces.SchedulingResult,
+        served: str | None,
+        headers: Mapping[str, str],
     ) -> Mapping[str, str]:
         if self.strategy != "encoded_endpoint_header":
             return {}
