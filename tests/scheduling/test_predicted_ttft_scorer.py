@@ -17,6 +17,7 @@ from epp.kvcache.events import BlockStored, EventBatch
 from epp.observability import metrics
 from epp.scheduling import interfaces, registry
 from epp.scheduling.plugins import predicted_ttft_scorer as mod
+from epp.sidecar.protocol import PREFILL_RESULT_HEADER
 
 from . import builders, fleet
 
@@ -196,6 +197,42 @@ def test_a_split_requests_kv_counts_on_its_decode_pod_until_its_answer_starts(cl
     s.scorer.response_complete(other, interfaces.RequestOutcome(endpoint=eps[0], status=503))
     _, cycle = s.score(request(toks(1000, start=50_000)), eps)
     assert cycle["ttft"].terms["pod-0"].kv_price == 0.0
+
+
+def test_a_split_request_prefilled_locally_after_its_prefill_pod_failed_queues_on_its_decode_pod(
+    clock: Clock,
+) -> None:
+    # epp's sidecar answers `x-epp-prefill: local` when the prefill pod failed and it prefills on
+    # the decode pod instead: that prefill joins the decode pod's queue (none was booked there).
+    s = Stack(prefillTokensPerSecond=10_000.0, decodeInterference=0.0, overheadSeconds=0.0)
+    eps = builders.pool(2)
+    remote = interfaces.SchedulingResult(
+        "decode",
+        {"decode": interfaces.ProfileResult("decode", [eps[0]])},
+        stages={"prefill": [eps[1]]},
+    )
+    split = request(toks(4000, start=1))
+    s.score(split, eps)
+    s.scorer.pre_request(split, remote)
+    _, cycle = s.score(request(toks(1000, start=50_000)), eps)
+    assert cycle["ttft"].terms["pod-0"].queue_s == 0.0
+    s.scorer.response_headers(split, remote, None, {":status": "200", PREFILL_RESULT_HEADER: "local"})
+    _, cycle = s.score(request(toks(1000, start=50_000)), eps)
+    assert cycle["ttft"].terms["pod-0"].queue_s == pytest.approx(0.4)  # 4,000 tokens at 10,000/s
+    assert cycle["ttft"].terms["pod-1"].queue_s == 0.0
+    s.scorer.response_headers(split, remote, None, {":status": "200", PREFILL_RESULT_HEADER: "local"})
+    _, cycle = s.score(request(toks(1000, start=50_000)), eps)
+    assert cycle["ttft"].terms["pod-0"].queue_s == pytest.approx(0.4)  # booked once
+    clock.now += 0.25
+    _, cycle = s.score(request(toks(1000, start=50_000)), eps)
+    assert cycle["ttft"].terms["pod-0"].queue_s == pytest.approx(0.15)
+    # A prefill pod that answered: nothing is booked on the decode pod.
+    other = request(toks(4000, start=9000))
+    s.score(other, eps)
+    s.scorer.pre_request(other, remote)
+    s.scorer.response_headers(other, remote, None, {":status": "200", PREFILL_RESULT_HEADER: "10.0.0.2:8000"})
+    _, cycle = s.score(request(toks(1000, start=50_000)), eps)
+    assert cycle["ttft"].terms["pod-0"].queue_s == pytest.approx(0.15)
 
 
 def test_offloaded_blocks_cost_a_fraction_of_a_miss(clock: Clock) -> None:

@@ -55,7 +55,9 @@ The model, per candidate endpoint `e` (seconds):
   scrape nor its fluid queue shows until then (without it a decode pod looked emptier with each
   split it drew: BENCHMARKS.md, "Prefill/decode disaggregation"). It is counted off when the
   answer's headers arrive (a sidecar sends the decode leg once the prefill pod answered; an answer
-  that does not stream has them at its end, and its KV counts twice meanwhile).
+  that does not stream has them at its end, and its KV counts twice meanwhile); if they say epp's
+  sidecar prefills on the decode pod itself (`x-epp-prefill: local`, its prefill pod failed), that
+  prefill joins the decode pod's fluid queue then.
   The choice pays that price in full (it keeps a pod from evicting hot prefixes and preempting);
   the prediction multiplies it by a scale learned from what such waits turned out to be.
 
@@ -148,6 +150,7 @@ from epp.scheduling.plugins.predicted_ttft_terms import (
 from epp.scheduling.plugins.prefix_popularity import Popularity, first_block_digest, prompt_tokens
 from epp.scheduling.plugins.traffic_share import TrafficShare
 from epp.scheduling.plugins.ttft_homes import Homes
+from epp.sidecar.protocol import PREFILL_RESULT_HEADER
 
 MAX_PENDING: Final = 65536
 """Predictions kept for response_complete; beyond it the oldest are dropped (lost responses)."""
@@ -411,7 +414,11 @@ class PredictedTTFTScorer(registry.PluginBase):
     ) -> Mapping[str, str]:
         booked = self._pending.get(id(request))
         if booked is not None and booked.request is request:
-            self._landed(booked)
+            coming = self._landed(booked)
+            rate = self._rates.get(booked.endpoint)
+            if coming and rate is not None and headers.get(PREFILL_RESULT_HEADER) == "local":
+                work = coming * rate.cost * booked.slowdown * self._share.scale  # as if picked so
+                rate.busy_until = max(rate.busy_until, clock.now()) + work
         return {}
 
     def response_complete(self, request: InferenceRequest, outcome: interfaces.RequestOutcome) -> None:
