@@ -417,7 +417,8 @@ class PredictedTTFTScorer(registry.PluginBase):
             coming = self._landed(booked)
             rate = self._rates.get(booked.endpoint)
             if coming and rate is not None and headers.get(PREFILL_RESULT_HEADER) == "local":
-                work = coming * rate.cost * booked.slowdown * self._share.scale  # as if picked so
+                # Booked as `pre_request` books a request that prefills where it is picked.
+                work = coming * rate.cost * booked.slowdown * self._share.scale
                 rate.busy_until = max(rate.busy_until, clock.now()) + work
         return {}
 
