@@ -12,7 +12,7 @@ import pytest
 
 from epp.api import errors
 from epp.datastore.endpoints import Datastore, EndpointSpec
-from epp.requestcontrol.director import Director
+from epp.requestcontrol.director import Director, plugin_hooks
 from epp.scheduling import config as sched_config
 from epp.scheduling.disagg import runner
 from epp.scheduling.interfaces import Handle
@@ -42,14 +42,7 @@ def pool(*roles: str) -> Datastore:
 def director(text: str, ds: Datastore) -> tuple[Director, sched_config.SchedulerConfig]:
     """A Director on `text`'s plugins, wired as `epp serve` wires them."""
     cfg = sched_config.load_config(text, Handle(datastore=ds))
-    d = Director(
-        datastore=ds,
-        scheduler=cfg.scheduler,
-        pre_request=cfg.pre_request,
-        response_complete=cfg.response_complete,
-        response_headers=cfg.response_headers,
-    )
-    return d, cfg
+    return Director(datastore=ds, scheduler=cfg.scheduler, **plugin_hooks(cfg)), cfg
 
 
 def body(tokens: int, start: int = 1) -> bytes:
