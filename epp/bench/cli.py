@@ -26,7 +26,7 @@ from epp.bench.peers import PEERS, Peer, peers_dir
 from epp.bench.policies import ADMISSION, CONFIG_PREFIX, POLICIES, Policy, config_file
 from epp.bench.progress import Progress
 from epp.bench.trace import Trace, TraceError
-from epp.bench.workload import Fleet, Workload
+from epp.bench.workload import AtLoad, Fleet, OpenLoop, Workload
 from epp.bench.workloads import WORKLOADS
 from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
 from epp.requestcontrol.director import DirectorSettings
@@ -121,6 +121,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     size.add_argument(
         "--duration", type=float, default=None, help="seconds of arrivals per workload (virtual time)"
+    )
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=1.0,
+        help="open-loop workloads: arrivals this many times as fast (the same requests, each at its "
+        "time / LOAD; with --duration, that many seconds of them). Default 1: the workload's rate",
     )
     parser.add_argument(
         "--profile", default=None, help=f"engine profile for every pod: {', '.join(PROFILES)}"
@@ -397,6 +404,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise BenchConfigError(f"--scale must be > 0, got {args.scale}")
     if args.duration is not None and not args.duration > 0:
         raise BenchConfigError(f"--duration must be > 0, got {args.duration}")
+    if not args.load > 0 or args.load == float("inf"):
+        raise BenchConfigError(f"--load must be a finite number > 0, got {args.load}")
     if args.pods is not None and args.pods < 1:
         raise BenchConfigError(f"--pods must be >= 1, got {args.pods}")
     if not 1 <= args.replicas <= 64:
@@ -456,8 +465,17 @@ def _builder(
 ) -> Callable[[], Workload]:
     def build(scale: float) -> Workload:
         if cls is Trace:
-            return Trace(name[len(TRACE_PREFIX) :], seed=args.seed, scale=scale, fleet=fleet)
-        return cls(seed=args.seed, scale=scale, fleet=fleet)
+            wl: Workload = Trace(name[len(TRACE_PREFIX) :], seed=args.seed, scale=scale, fleet=fleet)
+        else:
+            wl = cls(seed=args.seed, scale=scale, fleet=fleet)
+        if args.load == 1.0:
+            return wl
+        if not isinstance(wl, OpenLoop):
+            raise BenchConfigError(
+                f"--load: {name} is a closed loop (its users send the next request when the last "
+                "one ends), so its rate follows the fleet; --load is for open-loop workloads"
+            )
+        return AtLoad(wl, args.load)
 
     scale = args.scale or 1.0
     try:

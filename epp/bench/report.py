@@ -271,6 +271,7 @@ def workload_entry(
         "pod_profiles": list(pod_profiles) if pod_profiles else None,
         "duration_s": workload.duration,
         "scale": workload.scale,
+        "load": workload.load,
         "stages": [
             {"label": s.label, "start_s": s.start, "end_s": s.end, "qps": s.qps, "sharing": s.sharing}
             for s in workload.stages

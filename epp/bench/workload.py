@@ -91,6 +91,8 @@ class Workload(abc.ABC):  # noqa: B024  (abstract through OpenLoop / ClosedLoop)
     # A mixed fleet: each pod's profile name (one block size for all), unless --profile or --pods
     # asks for a uniform one; `default_profile` is then the first of them, for sizing and the SLO.
     pod_profiles: tuple[str, ...] | None = None
+    # How many times the workload's own rate its arrivals come at (`AtLoad`).
+    load: float = 1.0
 
     def __init__(self, *, seed: int, scale: float, fleet: Fleet) -> None:
         if scale <= 0:
@@ -159,6 +161,44 @@ class PoissonMix(OpenLoop):
 
     def prompt(self, rng: random.Random, stage: int) -> Prompt:
         raise NotImplementedError
+
+
+class AtLoad(OpenLoop):
+    """An open-loop workload at `load` times its rate: the same requests, each arriving at its
+    time divided by `load` (`epp bench --load`).
+
+    Compressing time rather than drawing new arrivals keeps every request, its prompt and its
+    order as at load 1, so two loads differ only in how close together the requests come, bursts
+    and quiet spells included. Stages keep their labels; their times shrink and their rates grow
+    by `load`, and a cold start's pods come up at `pods_ready_at / load`.
+    """
+
+    def __init__(self, inner: OpenLoop, load: float) -> None:
+        if not load > 0:
+            raise ValueError(f"load must be > 0, got {load}")
+        super().__init__(seed=inner.seed, scale=inner.scale, fleet=inner.fleet)
+        self.inner = inner
+        self.load = load
+        self.name = inner.name
+        self.description = f"{inner.description}; at {load:g}x its rate"
+        self.default_profile = inner.default_profile
+        self.default_pods = inner.default_pods
+        self.pod_profiles = inner.pod_profiles
+        self.pods_ready_at = None if inner.pods_ready_at is None else inner.pods_ready_at / load
+        self.stages = [
+            Stage(s.label, s.start / load, s.end / load, None if s.qps is None else s.qps * load, s.sharing)
+            for s in inner.stages
+        ]
+
+    def arrivals(self) -> Iterator[tuple[float, Prompt]]:
+        load = self.load
+        return ((t / load, prompt) for t, prompt in self.inner.arrivals())
+
+    def inference_perf_form(self) -> InferencePerfForm:
+        form = self.inner.inference_perf_form()
+        return dataclasses.replace(
+            form, stages=tuple((rate * self.load, seconds / self.load) for rate, seconds in form.stages)
+        )
 
 
 class ClosedLoop(Workload):

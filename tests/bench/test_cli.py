@@ -64,6 +64,9 @@ def test_list_names_workloads_and_policies(capsys: pytest.CaptureFixture[str]) -
         (["--workload", "trace:/nonexistent.jsonl"], "--workload: /nonexistent.jsonl: cannot read"),
         (["--workload", "unique", "--slo-tpot", "0"], "--slo-tpot must be a positive number of seconds"),
         (["--workload", "unique", "--slo-ttft", "inf"], "--slo-ttft must be a positive number of seconds"),
+        (["--workload", "unique", "--load", "0"], "--load must be a finite number > 0"),
+        (["--workload", "unique", "--load", "nan"], "--load must be a finite number > 0"),
+        (["--workload", "chat", "--load", "2"], "--load: chat is a closed loop"),
     ],
 )
 def test_config_errors_name_the_option(
@@ -101,8 +104,52 @@ def test_duration_sets_the_scale() -> None:
     assert plan[0][1]().duration == pytest.approx(30.0)
 
 
+def test_load_compresses_time_with_the_same_requests() -> None:
+    [(_, build1, *_)] = cli._plan(parse("--workload", "bursty", "--scale", "0.2"))
+    [(_, build2, *_)] = cli._plan(parse("--workload", "bursty", "--scale", "0.2", "--load", "2.5"))
+    base, loaded = build1(), build2()
+    a, b = list(base.arrivals()), list(loaded.arrivals())
+    assert len(a) == len(b) > 50
+    for (t1, p1), (t2, p2) in zip(a, b, strict=True):
+        assert t2 == pytest.approx(t1 / 2.5)
+        assert list(p1.token_ids) == list(p2.token_ids) and p1.max_tokens == p2.max_tokens
+    assert loaded.duration == pytest.approx(base.duration / 2.5)
+    assert loaded.load == 2.5 and base.load == 1.0
+    assert [s.label for s in loaded.stages] == [s.label for s in base.stages]
+
+
+def test_load_with_duration_gives_that_many_seconds_at_the_higher_rate() -> None:
+    [(_, build1, *_)] = cli._plan(parse("--workload", "mixed-fleet", "--duration", "30"))
+    [(_, build2, *_)] = cli._plan(parse("--workload", "mixed-fleet", "--duration", "30", "--load", "1.5"))
+    base, loaded = build1(), build2()
+    assert loaded.duration == pytest.approx(30.0) == base.duration
+    assert loaded.stages[0].qps == pytest.approx(1.5 * (base.stages[0].qps or 0))
+    n1, n2 = sum(1 for _ in base.arrivals()), sum(1 for _ in loaded.arrivals())
+    assert n2 == pytest.approx(1.5 * n1, rel=0.2)
+
+
+def test_load_is_recorded_and_raises_the_offered_rate(tmp_path: Path) -> None:
+    argv = ["--workload", "unique", "--policies", "round-robin", "--scale", "0.01", "--no-plots"]
+    for load in ("1", "3"):
+        assert cli.run(parse(*argv, "--out", str(tmp_path / load), "--load", load)) == 0
+    docs = [json.loads((tmp_path / n / "results.json").read_text()) for n in "13"]
+    one, three = (doc["workloads"]["unique"] for doc in docs)
+    assert (one["load"], three["load"]) == (1.0, 3.0)
+    assert three["duration_s"] == pytest.approx(one["duration_s"] / 3)
+    assert three["stages"][0]["qps"] == pytest.approx(3 * one["stages"][0]["qps"])
+    assert three["policies"]["round-robin"]["served"] == one["policies"]["round-robin"]["served"]
+
+
 def test_slo_flags_set_the_target(tmp_path: Path) -> None:
     argv = ["--workload", "unique", "--policies", "round-robin", "--scale", "0.01", "--no-plots"]
     assert cli.run(parse(*argv, "--out", str(tmp_path), "--slo-ttft", "0.25", "--slo-tpot", "0.5")) == 0
     s = json.loads((tmp_path / "results.json").read_text())["workloads"]["unique"]["policies"]["round-robin"]
     assert (s["slo_ttft_s"], s["slo_tpot_s"]) == (0.25, 0.5)
+
+
+def test_load_raises_inference_perfs_rate_too() -> None:
+    [(_, build1, *_)] = cli._plan(parse("--workload", "shared-prefix", "--duration", "60"))
+    [(_, build2, *_)] = cli._plan(parse("--workload", "shared-prefix", "--duration", "60", "--load", "2"))
+    [(rate1, seconds1)] = build1().inference_perf_form().stages
+    [(rate2, seconds2)] = build2().inference_perf_form().stages
+    assert (rate2, seconds2) == pytest.approx((2 * rate1, seconds1))
