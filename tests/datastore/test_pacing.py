@@ -68,7 +68,9 @@ async def test_an_endpoint_with_work_is_scraped_at_the_base_interval(server: Fak
     server.running = 1
     async with MetricsScraper(ds, pool_name="p", interval=INTERVAL, idle_interval=IDLE):
         await until(lambda: ep.metrics.running == 1)
-        assert await scrapes_in(server, 0.6) >= 15  # ~30 at 20 ms
+        # ~30 at 20 ms, 1-2 at the idle pace; a loaded CI machine's late loop widens the pace
+        # (pacing's lag probe), and 14 was seen there: the bound sits between the two paces.
+        assert await scrapes_in(server, 0.6) >= 8
         server.running = 0  # it finishes: the idle pace from its next scrape on
         await until(lambda: ep.metrics.running == 0)
         assert await scrapes_in(server, 0.8) <= 4
@@ -92,7 +94,7 @@ async def test_a_booking_ends_the_idle_pause(server: FakeVLLM) -> None:
         assert INTERVAL * 0.5 <= took < 0.5, took  # one base interval after the booking
         await until(lambda: ep.metrics.running == 1)
         ep.release(100)
-        assert await scrapes_in(server, 0.4) >= 8  # busy while the pod says so
+        assert await scrapes_in(server, 0.4) >= 6  # busy while the pod says so (~20; booked pace: 2)
 
 
 async def test_idle_interval_zero_scrapes_everything_at_the_base_interval(server: FakeVLLM) -> None:
