@@ -132,8 +132,10 @@ async def test_load_that_is_all_epps_bookings_is_scraped_at_the_booked_interval(
         started = time.monotonic()
         await until(lambda: ep.metrics.running == 4, within=BOOKED + 0.5)
         assert time.monotonic() - started <= BOOKED + 0.2
-        assert await scrapes_in(server, 0.6) >= 15  # then the base interval
-        assert ep.metrics.grace == 0.0
+        assert await scrapes_in(server, 0.6) >= 8  # then the base interval (~30; booked pace: 3)
+        # Off the booked pace (its grace is BOOKED - INTERVAL); a loaded machine's late loop may
+        # leave the lag probe's widening (one base interval was seen in CI), never the booked one.
+        assert ep.metrics.grace < BOOKED - INTERVAL
         assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 0
     assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 0
 
