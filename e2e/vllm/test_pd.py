@@ -123,11 +123,11 @@ def pd(vllm_python: Path, model_root: Path, tmp_path_factory: pytest.TempPathFac
     workdir = tmp_path_factory.mktemp("pd")
     cleanup = Cleanup()
     try:
-        # The vLLMs bind theirs (HTTP, NIXL's side channel) a minute after the pick: from outside
-        # the ephemeral range, where their own bind(0) calls took one once (CI: "Address already
-        # in use" in nixl_handshake_listener).
-        p_port, d_port, p_side, d_side = stable_ports(4)
-        s_port, listen = free_ports(2)
+        # Every port here is bound a minute or more after the pick (the vLLMs' HTTP and NIXL side
+        # channel, then the sidecar's and Envoy's listeners): from outside the ephemeral range,
+        # where meanwhile other sockets took one twice in CI ("Address already in use" in
+        # nixl_handshake_listener, and for Envoy's listener).
+        p_port, d_port, p_side, d_side, s_port, listen = stable_ports(6)
         servers = []
         for name, port, side in (("prefill", p_port, p_side), ("decode", d_port, d_side)):
             server = VllmServer(
