@@ -1,7 +1,7 @@
 """predicted-ttft-scorer's placement of prefixes: the rendezvous home of an unseen prefix
 (agreeing across instances and processes, among near-minimum endpoints only), a popular prefix
-copied to more endpoints, homes for endpoints below their share of recent traffic, and an empty
-endpoint warming up."""
+copied to more endpoints, homes for endpoints below their share of recent traffic, an empty
+endpoint warming up, and a near-tie kept on the endpoint holding the prompt (`holderTolerance`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from epp.scheduling import interfaces, registry
+from epp.scheduling.plugins.ttft_homes import holder
 
 from . import builders, fleet
 from .fleet import Clock, feed, toks
@@ -179,3 +180,43 @@ def test_an_empty_endpoint_far_below_its_share_warms_up(clock: Clock, kind: str)
             held.add(g)
             feed(s.index, "pod-2", prefixes[g], base=100_000 * (g + 1) + 70_000)
     assert picks["pod-2"] >= 300 / 6, picks
+
+
+# --- a near-tie keeps the request on its holder ---------------------------------------------------
+
+
+def _holder_case(tolerance: float) -> tuple[str, float, dict[str, Any]]:
+    """pod-0 holds the prompt but has ~0.1 s of another prompt's prefill booked; idle pod-1 would
+    compute all 1,000 tokens (0.11 s): a miss there is a little faster. Returns the pick, the
+    objectives' ratio (holder / best) and explain's request facts."""
+    s = Stack(missPenalty=0.0, holderTolerance=tolerance)
+    prompt = toks(1000)
+    feed(s.index, "pod-0", prompt)
+    eps = builders.pool(2)
+    assert s.route(request(toks(1050, start=50_000)), [eps[0]]).name == "pod-0"
+    scores, cycle = s.score(request(prompt), eps)
+    objectives = {name: v[1] for name, v in cycle["ttft"].predictions.items()}
+    pick = eps[scores.index(max(scores))].name
+    return pick, objectives["pod-0"] / objectives["pod-1"], s.scorer.explain(cycle)["request"]
+
+
+def test_a_near_tie_keeps_the_request_on_the_endpoint_holding_its_prompt(clock: Clock) -> None:
+    pick, ratio, facts = _holder_case(0.2)
+    assert 1.0 < ratio < 1.2  # the miss is the better objective, within the tolerance
+    assert pick == "pod-0"
+    assert facts["ttft_holder"] == "pod-0"
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.01])
+def test_a_clear_gain_or_no_tolerance_moves_the_request(clock: Clock, tolerance: float) -> None:
+    pick, ratio, facts = _holder_case(tolerance)
+    assert ratio > 1.0 + tolerance
+    assert pick == "pod-1"
+    assert "ttft_holder" not in facts
+
+
+def test_the_holder_rule_picks_the_endpoint_holding_the_most_within_the_tolerance() -> None:
+    # index 0 is the best objective; 1 and 3 hold more, 3 the most but beyond the limit
+    assert holder([500.0, 100.0, 800.0, 0.0], [1.0, 1.04, 1.02, 1.5], limit=1.05) == 1
+    assert holder([0.0, 100.0], [1.0, 1.01], limit=1.05) == -1  # the best holds the most already
+    assert holder([500.0, 100.0], [1.0, 1.06], limit=1.05) == -1

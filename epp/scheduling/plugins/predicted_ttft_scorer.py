@@ -92,6 +92,14 @@ name, the same in every process, so independent epp replicas seeing similar traf
 tenant whose prefix was evicted returns to one pod instead of scattering. The home scores 1.0,
 every other endpoint its score times (1 - 1e-9).
 
+A prompt that some endpoint holds part of stays on the endpoint holding the most of it among those
+whose objective is within `holderTolerance` (relative) of the minimum, when the minimum's endpoint
+holds less (explain: `ttft_holder`; it scores 1.0, as a home does). The objective is a prediction
+(request-latency-scorer's decode terms rest on an expected output and the batch it would join),
+while the miss that a move costs is certain and lands at the first-token tail: a move for a gain
+within the predictions' error buys a miss for nothing. 0 (the default here) turns it off; epp's
+default config sets 0.05 (BENCHMARKS.md#holder-tolerance).
+
 Effects, in `pre_request` (the decision is final): the primary's fluid queue grows by the request's
 predicted prefill, the prefix's traffic count by one, and the prediction is kept (bounded) until
 `response_complete`, which learns from it and observes `actual - predicted` into
@@ -111,6 +119,7 @@ Parameters (each checked at startup; a misspelt or out-of-range one is a `Config
 - `missPenalty` (1.0), `missPenaltyPerWaiting` (1.0), `popularityWindowSeconds` (60): the price of
   a miss to the fleet.
 - `homeTolerance` (0.2), `homeSlackSeconds` (0.1): how near the minimum a home may be.
+- `holderTolerance` (0, >= 0): how near the minimum the endpoint holding most of a prompt keeps it.
 - `learnFromMetrics` (true), `metricsWindowSeconds` (2.0, > 0): learning the decode time, the
   prefill rate where few responses are read (and, in request-latency-scorer, each pod's step
   factor) from the pods' /metrics, at most once a window each.
@@ -149,7 +158,7 @@ from epp.scheduling.plugins.predicted_ttft_terms import (
 )
 from epp.scheduling.plugins.prefix_popularity import Popularity, first_block_digest, prompt_tokens
 from epp.scheduling.plugins.traffic_share import TrafficShare
-from epp.scheduling.plugins.ttft_homes import Homes
+from epp.scheduling.plugins.ttft_homes import Homes, holder
 from epp.sidecar.protocol import PREFILL_RESULT_HEADER
 
 MAX_PENDING: Final = 65536
@@ -179,6 +188,7 @@ class PredictedTTFTScorer(registry.PluginBase):
         offloadCost: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.2
         homeTolerance: NonNegative = 0.2
         homeSlackSeconds: NonNegative = 0.1
+        holderTolerance: NonNegative = 0.0
         missPenalty: NonNegative = 1.0
         popularityWindowSeconds: NonNegative = 60.0
         missPenaltyPerWaiting: NonNegative = 1.0
@@ -210,6 +220,7 @@ class PredictedTTFTScorer(registry.PluginBase):
         self._offload = params.offloadCost
         self._home_tol = params.homeTolerance
         self._home_slack = params.homeSlackSeconds
+        self._holder_tol = params.holderTolerance
         self._miss_penalty = params.missPenalty
         self._waiting_weight = params.missPenaltyPerWaiting
         window = params.popularityWindowSeconds
@@ -279,6 +290,13 @@ class PredictedTTFTScorer(registry.PluginBase):
                 decision.home = endpoints[home].name
                 scores = [s * (1.0 - HOME_MARGIN) for s in scores]
                 scores[home] = 1.0
+        elif self._holder_tol and match is not None and match.matches:
+            uncached = [preds[ep.name].uncached for ep in endpoints]
+            keep = holder(uncached, objectives, best * (1.0 + self._holder_tol))
+            if keep >= 0:
+                decision.holder = endpoints[keep].name
+                scores = [s * (1.0 - HOME_MARGIN) for s in scores]
+                scores[keep] = 1.0
         return scores
 
     def _predict(
@@ -571,7 +589,7 @@ class PredictedTTFTScorer(registry.PluginBase):
         `prefill_tokens_per_second`, slowed by `decode_slowdown` (1 + decode interference x
         `decodes` running); `queue_tokens` is the queue ahead in prompt tokens. Request-level: the
         `miss_penalty` factor applied (after the popularity scaling), the shared learned
-        parameters, and `ttft_home` when the rendezvous home rule decided."""
+        parameters, and `ttft_home` or `ttft_holder` when the home or the holder rule decided."""
         decision = cycle.get(self.name)
         if not isinstance(decision, TTFTDecision):
             return {}
@@ -579,23 +597,14 @@ class PredictedTTFTScorer(registry.PluginBase):
         # the cycle); without it the penalty is what is left of the objective.
         waiting = {ep.name: ep.metrics.waiting for ep in cycle.get(framework.CANDIDATES) or ()}
         per_endpoint = explain_endpoints(
-            decision,
-            waiting,
-            self._rates,
-            self._prior_cost,
-            self._overhead,
-            self._waiting_weight,
+            decision, waiting, self._rates, self._prior_cost, self._overhead, self._waiting_weight
         )
         request: dict[str, Any] = {
-            "miss_penalty": decision.penalty,
+            **decision.facts(),
             "overhead_seconds": self._overhead,
             "decode_interference": self._k_decode,
             "decode_seconds": self._decode_s,
             "kv_wait_scale": self._kv_scale,
             "traffic_share": self._share.explain(),
         }
-        if decision.home:
-            request["ttft_home"] = decision.home
-        if decision.warming:
-            request["warming_up"] = sorted(decision.warming)
         return {"request": request, "endpoints": per_endpoint}

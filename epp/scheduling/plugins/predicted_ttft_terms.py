@@ -125,6 +125,8 @@ class TTFTDecision:
     more than a tuple, ~5% of an endpoint's scoring (BENCHMARKS.md#per-request-pods)."""
 
     home: str = ""
+    # The endpoint the holder rule kept the request on (`holderTolerance`), if it decided.
+    holder: str = ""
     # For explain: each endpoint's whole prediction, and the miss penalty factor it was priced at.
     terms: dict[str, Prediction] = dataclasses.field(default_factory=dict)
     penalty: float = 0.0
@@ -137,6 +139,18 @@ class TTFTDecision:
     def predictions(self) -> dict[str, tuple[float, float, float, float]]:
         """endpoint -> (predicted ttft, objective, queue, uncached tokens)."""
         return {n: (p.ttft, p.objective, p.queue_s, p.uncached) for n, p in self.terms.items()}
+
+    def facts(self) -> dict[str, Any]:
+        """Explain's facts of the decision: the miss penalty factor applied, which rule placed the
+        request (`ttft_home`, `ttft_holder`) if one did, and the endpoints warming up."""
+        facts: dict[str, Any] = {"miss_penalty": self.penalty}
+        if self.home:
+            facts["ttft_home"] = self.home
+        if self.holder:
+            facts["ttft_holder"] = self.holder
+        if self.warming:
+            facts["warming_up"] = sorted(self.warming)
+        return facts
 
     def extras(self, endpoint: str) -> dict[str, float]:
         """request-latency-scorer's decode terms for `endpoint` by name (empty if none)."""

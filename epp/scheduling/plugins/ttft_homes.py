@@ -1,6 +1,7 @@
-"""Where predicted-ttft-scorer sends a prompt no endpoint holds, and which endpoints it prices as
-warming up. Both read the recent requests per endpoint, which this keeps (the rules and why:
-`predicted_ttft_scorer`'s docstring).
+"""Where predicted-ttft-scorer sends a prompt no endpoint holds, which endpoints it prices as
+warming up (both read the recent requests per endpoint, which this keeps), and when a near-tie
+keeps a prompt on the endpoint holding most of it (the rules and why: `predicted_ttft_scorer`'s
+docstring).
 """
 
 from __future__ import annotations
@@ -73,3 +74,15 @@ class Homes:
             if h > top:
                 top, home = h, i
         return home
+
+
+def holder(uncached: list[float], objectives: list[float], limit: float) -> int:
+    """The index of the endpoint with the fewest `uncached` tokens among those whose objective is
+    at most `limit`, if it holds more of the prompt than the endpoint of the least objective;
+    else -1 (that endpoint holds the most there already)."""
+    best = objectives.index(min(objectives))
+    keep, least = -1, uncached[best]
+    for i, objective in enumerate(objectives):
+        if objective <= limit and uncached[i] < least:
+            keep, least = i, uncached[i]
+    return keep
