@@ -300,6 +300,25 @@ def test_the_default_config_with_kv_events_prices_the_whole_request(clock: Clock
     assert facts["request"]["step_model"]["observations"] == 0
 
 
+@pytest.mark.parametrize(("running", "kept"), [(140, True), (180, False)])
+def test_the_default_config_keeps_a_near_tie_on_the_pod_holding_the_prompt(
+    clock: Clock, running: int, kept: bool
+) -> None:
+    """The holder decodes `running` sequences: at 140 a full miss on an idle pod is better by ~2% of
+    the objective (within the default's 5%: the request stays), at 180 by ~12% (it moves)."""
+    cfg, eps = fleet.configured(CONFIG, toks(2000))
+    holder = eps[1]
+    holder.metrics.running = running
+    holder.metrics.updated_at = 1.0
+    result = cfg.scheduler.schedule(request(toks(2000)), eps, explain=True)
+    facts = result.profiles["default"].facts
+    objective = {name: row["objective_s"] for name, row in facts["endpoints"].items()}
+    gain = objective[holder.hostport] / min(objective.values())
+    assert 1.0 < gain < 1.05 if kept else gain > 1.05
+    assert (result.targets[0].name == holder.hostport) is kept
+    assert (facts["request"].get("ttft_holder") == holder.hostport) is kept
+
+
 @pytest.mark.parametrize(
     ("params", "culprit"),
     [

@@ -52,6 +52,11 @@ minimum. A share of the whole objective, or of its TTFT, grows with the decode a
 cold prompts then waited behind others' prefills, and past capacity the hash, not the queues,
 placed them.
 
+A prompt some pod holds stays on the pod holding most of it when another is better by less than
+`holderTolerance` of the whole objective (predicted-ttft-scorer's rule; 0.05 in epp's default
+config): the decode terms rest on an expected output and a batch to come, while the miss a move
+costs is certain and lands at the first-token tail (BENCHMARKS.md#holder-tolerance).
+
 Hot prefixes replicate through this objective: the pods holding a hot prefix gather its requests
 and their batch and context grow, so their decode price rises until a miss elsewhere (one prefill,
 paid once per new replica) is cheaper; the next request seeds a new replica, which its successors
