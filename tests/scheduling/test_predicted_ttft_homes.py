@@ -220,3 +220,4 @@ def test_the_holder_rule_picks_the_endpoint_holding_the_most_within_the_toleranc
     assert holder([500.0, 100.0, 800.0, 0.0], [1.0, 1.04, 1.02, 1.5], limit=1.05) == 1
     assert holder([0.0, 100.0], [1.0, 1.01], limit=1.05) == -1  # the best holds the most already
     assert holder([500.0, 100.0], [1.0, 1.06], limit=1.05) == -1
+    assert holder([500.0, 100.0, 100.0], [1.0, 1.04, 1.02], limit=1.05) == 2  # as much: the lesser objective

@@ -78,11 +78,14 @@ class Homes:
 
 def holder(uncached: list[float], objectives: list[float], limit: float) -> int:
     """The index of the endpoint with the fewest `uncached` tokens among those whose objective is
-    at most `limit`, if it holds more of the prompt than the endpoint of the least objective;
-    else -1 (that endpoint holds the most there already)."""
+    at most `limit` (of several holding as much, the one of the least objective), if it holds more
+    of the prompt than the endpoint of the least objective; else -1 (that endpoint holds the most
+    there already)."""
     best = objectives.index(min(objectives))
     keep, least = -1, uncached[best]
     for i, objective in enumerate(objectives):
-        if objective <= limit and uncached[i] < least:
-            keep, least = i, uncached[i]
+        if objective <= limit:
+            u = uncached[i]
+            if u < least or (u == least and keep >= 0 and objective < objectives[keep]):
+                keep, least = i, u
     return keep
