@@ -165,7 +165,8 @@ MAX_PENDING: Final = 65536
 """Predictions kept for response_complete; beyond it the oldest are dropped (lost responses)."""
 
 HOME_MARGIN: Final = 1e-9
-"""How far below the home every other endpoint is scaled, so the picker cannot tie with it."""
+"""How far below the home (or the holder) every other endpoint is scaled, so the picker cannot tie
+with it."""
 
 
 @registry.register("predicted-ttft-scorer")
@@ -283,20 +284,20 @@ class PredictedTTFTScorer(registry.PluginBase):
         cycle[self.name] = decision
         best = min(objectives)
         scores = [best / t for t in objectives]
+        placed = -1  # an endpoint the home or the holder rule picks
         if (match is None or not match.matches) and digest is not None:
             limit = self._home_limit(endpoints, objectives, best)
-            home = self._homes.home(digest, endpoints, objectives, limit, now)
-            if home >= 0:
-                decision.home = endpoints[home].name
-                scores = [s * (1.0 - HOME_MARGIN) for s in scores]
-                scores[home] = 1.0
+            placed = self._homes.home(digest, endpoints, objectives, limit, now)
+            if placed >= 0:
+                decision.home = endpoints[placed].name
         elif self._holder_tol and match is not None and match.matches:
             uncached = [preds[ep.name].uncached for ep in endpoints]
-            keep = holder(uncached, objectives, best * (1.0 + self._holder_tol))
-            if keep >= 0:
-                decision.holder = endpoints[keep].name
-                scores = [s * (1.0 - HOME_MARGIN) for s in scores]
-                scores[keep] = 1.0
+            placed = holder(uncached, objectives, best * (1.0 + self._holder_tol))
+            if placed >= 0:
+                decision.holder = endpoints[placed].name
+        if placed >= 0:
+            scores = [s * (1.0 - HOME_MARGIN) for s in scores]
+            scores[placed] = 1.0
         return scores
 
     def _predict(
