@@ -25,7 +25,8 @@ The model, per candidate endpoint `e` (seconds):
   `minLearningRate`; `overhead` (`overheadSeconds`) and `k` (`decodeInterference`) start from their
   parameters and learn at `minLearningRate` (`learnShared: false` keeps them fixed). The tokens of
   an observation are the queue ahead at pick time plus the uncached tokens the model server
-  reported. Exported: `epp_predicted_ttft_prefill_tokens_per_second{plugin, endpoint}`.
+  reported (the learning rules: `predicted_ttft_learning`). Exported:
+  `epp_predicted_ttft_prefill_tokens_per_second{plugin, endpoint}`.
   With `learnFromMetrics`, where few of a pod's responses pass through epp (one in many behind
   epp's own gateway config), its `vllm:time_to_first_token_seconds` teaches the rate too: each
   window's mean TTFT against the mean work of epp's own requests whose first token it predicted
@@ -142,8 +143,9 @@ from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import framework, interfaces, registry
-from epp.scheduling.plugins.metrics_learning import FirstTokens, Growth, ScrapedLatency
+from epp.scheduling.plugins.metrics_learning import FirstTokens, ScrapedLatency
 from epp.scheduling.plugins.precise_prefix_cache_scorer import DEFAULT_BLOCK_SIZE, PrefixMatch, cached_tokens
+from epp.scheduling.plugins.predicted_ttft_learning import TTFTLearning
 from epp.scheduling.plugins.predicted_ttft_terms import (
     FINITE,
     Booked,
@@ -170,7 +172,7 @@ with it."""
 
 
 @registry.register("predicted-ttft-scorer")
-class PredictedTTFTScorer(registry.PluginBase):
+class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
     consumes_tokens: Final = True
 
     class Params(msgspec.Struct, forbid_unknown_fields=True):
@@ -361,12 +363,6 @@ class PredictedTTFTScorer(registry.PluginBase):
         `homeSlackSeconds` of the minimum."""
         return max(best * (1.0 + self._home_tol), best + self._home_slack)
 
-    def _rate(self, name: str) -> Rate:
-        rate = self._rates.get(name)
-        if rate is None:
-            rate = self._rates[name] = Rate(self._prior_cost, 0.0)
-        return rate
-
     # --- effects --------------------------------------------------------------------------------
 
     def pre_request(self, request: InferenceRequest, result: interfaces.SchedulingResult) -> None:
@@ -469,85 +465,6 @@ class PredictedTTFTScorer(registry.PluginBase):
         if outcome.prompt_tokens is not None and outcome.cached_tokens is not None:
             uncached = float(max(outcome.prompt_tokens - outcome.cached_tokens, 0))
         self.learn(booked.endpoint, ttft, booked.queue_tokens + uncached, booked.decodes)
-
-    def _learn_from_pods(self, scraped: ScrapedLatency, now: float) -> None:
-        """Learn from each pod's latency histograms' growth since the last window (module
-        docstring of `metrics_learning`)."""
-        self._scraped_check = now + scraped.window / 4.0
-        learned = False
-        for ep in self._endpoints():
-            growth = scraped.growth(ep)
-            if growth is not None:
-                self._learn_growth(ep, growth)
-                learned = True
-        if learned:
-            self._learned_from_pods()
-
-    def _learned_from_pods(self) -> None:
-        """After a pass that learned from some pods' growth (a subclass's hook)."""
-
-    def _learn_growth(self, ep: Endpoint, growth: Growth) -> None:
-        """One pod's growth: the mean decode time of the requests it finished meanwhile, and its
-        prefill rate from the mean TTFT where few responses taught it (`FirstTokens`)."""
-        self._from_metrics.inc()
-        if growth.decodes >= 1.0 and growth.decode_seconds > 0.0:
-            self._learn_decode(growth.decode_seconds / growth.decodes, growth.decodes)
-        first = self._first.sample(ep.name, growth, ep.metrics.updated_at)
-        if first is not None:
-            self.learn(ep.name, first.ttft, first.tokens, first.decodes, first.requests)
-
-    def _learn_decode(self, seconds: float, count: float = 1.0) -> None:
-        """The time from first token to the end of a response, or the mean of `count` of them."""
-        self._decode_seen += count
-        weight = min(max(count / (self._decode_seen + 1.0), self._min_rate * count), 0.5)
-        self._decode_s += weight * (seconds - self._decode_s)
-
-    def learn(self, endpoint: str, ttft: float, tokens: float, decodes: int = 0, count: float = 1.0) -> None:
-        """One observation: `tokens` of prefill (queued ahead plus its own) took `ttft` seconds
-        beside `decodes` running requests; or the means of `count` such (a /metrics window).
-
-        A gradient step on the squared log error of `(overhead + tokens * cost) * (1 + k *
-        decodes)`, clipped (robust, see the module): each parameter moves by its share of the
-        prediction (d log ttft / d log parameter), the endpoint's cost with a weight decaying from
-        the prior's to `minLearningRate`, the shared overhead and interference at that floor; a
-        mean of `count` weighs as `count` observations (at most half of the whole).
-        """
-        rate = self._rate(endpoint)
-        k, overhead = self._k_decode, self._overhead
-        slowdown = 1.0 + k * decodes
-        work = tokens * rate.cost
-        error = self._clip(math.log(max(ttft, 1e-9) / ((overhead + work) * slowdown)))
-        floor = min(self._min_rate * count, 0.5)
-        if self._learn and decodes > 0:
-            self._k_decode = min(max(k * math.exp(floor * error * k * decodes / slowdown), 1e-4), 1.0)
-        if self._learn:
-            self._overhead = min(
-                max(overhead * math.exp(floor * error * overhead / (overhead + work)), 1e-4), 10.0
-            )
-        if tokens < 1.0:
-            return
-        weight = min(max(count / (rate.seen + count + self._prior_n), floor), 0.5)
-        rate.cost *= math.exp(weight * error * work / (overhead + work))
-        rate.seen += count
-        prefill_rate.labels(self.name, endpoint).set(1.0 / rate.cost)
-
-    def _clip(self, step: float) -> float:
-        return max(-self._max_step, min(self._max_step, step))
-
-    @property
-    def decode_interference(self) -> float:
-        """The prefill slowdown per running request, as learned so far."""
-        return self._k_decode
-
-    @property
-    def overhead_seconds(self) -> float:
-        """The time to first token of a full hit on an idle endpoint, as learned so far."""
-        return self._overhead
-
-    @property
-    def decode_seconds(self) -> float:
-        """The mean time from first token to the end of a response, as learned so far."""
-        return self._decode_s
 
     def prefill_stage(self, ep: Endpoint, uncached: float, now: float) -> tuple[float, float, float]:
         """A prefill-only stage of `uncached` tokens on `ep` (P/D's prefill pod), as `_predict`
