@@ -82,10 +82,11 @@ class TTFTLearning:
         beside `decodes` running requests; or the means of `count` such (a /metrics window).
 
         A gradient step on the squared log error of `(overhead + tokens * cost) * (1 + k *
-        decodes)`, clipped (robust, see the module): each parameter moves by its share of the
-        prediction (d log ttft / d log parameter), the endpoint's cost with a weight decaying from
-        the prior's to `minLearningRate`, the shared overhead and interference at that floor; a
-        mean of `count` weighs as `count` observations (at most half of the whole).
+        decodes)`, clipped (robust: `predicted_ttft_scorer`'s docstring): each parameter moves by
+        its share of the prediction (d log ttft / d log parameter), the endpoint's cost with a
+        weight decaying from the prior's to `minLearningRate`, the shared overhead and
+        interference at that floor; a mean of `count` weighs as `count` observations (at most half
+        of the whole).
         """
         rate = self._rate(endpoint)
         k, overhead = self._k_decode, self._overhead
