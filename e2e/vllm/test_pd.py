@@ -213,7 +213,8 @@ def _tokens(raw: bytes) -> list[int]:
     return list(json.loads(raw)["choices"][0]["token_ids"])
 
 
-BODY = {"model": MODEL, "temperature": 0, "max_tokens": 12, "return_token_ids": True}
+MAX_TOKENS = 12
+BODY = {"model": MODEL, "temperature": 0, "max_tokens": MAX_TOKENS, "return_token_ids": True}
 
 
 def test_split_request_decodes_the_pulled_kv_and_matches_an_aggregated_pod(pd: PDStack) -> None:
@@ -243,11 +244,11 @@ def test_split_request_streams(pd: PDStack) -> None:
     events = [line.removeprefix("data: ") for line in raw.decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]", events
     # vLLM sends the tokens made between two reads of its client as one event: on a loaded machine
-    # all 12 came in one, so the number of events says nothing about the path; the tokens do.
+    # all the answer's tokens came in one, so the number of events says nothing about the path; the tokens do.
     chunks = [json.loads(event) for event in events[:-1]]
     assert chunks and all(chunk["object"] == "text_completion" for chunk in chunks), chunks
     tokens = [t for chunk in chunks for choice in chunk["choices"] for t in choice.get("token_ids") or ()]
-    assert 0 < len(tokens) <= 12, tokens  # BODY's max_tokens
+    assert 0 < len(tokens) <= MAX_TOKENS, tokens
 
 
 def test_dead_prefill_pod_falls_back_to_a_local_prefill(pd: PDStack) -> None:
