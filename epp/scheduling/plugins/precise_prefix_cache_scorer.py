@@ -70,7 +70,7 @@ from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.kvcache.index import KVIndexView, MatchResult
 from epp.kvcache.keys import BlockKey, block_keys, seed_for
-from epp.scheduling import framework, interfaces, registry
+from epp.scheduling import framework, interfaces, prewarm, registry
 from epp.scheduling.plugins import precise_llmd
 
 DEFAULT_BLOCK_SIZE: Final = 16  # vLLM's default --block-size on GPUs
@@ -148,7 +148,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
         self._prepared_lock = threading.Lock()
         # pre_request gets no CycleState; the Director calls it right after `schedule` with no
         # await in between, so the last request scored is the one being routed (else re-keyed).
-        self._last: tuple[InferenceRequest, dict[str, list[BlockKey]]] | None = None
+        self._last: tuple[InferenceRequest, dict[str, list[BlockKey]], dict[str, int]] | None = None
         handle.datastore.subscribe(self._on_endpoints_changed)
 
     # --- decision -------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
                     if run and (have is None or run > have.blocks):
                         matches[name] = MatchResult(run, run)
                         speculative.add(name)
-        self._last = (request, keys_of)
+        self._last = (request, keys_of, block_sizes)
         n_blocks, block_size = first if first is not None else (0, 0)
         found = PrefixMatch(len(tokens), n_blocks, block_size, matches, speculative, block_sizes)
         cycle[self.name] = found
@@ -335,8 +335,18 @@ class PrecisePrefixCacheScorer(registry.PluginBase):
             return  # not scored by this plugin (another profile, or no tokens)
         primary = result.targets[0]
         keys = last[1].get(primary.name)
+        deadline = clock.now() + self._ttl
         if keys:
-            self._spec.add(primary.name, keys, clock.now() + self._ttl)
+            self._spec.add(primary.name, keys, deadline)
+        warmup = prewarm.planned(result)
+        if warmup is not None:
+            # The pre-warmed endpoint will hold the prompt's first blocks: its next requests
+            # should find them there before the events say so, as a routed prompt's would.
+            name = warmup.endpoint.name
+            keys = last[1].get(name)
+            size = last[2].get(name, 0)
+            if keys and size:
+                self._spec.add(name, keys[: warmup.tokens // size], deadline)
 
     def _on_endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         for ep in removed:

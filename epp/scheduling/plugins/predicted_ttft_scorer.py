@@ -101,6 +101,12 @@ while the miss that a move costs is certain and lands at the first-token tail: a
 within the predictions' error buys a miss for nothing. 0 (the default here) turns it off; epp's
 default config sets 0.05 (BENCHMARKS.md#holder-tolerance).
 
+With `prewarm` (false here; epp's default config sets it), a move off the endpoint holding the
+most of a prompt, by at least `prewarmMinShare` of it, is made a stay there plus a pre-warm of the
+endpoint the objective chose (`epp.scheduling.prewarm`; explain: `prewarm`): the copy a move
+would have made, with no request paying its cold prefill. `pre_request` books its prefill on that
+endpoint's fluid queue as a routed request's (BENCHMARKS.md#prewarm).
+
 Effects, in `pre_request` (the decision is final): the primary's fluid queue grows by the request's
 predicted prefill, the prefix's traffic count by one, and the prediction is kept (bounded) until
 `response_complete`, which learns from it and observes `actual - predicted` into
@@ -121,6 +127,8 @@ Parameters (each checked at startup; a misspelt or out-of-range one is a `Config
   a miss to the fleet.
 - `homeTolerance` (0.2), `homeSlackSeconds` (0.1): how near the minimum a home may be.
 - `holderTolerance` (0, >= 0): how near the minimum the endpoint holding most of a prompt keeps it.
+- `prewarm` (false), `prewarmMinShare` (0.5, (0, 1]): pre-warms in place of moves, for a holder
+  holding at least that share of the prompt more than the endpoint chosen.
 - `learnFromMetrics` (true), `metricsWindowSeconds` (2.0, > 0): learning the decode time, the
   prefill rate where few responses are read (and, in request-latency-scorer, each pod's step
   factor) from the pods' /metrics, at most once a window each.
@@ -142,7 +150,7 @@ import msgspec
 from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
-from epp.scheduling import framework, interfaces, registry
+from epp.scheduling import framework, interfaces, prewarm, registry
 from epp.scheduling.plugins.metrics_learning import FirstTokens, ScrapedLatency
 from epp.scheduling.plugins.precise_prefix_cache_scorer import DEFAULT_BLOCK_SIZE, PrefixMatch, cached_tokens
 from epp.scheduling.plugins.predicted_ttft_learning import TTFTLearning
@@ -200,6 +208,8 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         trafficShare: Literal["auto"] | float = 1.0
         learnFromMetrics: bool = True
         metricsWindowSeconds: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 2.0
+        prewarm: bool = False
+        prewarmMinShare: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.5
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         self.name = name
@@ -213,6 +223,8 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         self._max_step = math.log(params.maxUpdateRatio)
         self._overhead = params.overheadSeconds
         self._queue_weight = params.queueDepthWeight
+        self._prewarm = params.prewarm
+        self._prewarm_share = params.prewarmMinShare
         self._k_decode = params.decodeInterference
         self._learn = params.learnShared
         self._kv_weight = params.kvPressureWeight
@@ -297,6 +309,8 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
             placed = holder(uncached, objectives, best * (1.0 + self._holder_tol))
             if placed >= 0:
                 decision.holder = endpoints[placed].name
+        if placed < 0 and self._prewarm and match is not None and match.matches:
+            placed = self._plan_warmup(cycle, endpoints, objectives.index(best), preds, match, tokens)
         if placed >= 0:
             scores = [s * (1.0 - HOME_MARGIN) for s in scores]
             scores[placed] = 1.0
@@ -330,7 +344,7 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
             decodes = 0
         slowdown = 1.0 + self._k_decode * decodes
         cost = rate.cost * slowdown
-        fluid = rate.busy_until - now  # max(0.0, busy_until - now)
+        fluid = rate.busy_until - now  # rate.backlog(now), inlined
         if not fluid > 0.0:
             fluid = 0.0
         scraped = self._queue_weight * waiting * self._mean_prefill * cost
@@ -357,6 +371,33 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         return Prediction(
             ttft, objective, queue_s, queue_s / cost, uncached, slowdown, decodes, kv_wait, kv_price
         )
+
+    def _plan_warmup(
+        self,
+        cycle: interfaces.CycleState,
+        endpoints: list[Endpoint],
+        chosen: int,
+        preds: dict[str, Prediction],
+        match: PrefixMatch,
+        tokens: int,
+    ) -> int:
+        """A move off the endpoint holding most of the prompt becomes a pre-warm (module
+        docstring of `epp.scheduling.prewarm`): returns the holder's index, or -1 (no move, or
+        the holder holds less than `prewarmMinShare` of the prompt more than the chosen one)."""
+        uncached = [preds[ep.name].uncached for ep in endpoints]
+        keep = min(range(len(endpoints)), key=uncached.__getitem__)
+        if keep == chosen or uncached[chosen] - uncached[keep] < self._prewarm_share * tokens:
+            return -1
+        target = endpoints[chosen]
+        block_size = match.block_sizes.get(target.name, match.block_size) or DEFAULT_BLOCK_SIZE
+        warm = int(tokens - uncached[keep]) // block_size * block_size
+        if warm <= 0:
+            return -1
+        cycle[prewarm.KEY] = prewarm.Warmup(target, endpoints[keep].name, warm)
+        decision = cycle[self.name]
+        if isinstance(decision, TTFTDecision):
+            decision.prewarm = (target.name, warm)
+        return keep
 
     def _home_limit(self, endpoints: list[Endpoint], objectives: list[float], best: float) -> float:
         """The largest objective a rendezvous home may have: within `homeTolerance` (relative) or
@@ -385,9 +426,16 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         # 1/share times: other replicas book the rest of the fleet's work where this one cannot see.
         scale = self._share.book(now)
         if not remote:
-            rate.busy_until = max(rate.busy_until, now) + p.uncached * rate.cost * p.slowdown * scale
+            rate.book(now, p.uncached * rate.cost * p.slowdown * scale)
         else:
             rate.incoming += p.uncached
+        warmup = prewarm.planned(result)
+        if warmup is not None:
+            # The pre-warm's prefill queues there as a routed request's would.
+            w = last[1].get(warmup.endpoint.name)
+            if w is not None:
+                target = self._rate(warmup.endpoint.name)
+                target.book(now, warmup.tokens * target.cost * w.slowdown * scale)
         self._mean_prefill += 0.05 * (p.uncached - self._mean_prefill)
         if self._popularity is not None and last[2] is not None:
             self._popularity.add(last[2], now)
@@ -434,7 +482,7 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
             if coming and rate is not None and headers.get(PREFILL_RESULT_HEADER) == "local":
                 # Booked as `pre_request` books a request that prefills where it is picked.
                 work = coming * rate.cost * booked.slowdown * self._share.scale
-                rate.busy_until = max(rate.busy_until, clock.now()) + work
+                rate.book(clock.now(), work)
         return {}
 
     def response_complete(self, request: InferenceRequest, outcome: interfaces.RequestOutcome) -> None:
@@ -473,16 +521,14 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         m = ep.metrics
         slowdown = 1.0 + self._k_decode * max(m.running, ep.inflight_requests - m.waiting, 0)
         cost = rate.cost * slowdown
-        queue_s = max(
-            max(0.0, rate.busy_until - now), self._queue_weight * m.waiting * self._mean_prefill * cost
-        )
+        queue_s = max(rate.backlog(now), self._queue_weight * m.waiting * self._mean_prefill * cost)
         return queue_s, self._overhead * slowdown, uncached * cost
 
     def book_prefill(self, ep: Endpoint, uncached: float, now: float) -> None:
         """Book a prefill-only stage on `ep` (the P/D decider does, for the prefill pod): its work
         joins the fluid queue as a routed request's does."""
         rate = self._rate(ep.name)
-        rate.busy_until = max(rate.busy_until, now) + uncached * rate.cost * self._share.scale
+        rate.book(now, uncached * rate.cost * self._share.scale)
 
     def prefill_tokens_per_second(self, endpoint: str) -> float:
         """The learned prefill rate of `endpoint` (the prior until it has served requests)."""

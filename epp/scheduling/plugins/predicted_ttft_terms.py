@@ -67,6 +67,15 @@ class Rate:
     busy_until: float = 0.0  # clock.now() at which the prefill work booked so far is drained
     incoming: float = 0.0  # KV tokens of split requests booked here, still on their way (P/D)
 
+    def book(self, now: float, work: float) -> None:
+        """Queue `work` seconds of prefill behind the work booked so far."""
+        self.busy_until = (self.busy_until if self.busy_until > now else now) + work
+
+    def backlog(self, now: float) -> float:
+        """Seconds of booked prefill left at `now`: max(0, busy_until - now)."""
+        left = self.busy_until - now
+        return left if left > 0.0 else 0.0
+
 
 @dataclasses.dataclass(slots=True)
 class Prediction:
@@ -127,6 +136,8 @@ class TTFTDecision:
     home: str = ""
     # The endpoint the holder rule kept the request on (`holderTolerance`), if it decided.
     holder: str = ""
+    # The pre-warm planned instead of a move (`prewarm`): (endpoint, prompt tokens), if any.
+    prewarm: tuple[str, int] | None = None
     # For explain: each endpoint's whole prediction, and the miss penalty factor it was priced at.
     terms: dict[str, Prediction] = dataclasses.field(default_factory=dict)
     penalty: float = 0.0
@@ -148,6 +159,8 @@ class TTFTDecision:
             facts["ttft_home"] = self.home
         if self.holder:
             facts["ttft_holder"] = self.holder
+        if self.prewarm is not None:
+            facts["prewarm"] = {"endpoint": self.prewarm[0], "tokens": self.prewarm[1]}
         if self.warming:
             facts["warming_up"] = sorted(self.warming)
         return facts
