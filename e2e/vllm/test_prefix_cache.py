@@ -9,6 +9,7 @@ indexed the last request's blocks from real KV events (`stack.settle`), never fo
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -23,12 +24,17 @@ from e2e.vllm.stack import (
     VllmStack,
     cached_tokens,
     complete_on,
+    post,
     prediction,
     request_body,
     settle,
     wait_for,
 )
 from e2e.vllm.texts import sentence_soup
+from epp.api.requests import Api, InferenceRequest
+from epp.datastore.endpoints import Endpoint, EndpointSpec
+from epp.observability import metrics
+from epp.prewarm.sender import Sender
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -153,3 +159,38 @@ def test_reset_prefix_cache_drops_the_pods_entries(stack: VllmStack) -> None:
     assert row["matched_blocks"] == 0, row
     again = complete_on(pod, old)
     assert cached_tokens(again) == row["cached_tokens"] == 0, again["usage"]
+
+
+def test_a_prewarm_with_epps_token_ids_gives_the_chat_a_hit_in_vllm(stack: VllmStack) -> None:
+    """epp's pre-warm (epp.prewarm.sender) of a chat's first blocks, sent as epp's own token ids
+    for that chat, leaves vLLM holding exactly those blocks: the chat itself, sent afterwards
+    straight to that pod, is answered with them as cached tokens."""
+    rng = random.Random(11)
+    messages = [
+        {"role": "system", "content": "Prewarm handbook. " + sentence_soup(rng, 420)},
+        {"role": "user", "content": "Which section covers refunds?"},
+    ]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 1}
+    ids = stack.tokenize(body, "/v1/chat/completions")["token_ids"]
+    warm = (len(ids) - 40) // BLOCK * BLOCK  # the system prompt's whole blocks, not the question
+    pod = stack.pods[2]
+    host, port = pod.address.rsplit(":", 1)
+    endpoint = Endpoint(spec=EndpointSpec(name="pod-2", address=host, port=int(port)), hostport=pod.address)
+    request = InferenceRequest("prewarm-e2e", Api.CHAT, "/v1/chat/completions", {}, model=MODEL)
+    request.target_model = MODEL
+    request.token_ids = ids
+
+    async def prewarm() -> None:
+        sender = Sender(timeout=120.0)
+        try:
+            assert sender.accepts(endpoint)
+            sender.send(endpoint, request, warm)
+            await asyncio.wait_for(sender.idle(), 120.0)
+        finally:
+            await sender.close()
+
+    ok = metrics.prewarm_requests.labels("pod-2", "ok")._value.get()
+    asyncio.run(prewarm())
+    assert metrics.prewarm_requests.labels("pod-2", "ok")._value.get() == ok + 1
+    answer = post(f"{pod.url}/v1/chat/completions", body)
+    assert cached_tokens(answer) == warm

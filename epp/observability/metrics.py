@@ -358,6 +358,15 @@ body_parser_restarts = Counter(
     "Body-parser process pools replaced after a worker exited (an OOM kill, a crash).",
     registry=REGISTRY,
 )
+prewarm_requests = Counter(
+    "epp_prewarm_requests_total",
+    "Prefix pre-warms (a one-token completion of a prompt's first blocks sent to the pod that is "
+    "to hold them, in place of moving a request off the pod holding its prefix), by endpoint and "
+    "outcome: ok, failed (an error status, a refused connection, a timeout), skipped (one was "
+    "already running there, or too many were).",
+    ["endpoint", "outcome"],
+    registry=REGISTRY,
+)
 response_bodies_skipped = Counter(
     "epp_response_bodies_skipped_total",
     "Off-sample responses whose body epp stopped at the response headers (mode override), by "

@@ -73,6 +73,7 @@ from epp.requestcontrol.accounting import Accounting
 from epp.requestcontrol.context import RequestContext
 from epp.requestcontrol.offload import BodyParsers, parse_here
 from epp.requestcontrol.prompt import Prompts, PromptTokenizer
+from epp.scheduling import prewarm
 from epp.scheduling.config import SchedulerConfig
 from epp.scheduling.framework import Scheduler
 from epp.scheduling.interfaces import (
@@ -188,6 +189,7 @@ class Director:
         flow_control: FlowController | None = None,
         rewrites: ModelRewriteStore | None = None,
         renderer: Renderer | None = None,
+        prewarmer: prewarm.Prewarmer | None = None,
     ) -> None:
         """`admission_controller` None admits every request; `objectives` None makes every
         request's priority 0 (no InferenceObjectives: standalone mode); `context_limits` None
@@ -209,6 +211,9 @@ class Director:
         self.flow_control = flow_control
         self.objectives = objectives
         self.rewrites = rewrites
+        # Sends the pre-warms the scorers plan (epp.scheduling.prewarm); without one (or past its
+        # bounds) a plan is dropped before the plugins book it: the request stays on its holder.
+        self.prewarmer = prewarmer
         # Token ids and context-length rules; bodies over the parsers' size are parsed and
         # rendered in their processes (epp.requestcontrol.offload).
         self.prompts = Prompts(datastore, settings.limits, context_limits, body_parsers, renderer)
@@ -300,8 +305,14 @@ class Director:
         if not result.targets:
             self.accounting.attempt(request, None)
             raise errors.NoCapacity("the scheduler found no endpoint for the request")
+        warmup = prewarm.planned(result)
+        if warmup is not None and (self.prewarmer is None or not self.prewarmer.accepts(warmup.endpoint)):
+            prewarm.drop(result)
+            warmup = None
         for hook in self._pre_request:
             hook.pre_request(request, result)
+        if warmup is not None and self.prewarmer is not None:
+            self.prewarmer.send(warmup.endpoint, request, warmup.tokens)
         ctx = RequestContext(self, request, result)
         ctx.received_at = received
         primary = ctx.booked

@@ -37,6 +37,7 @@ from epp.kvcache.ingest import KVEventIngester
 from epp.observability import collectors, metrics, metrics_tls
 from epp.observability import http as obs_http
 from epp.observability.looplag import LoopLagMonitor
+from epp.prewarm import sender as prewarm_sender
 from epp.requestcontrol import admission
 from epp.requestcontrol.director import Director, DirectorSettings, plugin_hooks
 from epp.requestcontrol.offload import BodyParsers
@@ -121,6 +122,8 @@ async def run_until_stopped(
             render_metrics = collectors.RenderCollector(renderer)
             metrics.REGISTRY.register(render_metrics)
             running.callback(metrics.REGISTRY.unregister, render_metrics)
+        if isinstance(director.prewarmer, prewarm_sender.Sender):
+            running.push_async_callback(director.prewarmer.close)
         await _start_http(args, director, role, running)
         for part in (ingester, metrics_source, endpoints_file, discovery, *dcgm):
             if part is not None:
@@ -233,6 +236,8 @@ def _director(
         flow_control=flow,
         rewrites=rewrite_store,
         renderer=renderer,
+        # Pre-warms go to the serving port, on the scheme the pods' /metrics are read with.
+        prewarmer=prewarm_sender.Sender(scheme=args.model_server_metrics_scheme),
     )
 
 
