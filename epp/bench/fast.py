@@ -57,6 +57,7 @@ import msgspec
 from epp import clock
 from epp.api import errors
 from epp.api.responses import Usage
+from epp.bench.fast_prewarm import EnginePrewarmer, is_prewarm
 from epp.bench.fast_scrapes import Scrapes
 from epp.bench.policies import Policy
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
@@ -145,6 +146,7 @@ class RunResult:
     fleet_prefix_hits: int = 0
     fleet_prefix_queries: int = 0
     fleet_requests_per_pod: list[int] | None = None
+    prewarms: int | None = None  # pre-warms sent to the pods (epp.scheduling.prewarm); live: unknown
 
 
 @dataclasses.dataclass(slots=True)
@@ -224,6 +226,8 @@ class FastRun:
             for prof, s in zip(self.profiles, specs, strict=True)
         ]
         self._pod_of = {s.name: i for i, s in enumerate(specs)}
+        self.prewarms = EnginePrewarmer(self.engines, self._pod_of, self.wake)
+        self.director.prewarmer = self.prewarms
         self._prefix_digests = blocks.PrefixDigests(profile.block_size)
         self._bodies: dict[tuple[int, int], tuple[Sequence[int], bytes]] = {}
         self._body_bytes = 0
@@ -289,6 +293,7 @@ class FastRun:
         finally:
             random.setstate(state)
         self.result.wall_s = time.perf_counter() - started
+        self.result.prewarms = self.prewarms.sent
         self.result.fleet_prefix_hits = sum(e.prefix_cache_hits for e in self.engines)
         self.result.fleet_prefix_queries = sum(e.prefix_cache_queries for e in self.engines)
         return self.result
@@ -498,6 +503,11 @@ class FastRun:
     def _step_end(self, payload: tuple[int, core.StepResult]) -> None:
         pod, res = payload
         now = self.now
+        if self.prewarms.sent:  # a pre-warm's token and end are nobody's (epp.bench.fast_prewarm)
+            res.first_tokens = [r for r in res.first_tokens if not is_prewarm(r.request_id)]
+            for r in [r for r in res.finished if is_prewarm(r.request_id)]:
+                res.finished.remove(r)
+                self.prewarms.finished(r.request_id)
         for req in res.first_tokens:
             flight = self._inflight[req.request_id]
             flight.record.first_token = now - START

@@ -68,6 +68,9 @@ class ReplicatedRun(FastRun):
                     **plugin_hooks(cfg),
                     settings=self.settings,
                     admission_controller=admission.LegacyAdmissionController(cfg.saturation_detector),
+                    # One for all: its request ids must be unique in the engines. Its bounds then
+                    # hold for the replicas together, where each live replica bounds its own.
+                    prewarmer=self.prewarms,
                 )
             )
             self.replica_endpoints.append(list(store.endpoints()))

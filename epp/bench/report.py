@@ -219,6 +219,12 @@ def summarize(result: RunResult, stages: Sequence[Stage], slo: Slo | None = None
             result.router_cpu_s * 1000 / len(result.records) if result.records else math.nan
         ),
         "preemptions": sum(r.preemptions for r in served),
+        # Prefix pre-warms the router sent the pods (fast mode: epp.bench.fast_prewarm), per request.
+        "prewarms_per_request": (
+            result.prewarms / len(result.records)
+            if result.prewarms is not None and result.records
+            else math.nan
+        ),
         "makespan_s": span,
         "wall_s": result.wall_s,
         "engine_steps": result.steps,

@@ -1,0 +1,61 @@
+"""Fast mode's pre-warms (epp.scheduling.prewarm): the one-token completion of a prompt's first
+blocks that `epp.prewarm.sender` posts to a pod goes into the simulated pod's engine instead, at
+the moment of the routing. No client waits for it: its first token and its end are dropped
+(`is_prewarm`), and it shows in no request's figures, only in the pods' work and KV events. The
+bounds are the sender's: one at a time per pod, `max_inflight` in all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from epp import clock
+from epp.api.requests import InferenceRequest
+from epp.datastore.endpoints import Endpoint
+from epp.sim import core
+
+PREFIX = "prewarm-"
+
+
+def is_prewarm(request_id: str) -> bool:
+    return request_id.startswith(PREFIX)
+
+
+class EnginePrewarmer:
+    """Implements the Director's `Prewarmer` over the fast run's engines."""
+
+    def __init__(
+        self,
+        engines: Sequence[core.Engine],
+        pod_of: dict[str, int],
+        wake: Callable[[int], None],
+        *,
+        max_inflight: int = 16,
+    ) -> None:
+        self._engines = engines
+        self._pod_of = pod_of
+        self._wake = wake
+        self._max = max_inflight
+        self._running: dict[str, int] = {}  # request id -> pod
+        self.sent = 0
+
+    def accepts(self, endpoint: Endpoint) -> bool:
+        pod = self._pod_of.get(endpoint.name)
+        return pod is not None and len(self._running) < self._max and pod not in self._running.values()
+
+    def send(self, endpoint: Endpoint, request: InferenceRequest, tokens: int) -> None:
+        ids = request.token_ids
+        pod = self._pod_of.get(endpoint.name)
+        if not ids or tokens <= 0 or pod is None:
+            return
+        self.sent += 1
+        rid = f"{PREFIX}{self.sent}"
+        try:
+            self._engines[pod].add_request(core.EngineRequest(rid, ids[:tokens], 1), clock.now())
+        except core.RequestRejected:
+            return
+        self._running[rid] = pod
+        self._wake(pod)
+
+    def finished(self, request_id: str) -> None:
+        self._running.pop(request_id, None)
