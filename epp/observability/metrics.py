@@ -361,10 +361,10 @@ body_parser_restarts = Counter(
 prewarm_requests = Counter(
     "epp_prewarm_requests_total",
     "Prefix pre-warms (a one-token completion of a prompt's first blocks sent to the pod that is "
-    "to hold them, in place of moving a request off the pod holding its prefix), by endpoint and "
-    "outcome: ok, failed (an error status, a refused connection, a timeout), skipped (one was "
-    "already running there, or too many were).",
-    ["endpoint", "outcome"],
+    "to hold them, in place of moving a request off the pod holding its prefix), by outcome: ok, "
+    "failed (an error status, a refused connection, a timeout), skipped (one was already running "
+    "there, or too many were).",
+    ["outcome"],
     registry=REGISTRY,
 )
 response_bodies_skipped = Counter(

@@ -9,7 +9,7 @@ block hashes.
 
 Bounded: one pre-warm at a time per endpoint and `max_inflight` in all, each within `timeout`
 seconds; the rest are skipped. Nothing a pre-warm meets reaches the request that planned it: every
-outcome is counted (`epp_prewarm_requests_total{endpoint, outcome}`) and failures are logged at
+outcome is counted (`epp_prewarm_requests_total{outcome}`) and failures are logged at
 debug level, at most once a second.
 """
 
@@ -35,15 +35,22 @@ __all__ = ["Sender"]
 class Sender:
     """Pre-warms over HTTP: implements the Director's `Prewarmer`. Lives on one event loop."""
 
-    def __init__(self, *, scheme: str = "http", max_inflight: int = 16, timeout: float = 30.0) -> None:
+    def __init__(
+        self, *, scheme: str = "http", verify: bool = False, max_inflight: int = 16, timeout: float = 30.0
+    ) -> None:
+        """`verify`: check an https pod's certificate (GIE's and llm-d's default is not to: model
+        servers' certificates are often self-signed, as for their /metrics)."""
         if scheme not in ("http", "https"):
             raise ValueError(f"scheme must be http or https, got {scheme!r}")
         self._scheme = scheme
+        self._ssl = verify  # aiohttp: True checks, False does not
         self._max = max_inflight
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._running: dict[str, asyncio.Task[None]] = {}  # endpoint name -> its pre-warm
         self._throttle = Throttle(1.0)
+        for outcome in ("ok", "failed", "skipped"):  # every series from the start, at 0
+            metrics.prewarm_requests.labels(outcome)
 
     @property
     def running(self) -> int:
@@ -54,7 +61,7 @@ class Sender:
         """False (counted as skipped) while `endpoint` has a pre-warm running, or `max_inflight`
         are running in all."""
         if endpoint.name in self._running or len(self._running) >= self._max:
-            metrics.prewarm_requests.labels(endpoint.name, "skipped").inc()
+            metrics.prewarm_requests.labels("skipped").inc()
             return False
         return True
 
@@ -83,7 +90,7 @@ class Sender:
         try:
             if self._session is None:
                 self._session = aiohttp.ClientSession(timeout=self._timeout)
-            async with self._session.post(url, json=body) as resp:
+            async with self._session.post(url, json=body, ssl=self._ssl) as resp:
                 await resp.read()
                 if resp.status == 200:
                     outcome = "ok"
@@ -92,7 +99,7 @@ class Sender:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self._throttle.log(log, logging.DEBUG, "pre-warm of %s failed: %r", url, exc)
         finally:
-            metrics.prewarm_requests.labels(name, outcome).inc()
+            metrics.prewarm_requests.labels(outcome).inc()
             log.debug("pre-warm of %s: %s in %.3f s", url, outcome, time.perf_counter() - started)
 
     async def idle(self) -> None:

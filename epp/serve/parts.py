@@ -236,8 +236,12 @@ def _director(
         flow_control=flow,
         rewrites=rewrite_store,
         renderer=renderer,
-        # Pre-warms go to the serving port, on the scheme the pods' /metrics are read with.
-        prewarmer=prewarm_sender.Sender(scheme=args.model_server_metrics_scheme),
+        # Pre-warms go to the serving port, on the scheme (and certificate check) the pods'
+        # /metrics are read with.
+        prewarmer=prewarm_sender.Sender(
+            scheme=args.model_server_metrics_scheme,
+            verify=args.model_server_metrics_https_insecure_skip_verify is False,
+        ),
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from epp.bench import hard
 from epp.bench.fast import FastRun, RunResult
+from epp.bench.fast_prewarm import EnginePrewarmer
 from epp.bench.policies import config_file
 from epp.bench.workload import Fleet
 from epp.scheduling import config as sched_config
@@ -18,7 +19,7 @@ A100 = get_profile("codellama-13b-a100")
 FLEET = Fleet(8, A100.num_gpu_blocks * A100.block_size, A100.max_model_len)
 
 
-def run(tmp_path: Path, prewarm: bool) -> tuple[FastRun, RunResult]:
+def run(tmp_path: Path, prewarm: bool, *, bound: int = 16) -> tuple[FastRun, RunResult]:
     text = sched_config.default_config_text(precise=True)
     text, n = re.subn(r"^(\s+)prewarm: \w+$", rf"\1prewarm: {str(prewarm).lower()}", text, flags=re.M)
     assert n == 1  # the default config names it
@@ -27,6 +28,7 @@ def run(tmp_path: Path, prewarm: bool) -> tuple[FastRun, RunResult]:
     # bursty: tenants' bursts load their prefix's holders until the objective moves requests off.
     wl = hard.BurstyTenants(seed=1, scale=0.3, fleet=FLEET)
     r = FastRun(wl, config_file(str(path)), profile=A100, pods=8, seed=1)
+    r.prewarms = r.director.prewarmer = EnginePrewarmer(r.engines, r._pod_of, r.wake, max_inflight=bound)
     return r, r.run()
 
 
@@ -51,3 +53,15 @@ def test_prewarms_run_in_the_pods_and_replace_the_moves(tmp_path: Path) -> None:
     computed = sum(e.prompt_tokens_total for e in on_run.engines)
     own = sum(x.prompt_tokens - x.cached_tokens for x in on.records)
     assert computed > own
+
+
+def test_a_prewarm_past_the_senders_bound_is_neither_sent_nor_booked(tmp_path: Path) -> None:
+    """With no room to send (bound 0) the Director drops every plan before the plugins book it:
+    nothing reaches the pods, the requests stay on their holders, and every booking is released."""
+    r, result = run(tmp_path, True, bound=0)
+    assert r.prewarms.sent == 0 and result.prewarms == 0
+    assert moved(result) <= 2  # without pre-warms, ~1% of bursty's requests (test above)
+    assert all(x.status == 200 for x in result.records)
+    assert all(ep.inflight_requests == 0 and ep.prefill_tokens == 0 for ep in r.endpoints)
+    computed = sum(e.prompt_tokens_total for e in r.engines)
+    assert computed == sum(x.prompt_tokens - x.cached_tokens for x in result.records)
