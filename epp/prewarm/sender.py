@@ -8,15 +8,17 @@ request's `cache_salt` and model name (a LoRA adapter's included) go with it: bo
 block hashes.
 
 Bounded: one pre-warm at a time per endpoint and `max_inflight` in all, each within `timeout`
-seconds; the rest are skipped. Nothing a pre-warm meets reaches the request that planned it: every
-outcome is counted (`epp_prewarm_requests_total{outcome}`) and failures are logged at
-debug level, at most once a second.
+seconds, none to an endpoint for `backoff` seconds after one failed there; the rest are skipped
+(and the Director moves their requests instead). Nothing a pre-warm meets reaches the request
+that planned it: every outcome is counted (`epp_prewarm_requests_total{outcome}`) and failures
+are logged at debug level, at most once a second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -36,7 +38,13 @@ class Sender:
     """Pre-warms over HTTP: implements the Director's `Prewarmer`. Lives on one event loop."""
 
     def __init__(
-        self, *, scheme: str = "http", verify: bool = False, max_inflight: int = 16, timeout: float = 30.0
+        self,
+        *,
+        scheme: str = "http",
+        verify: bool = False,
+        max_inflight: int = 16,
+        timeout: float = 30.0,
+        backoff: float = 30.0,
     ) -> None:
         """`verify`: check an https pod's certificate (GIE's and llm-d's default is not to: model
         servers' certificates are often self-signed, as for their /metrics)."""
@@ -48,6 +56,8 @@ class Sender:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._running: dict[str, asyncio.Task[None]] = {}  # endpoint name -> its pre-warm
+        self._failed: dict[str, float] = {}  # endpoint name -> time.monotonic() of its last failure
+        self._backoff = backoff
         self._throttle = Throttle(1.0)
         for outcome in ("ok", "failed", "skipped"):  # every series from the start, at 0
             metrics.prewarm_requests.labels(outcome)
@@ -58,9 +68,16 @@ class Sender:
         return len(self._running)
 
     def accepts(self, endpoint: Endpoint) -> bool:
-        """False (counted as skipped) while `endpoint` has a pre-warm running, or `max_inflight`
-        are running in all."""
-        if endpoint.name in self._running or len(self._running) >= self._max:
+        """False (counted as skipped) while `endpoint` has a pre-warm running, for `backoff`
+        seconds after one failed there (a pod that refuses them, e.g. a network policy that lets
+        only the gateway in: the Director then moves the requests, as without pre-warms), or
+        while `max_inflight` are running in all."""
+        name = endpoint.name
+        if (
+            name in self._running
+            or len(self._running) >= self._max
+            or self._failed.get(name, -math.inf) > time.monotonic() - self._backoff
+        ):
             metrics.prewarm_requests.labels("skipped").inc()
             return False
         return True
@@ -99,6 +116,10 @@ class Sender:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self._throttle.log(log, logging.DEBUG, "pre-warm of %s failed: %r", url, exc)
         finally:
+            if outcome == "ok":
+                self._failed.pop(name, None)
+            else:
+                self._failed[name] = time.monotonic()
             metrics.prewarm_requests.labels(outcome).inc()
             log.debug("pre-warm of %s: %s in %.3f s", url, outcome, time.perf_counter() - started)
 

@@ -212,7 +212,7 @@ class Director:
         self.objectives = objectives
         self.rewrites = rewrites
         # Sends the pre-warms the scorers plan (epp.scheduling.prewarm); without one (or past its
-        # bounds) a plan is dropped before the plugins book it: the request stays on its holder.
+        # bounds) a plan becomes the move it replaced, before the plugins book anything.
         self.prewarmer = prewarmer
         # Token ids and context-length rules; bodies over the parsers' size are parsed and
         # rendered in their processes (epp.requestcontrol.offload).
@@ -307,7 +307,7 @@ class Director:
             raise errors.NoCapacity("the scheduler found no endpoint for the request")
         warmup = prewarm.planned(result)
         if warmup is not None and (self.prewarmer is None or not self.prewarmer.accepts(warmup.endpoint)):
-            prewarm.drop(result)
+            prewarm.move(result, warmup)
             warmup = None
         for hook in self._pre_request:
             hook.pre_request(request, result)

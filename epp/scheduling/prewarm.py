@@ -11,7 +11,8 @@ for. The plugins book it as they book a routed request's prefill (the fluid queu
 index entries), so the prompt's next requests find the new copy.
 
 The plan travels in the scheduling cycle's state (`SchedulingResult.cycle`, under `KEY`), and
-holds only when the request was picked as the scorer planned (`planned`).
+holds only when the request was picked as the scorer planned (`planned`). A plan the Director
+cannot send (no sender, or past its bounds) becomes the move it replaced (`move`).
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ def planned(result: SchedulingResult) -> Warmup | None:
     return warmup
 
 
-def drop(result: SchedulingResult) -> None:
-    """Forget the plan (before the plugins book it): nothing will send it."""
+def move(result: SchedulingResult, warmup: Warmup) -> None:
+    """Nothing will send the pre-warm: forget the plan (before the plugins book it) and send the
+    request where the objective chose instead, as without pre-warms (the holder stays a fallback)."""
     result.cycle.pop(KEY, None)
+    profile = result.profiles[result.primary]
+    profile.targets = [warmup.endpoint, *(ep for ep in profile.targets if ep is not warmup.endpoint)]
 
 
 class Prewarmer(Protocol):
@@ -56,7 +60,7 @@ class Prewarmer(Protocol):
 
     def accepts(self, endpoint: Endpoint) -> bool:
         """Whether a pre-warm to `endpoint` would be sent now (within the sender's bounds); asked
-        before the plugins book one, so a pre-warm not sent is never booked."""
+        before the plugins book anything: a plan refused here becomes its move (`move`)."""
         ...
 
     def send(self, endpoint: Endpoint, request: InferenceRequest, tokens: int) -> None:

@@ -114,6 +114,23 @@ async def test_a_failed_prewarm_is_counted_and_nothing_more(unused_tcp_port: int
     assert count("failed") == failed + 1
 
 
+async def test_a_pod_that_failed_one_gets_none_for_the_backoff(pod: Endpoint, unused_tcp_port: int) -> None:
+    dead = Endpoint(
+        spec=EndpointSpec(name="pod-refusing", address="127.0.0.1", port=unused_tcp_port),
+        hostport=f"127.0.0.1:{unused_tcp_port}",
+    )
+    sender = Sender(timeout=2.0, backoff=0.3)
+    try:
+        sender.send(dead, request(), 192)
+        await settle(sender)
+        assert not sender.accepts(dead)  # refused: none for 0.3 s
+        assert sender.accepts(pod)  # the others are not held against it
+        await asyncio.sleep(0.35)
+        assert sender.accepts(dead)
+    finally:
+        await sender.close()
+
+
 async def test_a_model_the_pod_does_not_serve_fails_the_prewarm(pod: Endpoint) -> None:
     failed = count("failed")
     sender = Sender()

@@ -104,9 +104,10 @@ def test_a_plan_holds_only_where_the_request_went_as_planned(clock: Clock) -> No
     assert prewarm.planned(result(eps[1])) == plan
     assert prewarm.planned(result(eps[0])) is None  # another picker decided otherwise
     assert prewarm.planned(result(eps[1], stages={"prefill": [eps[0]]})) is None  # a split request
-    dropped = result(eps[1])
-    prewarm.drop(dropped)
-    assert prewarm.planned(dropped) is None
+    unsent = result(eps[1])
+    prewarm.move(unsent, plan)  # what the Director does with a plan it cannot send
+    assert prewarm.planned(unsent) is None
+    assert unsent.targets == [eps[0], eps[1]]  # where the objective chose; the holder a fallback
 
 
 @pytest.mark.parametrize("share", [0.0, 1.5])
