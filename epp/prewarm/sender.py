@@ -5,7 +5,7 @@
 the planning request itself sends (epp tokenizes as vLLM does: docs/tokenization.md), whatever its
 API and template, and ids given to vLLM are taken as they are (no special tokens added). The
 request's `cache_salt` and model name (a LoRA adapter's included) go with it: both enter vLLM's
-block hashes.
+block hashes; so does its `Authorization` header, for pods that require an API key.
 
 Bounded: one pre-warm at a time per endpoint and `max_inflight` in all, each within `timeout`
 seconds, none to an endpoint for `backoff` seconds after one failed there; the rest are skipped
@@ -97,17 +97,21 @@ class Sender:
         if request.cache_salt:
             body["cache_salt"] = request.cache_salt
         url = f"{self._scheme}://{endpoint.hostport}/v1/completions"
-        task = asyncio.get_running_loop().create_task(self._post(name, url, body))
+        # The client's credentials, as the gateway passes them to the pod it picks: a pod started
+        # with an API key (vLLM's --api-key) accepts the pre-warm as it accepts the request.
+        auth = request.headers.get("authorization")
+        headers = {"Authorization": auth} if auth else None
+        task = asyncio.get_running_loop().create_task(self._post(name, url, body, headers))
         self._running[name] = task
         task.add_done_callback(lambda _t: self._running.pop(name, None))
 
-    async def _post(self, name: str, url: str, body: dict[str, Any]) -> None:
+    async def _post(self, name: str, url: str, body: dict[str, Any], headers: dict[str, str] | None) -> None:
         started = time.perf_counter()
         outcome = "failed"
         try:
             if self._session is None:
                 self._session = aiohttp.ClientSession(timeout=self._timeout)
-            async with self._session.post(url, json=body, ssl=self._ssl) as resp:
+            async with self._session.post(url, json=body, headers=headers, ssl=self._ssl) as resp:
                 await resp.read()
                 if resp.status == 200:
                     outcome = "ok"

@@ -66,6 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--tokenizer", default=None, help="tokenizer.json or its directory (default epp-tiny)")
     g.add_argument(
+        "--api-key",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY",
+        help="as vLLM's: /v1, /v2, /inference and /cohere need 'Authorization: Bearer KEY' "
+        "(default $VLLM_API_KEY, else open)",
+    )
+    g.add_argument(
         "--enable-scale-out",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -225,6 +234,7 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
             served_model=args.served_model_name,
             lora_adapters=adapters,
             strict_models=True,  # vLLM answers 404 for a model it does not serve
+            api_keys=tuple(k for k in (args.api_key or [os.environ.get("VLLM_API_KEY", "")]) if k),
             tokenizer=args.tokenizer,
             time_scale=args.time_scale,
             default_max_tokens=args.default_max_tokens,

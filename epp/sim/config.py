@@ -30,6 +30,9 @@ class SimConfig:
     # Reject models other than served_model / lora_adapters with 404 (vLLM does); off by default
     # so tests can send any name and see it echoed (an unknown name is served as the base model).
     strict_models: bool = False
+    # vLLM's --api-key (or $VLLM_API_KEY): requests to /v1, /v2, /inference and /cohere without
+    # `Authorization: Bearer <one of these>` get vLLM's 401; () = open, vLLM's default.
+    api_keys: tuple[str, ...] = ()
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 2048  # token budget per step (vLLM's default below 70 GiB GPUs)
     block_size: int = 16  # tokens per KV block, as reported in vllm:cache_config_info

@@ -13,10 +13,15 @@ routes, against vLLM 0.32"):
   worker, `PRI * HTTP/2.0`, to tell gRPC workers from HTTP ones) get a 400 and the connection
   closed, as from uvicorn, and one WARNING line, uvicorn's "Invalid HTTP request received.", not
   aiohttp's ERROR with a traceback (`server_logger`). The 400's body is aiohttp's.
+- With API keys (vLLM's --api-key), a request under /v1, /v2, /inference or /cohere (any method
+  but OPTIONS, any path, served or not) without `Authorization: Bearer <a key>` is 401
+  `{"error":"Unauthorized"}`; /health, /metrics and the rest stay open (`authenticate`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -24,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Middleware
 
 INVALID_REQUEST = "Invalid HTTP request received."  # uvicorn's words, at WARNING
 
@@ -35,6 +41,25 @@ def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | Non
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")  # vLLM's, a plain prefix match
+
+
+def authenticate(keys: tuple[str, ...]) -> Middleware:
+    """vLLM's API-key check, for the paths it guards. Digests compared in constant time, as vLLM
+    does; a scheme other than Bearer (any case) fails."""
+    digests = [hashlib.sha256(k.encode()).digest() for k in keys]
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method != "OPTIONS" and request.path.startswith(GUARDED_PREFIXES):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            given = hashlib.sha256(token.encode()).digest()
+            if scheme.lower() != "bearer" or not any(hmac.compare_digest(given, d) for d in digests):
+                return json_response({"error": "Unauthorized"}, 401)
+        return await handler(request)
+
+    return check
 
 
 @web.middleware

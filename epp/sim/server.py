@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from epp.api import context_length
 from epp.api.errors import BadRequest
@@ -38,7 +39,7 @@ from epp.api.requests import Api, InferenceRequest, parse_request
 from epp.sim import apis
 from epp.sim.core import RequestRejected
 from epp.sim.engine import SimConfig, SimRequest, SimState
-from epp.sim.httpfront import fastapi_errors, json_response, server_logger
+from epp.sim.httpfront import authenticate, fastapi_errors, json_response, server_logger
 from epp.sim.metrics_page import as_vllm_serves, render_metrics
 from epp.tokenize.anthropic_request import RequestModelError
 from epp.tokenize.chat import ChatTemplateError
@@ -531,7 +532,10 @@ async def _close_state(app: web.Application) -> None:
 
 
 def make_app(config: SimConfig) -> web.Application:
-    app = web.Application(middlewares=[fastapi_errors, _count], client_max_size=64 * 1024 * 1024)
+    middlewares: list[Middleware] = [fastapi_errors, _count]
+    if config.api_keys:  # outermost, as in vLLM: a 401 before any 404, and not counted as traffic
+        middlewares.insert(0, authenticate(config.api_keys))
+    app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
     app[SIM_STATE] = SimState(config)
     app.on_response_prepare.append(_tag_response)
     app.on_cleanup.append(_close_state)

@@ -21,18 +21,32 @@ from epp.sim.server import bound_address, start_sim_server
 PROMPT = list(range(1000, 1000 + 200))  # token ids: 12 full blocks of 16, and 8 more
 
 
-@pytest.fixture
-async def pod() -> AsyncIterator[Endpoint]:
-    config = SimConfig(time_scale=0.01, served_model="m-1", strict_models=True)
-    runner = await start_sim_server("127.0.0.1", 0, config=config)
+async def serve(**config: Any) -> AsyncIterator[Endpoint]:
+    runner = await start_sim_server(
+        "127.0.0.1", 0, config=SimConfig(time_scale=0.01, served_model="m-1", strict_models=True, **config)
+    )
     hostport = bound_address(runner)
     host, port = hostport.rsplit(":", 1)
     yield Endpoint(spec=EndpointSpec(name="pod-a", address=host, port=int(port)), hostport=hostport)
     await runner.cleanup()
 
 
-def request(*, salt: str | None = None, model: str = "m-1") -> InferenceRequest:
-    req = InferenceRequest("r-1", Api.CHAT, "/v1/chat/completions", {}, model=model, target_model=model)
+@pytest.fixture
+async def pod() -> AsyncIterator[Endpoint]:
+    async for ep in serve():
+        yield ep
+
+
+@pytest.fixture
+async def keyed_pod() -> AsyncIterator[Endpoint]:
+    """A pod started with an API key (vLLM's --api-key)."""
+    async for ep in serve(api_keys=("secret",)):
+        yield ep
+
+
+def request(*, salt: str | None = None, model: str = "m-1", auth: str | None = None) -> InferenceRequest:
+    headers = {"authorization": auth} if auth else {}
+    req = InferenceRequest("r-1", Api.CHAT, "/v1/chat/completions", headers, model=model, target_model=model)
     req.token_ids = PROMPT
     req.cache_salt = salt
     return req
@@ -41,9 +55,10 @@ def request(*, salt: str | None = None, model: str = "m-1") -> InferenceRequest:
 async def cached(ep: Endpoint, **extra: Any) -> int:
     """The cached prompt tokens vLLM reports for a completion of PROMPT and one token more."""
     body = {"model": "m-1", "prompt": [*PROMPT, 7], "max_tokens": 1, **extra}
+    auth = {"Authorization": "Bearer secret"}  # ignored by a pod without a key
     async with (
         aiohttp.ClientSession() as http,
-        http.post(f"http://{ep.hostport}/v1/completions", json=body) as resp,
+        http.post(f"http://{ep.hostport}/v1/completions", json=body, headers=auth) as resp,
     ):
         assert resp.status == 200
         usage = (await resp.json())["usage"]
@@ -141,6 +156,23 @@ async def test_a_model_the_pod_does_not_serve_fails_the_prewarm(pod: Endpoint) -
         await sender.close()
     assert count("failed") == failed + 1
     assert await cached(pod) == 0
+
+
+async def test_the_clients_credentials_go_with_it(keyed_pod: Endpoint) -> None:
+    """A pod that requires an API key takes the pre-warm with the key the client sent for the
+    request that planned it; without one it refuses (counted, nothing cached)."""
+    sender = Sender(backoff=0.0)
+    ok, failed = count("ok"), count("failed")
+    try:
+        sender.send(keyed_pod, request(), 192)
+        await settle(sender)
+        assert count("failed") == failed + 1 and await cached(keyed_pod) == 0
+        sender.send(keyed_pod, request(auth="Bearer secret"), 192)
+        await settle(sender)
+    finally:
+        await sender.close()
+    assert count("ok") == ok + 1
+    assert await cached(keyed_pod) == 192
 
 
 def test_only_http_and_https() -> None:

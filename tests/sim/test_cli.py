@@ -47,6 +47,14 @@ def test_pods_count_ports_up_and_flags_override_the_profile() -> None:
     assert configs[0].served_model == "m" and configs[0].strict_models
 
 
+def test_api_keys_from_the_flag_else_vllms_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert cli.sim_configs(parse())[0].api_keys == ()
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert cli.sim_configs(parse())[0].api_keys == ("from-env",)
+    assert cli.sim_configs(parse("--api-key", "a", "b"))[0].api_keys == ("a", "b")  # the flag wins
+
+
 def test_block_size_alone_keeps_the_kv_capacity_in_tokens() -> None:
     p = cli.build_profile(parse("--profile", "qwen3-32b-tp2-h100", "--block-size", "16"))
     assert p.kv_capacity_tokens == get_profile("qwen3-32b-tp2-h100").kv_capacity_tokens == 307_328

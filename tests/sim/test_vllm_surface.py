@@ -159,6 +159,34 @@ async def test_scale_out_routes_answer_403_without_the_flag() -> None:
         await runner.cleanup()
 
 
+async def test_an_api_key_guards_vllms_prefixes_only() -> None:
+    runner, url = await _sim(api_keys=("k1", "k2"))
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+    unauthorized = (401, "application/json", b'{"error":"Unauthorized"}')
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def call(method: str, path: str, auth: str | None) -> tuple[int, str, bytes]:
+                headers = {"Authorization": auth} if auth is not None else {}
+                data = json.dumps(body).encode() if method == "POST" else None
+                async with http.request(method, url + path, data=data, headers=headers) as resp:
+                    return resp.status, resp.headers.get("content-type", ""), await resp.read()
+
+            for auth in (None, "Bearer k3", "Basic k1", "k1", "Bearer  k1"):
+                assert await call("POST", "/v1/completions", auth) == unauthorized, auth
+            assert await call("GET", "/v1/nothing-here", None) == unauthorized  # before any 404
+            assert await call("POST", "/inference/v1/generate", None) == unauthorized
+            assert (await call("POST", "/v1/completions", "Bearer k1"))[0] == 200
+            assert (await call("POST", "/v1/completions", "bearer k2"))[0] == 200
+            assert (await call("GET", "/v1/models", "Bearer k2"))[0] == 200
+            for path in ("/health", "/metrics", "/ping", "/tokenize"):
+                method = "POST" if path in ("/ping", "/tokenize") else "GET"
+                assert (await call(method, path, None))[0] == 200, path
+            assert (await call("GET", "/v1/nothing-here", "Bearer k1"))[0] == 404
+    finally:
+        await runner.cleanup()
+
+
 async def test_metrics_slash_honours_the_name_filter_and_metrics_ignores_it(sim: Sim) -> None:
     """vLLM 0.32 answers `/metrics` from prometheus-fastapi-instrumentator (the whole registry,
     whatever the query) and `/metrics/` from prometheus_client's app, which keeps the `name[]`s
