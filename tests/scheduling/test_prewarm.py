@@ -93,6 +93,25 @@ def test_no_prewarm_when_the_holder_holds_little_more_than_the_chosen_pod(clock:
     assert pick is eps[0] and prewarm.planned(result) is None
 
 
+@pytest.mark.parametrize(("share", "planned"), [(None, True), (0.5, False)])
+def test_by_default_a_quarter_of_the_prompt_more_on_the_holder_is_enough(
+    clock: Clock, share: float | None, planned: bool
+) -> None:
+    """The chosen pod holds the prompt's first 1,200 tokens, the holder 1,984: 39% of the prompt
+    more, which the default (0.25) pre-warms (as a conversation's history on top of its system
+    prompt: BENCHMARKS.md#prewarm, chat) and 0.5 leaves to the move."""
+    eps = builders.pool(2)
+    prompt = toks(2000, start=1)
+    s = Stack(prewarm=True) if share is None else Stack(prewarm=True, prewarmMinShare=share)
+    busy_holder(s, eps, prompt, clock)
+    feed(s.index, eps[0].name, prompt[:1200])
+    pick, result = s.decide(request(prompt), eps)
+    if planned:
+        assert pick is eps[1] and prewarm.planned(result) == prewarm.Warmup(eps[0], "pod-1", 1984)
+    else:
+        assert pick is eps[0] and prewarm.planned(result) is None
+
+
 def test_a_plan_holds_only_where_the_request_went_as_planned(clock: Clock) -> None:
     eps = builders.pool(2)
     plan = prewarm.Warmup(eps[0], "pod-1", 64)

@@ -127,8 +127,9 @@ Parameters (each checked at startup; a misspelt or out-of-range one is a `Config
   a miss to the fleet.
 - `homeTolerance` (0.2), `homeSlackSeconds` (0.1): how near the minimum a home may be.
 - `holderTolerance` (0, >= 0): how near the minimum the endpoint holding most of a prompt keeps it.
-- `prewarm` (false), `prewarmMinShare` (0.5, (0, 1]): pre-warms in place of moves, for a holder
-  holding at least that share of the prompt more than the endpoint chosen.
+- `prewarm` (false), `prewarmMinShare` (0.25, (0, 1]): pre-warms in place of moves, for a holder
+  holding at least that share of the prompt more than the endpoint chosen (0.25 against 0.5:
+  chat's TTFT p99 0.57x against 0.74x without pre-warms, BENCHMARKS.md#prewarm).
 - `learnFromMetrics` (true), `metricsWindowSeconds` (2.0, > 0): learning the decode time, the
   prefill rate where few responses are read (and, in request-latency-scorer, each pod's step
   factor) from the pods' /metrics, at most once a window each.
@@ -209,7 +210,7 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         learnFromMetrics: bool = True
         metricsWindowSeconds: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 2.0
         prewarm: bool = False
-        prewarmMinShare: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.5
+        prewarmMinShare: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.25
 
     def __init__(self, name: str, params: Params, handle: interfaces.Handle) -> None:
         self.name = name
