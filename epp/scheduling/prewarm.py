@@ -48,10 +48,13 @@ def planned(result: SchedulingResult) -> Warmup | None:
 
 def move(result: SchedulingResult, warmup: Warmup) -> None:
     """Nothing will send the pre-warm: forget the plan (before the plugins book it) and send the
-    request where the objective chose instead, as without pre-warms (the holder stays a fallback)."""
+    request where the objective chose instead, as without pre-warms. As many targets as the
+    picker gave: one by default, the only form GIE's standard Envoy config (ORIGINAL_DST on the
+    destination header) takes; with fallbacks configured, the holder becomes the first."""
     result.cycle.pop(KEY, None)
     profile = result.profiles[result.primary]
-    profile.targets = [warmup.endpoint, *(ep for ep in profile.targets if ep is not warmup.endpoint)]
+    targets = profile.targets
+    profile.targets = [warmup.endpoint, *(ep for ep in targets if ep is not warmup.endpoint)][: len(targets)]
 
 
 class Prewarmer(Protocol):

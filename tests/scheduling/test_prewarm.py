@@ -126,7 +126,14 @@ def test_a_plan_holds_only_where_the_request_went_as_planned(clock: Clock) -> No
     unsent = result(eps[1])
     prewarm.move(unsent, plan)  # what the Director does with a plan it cannot send
     assert prewarm.planned(unsent) is None
-    assert unsent.targets == [eps[0], eps[1]]  # where the objective chose; the holder a fallback
+    assert unsent.targets == [eps[0]]  # where the objective chose, alone as the picker's pick was
+    eps3 = builders.pool(3)
+    plan3 = prewarm.Warmup(eps3[0], "pod-1", 64)
+    fallbacks = interfaces.SchedulingResult(
+        "default", {"default": interfaces.ProfileResult("default", [eps3[1], eps3[2]])}, {prewarm.KEY: plan3}
+    )
+    prewarm.move(fallbacks, plan3)
+    assert fallbacks.targets == [eps3[0], eps3[1]]  # a picker's two: the holder the first fallback
 
 
 @pytest.mark.parametrize("share", [0.0, 1.5])
