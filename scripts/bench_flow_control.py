@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from epp.bench import admission_report as ar
-from epp.bench import fast, fast_scrapes, report
+from epp.bench import fast, fast_scrapes, records, report
 from epp.bench.overload import CRITICAL, PriorityOverload
 from epp.bench.policies import ADMISSION, POLICIES
 from epp.bench.workload import Fleet, Prompt, Workload
@@ -63,7 +63,7 @@ LIVE: dict[str, Any] = {}  # --mode live: {"time_scale": ..., "workdir": ...}
 FAST: dict[str, Any] = {}  # fast mode: {"booked_interval_s": ...} from --booked-scrape-interval
 
 
-def run(name: str, policy: str, seed: int, scale: float, pods: int) -> tuple[fast.RunResult, Workload]:
+def run(name: str, policy: str, seed: int, scale: float, pods: int) -> tuple[records.RunResult, Workload]:
     cls = CriticalOnly if name == "critical-only" else WORKLOADS[name]
     profile = get_profile(cls.default_profile)
     fleet = Fleet(pods, profile.num_gpu_blocks * profile.block_size, profile.max_model_len)
@@ -84,10 +84,10 @@ def run(name: str, policy: str, seed: int, scale: float, pods: int) -> tuple[fas
 
 def measure(
     seeds: Sequence[int], scale: float, pods: int, policies: Sequence[str], log: Callable[[str], None]
-) -> tuple[dict[str, Any], dict[str, fast.RunResult], Sequence[Any]]:
+) -> tuple[dict[str, Any], dict[str, records.RunResult], Sequence[Any]]:
     slo = report.slo_for(PriorityOverload.default_profile)
     figures: dict[str, Any] = {p: {"seeds": {}} for p in policies}
-    plot_runs: dict[str, fast.RunResult] = {}
+    plot_runs: dict[str, records.RunResult] = {}
     plot_stages: Sequence[Any] = ()
     for seed in seeds:
         for policy in policies:
@@ -132,7 +132,7 @@ def measure(
                 "jains_backlogged": burst["backlogged"]["jains_served"],
                 "burst_tenant": burst["burst"]["tenants"]["tenant-0"],
             }
-            cold, _ = results.get("cold-start", (fast.RunResult("", "", 0, 0, "", [], []), None))
+            cold, _ = results.get("cold-start", (records.RunResult("", "", 0, 0, "", [], []), None))
             before = ar.in_stage(cold.records, 0)
             entry["cold_start"] = {
                 "requests_before_pods": len(before),
@@ -146,11 +146,11 @@ def measure(
     return figures, plot_runs, plot_stages
 
 
-def _rw(pair: tuple[fast.RunResult, Workload]) -> tuple[fast.RunResult, Sequence[Any]]:
+def _rw(pair: tuple[records.RunResult, Workload]) -> tuple[records.RunResult, Sequence[Any]]:
     return pair[0], pair[1].stages
 
 
-def _pooled_p99(result: fast.RunResult, stage: int, tenants: Sequence[str]) -> float:
+def _pooled_p99(result: records.RunResult, stage: int, tenants: Sequence[str]) -> float:
     ttft = sorted(
         r.first_token - r.arrival
         for r in result.records

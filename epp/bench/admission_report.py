@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from epp.bench.fast import RequestRecord, RunResult
+from epp.bench.records import RequestRecord, RunResult
 from epp.bench.report import Slo, percentile, tpot
 from epp.bench.workload import Stage
 

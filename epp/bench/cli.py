@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from epp.bench import fast, fast_scrapes, report
+from epp.bench import fast, fast_scrapes, records, report
 from epp.bench.peers import PEERS, Peer, peers_dir
 from epp.bench.policies import ADMISSION, CONFIG_PREFIX, POLICIES, Policy, config_file
 from epp.bench.progress import Progress
@@ -263,7 +263,7 @@ def _run_fast(
     profile: Profile,
     pods: int,
     progress: Progress,
-) -> fast.RunResult:
+) -> records.RunResult:
     kwargs: dict[str, Any] = {
         "profile": profile, "pods": pods, "seed": args.seed, "kv_delay_s": args.kv_delay,
         "scrape_interval_s": args.scrape_interval, "booked_interval_s": _booked_interval(args),
@@ -332,7 +332,7 @@ def _run_live(
     profile: Profile,
     pods: int,
     progress: Progress,
-) -> tuple[fast.RunResult, float]:
+) -> tuple[records.RunResult, float]:
     """One arm (`epp.bench.live`): epp with a policy behind Envoy, or a peer's router; process logs
     under --out/logs. Returns the result and how many wall seconds the stack fell behind the
     workload's clock."""

@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import heapq
-import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,6 +59,7 @@ from epp.api.responses import Usage
 from epp.bench.fast_prewarm import EnginePrewarmer, is_prewarm
 from epp.bench.fast_scrapes import Scrapes
 from epp.bench.policies import Policy
+from epp.bench.records import RequestRecord, RunResult, Sample
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
@@ -83,70 +83,6 @@ OBJECTIVE_PREFIX = "priority-"  # a prompt of priority n names objective "priori
 FAIRNESS_HEADER = flowcontrol.FAIRNESS_HEADERS[0]
 _HEADERS = {":status": "200", "content-type": "text/event-stream"}
 _MAX_BODY_BYTES = 64 << 20  # encoded bodies kept for prompts sent again (llm-d's 750: ~30 MB)
-
-
-@dataclasses.dataclass(slots=True)
-class RequestRecord:
-    """One request's life, in seconds from the start of the run."""
-
-    arrival: float
-    stage: int
-    group: str
-    prompt_tokens: int
-    shared_tokens: int
-    max_tokens: int
-    pod: int = -1  # index of the pod it was routed to; -1 when not routed
-    status: int = 0  # 200 served; vLLM's 400; epp's 429/503; 0 = unfinished when the run stopped
-    first_token: float | None = None
-    finish: float | None = None
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    preemptions: int = 0
-    # The shared prefix's tokens in full blocks (capped as vLLM caps a hit: the last prompt token
-    # is always computed), and at arrival the most of them any pod held cached and the chosen pod
-    # held: what tells a miss no router could avoid from one it routed away from.
-    prefix_need: int = 0
-    held_best: int = 0
-    held_chosen: int = 0
-    isolated_prefill_s: float = 0.0  # the TTFT its uncached prompt takes on an idle pod
-    priority: int = 0
-    fairness_id: str = ""
-    routed: float | None = None  # when it was routed (later than `arrival` when flow control held it)
-    dropped: str = ""  # x-llm-d-request-dropped-reason of a 429/503
-    prefill_pod: int = -1  # P/D (epp.bench.pd): the pod that prefilled it when split, else -1
-
-
-@dataclasses.dataclass(slots=True)
-class Sample:
-    """The fleet at one scrape tick."""
-
-    t: float
-    waiting: list[int]
-    running: list[int]
-    kv_usage: list[float]
-    queued: dict[int, int] = dataclasses.field(default_factory=dict)  # flow control, per band
-
-
-@dataclasses.dataclass(slots=True)
-class RunResult:
-    workload: str
-    policy: str
-    seed: int
-    pods: int
-    profile: str
-    records: list[RequestRecord]
-    samples: list[Sample]
-    wall_s: float = 0.0
-    end: float = 0.0  # virtual time of the last event, from the start of the run
-    steps: int = 0
-    stopped_early: bool = False  # the safety limit on virtual time ended the run
-    # Live mode: the router's CPU seconds over the measured stretch, and the fleet's own
-    # prefix-cache counters (tokens) and completed requests per pod, read from the pods.
-    router_cpu_s: float = math.nan
-    fleet_prefix_hits: int = 0
-    fleet_prefix_queries: int = 0
-    fleet_requests_per_pod: list[int] | None = None
-    prewarms: int | None = None  # pre-warms sent to the pods (epp.scheduling.prewarm); live: unknown
 
 
 @dataclasses.dataclass(slots=True)

@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from epp.bench.fast import MODEL, RequestRecord
+from epp.bench.fast import MODEL
+from epp.bench.records import RequestRecord
 from epp.tokenize.tokenizer import load_shipped
 
 VENV = "inference-perf"

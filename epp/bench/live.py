@@ -53,12 +53,10 @@ from epp.bench.fast import (
     FAIRNESS_HEADER,
     MODEL,
     OBJECTIVE_PREFIX,
-    RequestRecord,
-    RunResult,
-    Sample,
     pod_profiles_of,
 )
 from epp.bench.gateways import HOST, REQUEST_TIMEOUT_S, EppGateway, Gateway
+from epp.bench.records import RequestRecord, RunResult, Sample
 from epp.bench.words import WordCodec
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
 from epp.requestcontrol.admission import OBJECTIVE_HEADER

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from epp.bench import fast, fast_scrapes
+from epp.bench import fast, fast_scrapes, records
 from epp.bench.pd_workloads import PD_WORKLOADS, PODS, PROFILE
 from epp.bench.policies import Policy
 from epp.bench.report import percentile
@@ -357,7 +357,7 @@ class PDFastRun(fast.FastRun):
 # --- summary --------------------------------------------------------------------------------------
 
 
-def summarize(run: PDFastRun, result: fast.RunResult, scheduler_s: float) -> dict[str, Any]:
+def summarize(run: PDFastRun, result: records.RunResult, scheduler_s: float) -> dict[str, Any]:
     served = [r for r in result.records if r.status == 200 and r.finish is not None]
     ttft = sorted(r.first_token - r.arrival for r in served if r.first_token is not None)
     e2e = sorted(r.finish - r.arrival for r in served if r.finish is not None)

@@ -45,7 +45,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from epp.bench.fast import RequestRecord, RunResult, Sample
+from epp.bench.records import RequestRecord, RunResult, Sample
 from epp.bench.workload import Stage, Workload
 
 SCHEMA = 1

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from epp.api.requests import InferenceRequest
-from epp.bench import fast, pd, policies, report
+from epp.bench import fast, pd, policies, records, report
 from epp.bench.policies import POLICIES, Policy, config_file
 from epp.bench.workload import OpenLoop, Prompt
 from epp.datastore import pacing
@@ -19,7 +19,7 @@ from epp.scheduling import interfaces
 from . import helpers
 
 
-def run(policy: str, *, seed: int = 7, scale: float = 0.01, **kw: float) -> fast.RunResult:
+def run(policy: str, *, seed: int = 7, scale: float = 0.01, **kw: float) -> records.RunResult:
     return fast.FastRun(
         helpers.small(seed, scale),
         POLICIES[policy],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from epp.bench import admission_report as ar
-from epp.bench import fast, report
+from epp.bench import fast, records, report
 from epp.bench.overload import ColdStart, PriorityOverload, TenantBurst
 from epp.bench.policies import POLICIES
 from epp.bench.workload import Fleet, Workload
@@ -13,7 +13,7 @@ PROFILE = get_profile("codellama-13b-a100")
 FLEET = Fleet(2, PROFILE.num_gpu_blocks * PROFILE.block_size, PROFILE.max_model_len)
 
 
-def run(workload: Workload, policy: str) -> fast.RunResult:
+def run(workload: Workload, policy: str) -> records.RunResult:
     return fast.FastRun(workload, POLICIES[policy], profile=PROFILE, pods=2, seed=1).run()
 
 

@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 
 from epp.bench import hard
-from epp.bench.fast import FastRun, RunResult
+from epp.bench.fast import FastRun
 from epp.bench.fast_prewarm import EnginePrewarmer
 from epp.bench.policies import config_file
+from epp.bench.records import RunResult
 from epp.bench.workload import Fleet
 from epp.scheduling import config as sched_config
 from epp.sim.profiles import get_profile

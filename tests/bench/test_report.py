@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.bench import fast, report
+from epp.bench import fast, records, report
 from epp.bench.policies import POLICIES
 
 from . import helpers
@@ -78,22 +78,22 @@ def test_plots_are_written(tmp_path: Path, entry: dict[str, object]) -> None:
     assert all(Path(p).stat().st_size > 1000 for p in written)
 
 
-def _record(**kw: object) -> fast.RequestRecord:
+def _record(**kw: object) -> records.RequestRecord:
     base: dict[str, object] = dict(
         arrival=0.0, stage=0, group="g", prompt_tokens=1000, shared_tokens=512, max_tokens=10, status=200
     )
     base.update(kw)
-    return fast.RequestRecord(**base)  # type: ignore[arg-type]
+    return records.RequestRecord(**base)  # type: ignore[arg-type]
 
 
-def _summary(records: list[fast.RequestRecord], slo: report.Slo | None = None) -> dict[str, object]:
-    result = fast.RunResult("w", "p", 1, 2, "tiny-bench", records, [])
+def _summary(rows: list[records.RequestRecord], slo: report.Slo | None = None) -> dict[str, object]:
+    result = records.RunResult("w", "p", 1, 2, "tiny-bench", rows, [])
     return report.summarize(result, [], slo)
 
 
 def test_request_hit_rate_splits_misses_by_what_the_pods_held() -> None:
     common = dict(first_token=1.0, finish=2.0, output_tokens=10, pod=0, prefix_need=512)
-    records = [
+    rows = [
         _record(cached_tokens=512, held_best=512, held_chosen=512, **common),  # hit
         _record(cached_tokens=600, held_best=512, held_chosen=512, **common),  # hit
         _record(cached_tokens=0, held_best=0, held_chosen=0, **common),  # cold: nobody held it
@@ -101,13 +101,13 @@ def test_request_hit_rate_splits_misses_by_what_the_pods_held() -> None:
         _record(cached_tokens=0, held_best=512, held_chosen=512, **common),  # lost after arrival
         _record(cached_tokens=0, shared_tokens=0, prefix_need=0, first_token=1.0, finish=2.0),  # unshared
     ]
-    s = _summary(records)
+    s = _summary(rows)
     assert s["request_hit_rate"] == 2 / 5
     assert (s["miss_cold"], s["miss_routed_away"], s["miss_lost"]) == (1 / 5, 1 / 5, 1 / 5)
 
 
 def test_tpot_queueing_and_slo_share() -> None:
-    records = [
+    rows = [
         # TTFT 0.5 s of which 0.3 s its own prefill; 11 tokens over 1 s after the first: 0.1 s each
         _record(first_token=0.5, finish=1.5, output_tokens=11, isolated_prefill_s=0.3),
         # TTFT 2 s, TPOT 0.01 s
@@ -115,7 +115,7 @@ def test_tpot_queueing_and_slo_share() -> None:
         # one token: no TPOT; TTFT 0.2 s
         _record(first_token=0.2, finish=0.2, output_tokens=1, isolated_prefill_s=0.2),
     ]
-    s = _summary(records, report.Slo(ttft_s=1.0, tpot_s=0.05))
+    s = _summary(rows, report.Slo(ttft_s=1.0, tpot_s=0.05))
     assert math.isclose(s["tpot_p50_s"], 0.055) and math.isclose(s["tpot_p99_s"], 0.0991)  # type: ignore[arg-type]
     assert math.isclose(s["e2e_p99_s"], 1.5 + 0.6 * 0.98)  # type: ignore[arg-type]
     # TTFT - own prefill: 0.2, 1.5 and 0.0 s
@@ -197,18 +197,20 @@ def test_seeds_median_and_worst(tmp_path: Path, entry: dict[str, object]) -> Non
 def test_peer_table_sets_epp_against_the_best_real_router_of_each_seed() -> None:
     from epp.bench import seeds
 
-    def run(ttft: float, goodput: float, hit: float) -> dict[str, float]:
+    def run(ttft: float, goodput: float, hit: float, requests_hit: float | None = None) -> dict[str, float]:
         return {
             "ttft_p99_s": ttft,
             "e2e_p99_s": 10.0,
             "goodput": goodput,
             "fleet_hit_rate": hit,
+            "hit_rate": hit if requests_hit is None else requests_hit,
             "router_cpu_ms_per_request": 4.0,
         }
 
     docs = [
         {"seed": 1, "workloads": {"w": {"policies": {
-            "epp": run(0.8, 0.99, 0.80), "smg": run(1.0, 0.90, 0.82), "vllm-router": run(2.0, 0.95, 0.81),
+            "epp": run(0.8, 0.99, 0.80, 0.83),
+            "smg": run(1.0, 0.90, 0.82), "vllm-router": run(2.0, 0.95, 0.81),
             "random": run(0.1, 1.0, 0.99),  # not a real router: never the best
         }}}},
         {"seed": 2, "workloads": {"w": {"policies": {
@@ -222,6 +224,10 @@ def test_peer_table_sets_epp_against_the_best_real_router_of_each_seed() -> None
     assert cells[2] == "1.00x (0.80-1.20) smg, vllm-router"
     assert cells[4] == "1.04x (1.04-1.04) vllm-router"  # goodput: the highest is the best
     assert cells[5] == "-1.0 (-2.0 to +0.0) smg"  # hit rate in points: -2 against 82%, 0 against 80%
+    # The requests' own hit rate (the answers' cached tokens): epp's pre-warms are misses in its
+    # pods' counters on seed 1, not in its requests' (+1 against 82%), 0 on seed 2.
+    assert cells[6] == "+0.5 (+0.0 to +1.0) smg"
+    assert cells[7] == "1.00x (1.00-1.00) smg"  # CPU: a tie goes to the first by name
 
 
 def test_seeds_cli_answers_help_and_bad_files_with_usage(

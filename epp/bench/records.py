@@ -1,0 +1,72 @@
+"""What one benchmark run produced, in fast and live mode alike: each request's life
+(`RequestRecord`), the fleet at each scrape tick (`Sample`), and the run (`RunResult`).
+`epp.bench.report` summarizes them; `epp.bench.fast` and `epp.bench.live` fill them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(slots=True)
+class RequestRecord:
+    """One request's life, in seconds from the start of the run."""
+
+    arrival: float
+    stage: int
+    group: str
+    prompt_tokens: int
+    shared_tokens: int
+    max_tokens: int
+    pod: int = -1  # index of the pod it was routed to; -1 when not routed
+    status: int = 0  # 200 served; vLLM's 400; epp's 429/503; 0 = unfinished when the run stopped
+    first_token: float | None = None
+    finish: float | None = None
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    preemptions: int = 0
+    # The shared prefix's tokens in full blocks (capped as vLLM caps a hit: the last prompt token
+    # is always computed), and at arrival the most of them any pod held cached and the chosen pod
+    # held: what tells a miss no router could avoid from one it routed away from.
+    prefix_need: int = 0
+    held_best: int = 0
+    held_chosen: int = 0
+    isolated_prefill_s: float = 0.0  # the TTFT its uncached prompt takes on an idle pod
+    priority: int = 0
+    fairness_id: str = ""
+    routed: float | None = None  # when it was routed (later than `arrival` when flow control held it)
+    dropped: str = ""  # x-llm-d-request-dropped-reason of a 429/503
+    prefill_pod: int = -1  # P/D (epp.bench.pd): the pod that prefilled it when split, else -1
+
+
+@dataclasses.dataclass(slots=True)
+class Sample:
+    """The fleet at one scrape tick."""
+
+    t: float
+    waiting: list[int]
+    running: list[int]
+    kv_usage: list[float]
+    queued: dict[int, int] = dataclasses.field(default_factory=dict)  # flow control, per band
+
+
+@dataclasses.dataclass(slots=True)
+class RunResult:
+    workload: str
+    policy: str
+    seed: int
+    pods: int
+    profile: str
+    records: list[RequestRecord]
+    samples: list[Sample]
+    wall_s: float = 0.0
+    end: float = 0.0  # virtual time of the last event, from the start of the run
+    steps: int = 0
+    stopped_early: bool = False  # the safety limit on virtual time ended the run
+    # Live mode: the router's CPU seconds over the measured stretch, and the fleet's own
+    # prefix-cache counters (tokens) and completed requests per pod, read from the pods.
+    router_cpu_s: float = math.nan
+    fleet_prefix_hits: int = 0
+    fleet_prefix_queries: int = 0
+    fleet_requests_per_pod: list[int] | None = None
+    prewarms: int | None = None  # pre-warms sent to the pods (epp.scheduling.prewarm); live: unknown
