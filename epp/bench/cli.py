@@ -5,8 +5,8 @@ policy sees the same requests: in virtual time in this process (`--mode fast`, `
 or in real time through a real Envoy and an `epp serve` subprocess (`--mode live`,
 `epp.bench.live`). Output: a table per workload on stdout, a progress
 bar on stderr (on a terminal, or with `--progress`), and in `--out DIR`: `results.json` (written
-after each policy, so a long run keeps what it finished) and PNG plots when matplotlib is
-installed (`pip install epp[bench]`).
+after each policy, so a long run keeps what it finished), PNG plots when matplotlib is
+installed (`pip install epp[bench]`), and with `--records` every request's record as JSONL.
 
 A bench configuration error (unknown workload, policy, profile, bad scale) names the option and
 the allowed values, and exits with status 2.
@@ -154,6 +154,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action="store_true", help="draw the progress bar even off a terminal")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
+        "--records",
+        action="store_true",
+        help="also write each request's life (arrival, pod, first token, finish, cached tokens, "
+        "...; seconds from the run's start) to records-<workload>-<policy>.jsonl in --out: which "
+        "requests make a tail",
+    )
+    parser.add_argument(
         "--slo-ttft",
         type=float,
         default=None,
@@ -239,6 +246,10 @@ def run(args: argparse.Namespace) -> int:
                 if args.epp_arg:
                     runs[policy.name]["epp_args"] = list(args.epp_arg)
             ttfts[policy.name] = report.ttft_values(result)
+            if args.records:
+                records.write_jsonl(
+                    os.path.join(args.out, f"records-{_file_name(name)}-{policy.name}.jsonl"), result
+                )
             # Written after every policy: a long run keeps what it finished.
             mixed = _pod_profiles(args, workload)
             results[name] = report.workload_entry(

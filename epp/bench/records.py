@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 
@@ -70,3 +71,16 @@ class RunResult:
     fleet_prefix_queries: int = 0
     fleet_requests_per_pod: list[int] | None = None
     prewarms: int | None = None  # pre-warms sent to the pods (epp.scheduling.prewarm); live: unknown
+
+
+def write_jsonl(path: str, result: RunResult) -> None:
+    """One JSON object per request, in arrival order: the run's workload, policy and seed, then
+    the record's fields. NaN is written as null."""
+    head = {"workload": result.workload, "policy": result.policy, "seed": result.seed}
+    with open(path, "w", encoding="utf-8") as out:
+        for record in sorted(result.records, key=lambda r: r.arrival):
+            row = {**head, **dataclasses.asdict(record)}
+            for key, value in row.items():
+                if isinstance(value, float) and not math.isfinite(value):
+                    row[key] = None
+            out.write(json.dumps(row, separators=(",", ":")) + "\n")

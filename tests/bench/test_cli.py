@@ -99,6 +99,28 @@ def test_a_trace_through_two_policies(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "| epp |" in text and "results:" in text
 
 
+def test_records_lists_every_request_of_every_policy(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    lines = [
+        json.dumps({"t": i * 0.1, "prompt_token_ids": [1, 2, 3, 100 + i], "max_tokens": 4}) for i in range(20)
+    ]
+    path.write_text("\n".join(lines))
+    out = tmp_path / "out"
+    argv = ["--workload", f"trace:{path}", "--policies", "random,epp", "--profile", "tiny", "--pods", "2"]
+    assert cli.run(parse(*argv, "--out", str(out), "--no-plots", "--records")) == 0
+    for policy in ("random", "epp"):
+        rows = [
+            json.loads(line)
+            for line in (out / f"records-trace-trace-{policy}.jsonl").read_text().splitlines()
+        ]
+        assert len(rows) == 20
+        assert {r["policy"] for r in rows} == {policy} and {r["workload"] for r in rows} == {f"trace:{path}"}
+        assert [r["arrival"] for r in rows] == sorted(r["arrival"] for r in rows)
+        assert all(
+            r["status"] == 200 and r["first_token"] >= r["arrival"] and 0 <= r["pod"] < 2 for r in rows
+        )
+
+
 def test_duration_sets_the_scale() -> None:
     plan = cli._plan(parse("--workload", "unique", "--duration", "30"))
     assert plan[0][1]().duration == pytest.approx(30.0)
