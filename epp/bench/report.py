@@ -43,7 +43,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from epp.bench.records import RequestRecord, RunResult, Sample
 from epp.bench.workload import Stage, Workload
@@ -176,6 +176,14 @@ def _tokens_in(r: RequestRecord, start: float, end: float) -> float:
     return r.output_tokens * overlap / (b - a) if overlap > 0 else 0.0
 
 
+STEADY_FROM_S: Final = 30.0
+"""`ttft_p99_from_30s_s` counts the requests that arrived from this second of the run on. A 120 s
+run's TTFT p99 is a dozen requests, and on shared-prefix workloads most of them are its first
+seconds' cold prefills, placed before any router has learned the pods: that figure moves by a
+third from run to run of one seed (BENCHMARKS.md#real-routers-one-seed); this one compares the
+routing past the start."""
+
+
 def summarize(result: RunResult, stages: Sequence[Stage], slo: Slo | None = None) -> dict[str, Any]:
     """The policy's entry in results.json; `slo` defaults to the profile's (`slo_for`)."""
     slo = slo or slo_for(result.profile)
@@ -198,6 +206,14 @@ def summarize(result: RunResult, stages: Sequence[Stage], slo: Slo | None = None
         "failed": sum(1 for r in result.records if r.status not in (0, 200)),
         "unfinished": sum(1 for r in result.records if r.status == 0),
         **rates,
+        "ttft_p99_from_30s_s": percentile(
+            sorted(
+                r.first_token - r.arrival
+                for r in served
+                if r.first_token is not None and r.arrival >= STEADY_FROM_S
+            ),
+            99,
+        ),
         # Served within both latency targets, over every request sent (refused ones count as
         # missed), and the same per second of the run.
         "goodput": met / len(result.records) if result.records else math.nan,

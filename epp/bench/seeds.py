@@ -161,6 +161,7 @@ def target_table(docs: Sequence[Mapping[str, Any]], workloads: Sequence[str], po
 # requests alone.
 PEER_COLUMNS: tuple[tuple[str, str, bool, str], ...] = (
     ("TTFT p99", "ttft_p99_s", False, "ratio"),
+    ("TTFT p99 from 30 s", "ttft_p99_from_30s_s", False, "ratio"),  # past the cold start
     ("E2E p99", "e2e_p99_s", False, "ratio"),
     ("goodput", "goodput", True, "ratio"),
     ("hit rate, pods", "fleet_hit_rate", True, "points"),

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from epp.bench.report import percentile
+from epp.bench.report import STEADY_FROM_S, percentile
 
 
 def load(path: str) -> list[dict[str, Any]]:
@@ -83,7 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("records", nargs="+", metavar="RECORDS.jsonl")
     ap.add_argument("--early", type=float, default=15.0, help="the run's first seconds (default 15)")
-    ap.add_argument("--after", type=float, default=30.0, help="the p99 of arrivals from here on (default 30)")
+    ap.add_argument(
+        "--after",
+        type=float,
+        default=STEADY_FROM_S,
+        help=f"the p99 of arrivals from here on (default {STEADY_FROM_S:g}, as results.json's "
+        "ttft_p99_from_30s_s)",
+    )
     args = ap.parse_args(argv)
     runs: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
     for path in args.records:

@@ -125,6 +125,19 @@ def test_tpot_queueing_and_slo_share() -> None:
     assert (s["slo_ttft_s"], s["slo_tpot_s"]) == (1.0, 0.05)
 
 
+def test_the_ttft_p99_past_the_start_leaves_the_first_seconds_out() -> None:
+    # 100 requests, one a second at 0.1 s; the first five (the cold start) at 2 s.
+    rows = [
+        _record(arrival=float(t), first_token=t + (2.0 if t < 5 else 0.1), finish=t + 3.0) for t in range(100)
+    ]
+    s = _summary(rows)
+    assert s["ttft_p99_s"] == pytest.approx(2.0)
+    assert s["ttft_p99_from_30s_s"] == pytest.approx(0.1)  # the 70 from the 30th second on
+    late = _summary([_record(arrival=40.0, first_token=40.5, finish=41.0), *rows[:5]])
+    assert late["ttft_p99_from_30s_s"] == pytest.approx(0.5)
+    assert math.isnan(_summary(rows[:30])["ttft_p99_from_30s_s"])  # nothing arrived after: unknown
+
+
 def test_isolated_prefill_is_the_engines_ttft_alone() -> None:
     from epp.sim import core
 
@@ -197,9 +210,16 @@ def test_seeds_median_and_worst(tmp_path: Path, entry: dict[str, object]) -> Non
 def test_peer_table_sets_epp_against_the_best_real_router_of_each_seed() -> None:
     from epp.bench import seeds
 
-    def run(ttft: float, goodput: float, hit: float, requests_hit: float | None = None) -> dict[str, float]:
+    def run(
+        ttft: float,
+        goodput: float,
+        hit: float,
+        requests_hit: float | None = None,
+        steady: float | None = None,
+    ) -> dict[str, float | None]:
         return {
             "ttft_p99_s": ttft,
+            "ttft_p99_from_30s_s": steady,  # null in results.json from before it was recorded
             "e2e_p99_s": 10.0,
             "goodput": goodput,
             "fleet_hit_rate": hit,
@@ -209,8 +229,8 @@ def test_peer_table_sets_epp_against_the_best_real_router_of_each_seed() -> None
 
     docs = [
         {"seed": 1, "workloads": {"w": {"policies": {
-            "epp": run(0.8, 0.99, 0.80, 0.83),
-            "smg": run(1.0, 0.90, 0.82), "vllm-router": run(2.0, 0.95, 0.81),
+            "epp": run(0.8, 0.99, 0.80, 0.83, steady=0.3),
+            "smg": run(1.0, 0.90, 0.82, steady=0.4), "vllm-router": run(2.0, 0.95, 0.81, steady=0.5),
             "random": run(0.1, 1.0, 0.99),  # not a real router: never the best
         }}}},
         {"seed": 2, "workloads": {"w": {"policies": {
@@ -222,12 +242,13 @@ def test_peer_table_sets_epp_against_the_best_real_router_of_each_seed() -> None
     assert cells[:2] == ["w", "2"]
     # TTFT p99: 0.8 / 1.0 (smg) and 1.2 / 1.0 (vllm-router), median 1.0.
     assert cells[2] == "1.00x (0.80-1.20) smg, vllm-router"
-    assert cells[4] == "1.04x (1.04-1.04) vllm-router"  # goodput: the highest is the best
-    assert cells[5] == "-1.0 (-2.0 to +0.0) smg"  # hit rate in points: -2 against 82%, 0 against 80%
+    assert cells[3] == "0.75x (0.75-0.75) smg"  # past the start: only the seed that recorded it
+    assert cells[5] == "1.04x (1.04-1.04) vllm-router"  # goodput: the highest is the best
+    assert cells[6] == "-1.0 (-2.0 to +0.0) smg"  # hit rate in points: -2 against 82%, 0 against 80%
     # The requests' own hit rate (the answers' cached tokens): epp's pre-warms are misses in its
     # pods' counters on seed 1, not in its requests' (+1 against 82%), 0 on seed 2.
-    assert cells[6] == "+0.5 (+0.0 to +1.0) smg"
-    assert cells[7] == "1.00x (1.00-1.00) smg"  # CPU: a tie goes to the first by name
+    assert cells[7] == "+0.5 (+0.0 to +1.0) smg"
+    assert cells[8] == "1.00x (1.00-1.00) smg"  # CPU: a tie goes to the first by name
 
 
 def test_seeds_cli_answers_help_and_bad_files_with_usage(
