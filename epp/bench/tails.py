@@ -31,6 +31,8 @@ def load(path: str) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
                 float(row["arrival"])
+                if row.get("first_token") is not None:
+                    float(row["first_token"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{n}: not an `epp bench --records` line ({exc})") from None
             rows.append(row)

@@ -62,3 +62,7 @@ def test_the_command_prints_a_row_per_file_and_names_a_bad_line(
     with pytest.raises(SystemExit):
         tails.main([str(bad)])
     assert f"{bad}:2: not an `epp bench --records` line" in capsys.readouterr().err
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"arrival": 1.0, "first_token": "soon"}\n')
+    with pytest.raises(ValueError, match=r"odd\.jsonl:1: not an"):
+        tails.load(str(odd))
