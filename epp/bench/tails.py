@@ -41,21 +41,22 @@ def load(path: str) -> list[dict[str, Any]]:
 
 def anatomy(rows: Iterable[Mapping[str, Any]], *, early: float, after: float) -> dict[str, Any]:
     """The tail of one run's served requests (status 200 with a first token)."""
-    served = [r for r in rows if r.get("status") == 200 and r.get("first_token") is not None]
-    ttft = sorted(float(r["first_token"]) - float(r["arrival"]) for r in served)
+    served: list[tuple[float, float, Mapping[str, Any]]] = []  # (arrival, TTFT, record)
+    for r in rows:
+        if r.get("status") == 200 and r.get("first_token") is not None:
+            arrival = float(r["arrival"])
+            served.append((arrival, float(r["first_token"]) - arrival, r))
+    ttft = sorted(t for _, t, _ in served)
     p99 = percentile(ttft, 99)
-    tail = [r for r in served if float(r["first_token"]) - float(r["arrival"]) >= p99]
-    later = sorted(
-        float(r["first_token"]) - float(r["arrival"]) for r in served if float(r["arrival"]) >= after
-    )
+    tail = [(a, r) for a, t, r in served if t >= p99]
     return {
         "served": len(served),
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p99_s": p99,
         "tail": len(tail),
-        "tail_early": sum(1 for r in tail if float(r["arrival"]) < early),
-        "tail_cold_shared": sum(1 for r in tail if r.get("group") and not r.get("cached_tokens")),
-        "ttft_p99_after_s": percentile(later, 99),
+        "tail_early": sum(1 for a, _ in tail if a < early),
+        "tail_cold_shared": sum(1 for _, r in tail if r.get("group") and not r.get("cached_tokens")),
+        "ttft_p99_after_s": percentile(sorted(t for a, t, _ in served if a >= after), 99),
     }
 
 
