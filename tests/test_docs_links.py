@@ -4,6 +4,7 @@ reorganised as measurements change, and a dangling link is a claim the reader ca
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
+@functools.cache
 def anchors(page: Path) -> set[str]:
     found: set[str] = set()
     seen: dict[str, int] = {}
@@ -55,15 +57,6 @@ def anchors(page: Path) -> set[str]:
     return found
 
 
-_ANCHORS: dict[Path, set[str]] = {}
-
-
-def _anchors_of(page: Path) -> set[str]:
-    if page not in _ANCHORS:
-        _ANCHORS[page] = anchors(page)
-    return _ANCHORS[page]
-
-
 def _broken_link(page: Path, target: str) -> str | None:
     if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
         return None
@@ -71,7 +64,7 @@ def _broken_link(page: Path, target: str) -> str | None:
     dest = (page.parent / path).resolve() if path else page
     if not dest.exists():
         return f"{target}: no such file"
-    if anchor and dest.suffix == ".md" and anchor not in _anchors_of(dest):
+    if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
         return f"{target}: {dest.relative_to(ROOT)} has no anchor #{anchor}"
     return None
 
@@ -111,7 +104,7 @@ def test_every_anchor_the_code_cites_exists() -> None:
                     where = f"{source.relative_to(ROOT)}:{number}: {name}#{anchor}"
                     if page is None:
                         broken.append(f"{where}: no such page")
-                    elif anchor not in _anchors_of(page):
+                    elif anchor not in anchors(page):
                         broken.append(f"{where}: no such anchor")
     assert not broken, "\n".join(broken)
 
