@@ -1,7 +1,8 @@
-"""`scripts/bench_flow_control.py --mode live`, as BENCHMARKS.md gives it: the overload workloads
-through a real Envoy and `epp serve` over simulated pods, at a small scale (a few seconds each).
-It checks that the command runs and its figures are whole, not what they are (real time at this
-scale is noise): every arm served requests and wrote its table and its JSON."""
+"""`scripts/bench_flow_control.py --mode live`, as docs/bench/flow-control.md#flow-control-live
+gives it: the overload workloads through a real Envoy and `epp serve` over simulated pods, at a
+small scale (a few seconds each). It checks that the command runs and its figures are whole, not
+what they are (real time at this scale is noise): every arm served requests and wrote its table
+and its JSON."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Overload and hostile clients against a real stack (a script, not a test): `epp serve`, the
 generated Envoy (`--config override`, epp's default, or `duplex`, GIE's full-duplex config) and
-paced SSE model servers (`epp.bench.sse_backend`, their own process). docs/reliability.md,
-"Overload and hostile clients", holds the figures and the commands that made them.
+paced SSE model servers (`epp.bench.sse_backend`, their own process).
+docs/reliability.md#overload-and-hostile-clients holds the figures and the commands that made them.
 
     .venv/bin/python scripts/bench_abuse.py streams --concurrent 3000 [--config duplex]
         C streamed requests opened at once (each --chunks tokens, --interval-ms apart), while a
@@ -278,7 +278,7 @@ async def streams(stack: Stack, args: argparse.Namespace) -> None:
     reasons = collections.Counter(a.reason[:100] for a in answers if a.status not in (200, 0))
     # The burst: until the last stream had its answer's headers. After it, every stream that
     # was admitted is open and streaming: the probe then meets the concurrency, not the burst's
-    # queue (docs/reliability.md, "Thousands of new streams at once").
+    # queue (docs/reliability.md#thousands-of-new-streams-at-once-what-a-client-gets).
     admitted = max(a.headers_at for a in answers)
     first_done = min(a.ended_at for a in answers if a.status == 200) if statuses.get(200) else admitted
     held = [x for t, x in loaded if admitted < t and t + x < first_done]

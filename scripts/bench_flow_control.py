@@ -1,5 +1,5 @@
 """Flow control's targets in fast mode (virtual time: the figures do not depend on the machine's
-load), over several seeds: BENCHMARKS.md, "Flow control".
+load), over several seeds: docs/bench/flow-control.md#flow-control.
 
     .venv/bin/python scripts/bench_flow_control.py --seeds 1,2,3,4,5 --out bench-results/flow-control
 
@@ -22,7 +22,8 @@ Writes `flow-control.json` (every figure per seed), `flow-control.md` (the table
 `queue-over-time.png` (requests held per band under overload, first seed) into --out.
 
 `--mode live` runs the same (but cold-start) through a real Envoy and `epp serve` over simulated
-pods in real time: timing-sensitive, for a quiet machine (BENCHMARKS.md has the command).
+pods in real time: timing-sensitive, for a quiet machine
+(docs/bench/flow-control.md#flow-control-live has the command).
 """
 
 from __future__ import annotations

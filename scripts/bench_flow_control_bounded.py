@@ -1,4 +1,4 @@
-"""Flow control's bounds under a flood: BENCHMARKS.md, flow control, "Bounded".
+"""Flow control's bounds under a flood: docs/bench/flow-control.md#flow-control-bounded.
 
     .venv/bin/python scripts/bench_flow_control_bounded.py --requests 100000
 

@@ -15,8 +15,8 @@ The client (this process, grpc.aio, one channel like Envoy's) runs two phases:
   prints the server's CPU per stream.
 - `burst`: `--burst` streams opened at once; prints when each got its first answer (p50, p99,
   last) and the server's CPU. epp's handler cannot see a stream before grpc.aio hands it over, so
-  this is the floor under what a probe request waits behind a burst (docs/reliability.md,
-  "Thousands of new streams at once").
+  this is the floor under what a probe request waits behind a burst
+  (docs/reliability.md#thousands-of-new-streams-at-once-what-a-client-gets).
 
 `--server grpclib` serves the same bytes with grpclib (a pure-Python gRPC server on h2) instead
 of grpc.aio: whether another runtime takes a burst sooner. Give it a `--server-python` whose
@@ -24,7 +24,7 @@ environment has grpclib (`python -m venv /tmp/gl && /tmp/gl/bin/pip install grpc
 
 `--registered` also registers the method (`add_registered_method_handlers`, as epp does):
 grpcio 1.84 changed the server's accept loop to an `asyncio.wait` over one task per registered
-method and RPC (grpc/grpc#41796); BENCHMARKS.md, "Streamed responses", has the figures.
+method and RPC (grpc/grpc#41796); docs/bench/overhead.md#streamed has the figures.
 """
 
 from __future__ import annotations

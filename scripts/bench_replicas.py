@@ -1,6 +1,6 @@
 """Routing quality of N active-active epp replicas against one (`epp bench --replicas N`), swept.
 
-    nice -n 10 .venv/bin/python scripts/bench_replicas.py                      # BENCHMARKS.md#replicas
+    nice -n 10 .venv/bin/python scripts/bench_replicas.py        # docs/bench/routing-live.md#replicas
     .venv/bin/python scripts/bench_replicas.py --workloads chat --scale 0.05 --seeds 1 --replicas 1,2
 
 For each workload, policy and seed, runs the fast-mode bench once per replica count (same seeded
@@ -24,7 +24,7 @@ from epp.bench.workload import Fleet
 from epp.bench.workloads import WORKLOADS
 from epp.sim.profiles import get_profile
 
-SCALES = {"hotspot": 1.0, "chat": 0.2}  # as BENCHMARKS.md#five-seeds runs them
+SCALES = {"hotspot": 1.0, "chat": 0.2}  # as docs/bench/routing.md#five-seeds runs them
 MEASURES = ("hit_rate", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "req_per_s")
 
 

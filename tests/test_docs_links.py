@@ -1,6 +1,7 @@
 """Every link in the user-facing pages (README, BENCHMARKS.md, docs/) and every anchor the code
 cites (`PAGE.md#ANCHOR`) points at a file that exists and an anchor the page defines: the pages are
-reorganised as measurements change, and a dangling link is a claim the reader cannot check."""
+reorganised as measurements change, and a dangling link is a claim the reader cannot check. The code
+cites a section by its anchor only, never by number or title, so that the check covers it."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "BENCHMARKS.md", *(ROOT / "docs").rglob("*.md")])
 CODE_DIRS = ("epp", "tests", "e2e", "scripts", "deploy")
+CODE_SUFFIXES = (".py", ".pyi", ".yaml", ".c", ".sh", ".md", ".txt", ".tpl")
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _EXPLICIT = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
 _LINK = re.compile(r"\]\(([^()\s]+)\)")
 _CITED = re.compile(r"((?:[\w./-]*/)?[\w.-]+\.md)#([\w-]+)")
+# A page named with no anchor after it, and what may follow it on to the next comment line: a
+# section named by its title or number ("BENCHMARKS.md 7c", 'docs/x.md, "Title"') instead.
+_NAMED = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w.-]+\.md)(?![\w#-])")
+_SECTION_AFTER = re.compile(r"(?:'s)?[\s,(:#*/]*(?:[\"'“]\s*[A-Z]|section\s+\d|\d+[a-z]?\b)")
 
 
 def _prose(text: str) -> list[str]:
@@ -89,24 +95,51 @@ def _cited_page(source: Path, name: str) -> Path | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def test_every_anchor_the_code_cites_exists() -> None:
-    broken = []
+def _code_files() -> list[Path]:
+    """The code's text files that may cite a page (scripts without a suffix by their `#!`)."""
+    found = []
     for folder in CODE_DIRS:
         for source in sorted((ROOT / folder).rglob("*")):
-            if source.suffix not in (".py", ".yaml", ".c", ".sh", ".md") or not source.is_file():
-                continue
-            if source in PAGES or source == Path(__file__):
+            if not source.is_file() or source in PAGES or source == Path(__file__):
                 continue  # the pages' own links: the test above
-            text = source.read_text(encoding="utf-8", errors="replace")
-            for number, line in enumerate(text.splitlines(), 1):
-                for name, anchor in _CITED.findall(line):
-                    page = _cited_page(source, name)
-                    where = f"{source.relative_to(ROOT)}:{number}: {name}#{anchor}"
-                    if page is None:
-                        broken.append(f"{where}: no such page")
-                    elif anchor not in anchors(page):
-                        broken.append(f"{where}: no such anchor")
+            if source.suffix in CODE_SUFFIXES or (not source.suffix and source.read_bytes()[:2] == b"#!"):
+                found.append(source)
+    return found
+
+
+def test_every_anchor_the_code_cites_exists() -> None:
+    broken = []
+    for source in _code_files():
+        text = source.read_text(encoding="utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            for name, anchor in _CITED.findall(line):
+                page = _cited_page(source, name)
+                where = f"{source.relative_to(ROOT)}:{number}: {name}#{anchor}"
+                if page is None:
+                    broken.append(f"{where}: no such page")
+                elif anchor not in anchors(page):
+                    broken.append(f"{where}: no such anchor")
     assert not broken, "\n".join(broken)
+
+
+def test_the_code_cites_sections_by_anchor() -> None:
+    """BENCHMARKS.md only with an anchor (its method moved to docs/bench/ and moves on), and a
+    docs page's section by anchor, not by number or title: those go stale unnoticed."""
+    data = ROOT / "tests" / "tokenize" / "data"  # a frozen text corpus
+    stale = []
+    for source in _code_files():
+        if data in source.parents:
+            continue
+        text = source.read_text(encoding="utf-8", errors="replace")
+        for match in _NAMED.finditer(text):
+            page = _cited_page(source, match.group(1))
+            if page not in PAGES:
+                continue  # not one of the project's pages (a reference note, a GitHub path)
+            if page == ROOT / "BENCHMARKS.md" or _SECTION_AFTER.match(text, match.end()):
+                number = text.count("\n", 0, match.start()) + 1
+                after = text[match.end() : match.end() + 40].split("\n")[0]
+                stale.append(f"{source.relative_to(ROOT)}:{number}: {match.group(1)}{after}")
+    assert not stale, "cite the section's anchor, PAGE.md#anchor:\n" + "\n".join(stale)
 
 
 def test_slug_follows_github() -> None:

@@ -17,7 +17,7 @@ pods' /metrics is in the log.
 The one difference allowed (`KNOWN`) comes from how these vLLM pods run, not from the simulator:
 they set `VLLM_SERVER_DEV_MODE=1` (for /reset_prefix_cache), which also serves `/server_info`; a
 production vLLM answers it 404, as the simulator does, and sglang-router then warns that it falls
-back to SGLang's older route (docs/simulator.md, "The routes, against vLLM 0.32").
+back to SGLang's older route (docs/simulator.md#the-routes-against-vllm-032).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ vLLM has no such limits: it renders whatever list of messages it is given. epp r
 tokenizes chat bodies itself, on the request path, so one body of 200,000 tiny messages costs it
 half a second of CPU; these limits bound that work. Their defaults sit far above what a legitimate
 request carries (an agent's longest conversations have a few thousand messages; OpenAI's own API
-takes fewer), and each is a flag of `epp serve` (docs/security.md, "Request limits"). A body over
+takes fewer), and each is a flag of `epp serve` (docs/security.md#request-limits). A body over
 a limit is answered 400 naming the limit and the flag.
 
     max_messages        chat `messages`, Responses `input` items

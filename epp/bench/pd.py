@@ -23,7 +23,7 @@ Workloads (`PD_WORKLOADS`): long prompts with short answers, long answers from s
 a mix with shared prefixes. Policies (`PD_POLICIES`): aggregated (epp's default), llm-d's P/D
 default (`deploy/config/pd-epp-config.yaml`), Dynamo's conditional disaggregation, fixed
 `nonCachedTokens` thresholds, and epp's `pd-latency-decider` on `xpyd` and `flex` pools.
-BENCHMARKS.md ("Prefill/decode disaggregation") has the runs and the commands.
+docs/bench/disaggregation.md#pd has the runs and the commands.
 """
 
 from __future__ import annotations

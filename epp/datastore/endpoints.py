@@ -129,8 +129,8 @@ class Endpoint:
     on_book: Callable[[Endpoint], None] | None = dataclasses.field(default=None, repr=False)
     # `spec.name`, kept as a field: the scorers read it ~17 times per endpoint per request, and
     # a property costs ~37 ns more per read than a slot here: ~0.6 us of the ~8 us an endpoint
-    # cost to score at 1,000 pods (BENCHMARKS.md#per-request-pods). A spec is replaced only by
-    # one of the same name (`Datastore.sync`), so it never goes stale.
+    # cost to score at 1,000 pods (docs/bench/fleet-cost.md#per-request-pods). A spec is replaced
+    # only by one of the same name (`Datastore.sync`), so it never goes stale.
     name: str = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,8 +1,7 @@
 """How often the scraper reads each endpoint's /metrics: GIE's interval, less often where that
 buys nothing.
 
-Three rules, measured with `epp bench fleet` and `epp bench` (BENCHMARKS.md, "Cost at fleet
-scale"):
+Three rules, measured with `epp bench fleet` and `epp bench` (docs/bench/fleet-cost.md#fleet-cost):
 
 - **Idle endpoints.** At 50 ms every endpoint costs 20 GETs of a 55 KB page a second, ~0.2% of a
   core each, whether or not it serves anything. An endpoint whose last scrape showed nothing
@@ -23,7 +22,7 @@ scale"):
   (scraping was about a quarter of epp's busy time) it took 1.4-2.2 ms a request off epp's CPU
   in live runs, with the first-token tail level; in `epp bench` fast mode (ten workloads, five
   seeds) no routing figure moved beyond what a 49 ms interval instead of 50 moves it
-  (BENCHMARKS.md, "Busy pods whose load is epp's own"). Load epp did not book (another
+  (docs/bench/fleet-cost.md#booked-pace). Load epp did not book (another
   replica's, a client that bypasses the gateway) puts the endpoint back on the base interval
   from its next scrape; with `--workers N` the supervisor, which scrapes for the workers, books
   nothing, so every busy endpoint stays on the base interval. Where flow control dispatches on
@@ -62,7 +61,7 @@ LATE_SHRINK = 0.1
 # Endpoints share scrape times, up to this many at each: the scrapes of one tick go out in one
 # wake-up of the loop, and on a small VM a wake-up costs more than reading the page (8 pods every
 # 50 ms: 2.4-2.9% of a core against 6.0-6.4% on timers of their own; 100: 18-24% against 34-38%;
-# tests/datastore/bench_scraper.py, BENCHMARKS.md "Scrapes in ticks of eight"). More endpoints
+# tests/datastore/bench_scraper.py, docs/bench/fleet-cost.md#scrape-grid). More endpoints
 # take more ticks, evenly spaced within the interval, so that a thousand do not all scrape at once
 # and hold the loop (a tick of eight holds it ~0.5-1 ms).
 SCRAPES_PER_TICK = 8

@@ -56,9 +56,9 @@ filter. So with the default path an endpoint of a vLLM-named engine is asked for
 `/metrics/?name%5B%5D=...`, the 13 series `promtext` reads (`promtext.series_read`): on vLLM 0.32
 a 3.1 KB page instead of 55 KB, which costs the server's API process ~0.7 ms of CPU a scrape
 instead of 4.3-5.4, and epp ~145 us instead of 300-400 with the parse (scripts/capture_vllm_metrics.py
-measures both; BENCHMARKS.md 11a). The figures parsed are the same. A server that answers
-that form with anything but 200, or with a page holding none of the series, is read at the plain
-path from then on (one INFO line), until it is excluded and comes back.
+measures both; docs/bench/fleet-cost.md#filtered-scrapes). The figures parsed are the same. A server
+that answers that form with anything but 200, or with a page holding none of the series, is read at
+the plain path from then on (one INFO line), until it is excluded and comes back.
 
 Cost note: at GIE's default 50 ms interval every endpoint costs 20 GETs and parses a second; a
 page equal to the endpoint's last one is not parsed again (~1 us to compare; the last page is kept

@@ -29,7 +29,8 @@ Why: every large body costs epp's own process a few copies of itself, each holdi
 in FULL_DUPLEX_STREAMED, one answer per 62000 bytes sent back. Unpaced, clients sending 16 MiB
 bodies back to back got 25-40 of them a second through, and other requests' routing p99 went from
 3 ms to 25-250 ms. The lanes bound how many are in progress (and queued at the parsers); the rate
-bounds the copying, which is what the rest of the traffic feels (BENCHMARKS.md#large-bodies, by rate).
+bounds the copying, which is what the rest of the traffic feels
+(docs/bench/overhead.md#large-bodies, by rate).
 
 Every answer here is counted in epp_request_errors_total like other early answers. Envoy's own
 limits (epp.gateway.envoy: request timeouts, per-connection buffer limits) catch most of this
@@ -70,7 +71,7 @@ class StreamLimits:
             raise ValueError("large_body_lanes, large_body_bytes and large_body_rate must be >= 0")
 
 
-# --- Defaults sized from the memory limit (docs/security.md, "Memory: the default limits") -------
+# --- Defaults sized from the memory limit (docs/security.md#memory-the-default-limits) -----------
 
 MiB = 1 << 20
 PROCESS_RESERVE = 512 * MiB

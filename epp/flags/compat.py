@@ -1,6 +1,6 @@
 """GIE EPP's flags (v1.0-v1.5) that are not epp flags of the same name: logging (-v, --zap-*),
 leader election, tracing, metrics auth, model-server metrics, and the ones epp accepts without acting
-on them; what each does in epp is in docs/kubernetes.md, "GIE flags".
+on them; what each does in epp is in docs/kubernetes.md#gie-flags.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _optional_bool(g: argparse._ArgumentGroup, name: str, text: str) -> None:
 def add_gie_arguments(p: argparse.ArgumentParser) -> None:
     """The GIE EPP flags (v1.0-v1.5) that are not epp flags of the same name already."""
     g = p.add_argument_group(
-        "GIE EPP compatibility (docs/kubernetes.md, 'GIE flags', says what each does in epp)"
+        "GIE EPP compatibility (docs/kubernetes.md#gie-flags says what each does in epp)"
     )
     g.add_argument(
         "-v",

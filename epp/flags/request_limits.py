@@ -15,9 +15,9 @@ def _json_depth(text: str) -> int:
 
 
 def add_request_limit_arguments(p: argparse.ArgumentParser) -> None:
-    """epp's own bounds on one request's work and on what all streams hold (docs/security.md,
-    "Request limits"; epp.api.limits, epp.extproc.limits). vLLM has no such limits: the defaults
-    sit far above any legitimate request."""
+    """epp's own bounds on one request's work and on what all streams hold
+    (docs/security.md#request-limits; epp.api.limits, epp.extproc.limits). vLLM has no such limits:
+    the defaults sit far above any legitimate request."""
     g = p.add_argument_group("request limits")
     g.add_argument(
         "--max-request-messages",

@@ -7,7 +7,7 @@ has them (--grpc-port 9002, --grpc-health-port 9003, --metrics-port 9090, --conf
 deployment's arguments carry over. GIE's other flags (-v, --zap-*, --tracing,
 --ha-enable-leader-election, ...) are accepted too: each does what GIE's does, or is a clear
 startup error where epp cannot do it yet, or is logged once as having no effect in epp
-(docs/kubernetes.md, "GIE flags"). Booleans take Go's forms: `--flag`, `--flag=false`.
+(docs/kubernetes.md#gie-flags). Booleans take Go's forms: `--flag`, `--flag=false`.
 
 The request-limit flags are in epp.flags.request_limits, the KV-event flags in
 epp.flags.kv_events, GIE's flags that epp has no own name for in epp.flags.compat, llm-d Router's
@@ -310,17 +310,19 @@ def response_sampling(args: argparse.Namespace) -> ResponseSampling:
 
 # Off-sample responses skip epp where Envoy allows it. A sampled stream costs epp ~40 ms of CPU
 # when few others stream beside it (per-message costs without batching), an off-sample one ~1.3
-# ms: 1 in 100 keeps a 200-token stream near 1.7 ms on average (BENCHMARKS.md#mode-override) and still feeds
-# usage metrics and TTFT learning a few samples a second at production rates.
+# ms: 1 in 100 keeps a 200-token stream near 1.7 ms on average
+# (docs/bench/overhead.md#mode-override) and still feeds usage metrics and TTFT learning a few
+# samples a second at production rates.
 DEFAULT_RESPONSE_SAMPLE_RATIO = 0.01
 # ...but the learned per-endpoint rates need samples from every endpoint, also quiet ones: one per
 # endpoint every 2 s at least (Director: the floor), where its page lacks vLLM's latency histograms
 # (with them, the rates come from there). Bounded by endpoints / 2 s sampled streams a second per
-# worker, each ~13-45 ms of CPU (BENCHMARKS.md#streamed, #mode-override).
+# worker, each ~13-45 ms of CPU (docs/bench/overhead.md#streamed, #mode-override).
 DEFAULT_RESPONSE_SAMPLE_MIN_INTERVAL_S = 2.0
 # ...until an endpoint has had 32 (Director.SETTLE_SAMPLES), then one every 20 s: the learners weigh
 # a sample at their floor rate by then, and the 2 s floor was a third of epp's and Envoy's CPU per
-# request on 8 pods at 20 req/s, ~2.5 cores at 100 busy pods (BENCHMARKS.md#fleet-cost, 11e).
+# request on 8 pods at 20 req/s, ~2.5 cores at 100 busy pods
+# (docs/bench/fleet-cost.md#sample-floor).
 DEFAULT_RESPONSE_SAMPLE_SETTLED_INTERVAL_S = 20.0
 
 # GIE's terminationGracePeriodSeconds (its chart's and epp's): how long in-flight streams may run

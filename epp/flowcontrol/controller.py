@@ -549,7 +549,7 @@ def dispatch_reads_scrapes(flow: FlowController | None) -> bool:
     /metrics (utilization-detector), not epp's own bookings (concurrency-detector; a detector that
     does not say is taken to read them). The scraper then reads every busy pod at the base
     interval: with the booked pace (epp.datastore.pacing) llm-d's flow-control configuration
-    dispatched later under overload (BENCHMARKS.md, "Side by side with the Rust routers")."""
+    dispatched later under overload (docs/bench/fleet-cost.md#booked-pace)."""
     return flow is not None and bool(getattr(flow.detector, "reads_scrapes", True))
 
 

@@ -4,7 +4,7 @@ band's ceiling.
 
 Why: with round-robin alone, a tenant bursting 10x keeps the pods at the detector's limit, so a
 steady tenant's request dispatches at its turn but joins a pod whose queued prefills and batch
-the burst filled (BENCHMARKS.md, "Flow control": the steady tenants' TTFT p99 1.24x theirs
+the burst filled (docs/bench/flow-control.md#fair-share: the steady tenants' TTFT p99 1.24x theirs
 without the burst, 0.004-0.03 s of it in epp's queue). Holding the over-share flow below the
 limit keeps headroom that the flows under their share dispatch into at once.
 
@@ -19,7 +19,7 @@ limit keeps headroom that the flows under their share dispatch into at once.
 - Parameters: `overShareCeiling` (0.4, in (0, 1]; 1 is plain round-robin) and `overShareFactor`
   (1.5, >= 1). At 1, tenants of equal rates hold one another back as their counts fluctuate
   around the mean: the steady tenants' TTFT p99 without any burst rose 2-5% in `tenant-steady`;
-  at 1.5 it did not move (BENCHMARKS.md, "Flow control").
+  at 1.5 it did not move (docs/bench/flow-control.md#fair-share).
 
 In-flight counts come from the controller: `started` when a request is routed, `finished` when
 its stream ends (every routed request's context is finished once). A band collected while idle

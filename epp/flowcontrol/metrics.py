@@ -2,9 +2,10 @@
 (`inference_extension_flow_control_*`, which llm-d still exports, deprecated) and epp's own
 (`epp_flow_control_*`), all built at scrape time from counts the controller keeps.
 
-Why at scrape time: a request that never queues must cost next to nothing (BENCHMARKS.md, flow
-control, "Cost"), and a labelled Prometheus child costs ~1.5 µs per lookup. The controller adds
-to plain dicts (`Stats`); `Collector` turns them into families when /metrics is read.
+Why at scrape time: a request that never queues must cost next to nothing
+(docs/bench/flow-control.md#flow-control-cost), and a labelled Prometheus child costs ~1.5 µs per
+lookup. The controller adds to plain dicts (`Stats`); `Collector` turns them into families when
+/metrics is read.
 
     name (llm-d's and GIE's unless noted)         labels
     flow_control_queue_size, _queue_bytes         fairness_id, priority, inference_pool, model_name,

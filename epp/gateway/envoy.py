@@ -39,9 +39,9 @@ Envoy facts this module relies on (found by running the 1.40 binary):
   response *headers*, and ignores it whenever the request or response body mode is
   ``FULL_DUPLEX_STREAMED`` (GIE's config). With request body ``BUFFERED`` and response body
   ``STREAMED`` an override to response body ``NONE`` stops the body; Envoy then ends the ext_proc
-  stream when the HTTP stream ends (a few ms at most, BENCHMARKS.md#mode-override), alike for a finished
-  response and a client reset. A ``BUFFERED`` request body over the listener's buffer limit
-  (1 MiB by default) is answered 413 by Envoy itself.
+  stream when the HTTP stream ends (a few ms at most, docs/bench/overhead.md#mode-override), alike
+  for a finished response and a client reset. A ``BUFFERED`` request body over the listener's buffer
+  limit (1 MiB by default) is answered 413 by Envoy itself.
 * ``failure_mode_allow`` with a ``FULL_DUPLEX_STREAMED`` request body fails open only until the
   first body chunk has gone to the ext_proc server: a POST with epp down got 503, not a pod
   (e2e/test_routing.py runs the BUFFERED case). `GatewayParams` refuses the combination.

@@ -1,8 +1,9 @@
 /* The KV index's record table: (pod slot, tier, engine hash) -> block key, ~30 bytes a record.
  *
  * Why C: the same table as Python dicts and ints held 215-314 bytes per record in steady state
- * (BENCHMARKS.md#kv-index: a 32-byte key int, a 48-byte record int, two dict entries, dicts kept at 3x
- * their live size by churn). epp.kvcache.index keeps the event logic; this file only stores.
+ * (docs/bench/microbenchmarks.md#kv-index: a 32-byte key int, a 48-byte record int, two dict
+ * entries, dicts kept at 3x their live size by churn). epp.kvcache.index keeps the event logic;
+ * this file only stores.
  *
  * Layout (structure of arrays, so scans touch only the array they need):
  * - the slab: record i is key[i] (uint64), eng[i] (uint64), meta[i] (uint32: slot 16 bits, tier

@@ -6,12 +6,13 @@ token ids, from which epp computes its keys chained from the parent's key, and e
 engine hash -> key, which is all `BlockRemoved` and later stores need.
 
 Records: one per (pod, tier, engine hash), held by `epp.kvcache._records.RecordTable` (C: ~30
-bytes a record; the same records as Python dicts and ints took 215-314, BENCHMARKS.md#kv-index). This
-module turns events into its calls and keeps what is per pod (name, slot, block size, model,
-tiers). Extra copies of a record (vLLM may store a hash twice) are counted; a removal drops one
-copy. Tiers: `medium` lower-cased, None is "gpu", 16 at most; a block on GPU and CPU is two
-records, matched as GPU. Pod slots: the longest free first (when shared, free for
-`SLOT_QUARANTINE_S` at least), reused after `remove_pod` purged all; 65,535 at most.
+bytes a record; the same records as Python dicts and ints took 215-314,
+docs/bench/microbenchmarks.md#kv-index). This module turns events into its calls and keeps what is
+per pod (name, slot, block size, model, tiers). Extra copies of a record (vLLM may store a hash
+twice) are counted; a removal drops one copy. Tiers: `medium` lower-cased, None is "gpu", 16 at
+most; a block on GPU and CPU is two records, matched as GPU. Pod slots: the longest free first
+(when shared, free for `SLOT_QUARANTINE_S` at least), reused after `remove_pod` purged all; 65,535
+at most.
 
 Events (reference kv-events.md 1.6):
 - `BlockStored`: keys from its tokens at its `block_size` (else `default_block_size`), from

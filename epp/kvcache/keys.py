@@ -27,11 +27,11 @@ Scheme:
   in two 30-bit digits, a 32-byte object instead of 48 (measured with RSS over 2M keys; the
   index keeps one such object per distinct block).
 
-Cost (tests/kvcache/bench_index.py keys, Python 3.11, this machine): see BENCHMARKS.md#kv-index. In
-Python (a list comprehension over `zip(*[iter(ids)] * 16)`, the fastest of the pure-Python forms
-measured) it was 195-300 ns per block, 51 us for a 4k-token prompt; slicing the list into tuples
-64-75 us; blake2b(digest_size=8) over `array('q')` bytes 250 us. blake2b is used only for the
-seed, once per model.
+Cost (tests/kvcache/bench_index.py keys, Python 3.11, this machine): see
+docs/bench/microbenchmarks.md#kv-index. In Python (a list comprehension over
+`zip(*[iter(ids)] * 16)`, the fastest of the pure-Python forms measured) it was 195-300 ns per
+block, 51 us for a 4k-token prompt; slicing the list into tuples 64-75 us; blake2b(digest_size=8)
+over `array('q')` bytes 250 us. blake2b is used only for the seed, once per model.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class Readable:
     (a decode step's new blocks), so that bookkeeping was most of the cost: 8 pods sending 400
     batches a second in all took 0.57-0.61 ms of epp's CPU per batch that way, 0.25-0.40 ms this
     way, 100 pods at 2,000 a second 0.32 -> 0.18-0.20 ms (`python -m tests.kvcache.bench_ingest
-    --paced`; BENCHMARKS.md, "Ingestion at a serving fleet's pace").
+    --paced`; docs/bench/microbenchmarks.md#ingest-paced).
 
     ZMQ's descriptor signals that the socket's state may have changed, not that a message is
     there, and signals again only once the socket's `EVENTS` has been read: see `wait`.

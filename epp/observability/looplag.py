@@ -4,9 +4,10 @@ Everything epp does on the data path shares one asyncio loop: ext-proc messages,
 scrapes, KV events. When it has more work than a core, every callback waits, and past 30 s gRPC
 itself cancels ext-proc streams the loop has not picked up yet (gRPC core's
 `grpc.server_max_unrequested_time_in_server`; Envoy answers those requests 500). A live bench
-that overloaded this machine showed exactly that (BENCHMARKS.md#streamed and #live). This monitor sleeps
-`interval` seconds over and over and records how much later than asked it woke up, so the lag is
-visible on /metrics (`epp_event_loop_lag_seconds`) long before streams are cancelled.
+that overloaded this machine showed exactly that (docs/bench/overhead.md#streamed and
+docs/bench/routing-live.md#live). This monitor sleeps `interval` seconds over and over and records
+how much later than asked it woke up, so the lag is visible on /metrics
+(`epp_event_loop_lag_seconds`) long before streams are cancelled.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ an older vLLM) they come from sampled responses only, so such an endpoint with n
 response started within `response_sample_min_interval` gets its next request sampled (a
 per-endpoint floor). The floor is not needed, and not applied, where the page reports the pod's
 time to first token: its samples (the next request once the interval passed, not random ones)
-taught the prefill rate worse than the histogram does (BENCHMARKS.md#sampled-routing). The
+taught the prefill rate worse than the histogram does (docs/bench/overhead.md#sampled-routing). The
 floor's samples count toward the ratio, so at high rates, where the ratio
 already samples every endpoint that often, it adds nothing. Once an endpoint has had
 `SETTLE_SAMPLES` sampled responses, its floor widens to `response_sample_settled_interval`: a

@@ -84,7 +84,8 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         malloc.tune()  # the process that routes (a worker, or the only one) copies the bodies
         # A thread holding the GIL (the tokenizers' bookkeeping, the body parsers' feeder, a long
         # prompt's block keys) keeps the event loop waiting for it up to the switch interval
-        # each time the loop wants it back: 5 ms by default, 1 ms here (BENCHMARKS.md#large-bodies).
+        # each time the loop wants it back: 5 ms by default, 1 ms here
+        # (docs/bench/overhead.md#large-bodies).
         sys.setswitchinterval(GIL_SWITCH_INTERVAL)
         asyncio.run(run(args, role))
     except sched_config.ConfigError as exc:
@@ -130,8 +131,9 @@ def _worker_count(args: argparse.Namespace) -> int:
         return 1
     if args.kv_events == "off":
         # Without KV events each worker would keep its own approximate prefix table and see only
-        # the connections the kernel hands it: prefix hits fall with every worker (BENCHMARKS.md#replicas:
-        # 91.8% -> 70.2% on chat at 4 schedulers). One process keeps one table; --workers N opts in.
+        # the connections the kernel hands it: prefix hits fall with every worker
+        # (docs/bench/routing-live.md#replicas: 91.8% -> 70.2% on chat at 4 schedulers). One
+        # process keeps one table; --workers N opts in.
         log.info("workers: 1 (auto; without KV events one process keeps one prefix table)")
         return 1
     budget = cpus.cpu_budget()

@@ -484,7 +484,7 @@ def _log_serving(
 
 def _context_limits(args: argparse.Namespace, datastore: Datastore, tokenizers: Tokenizers) -> ContextLimits:
     """max_model_len per model: `--max-model-len`, else the pods' /v1/models, else the tokenizer's
-    `model_max_length` (docs/tokenization.md, "Context length")."""
+    `model_max_length` (docs/tokenization.md#context-length)."""
 
     def from_tokenizer(model: str) -> int | None:
         tok = tokenizers.for_model(model, base_model=datastore.base_model)

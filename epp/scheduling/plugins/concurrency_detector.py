@@ -21,7 +21,7 @@ default) and prefills them first come, first served, so a critical request sent 
 others' prefills waits for them there, where no priority reorders them. Counting requests in
 flight does not see this: a pod decoding many requests takes a new prompt's prefill in its next
 step, one with several prompts just sent does not. With the limit, the prefills wait in epp's
-queues, in priority and fairness order (BENCHMARKS.md, "Flow control under overload"). It
+queues, in priority and fairness order (docs/bench/flow-control.md#flow-control). It
 learns a prefill ended from the first byte of the answer, so every response body passes through
 epp while it is set (`--response-sample-ratio` is then 1 in effect).
 

@@ -54,7 +54,7 @@ The model, per candidate endpoint `e` (seconds):
   On a P/D decode pod the blocks in use also count the KV of the split requests booked there that
   has not landed: their prompt's KV arrives after a prefill elsewhere, which neither the pod's
   scrape nor its fluid queue shows until then (without it a decode pod looked emptier with each
-  split it drew: BENCHMARKS.md, "Prefill/decode disaggregation"). It is counted off when the
+  split it drew: docs/bench/disaggregation.md#pd). It is counted off when the
   answer's headers arrive (a sidecar sends the decode leg once the prefill pod answered; an answer
   that does not stream has them at its end, and its KV counts twice meanwhile); if they say epp's
   sidecar prefills on the decode pod itself (`x-epp-prefill: local`, its prefill pod failed), that
@@ -135,7 +135,7 @@ Parameters (each checked at startup; a misspelt or out-of-range one is a `Config
   factor) from the pods' /metrics, at most once a window each.
 - `trafficShare` (1, "auto", or a share in [1/64, 1]): this epp's share of the pods' traffic, which
   scales the prefill it books; "auto" learns it from the pods' `vllm:request_success_total`
-  (opt-in: BENCHMARKS.md#replicas measured no gain from it on the shipped default).
+  (opt-in: docs/bench/routing-live.md#replicas measured no gain from it on the shipped default).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         popularityWindowSeconds: NonNegative = 60.0
         missPenaltyPerWaiting: NonNegative = 1.0
         # 1 by default: on the shipped default the learned share did not improve replicas
-        # (BENCHMARKS.md#replicas); "auto" opts in.
+        # (docs/bench/routing-live.md#replicas); "auto" opts in.
         trafficShare: Literal["auto"] | float = 1.0
         learnFromMetrics: bool = True
         metricsWindowSeconds: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 2.0
@@ -321,7 +321,8 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         self, ep: Endpoint, tokens: int, match: PrefixMatch | None, now: float, penalty: float
     ) -> Prediction:
         # Called per endpoint per request: the max()es below are spelt out as comparisons (same
-        # results, ties and NaN included), a builtin call less each (BENCHMARKS.md#per-request-pods).
+        # results, ties and NaN included), a builtin call less each
+        # (docs/bench/fleet-cost.md#per-request-pods).
         name = ep.name
         rate = self._rates.get(name)
         if rate is None:

@@ -131,7 +131,7 @@ class TTFTDecision:
 
     Per endpoint it keeps the objects the scoring made anyway; the dicts explain shows are built
     only when asked (`predictions`, `extras`): for every request and endpoint they cost ~0.4 us
-    more than a tuple, ~5% of an endpoint's scoring (BENCHMARKS.md#per-request-pods)."""
+    more than a tuple, ~5% of an endpoint's scoring (docs/bench/fleet-cost.md#per-request-pods)."""
 
     home: str = ""
     # The endpoint the holder rule kept the request on (`holderTolerance`), if it decided.

@@ -30,7 +30,7 @@ The objective, per candidate endpoint `e`, in seconds of someone's latency:
   latency (vLLM's `inter_token_latency_seconds`; `metrics_learning.py`) against the model's
   prediction for the batch and context epp had in flight there meanwhile, the log of the ratio
   averaged, the factors kept at a geometric mean of 1. A pool of A100 and H100 pods decodes at two
-  paces, which one model priced at their mean (BENCHMARKS.md#pod-step-factors).
+  paces, which one model priced at their mean (docs/bench/routing.md#pod-step-factors).
 - `n`, `ctx`: the requests epp has in flight on `e` and their context (prompt + half the expected
   output: a sequence's average size over its decode), or the scraped running + waiting when more
   (other replicas' traffic), its context scaled alike. `L` the new request's, `out` its expected
@@ -81,7 +81,7 @@ Parameters: predicted-ttft-scorer's, and
 - `othersWeight` (1.0, >= 0): weight of the slowdown and stalls it imposes on others.
 - `stallWeight` (1.0, >= 0): the prefill stall's share of that (0: the slowdown of their steps
   only; on `unique` traffic, where every request is a miss, 0.3 trades a few of the others'
-  per-token milliseconds for a lower TTFT tail: BENCHMARKS.md#five-seeds).
+  per-token milliseconds for a lower TTFT tail: docs/bench/routing.md#five-seeds).
 - `tpotForgetting` (0.999, (0.9, 1]): how fast old observations of the step model fade.
 - `meanOutputTokens` (256, >= 1): the prior mean output of a request without `max_tokens`.
 - `podStepFactors` (true): each pod's own factor on the step model, from its /metrics (needs
@@ -367,7 +367,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
 
         Not a share of the whole objective, nor of its TTFT: those add the request's decode and
         its waits, which grow with load, so 20% of them admitted homes whose queue alone was
-        longer than the whole first token elsewhere (BENCHMARKS.md#five-seeds): cold prompts
+        longer than the whole first token elsewhere (docs/bench/routing.md#five-seeds): cold prompts
         waited behind another's prefill, and past capacity the hash, not the queues, placed
         nearly every request."""
         scoring = self._scoring

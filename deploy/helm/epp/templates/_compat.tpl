@@ -1,8 +1,8 @@
 {{/*
-Values of llm-d Router's and GIE's charts, translated into epp's own (docs/migrate.md, "Helm
-values"). Every template includes "epp.compat" first; it rewrites .Values once (a marker key
-makes it idempotent, whichever template Helm renders first), so the rest of the chart reads
-only epp's keys:
+Values of llm-d Router's and GIE's charts, translated into epp's own (docs/migrate.md#helm-values).
+Every template includes "epp.compat" first; it rewrites .Values once (a marker key makes it
+idempotent, whichever template Helm renders first), so the rest of the chart reads only epp's
+keys:
 
 - llm-d Router v0.10's `llm-d-router-gateway` and `llm-d-router-standalone` charts: `router.*`
   (the EPP, its pool, proxy, monitoring, tracing, objectives), `provider.name` and the llm-d
