@@ -4,7 +4,7 @@ band's ceiling.
 
 Why: with round-robin alone, a tenant bursting 10x keeps the pods at the detector's limit, so a
 steady tenant's request dispatches at its turn but joins a pod whose queued prefills and batch
-the burst filled (docs/bench/flow-control.md#fair-share: the steady tenants' TTFT p99 1.24x theirs
+the burst filled (docs/bench/flow-control.md#flow-control: the steady tenants' TTFT p99 1.24x theirs
 without the burst, 0.004-0.03 s of it in epp's queue). Holding the over-share flow below the
 limit keeps headroom that the flows under their share dispatch into at once.
 

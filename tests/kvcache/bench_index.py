@@ -32,7 +32,7 @@ fake pod's LRU cache (20,000 blocks) drops, 16 events per batch.
 REV too, in the same run: 3bf6331 is the last dict-based index, in Python.
 
 Results of the dict-based index (commit 3bf6331 and before; the C record table's:
-docs/bench/microbenchmarks.md#kv-index) (2026-11-22, 2-vCPU VM, Python 3.11.7; runs vary by ~30% on
+docs/bench/fleet-cost.md#kv-index-memory) (2026-11-22, 2-vCPU VM, Python 3.11.7; runs vary by ~30% on
 this VM, ranges are over runs):
 - keys: 14-21 us (1k tokens), 51-79 us (4k), 0.2-0.3 ms (16k), 1.3-1.9 ms p50 / 1.7-2.1 ms p99
   (100k); 195-300 ns per block.

@@ -36,8 +36,8 @@ return to one endpoint unless load outweighs it, and independent epp replicas ag
 endpoint (the hash is of epp's keys and a CRC of the endpoint name, the same in every process).
 Off by default: on the demo's workload (8 tenants, 4 pods each caching 4 tenants' prompts, 16
 clients, 4 seeds) the hit rate was 43.8% with `homeScore` 0.5 and 42.3% without, within the
-run-to-run spread (38-51%); the approximate scorer reached 57.6% there
-(docs/bench/microbenchmarks.md#demo).
+run-to-run spread (38-51%), measured when the parameter was added (the demo's workload has
+changed since: docs/bench/microbenchmarks.md#demo).
 
 Writes to `CycleState[<plugin name>]` a `PrefixMatch` (request blocks, per-endpoint matches) which
 `explain` turns into the explain API's `request_blocks`, `matched_blocks`, `tier` and `cached_tokens`.

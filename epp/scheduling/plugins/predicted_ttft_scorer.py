@@ -54,7 +54,7 @@ The model, per candidate endpoint `e` (seconds):
   On a P/D decode pod the blocks in use also count the KV of the split requests booked there that
   has not landed: their prompt's KV arrives after a prefill elsewhere, which neither the pod's
   scrape nor its fluid queue shows until then (without it a decode pod looked emptier with each
-  split it drew: docs/bench/disaggregation.md#pd). It is counted off when the
+  split it drew: docs/disaggregation.md#epps-decider-pd-latency-decider). It is counted off when the
   answer's headers arrive (a sidecar sends the decode leg once the prefill pod answered; an answer
   that does not stream has them at its end, and its KV counts twice meanwhile); if they say epp's
   sidecar prefills on the decode pod itself (`x-epp-prefill: local`, its prefill pod failed), that

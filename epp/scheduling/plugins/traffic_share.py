@@ -6,9 +6,10 @@ prefill work it booked, and a queued prefill shows in the scraped queue depth on
 starts: prefills already running are in no scrape. Alone, the scheduler books all the work. With
 N active-active replicas (or N worker processes in one pod, or other gateways sending to the same
 pods), each books about 1/N of it, so its queues run about N times too short and it piles
-requests onto pods already busy (docs/bench/routing-live.md#replicas: -1.1 pt hit rate, +12% TTFT
-p99 at N=4). Under round robin every replica sees statistically the same traffic, so booking each
-prefill 1/share times restores the fleet's queue in every replica, with no shared state.
+requests onto pods already busy (docs/bench/routing-live.md#replicas: epp-ttft on hotspot at N=4,
+TTFT p99 +3.0%, worst seed +17.5%). Under round robin every replica sees statistically the same
+traffic, so booking each prefill 1/share times restores the fleet's queue in every replica, with
+no shared state.
 
 The estimate: the requests this scheduler routed, against the growth of the pods' own counters of
 finished requests (`vllm:request_success_total`, scraped), summed over the pods, both as sums
