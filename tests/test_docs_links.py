@@ -95,22 +95,23 @@ def _cited_page(source: Path, name: str) -> Path | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def _code_files() -> list[Path]:
-    """The code's text files that may cite a page (scripts without a suffix by their `#!`)."""
+@functools.cache
+def _code_files() -> tuple[tuple[Path, str], ...]:
+    """The code's text files that may cite a page (scripts without a suffix by their `#!`), each
+    with its text: read once for both tests below."""
     found = []
     for folder in CODE_DIRS:
         for source in sorted((ROOT / folder).rglob("*")):
             if not source.is_file() or source in PAGES or source == Path(__file__):
                 continue  # the pages' own links: the test above
             if source.suffix in CODE_SUFFIXES or (not source.suffix and source.read_bytes()[:2] == b"#!"):
-                found.append(source)
-    return found
+                found.append((source, source.read_text(encoding="utf-8", errors="replace")))
+    return tuple(found)
 
 
 def test_every_anchor_the_code_cites_exists() -> None:
     broken = []
-    for source in _code_files():
-        text = source.read_text(encoding="utf-8", errors="replace")
+    for source, text in _code_files():
         for number, line in enumerate(text.splitlines(), 1):
             for name, anchor in _CITED.findall(line):
                 page = _cited_page(source, name)
@@ -127,10 +128,9 @@ def test_the_code_cites_sections_by_anchor() -> None:
     docs page's section by anchor, not by number or title: those go stale unnoticed."""
     data = ROOT / "tests" / "tokenize" / "data"  # a frozen text corpus
     stale = []
-    for source in _code_files():
+    for source, text in _code_files():
         if data in source.parents:
             continue
-        text = source.read_text(encoding="utf-8", errors="replace")
         for match in _NAMED.finditer(text):
             page = _cited_page(source, match.group(1))
             if page not in PAGES:
