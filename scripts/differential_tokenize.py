@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO))
 from e2e.harness import EppProcess  # noqa: E402
 from e2e.vllm import api_requests, chat_requests, differential  # noqa: E402
 from e2e.vllm.fleet import MAX_MODEL_LEN, VllmServer, start_all  # noqa: E402
-from e2e.vllm.stack import epp_tokenizer_args, stable_ports  # noqa: E402
-from epp.gateway.processes import HOST  # noqa: E402
+from e2e.vllm.stack import epp_tokenizer_args  # noqa: E402
+from epp.gateway.processes import HOST, stable_ports  # noqa: E402
 
 SERVER_STYLES = ("tiny", "chatml-tools", "llama3-tools", "mistral-tools", "parts")
 TEMPLATE_ROUTES = (

@@ -24,11 +24,8 @@ is in place, so one attempt is not enough).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import random
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -43,7 +40,7 @@ from e2e.harness import EnvoyGateway, EppProcess, parse_prometheus
 from e2e.vllm.fleet import VllmServer, start_all
 from e2e.vllm.forwarder import Forwarder
 from epp.gateway.envoy import GatewayParams, PodsMode
-from epp.gateway.processes import HOST, free_ports
+from epp.gateway.processes import HOST, free_ports, stable_ports
 
 MODEL = "tiny"
 NUM_BLOCKS = 128  # 4,096 tokens of KV cache per pod: a few 1k-token prompts evict
@@ -237,29 +234,6 @@ def ensure_events_flow(stack: VllmStack, pod: Pod, within: float = 90.0) -> None
 
 
 # --- starting it ----------------------------------------------------------------------------------
-
-
-def stable_ports(n: int) -> list[int]:
-    """`n` free ports below the kernel's ephemeral range, for sockets bound tens of seconds after
-    they are picked (vLLM binds its replay socket late in its start, and again after a restart).
-    Ports from `free_ports` (bind to port 0) come from the ephemeral range, where meanwhile the
-    kernel hands the same numbers to the vLLMs' own bind(0) calls: that collision was seen."""
-    low = 32768
-    with contextlib.suppress(OSError, ValueError):
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    picked: list[int] = []
-    while len(picked) < n:
-        port = rng.randrange(max(1024, low - 12000), low)
-        if port in picked:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((HOST, port))
-            except OSError:
-                continue
-        picked.append(port)
-    return picked
 
 
 def epp_tokenizer_args(tokenizers_dir: Path) -> list[str]:

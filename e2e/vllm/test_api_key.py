@@ -26,10 +26,11 @@ import pytest
 
 from e2e.harness import Cleanup
 from e2e.vllm.fleet import BLOCK_SIZE, VllmServer, start_all
-from e2e.vllm.stack import MODEL, stable_ports
+from e2e.vllm.stack import MODEL
 from e2e.vllm.texts import sentence_soup
 from epp.api.requests import Api, InferenceRequest
 from epp.datastore.endpoints import Endpoint, EndpointSpec
+from epp.gateway.processes import stable_ports
 from epp.observability import metrics
 from epp.prewarm.sender import Sender
 from epp.sim.config import SimConfig

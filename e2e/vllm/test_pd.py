@@ -39,9 +39,9 @@ import yaml
 
 from e2e.harness import Cleanup, EnvoyGateway, EppProcess, parse_prometheus
 from e2e.vllm.fleet import BLOCK_SIZE, VllmServer, start_all
-from e2e.vllm.stack import MODEL, stable_ports, wait_for
+from e2e.vllm.stack import MODEL, wait_for
 from epp.gateway.envoy import GatewayParams, PodsMode
-from epp.gateway.processes import HOST, free_ports
+from epp.gateway.processes import HOST, free_ports, stable_ports
 
 pytestmark = pytest.mark.vllm
 

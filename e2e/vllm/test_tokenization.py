@@ -23,8 +23,8 @@ from e2e.harness import EppProcess
 from e2e.vllm import api_requests, chat_requests, differential
 from e2e.vllm.chat_requests import Case
 from e2e.vllm.fleet import MAX_MODEL_LEN, STARTUP_TIMEOUT, render_server
-from e2e.vllm.stack import VllmStack, stable_ports
-from epp.gateway.processes import HOST
+from e2e.vllm.stack import VllmStack
+from epp.gateway.processes import HOST, stable_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 

@@ -3,6 +3,7 @@
 One implementation of what each of those needs, so they start and stop things the same way:
 
 * `free_ports(n)`: n distinct TCP ports on 127.0.0.1 that were free a moment ago.
+* `stable_ports(n)`: the same from below the ephemeral range, for ports bound late or again.
 * `ManagedProcess`: a subprocess whose output goes to a log file; stop() is idempotent.
 * `EppServer`: `epp serve` on free ports (plaintext gRPC, 127.0.0.1), started and waited for
   until its gRPC health check says SERVING (or, on request, merely answers).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import random
 import shlex
 import signal
 import socket
@@ -63,6 +65,31 @@ def free_ports(n: int, host: str = HOST) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def stable_ports(n: int, host: str = HOST) -> list[int]:
+    """`n` distinct free ports below the kernel's ephemeral range, for a socket bound seconds or
+    minutes after the pick, or bound again after a restart in place. A port from `free_ports`
+    (bind to port 0) comes from the ephemeral range, where meanwhile the kernel hands the same
+    number to other sockets' bind(0) and connect() calls: CI saw that collision for vLLM's replay
+    socket, NIXL's side channel, Envoy's listener and a soak pod's HTTP port."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    rng = random.Random()
+    picked: list[int] = []
+    while len(picked) < n:
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in picked:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        picked.append(port)
+    return picked
 
 
 def hostport(host: str, port: int) -> str:
@@ -209,7 +236,8 @@ class EppPorts:
 
     @classmethod
     def free(cls, host: str = HOST) -> EppPorts:
-        grpc_port, health_port, metrics_port = free_ports(3, host)
+        # Stable ports: an EppServer restarts in place (drain and soak tests), binding them again.
+        grpc_port, health_port, metrics_port = stable_ports(3, host)
         return cls(grpc_port, health_port, metrics_port)
 
 

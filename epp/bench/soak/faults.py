@@ -19,7 +19,7 @@ from aiohttp import web
 
 from epp.bench.soak.config import Fault, SoakConfig, fault_schedule
 from epp.bench.soak.pods import Pod
-from epp.gateway.processes import HOST, EppServer, free_ports
+from epp.gateway.processes import HOST, EppServer, stable_ports
 
 
 class MetricsProxy:
@@ -65,7 +65,7 @@ class EventsForwarder:
     def __init__(self, ctx: zmq.asyncio.Context, upstream: str) -> None:
         self._ctx = ctx
         self.upstream = upstream
-        (self.port,) = free_ports(1)
+        (self.port,) = stable_ports(1)  # bound again after each publisher_drop
         self.endpoint = f"tcp://{HOST}:{self.port}"
         self._task: asyncio.Task[None] | None = None
 

@@ -8,14 +8,16 @@ import time
 import urllib.request
 
 from epp.bench.soak.config import SoakConfig
-from epp.gateway.processes import HOST, ManagedProcess, epp_command, free_ports
+from epp.gateway.processes import HOST, ManagedProcess, epp_command, stable_ports
 
 
 class Pod:
     """One `epp sim` process on fixed ports, so a restart comes back where epp expects it."""
 
     def __init__(self, i: int, cfg: SoakConfig) -> None:
-        self.port, self.kv_port, self.replay_port = free_ports(3)
+        # Bound only when the pod starts, and again after each kill: from below the ephemeral range,
+        # where the other pods' proxies and connections cannot take them meanwhile.
+        self.port, self.kv_port, self.replay_port = stable_ports(3)
         self.address = f"{HOST}:{self.port}"
         self.kv_upstream = f"tcp://{HOST}:{self.kv_port}"
         self.replay = f"tcp://{HOST}:{self.replay_port}"
@@ -30,7 +32,10 @@ class Pod:
         deadline = time.monotonic() + within
         while not await asyncio.to_thread(_answers, f"http://{self.address}/health"):
             if time.monotonic() > deadline or not self.process.alive():
-                raise RuntimeError(f"{self.process.name} did not start; see {self.process.log_path}")
+                raise RuntimeError(
+                    f"{self.process.name} did not start (see {self.process.log_path}):\n"
+                    + self.process.log_text(4_000)
+                )
             await asyncio.sleep(0.1)
 
 

@@ -23,7 +23,7 @@ from epp.bench.soak.faults import EventsForwarder, Injector, MetricsProxy
 from epp.bench.soak.pods import Pod, rss_mb
 from epp.bench.soak.report import Observations, parse_series, render
 from epp.gateway.envoy import GatewayParams, PodsMode
-from epp.gateway.processes import HOST, EnvoyServer, EppServer, free_ports
+from epp.gateway.processes import HOST, EnvoyServer, EppServer, stable_ports
 
 
 class Soak:
@@ -85,7 +85,7 @@ class Soak:
             for epp in self.epps:
                 stops.append(epp.stop)
                 await asyncio.to_thread(epp.start, timeout=600.0)
-            listen, admin = free_ports(2)
+            listen, admin = stable_ports(2)
             params = GatewayParams(
                 listen_port=listen,
                 admin_port=admin,
