@@ -46,129 +46,48 @@ features epp lacks (gRPC parsers, admitters, ...) are refused with the reason
 llm-d's `precise-prefix-cache-scorer` parameters may say how KV events are consumed
 (`kvEventsConfig`): that is `SchedulerConfig.kv_events`, which the caller applies
 (`requested_kv_events` reads it before the KV index exists).
+
+This module holds the rules and the loaders; the document's schema and `SchedulerConfig` are
+`config_schema`, the building is `config_builder`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.resources
 import os
 from pathlib import Path
-from typing import Annotated, Any
 
 import msgspec
 
-from epp.api.routes import Parsers
-from epp.scheduling import (
-    catalog,
-    config_compat,
-    config_profiles,
-    config_yaml,
-    datalayer,
-    disagg,
-    framework,
-    interfaces,
-    producers,
-    registry,
-    request_handler,
-    token_producer,
+from epp.scheduling import config_yaml, interfaces, producers, registry
+from epp.scheduling.config_builder import Builder
+from epp.scheduling.config_schema import (
+    API_VERSION,
+    API_VERSIONS,
+    DEFAULT_DETECTOR,
+    DEFAULT_PICKER,
+    KIND,
+    Document,
+    FlowControlSection,
+    SchedulerConfig,
 )
-from epp.scheduling.config_compat import GIE_ONLY as _GIE_ONLY
-from epp.scheduling.config_compat import WHY as _WHY
-from epp.scheduling.plugins import (
-    header_profile_handler,
-    no_hit_lru_scorer,
-    precise_llmd,
-    precise_prefix_cache_scorer,
-    single_profile_handler,
-    topology_affinity,
-)
-from epp.scheduling.plugins.prefix_match_scorer import PrefixProducer
-from epp.tokenize.render import RenderSpec
 
-API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
-API_VERSIONS = (API_VERSION, "llm-d.ai/v1alpha1")  # GIE's, llm-d's: one schema
-KIND = "EndpointPickerConfig"
-DEFAULT_PICKER = "max-score-picker"  # GIE's default when a profile names no picker
-DEFAULT_DETECTOR = "utilization-detector"  # GIE's default when the config names no detector
+__all__ = [
+    "API_VERSION",
+    "API_VERSIONS",
+    "DEFAULT_DETECTOR",
+    "DEFAULT_PICKER",
+    "KIND",
+    "ConfigError",
+    "FlowControlSection",
+    "SchedulerConfig",
+    "default_config_text",
+    "load_config",
+    "load_config_file",
+    "requested_kv_events",
+]
 
 ConfigError = registry.ConfigError
-
-
-@dataclasses.dataclass(slots=True)
-class SchedulerConfig:
-    scheduler: framework.Scheduler
-    plugins: dict[str, interfaces.Plugin]  # every plugin built, by name (GIE-only types excluded)
-    # The configured plugins implementing the director's hooks, in configuration order.
-    pre_request: list[interfaces.PreRequest]
-    response_complete: list[interfaces.ResponseComplete]
-    # What admission asks how saturated the pool is (the configured one, else GIE's default).
-    saturation_detector: interfaces.SaturationDetector
-    warnings: list[str]  # accepted but ignored parts of the configuration, for the caller to log
-    # token-producer plugins (epp.scheduling.token_producer): model -> local tokenizer path (loaded
-    # by the caller: epp.tokenize), model ("": every model) -> where the pods' /render is asked,
-    # and whether llm-d's estimate backend (epp's stand-in tokenizer) is asked for.
-    tokenizers: dict[str, Path] = dataclasses.field(default_factory=dict)
-    render: dict[str, RenderSpec] = dataclasses.field(default_factory=dict)
-    stand_in: bool = False
-    # How llm-d's precise-prefix-cache-scorer parameters say KV events are consumed (None: flags).
-    kv_events: precise_llmd.KVEventsSettings | None = None
-    # The flowControl section and flow-control plugins, for epp.flowcontrol.config.build.
-    flow_control: FlowControlSection | None = None
-    # Which parser reads a request, by path (requestHandler.parsers: epp.scheduling.request_handler).
-    parsers: Parsers = dataclasses.field(default_factory=Parsers.default)
-    # llm-d's request control around scheduling, in configuration order: header processors
-    # (agent identity, session ids), admitters, plugins adding response headers.
-    header_processors: list[interfaces.RequestHeaderProcessor] = dataclasses.field(default_factory=list)
-    producers: list[interfaces.RequestProducer] = dataclasses.field(default_factory=list)
-    admitters: list[interfaces.Admitter] = dataclasses.field(default_factory=list)
-    response_headers: list[interfaces.ResponseHeaders] = dataclasses.field(default_factory=list)
-    # llm-d's data layer: the metrics scrape, DCGM polls, file discovery, topology labels.
-    data_layer: datalayer.DataLayerSettings = dataclasses.field(default_factory=datalayer.DataLayerSettings)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FlowControlSection:
-    """What of the configuration is flow control's, undecoded: epp.flowcontrol.config (above this
-    package) decodes it, reporting errors through `where` with their lines."""
-
-    enabled: bool  # featureGates names flowControl
-    section: dict[str, Any] | None  # the flowControl mapping as written
-    plugins: list[
-        tuple[tuple[str | int, ...], str, str, dict[str, Any] | None]
-    ]  # (where, name, type, parameters)
-    top_level_detector: str  # the deprecated top-level saturationDetector.pluginRef ("" if none)
-    where: Any  # the document's locator: error(path, message), validation_error(err, prefix=, known=)
-
-
-# The document, decoded strictly: an unknown key anywhere epp acts on is an error.
-class _PluginSpec(msgspec.Struct, forbid_unknown_fields=True):
-    type: str
-    name: str = ""
-    parameters: dict[str, Any] | None = None
-
-
-class _ProfileEntry(msgspec.Struct, forbid_unknown_fields=True):
-    pluginRef: str
-    weight: Annotated[float, msgspec.Meta(ge=0)] | None = None
-
-
-class _ProfileSpec(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    plugins: list[_ProfileEntry] = []
-
-
-class _Document(msgspec.Struct, forbid_unknown_fields=True):
-    apiVersion: str = ""
-    kind: str = ""
-    plugins: list[_PluginSpec] = []
-    schedulingProfiles: list[_ProfileSpec] = []
-    featureGates: list[str] = []
-    saturationDetector: config_compat.SaturationDetectorSection | None = None
-    dataLayer: datalayer.Section | None = None
-    flowControl: dict[str, Any] | None = None
-    parser: request_handler.Ref | None = None
-    requestHandler: request_handler.Section | None = None
 
 
 def default_config_text(*, precise: bool = False) -> str:
@@ -210,11 +129,11 @@ def load_config(
     if text is None:
         text = default_config_text(precise=handle.kv_index is not None)
     root, data = config_yaml.parse(text)
-    where = config_yaml.Locator(root, KIND, _Document.__struct_fields__)
+    where = config_yaml.Locator(root, KIND, Document.__struct_fields__)
     if not isinstance(data, dict):
         raise ConfigError(f"the configuration must be a YAML mapping (an {KIND}), got {type(data).__name__}")
     try:
-        doc = msgspec.convert(data, _Document)
+        doc = msgspec.convert(data, Document)
     except msgspec.ValidationError as err:
         raise where.validation_error(err) from None
     for key, value, expected in (("apiVersion", doc.apiVersion, API_VERSIONS), ("kind", doc.kind, (KIND,))):
@@ -222,380 +141,4 @@ def load_config(
             raise ConfigError(f"{key} is missing; expected {key}: {' or '.join(expected)}")
         if value not in expected:
             raise where.error((key,), f"expected {' or '.join(map(repr, expected))}, got {value!r}")
-    return _Builder(doc, where, handle, base_dir or Path(), allow_experimental).build()
-
-
-class _Builder:
-    def __init__(
-        self,
-        doc: _Document,
-        where: config_yaml.Locator,
-        handle: interfaces.Handle,
-        base_dir: Path,
-        allow_experimental: bool,
-    ) -> None:
-        self.doc = doc
-        self.allow_experimental = allow_experimental
-        self.where = where
-        self.handle = handle
-        self.base_dir = base_dir
-        self.plugins: dict[str, interfaces.Plugin] = {}
-        self.ignored: dict[str, str] = {}  # GIE-only plugins: name -> type
-        self.token_producers = token_producer.Collector(
-            base_dir, where.error, lambda err, at, known: where.validation_error(err, prefix=at, known=known)
-        )
-        self.kv_events: tuple[_Path, precise_llmd.KVEventsSettings] | None = None
-        self.parser_plugins = request_handler.Collector(where.error)
-        self.parsers = Parsers.default()
-        self.used: set[str] = set()
-        self.warnings: list[str] = []
-        self._default_picker: interfaces.Picker | None = None
-        self.flow_enabled = False
-        self.flow_plugins: list[tuple[_Path, str, str, dict[str, Any] | None]] = []
-        # llm-d v0.9+'s prefix-cache-scorers (built once their producers are), and producers
-        # made with llm-d's defaults because a scorer reads the default one and none is defined.
-        self.deferred: dict[str, tuple[_Path, dict[str, Any] | None]] = {}
-        self.created: dict[str, interfaces.Plugin] = {}
-        self.data = datalayer.Collector(where.error, where.validation_error)
-        self.data_layer = datalayer.DataLayerSettings()
-
-    def build(self) -> SchedulerConfig:
-        self._build_plugins()
-        self.warnings.extend(self.token_producers.notes)
-        self._check_sections()
-        profiles = self._build_profiles()
-        plugins = list(self.plugins.values())
-        handlers = [p for p in plugins if isinstance(p, _HANDLERS)]
-        if len(handlers) > 1:
-            raise ConfigError(f"more than one profile handler: {', '.join(h.name for h in handlers)}")
-        scheduler: framework.Scheduler
-        split = (
-            handlers[0] if handlers and isinstance(handlers[0], disagg.handler.DisaggProfileHandler) else None
-        )
-        if split is not None:
-            try:
-                scheduler, notes = split.scheduler({p.name: p for p in profiles}, self.plugins)
-            except ConfigError as err:
-                raise self.where.error(
-                    ("plugins", self._plugin_names().index(split.name)), str(err)
-                ) from None
-            self.warnings.extend(notes)
-            self.used.update(
-                d.name for d in (scheduler.prefill_decider, scheduler.encode_decider) if d is not None
-            )
-        elif handlers and isinstance(handlers[0], header_profile_handler.HeaderProfileHandler):
-            scheduler, notes = handlers[0].scheduler(profiles)
-            self.warnings.extend(notes)
-        elif len(profiles) > 1:
-            raise self.where.error(
-                ("schedulingProfiles",),
-                f"{len(profiles)} profiles ({', '.join(p.name for p in profiles)}) need a multi-profile "
-                "handler (disagg-profile-handler, header-profile-handler)",
-            )
-        else:
-            scheduler = framework.Scheduler(profiles, profiles[0].name)
-        for name, plugin in self.plugins.items():
-            if isinstance(plugin, disagg.handler.DisaggHeadersHandler) and split is None:
-                raise self.where.error(
-                    ("plugins", self._plugin_names().index(name)),
-                    f"plugin {name!r} (type {plugin.type!r}) writes the P/D headers of a disaggregation "
-                    "handler; the configuration has none (add disagg-profile-handler)",
-                )
-            if isinstance(plugin, disagg.deciders.Decider) and name not in self.used:
-                self.warnings.append(f"decider {name!r} (type {plugin.type!r}) is not used by any handler")
-        detector = self.doc.saturationDetector
-        if detector is not None:
-            self.used.add(detector.pluginRef)
-        flow_detector = (self.doc.flowControl or {}).get("saturationDetector")
-        if isinstance(flow_detector, dict) and isinstance(flow_detector.get("pluginRef"), str):
-            self.used.add(flow_detector["pluginRef"])  # checked by epp.flowcontrol.config
-        for name, plugin in self.plugins.items():
-            if _is_scheduling(plugin) and name not in self.used:
-                self.warnings.append(f"plugin {name!r} (type {plugin.type!r}) is not used by any profile")
-        # A producer records the picks for the scorers reading it (its pre_request); one nothing
-        # in a profile reads would record for nobody.
-        read = {id(getattr(p, "source", None)) for n, p in self.plugins.items() if n in self.used}
-        unread = {id(p) for p in plugins if producers.is_producer(p) and id(p) not in read}
-        for plugin in plugins:
-            if id(plugin) in unread:
-                self.warnings.append(
-                    f"producer {plugin.name!r} (type {plugin.type!r}) is read by no scorer in a profile"
-                )
-        return SchedulerConfig(
-            scheduler=scheduler,
-            plugins=self.plugins,
-            pre_request=[p for p in plugins if isinstance(p, interfaces.PreRequest) and id(p) not in unread],
-            response_complete=[p for p in plugins if isinstance(p, interfaces.ResponseComplete)],
-            header_processors=[p for p in plugins if isinstance(p, interfaces.RequestHeaderProcessor)],
-            producers=[
-                p for p in plugins if isinstance(p, interfaces.RequestProducer) and id(p) not in unread
-            ],
-            admitters=[p for p in plugins if isinstance(p, interfaces.Admitter)],
-            response_headers=[p for p in plugins if isinstance(p, interfaces.ResponseHeaders)],
-            saturation_detector=self._saturation_detector(),
-            warnings=self.warnings,
-            tokenizers=self.token_producers.sources.paths,
-            render=self.token_producers.sources.render,
-            stand_in=self.token_producers.sources.stand_in,
-            kv_events=self.kv_events[1] if self.kv_events is not None else None,
-            data_layer=self.data_layer,
-            flow_control=FlowControlSection(
-                self.flow_enabled,
-                self.doc.flowControl,
-                self.flow_plugins,
-                detector.pluginRef if detector is not None else "",
-                self.where,
-            ),
-            parsers=self.parsers,
-        )
-
-    def _build_plugins(self) -> None:
-        names = set(self._plugin_names())
-        for i, spec in enumerate(self.doc.plugins):
-            path = ("plugins", i)
-            if not spec.type:
-                raise self.where.error(path, "plugin type is empty")
-            name = spec.name or spec.type
-            if (
-                name in self.plugins
-                or name in self.ignored
-                or name in self.token_producers
-                or name in self.parser_plugins
-                or name in self.deferred
-                or name in self.data
-                or any(name == flow[1] for flow in self.flow_plugins)
-            ):
-                raise self.where.error(path, f"duplicate plugin name {name!r}")
-            if request_handler.is_parser_type(spec.type):
-                self.parser_plugins.add(path, name, spec.type, spec.parameters)
-                continue
-            if spec.type in token_producer.TYPES:
-                self.token_producers.add(path, name, spec.type, spec.parameters)
-                continue
-            if spec.type in config_compat.FLOW_CONTROL:  # built by epp.flowcontrol.config
-                self.flow_plugins.append((path, name, spec.type, spec.parameters))
-                continue
-            if spec.type in datalayer.TYPES:  # what serve runs: DataLayerSettings
-                self.data.add(path, name, spec.type, spec.parameters)
-                continue
-            refused = config_compat.REFUSED.get(spec.type)
-            schema = config_compat.REFUSED_PARAMS.get(spec.type)
-            if refused is not None and schema is not None:
-                try:
-                    msgspec.convert(spec.parameters or {}, schema)
-                except msgspec.ValidationError as err:
-                    raise self.where.validation_error(
-                        err, prefix=(*path, "parameters"), known=schema.__struct_fields__
-                    ) from None
-            if refused is not None:
-                raise self.where.error(
-                    path, f"plugin {name!r} (type {spec.type!r}) is not supported: {refused}"
-                )
-            kind = _GIE_ONLY.get(spec.type)
-            try:
-                if spec.type == "prefix-cache-scorer" and producers.reads_producer(
-                    name, spec.parameters, api_version=self.doc.apiVersion, plugin_names=names
-                ):
-                    self.deferred[name] = (path, spec.parameters)  # once its producer is built
-                    continue
-                if kind is not None:
-                    config_compat.check_gie_only(name, spec.type, spec.parameters)
-                    self.ignored[name] = spec.type
-                    self.warnings.append(f"plugin {name!r} (type {spec.type!r}) is ignored: {_WHY[kind]}")
-                    continue
-                plugin = registry.default.build(spec.type, name, spec.parameters, self.handle)
-            except ConfigError as err:
-                raise self._plugin_error(path, spec.type, spec.parameters, err) from None
-            self._add(path, name, plugin)
-        for name, (where, parameters) in self.deferred.items():
-            try:
-                scorer = producers.build_scorer(name, parameters, self._producer)
-            except ConfigError as err:
-                at: _Path = where
-                if "prefixMatchInfoProducerName" in (parameters or {}):
-                    at = (*where, "parameters", "prefixMatchInfoProducerName")
-                label = f"plugin {name!r} (type 'prefix-cache-scorer')"
-                message = str(err) if str(err).startswith(label) else f"{label} {err}"
-                raise self.where.error(at, message) from None
-            self.plugins[name] = scorer
-        for plugin in self.plugins.values():
-            if isinstance(plugin, no_hit_lru_scorer.NoHitLRUScorer):
-                i = self._plugin_names().index(plugin.name)
-                try:
-                    plugin.source = self._producer(plugin.producer_name or producers.DEFAULT_PRODUCER)
-                except ConfigError as err:
-                    raise self.where.error(
-                        ("plugins", i, "parameters", "prefixMatchInfoProducerName"),
-                        f"plugin {plugin.name!r} (type {plugin.type!r}) {err}",
-                    ) from None
-        self.plugins.update(self.created)
-        for i, spec in enumerate(self.doc.plugins):
-            if catalog.is_experimental(spec.type) and not self.allow_experimental:
-                raise self.where.error(
-                    ("plugins", i), catalog.experimental_refusal(spec.name or spec.type, spec.type)
-                )
-
-    def _add(self, path: _Path, name: str, plugin: interfaces.Plugin) -> None:
-        self.plugins[name] = plugin
-        if isinstance(plugin, precise_prefix_cache_scorer.PrecisePrefixCacheScorer):
-            self._take_llmd(path, plugin.llmd)
-        notes = getattr(plugin, "config_notes", ())
-        self.warnings.extend(notes)
-
-    def _producer(self, wanted: str) -> PrefixProducer:
-        return producers.find_producer(wanted, self.plugins, self.handle, self.created)
-
-    def _plugin_error(
-        self, path: _Path, type_name: str, parameters: dict[str, Any] | None, err: ConfigError
-    ) -> ConfigError:
-        culprit = config_yaml.culprit(path, parameters, str(err))
-        stale = config_compat.STALE.get((type_name, self.where.dotted(culprit[3:])))
-        message = f"{err}; {stale}" if stale is not None else str(err)
-        return self.where.error(culprit, message)
-
-    def _take_llmd(self, path: _Path, mapped: precise_llmd.Mapped) -> None:
-        self.warnings.extend(mapped.notes)
-        self.token_producers.render_model(mapped.tokenizer_model or "")
-        if mapped.kv_events is None:
-            return
-        if self.kv_events is not None and self.kv_events[1] != mapped.kv_events:
-            raise self.where.error(
-                (*path, "parameters"),
-                f"its KV-event settings {mapped.kv_events} differ from those of "
-                f"{self.where.dotted(self.kv_events[0])} ({self.kv_events[1]}); "
-                "epp consumes KV events one way",
-            )
-        self.kv_events = (path, mapped.kv_events)
-
-    def _check_sections(self) -> None:
-        doc = self.doc
-        self.flow_enabled, notes = config_compat.feature_gates(doc.featureGates, self.where.error)
-        self.warnings.extend(notes)
-        self.data_layer = self.data.build(doc.dataLayer, self.plugins, _follows_endpoints)
-        self.warnings.extend(self.data.warnings)
-        for plugin in self.plugins.values():
-            if isinstance(
-                plugin, topology_affinity.TopologyAffinityFilter | topology_affinity.TopologyAffinityScorer
-            ):
-                plugin.labels = self.data_layer.topology.get(plugin.producer)
-                if plugin.labels is None:
-                    self.warnings.append(
-                        f"plugin {plugin.name!r} (type {plugin.type!r}): no topology-extractor named "
-                        f"{plugin.producer!r}, so it never finds a peer's locality (as in llm-d: it "
-                        "keeps every candidate, or scores 0)"
-                    )
-        self.parsers = self.parser_plugins.build(doc.requestHandler, doc.parser)
-        self.warnings.extend(self.parser_plugins.warnings)
-
-    def _saturation_detector(self) -> interfaces.SaturationDetector:
-        section = self.doc.saturationDetector
-        if section is None or not section.pluginRef:
-            inline = section.inline() if section is not None else {}
-            try:
-                detector = registry.default.build(DEFAULT_DETECTOR, DEFAULT_DETECTOR, inline, self.handle)
-            except ConfigError as err:
-                raise self.where.error(("saturationDetector",), str(err)) from None
-            assert isinstance(detector, interfaces.SaturationDetector)
-            return detector
-        path: _Path = ("saturationDetector", "pluginRef")
-        if section.inline():
-            raise self.where.error(
-                ("saturationDetector", next(iter(section.inline()))),
-                "give pluginRef or the inline thresholds (GIE v1.0-1.3), not both: configure the "
-                "referenced plugin's parameters instead",
-            )
-        plugin = self.plugins.get(section.pluginRef)
-        if isinstance(plugin, interfaces.SaturationDetector):
-            return plugin
-        if plugin is None and section.pluginRef in self.data:
-            raise self.where.error(
-                path,
-                f"plugin {section.pluginRef!r} (type {self.data.plugins[section.pluginRef].type!r}) is not "
-                "a saturation detector",
-            )
-        if plugin is None and section.pluginRef not in self.ignored:
-            raise self.where.error(path, f"pluginRef {section.pluginRef!r} is not a defined plugin")
-        type_name = plugin.type if plugin is not None else self.ignored[section.pluginRef]
-        raise self.where.error(
-            path, f"plugin {section.pluginRef!r} (type {type_name!r}) is not a saturation detector"
-        )
-
-    def _check_ref(self, path: _Path, ref: str, kinds: tuple[str, ...]) -> str:
-        """Check that `ref` names a plugin of one of `kinds` (GIE-only kinds, or "scorer" for a
-        built scorer); return its kind."""
-        wanted = " or ".join(f"a {k}" for k in kinds)
-        type_name = self.ignored.get(ref)
-        if type_name is None:
-            plugin = self.plugins.get(ref)
-            if plugin is None:
-                raise self.where.error(path, f"pluginRef {ref!r} is not a defined plugin")
-            if "scorer" in kinds and isinstance(plugin, interfaces.Scorer):
-                return "scorer"
-            raise self.where.error(path, f"plugin {ref!r} (type {plugin.type!r}) is not {wanted}")
-        kind = _GIE_ONLY[type_name]
-        if kind not in kinds:
-            raise self.where.error(path, f"plugin {ref!r} (type {type_name!r}) is not {wanted}")
-        return kind
-
-    def _build_profiles(self) -> list[framework.Profile]:
-        specs = [
-            (spec.name, [(e.pluginRef, e.weight) for e in spec.plugins])
-            for spec in self.doc.schedulingProfiles
-        ]
-        profiles, used = config_profiles.build(
-            specs, self._plugin_names(), self.plugins, self._elsewhere, self.where, self._default
-        )
-        self.used |= used
-        return profiles
-
-    def _plugin_names(self) -> list[str]:
-        return [spec.name or spec.type for spec in self.doc.plugins]
-
-    def _elsewhere(self, ref: str) -> str | None:
-        """Why `ref`, a plugin but not a scheduling one, may not be in a profile ("": it may, and
-        is skipped); None when `ref` is none of these."""
-        if any(ref == flow[1] for flow in self.flow_plugins):
-            return f"plugin {ref!r} is a flow-control policy, not a filter, scorer or picker"
-        if ref in self.token_producers:
-            return ""  # llm-d lists its tokenizer in profiles; epp tokenizes before scheduling
-        if ref in self.parser_plugins:
-            return (
-                f"plugin {ref!r} (type {self.parser_plugins.types[ref]!r}) is a parser, not a filter, "
-                "scorer or picker: list it in requestHandler.parsers"
-            )
-        if ref in self.data:
-            return f"plugin {ref!r} is a data-layer {self.data.kind(ref)}, not a filter, scorer or picker"
-        if ref in self.ignored:
-            kind = _GIE_ONLY[self.ignored[ref]]
-            return (
-                f"plugin {ref!r} (type {self.ignored[ref]!r}) cannot be used here: epp does not implement "
-                f"this {kind} ({_WHY[kind]})"
-            )
-        return None
-
-    def _default(self) -> interfaces.Picker:
-        if self._default_picker is None:
-            picker = registry.default.build(DEFAULT_PICKER, DEFAULT_PICKER, None, self.handle)
-            assert isinstance(picker, interfaces.Picker)
-            self._default_picker = picker
-        return self._default_picker
-
-
-_HANDLERS = (
-    single_profile_handler.SingleProfileHandler,
-    disagg.handler.DisaggProfileHandler,
-    header_profile_handler.HeaderProfileHandler,
-)
-
-
-def _follows_endpoints(plugin: interfaces.Plugin) -> bool:
-    """A plugin llm-d lets `endpoint-notification-source` tell of endpoint changes (a producer, or
-    the precise scorer that carries one): epp's follow the datastore themselves."""
-    return producers.is_producer(plugin) or isinstance(
-        plugin, precise_prefix_cache_scorer.PrecisePrefixCacheScorer
-    )
-
-
-_is_scheduling = config_profiles.is_scheduling
-
-_Path = config_yaml.Path
+    return Builder(doc, where, handle, base_dir or Path(), allow_experimental).build()
