@@ -67,15 +67,21 @@ def free_ports(n: int, host: str = HOST) -> list[int]:
             s.close()
 
 
+def ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's default 32768 if unreadable)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 32768
+
+
 def stable_ports(n: int, host: str = HOST) -> list[int]:
     """`n` distinct free ports below the kernel's ephemeral range, for a socket bound seconds or
     minutes after the pick, or bound again after a restart in place. A port from `free_ports`
     (bind to port 0) comes from the ephemeral range, where meanwhile the kernel hands the same
     number to other sockets' bind(0) and connect() calls: CI saw that collision for vLLM's replay
-    socket, NIXL's side channel, Envoy's listener and a soak pod's HTTP port."""
-    low = 32768
-    with contextlib.suppress(OSError, ValueError):
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    socket, NIXL's side channel and Envoy's listener (and, by its quick exit, most likely for a
+    soak pod's ports)."""
+    low = ephemeral_low()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     rng = random.Random()
     picked: list[int] = []

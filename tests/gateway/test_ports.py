@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import resource
 import socket
-from pathlib import Path
 
 import pytest
 
-from epp.gateway.processes import HOST, stable_ports
-
-
-def _ephemeral_low() -> int:
-    return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+from epp.gateway.processes import HOST, ephemeral_low, stable_ports
 
 
 def test_stable_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
@@ -20,7 +15,7 @@ def test_stable_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
     # binds it: the soak's pods lost a start to that in CI when their ports came from bind(0).
     ports = stable_ports(40)
     assert len(set(ports)) == 40
-    low = _ephemeral_low()
+    low = ephemeral_low()
     assert all(1024 <= p < low for p in ports)
     held = []
     try:
@@ -34,7 +29,7 @@ def test_stable_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
 
 
 def test_stable_ports_skip_a_port_another_socket_holds() -> None:
-    low = _ephemeral_low()
+    low = ephemeral_low()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 12_500:  # one descriptor per held port
         if hard != resource.RLIM_INFINITY and hard < 12_500:
