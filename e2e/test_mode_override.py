@@ -1,5 +1,6 @@
 """epp's mode-override gateway through a real Envoy 1.40: off-sample responses stream to the client
-without passing through epp, and their booking is still released once, when the response ends.
+without passing through epp (with `--response-sample-headers=sampled`, nor their headers), and
+their booking is still released once, when the response ends.
 
 `epp serve --response-sample-ratio 0 --response-sample-min-interval 0` makes every request
 off-sample (the per-endpoint floor off too); the config is the one
@@ -43,13 +44,19 @@ STREAM = {
 }
 
 
-def stack_for(stacks: StackFactory, ratio: str, n_backends: int = 1) -> Stack:
+def stack_for(stacks: StackFactory, ratio: str, n_backends: int = 1, *, headers: str = "all") -> Stack:
     return stacks(
         StackOptions(
             n_backends=n_backends,
             sim_configs=[SLOW_SIM] * n_backends,
             mode_override=True,
-            epp_args=["--response-sample-ratio", ratio, "--response-sample-min-interval", "0"],
+            epp_args=[
+                "--response-sample-ratio",
+                ratio,
+                "--response-sample-min-interval",
+                "0",
+                f"--response-sample-headers={headers}",
+            ],
         )
     )
 
@@ -115,6 +122,33 @@ async def test_off_sample_streams_skip_epp_and_release_once_at_the_end(
     assert skipped.get('result="skipped"') == skipped_before + 3, skipped
     assert not skipped.get('result="ignored"'), skipped
     print(f"release lag after the client's last byte: <= {lag * 1000:.1f} ms (poll every 5 ms)")
+
+
+async def test_off_sample_streams_skip_epp_from_their_request_headers(
+    stacks: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    # --response-sample-headers=sampled: Envoy honours the override on the request-headers answer,
+    # sends epp no response message, and still ends the stream when the HTTP stream ends.
+    stack = stack_for(stacks, "0", headers="sampled")
+    await wait_routable(session, stack.url)
+    await eventually(lambda: inflight(stack) == 0, within=5.0, what="idle")
+    msgs_before = ext_proc_msgs(stack)
+    skipped_before = metric_sum(stack, "epp_response_bodies_skipped_total", 'result="skipped"')
+    streams = [await open_stream(session, stack) for _ in range(3)]
+    assert inflight(stack) == 3 and running(stack) == 3  # booked through the stream
+    for resp in streams[:2]:
+        text = (await resp.read()).decode()
+        resp.release()
+        assert sse_events("data: x\n\n" + text)[-1] == "[DONE]"
+    streams[2].close()  # a client reset mid-stream
+    await eventually(lambda: inflight(stack) == 0, within=5.0, interval=0.005, what="in-flight back to 0")
+    await asyncio.sleep(0.3)
+    assert inflight(stack) == 0 and running(stack) == 0  # released once each
+    # Per request epp got the request headers and the buffered body only.
+    assert ext_proc_msgs(stack) - msgs_before == 3 * 2, stack.envoy.stats()
+    skipped = parse_prometheus(stack.epp.metrics_text(), "epp_response_bodies_skipped_total")
+    assert skipped.get('result="skipped"') == skipped_before + 3, skipped
+    assert not any(parse_prometheus(stack.epp.metrics_text(), "epp_extproc_stream_errors_total").values())
 
 
 async def test_sampled_streams_still_report_usage_and_ttft(

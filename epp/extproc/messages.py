@@ -243,6 +243,21 @@ def response_headers_skip_body(
     return response
 
 
+def request_headers_skip_response(request_body_mode: int) -> ProcessingResponse:
+    """The request-headers answer of an off-sample request (`Director.skips_response`): continue,
+    and send epp neither the response's headers nor its body (a `mode_override`, honoured as
+    `response_headers_skip_body`'s). Envoy still ends this stream when the HTTP stream ends."""
+    response = ProcessingResponse(request_headers=pb.HeadersResponse())
+    mode = response.mode_override
+    mode.request_header_mode = _SEND
+    mode.request_body_mode = request_body_mode
+    mode.request_trailer_mode = _SKIP
+    mode.response_header_mode = _SKIP
+    mode.response_body_mode = _BODY_NONE
+    mode.response_trailer_mode = _SKIP
+    return response
+
+
 def immediate(
     status: int,
     body: bytes,

@@ -4,7 +4,9 @@ One gRPC stream carries one HTTP request. Supported body modes (from Envoy's pro
 sent on the first message; FULL_DUPLEX_STREAMED is assumed when a proxy does not send it):
 
 FULL_DUPLEX_STREAMED (GIE's mode)              BUFFERED
-  request_headers      -> (nothing yet)          request_headers    -> continue
+  request_headers      -> (nothing yet)          request_headers    -> continue (off-sample, with
+                                                                       --response-sample-headers=
+                                                                       sampled: and skip the response)
   request_body* (eos)  -> route, then:           request_body       -> route: header mutation +
                           headers response +                           metadata on the body answer
                           body in <=62000 B chunks
@@ -96,6 +98,7 @@ class Stream:
         "_request_mode",
         "_reserved",
         "_response_mode",
+        "_skip_response",
         "_started",
         "_write",
         "closed",
@@ -125,6 +128,7 @@ class Stream:
         self._received = 0.0  # epp.clock time of the request headers (llm-d's series start there)
         self._request_mode = _FULL_DUPLEX
         self._response_mode = _FULL_DUPLEX
+        self._skip_response = False  # off-sample from the request headers on (no response messages)
         self._body_parts: list[bytes | memoryview] = []
         self._body_size = 0
         self.headers: dict[str, str] = {}
@@ -199,6 +203,9 @@ class Stream:
         if self._request_mode == _FULL_DUPLEX:
             return []  # deferred until the body is complete
         if self._request_mode == _BUFFERED:
+            if self._can_skip_body() and self._director.skips_response(self.headers):
+                self._skip_response = True  # one ext-proc round trip less (off-sample)
+                return [m.request_headers_skip_response(self._request_mode)]
             return [m.CONTINUE_REQUEST_HEADERS]
         # STREAMED / BUFFERED_PARTIAL: headers must be answered before any body arrives, so the
         # body cannot inform the decision. Route on headers alone rather than fail the request.
@@ -285,6 +292,7 @@ class Stream:
                 subset=m.subset_hint(msg),
                 on_hold=self._on_hold,
                 received_at=self._received or None,
+                response_skipped=self._skip_response,
             )
         except errors.RequestError as exc:
             return self._fail(exc, counted=True)  # the director counted it, with the model

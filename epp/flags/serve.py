@@ -121,6 +121,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "the latency scorers have learned its rates and later samples only track drift (default "
         "20s; not below --response-sample-min-interval, which it then replaces)",
     )
+    g.add_argument(
+        "--response-sample-headers",
+        choices=("all", "sampled"),
+        default="all",
+        help="all (default): epp reads every response's headers (the model server's status for "
+        "error metrics, the served endpoint, response-header plugins) and stops only off-sample "
+        "bodies; sampled: an off-sample request skips epp from its request headers on, one "
+        "ext-proc round trip less (~12%% of epp's and Envoy's CPU per request); its status is then "
+        "unseen, so model-server errors are counted from sampled responses only "
+        "(docs/metrics.md#off-sample-requests)",
+    )
 
     g = p.add_argument_group("endpoints (standalone pool)")
     g.add_argument("--endpoints", help="comma-separated host:port list of model-server endpoints")
@@ -294,6 +305,7 @@ class ResponseSampling(TypedDict):
     response_sample_ratio: float
     response_sample_min_interval: float
     response_sample_settled_interval: float
+    response_sample_headers: str
 
 
 def response_sampling(args: argparse.Namespace) -> ResponseSampling:
@@ -305,6 +317,7 @@ def response_sampling(args: argparse.Namespace) -> ResponseSampling:
         "response_sample_settled_interval": max(
             args.response_sample_settled_interval, args.response_sample_min_interval
         ),
+        "response_sample_headers": args.response_sample_headers,
     }
 
 
@@ -315,11 +328,11 @@ def response_sampling(args: argparse.Namespace) -> ResponseSampling:
 # samples a second at production rates.
 DEFAULT_RESPONSE_SAMPLE_RATIO = 0.01
 # ...but the learned per-endpoint rates need samples from every endpoint, also quiet ones: one per
-# endpoint every 2 s at least (Director: the floor), where its page lacks vLLM's latency histograms
+# endpoint every 2 s at least (sampling.py: the floor), where its page lacks vLLM's latency histograms
 # (with them, the rates come from there). Bounded by endpoints / 2 s sampled streams a second per
 # worker, each ~13-45 ms of CPU (docs/bench/overhead.md#streamed, #mode-override).
 DEFAULT_RESPONSE_SAMPLE_MIN_INTERVAL_S = 2.0
-# ...until an endpoint has had 32 (Director.SETTLE_SAMPLES), then one every 20 s: the learners weigh
+# ...until an endpoint has had 32 (sampling.SETTLE_SAMPLES), then one every 20 s: the learners weigh
 # a sample at their floor rate by then, and the 2 s floor was a third of epp's and Envoy's CPU per
 # request on 8 pods at 20 req/s, ~2.5 cores at 100 busy pods
 # (docs/bench/fleet-cost.md#sample-floor).

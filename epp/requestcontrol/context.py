@@ -34,6 +34,7 @@ class RequestContext:
         "destination",
         "evict_hook",
         "headers",
+        "headers_skipped",
         "helpers",
         "inflight",
         "labels",
@@ -92,6 +93,9 @@ class RequestContext:
         # the body of the others (`response_skipped`) where the gateway allows it.
         self.sampled = True
         self.response_skipped = False
+        # Off-sample from the request's headers on: the response's headers skip epp too (no
+        # status, no served endpoint; `Director.skips_response`), unless they come anyway.
+        self.headers_skipped = False
         # Flow control's eviction (enableEviction): its tracking entry, and how the ext-proc
         # layer cuts the stream (None until set; returns False where it cannot).
         self.inflight: Any = None
@@ -131,6 +135,7 @@ class RequestContext:
         """Take the model server's response headers; returns the headers the configured plugins
         add to the response to the client (session tokens, ...)."""
         self.response_started_at = clock.now()
+        self.headers_skipped = False  # the gateway sent them all the same
         self.tracker.on_headers(headers)
         if self.answered_at is None:
             self.answered_at = clock.now()

@@ -15,27 +15,9 @@ and the scheduler is synchronous (`epp.requestcontrol.prompt`); it happens only 
 plugin `consumes_tokens`. A body over the body parsers' size is parsed in their processes
 (`epp.requestcontrol.offload`), never on the loop.
 
-Response sampling: where the gateway lets epp stop the response body's streaming (Envoy's
-`allow_mode_override`, epp's own gateway config), only `response_sample_ratio` of the requests
-(and every request whose model name is rewritten back) keep passing their body through epp. The
-decision is made here at routing time (`RequestContext.sampled`); the ext-proc layer acts on it.
-The ratio alone would leave a quiet endpoint without samples for minutes (1 in 100 of a few
-requests a second). The per-endpoint rates predicted-ttft-scorer and request-latency-scorer learn
-come from a vLLM pod's own latency histograms where its /metrics page has them
-(`epp.scheduling.plugins.metrics_learning`); for an endpoint whose page does not (another server,
-an older vLLM) they come from sampled responses only, so such an endpoint with no sampled
-response started within `response_sample_min_interval` gets its next request sampled (a
-per-endpoint floor). The floor is not needed, and not applied, where the page reports the pod's
-time to first token: its samples (the next request once the interval passed, not random ones)
-taught the prefill rate worse than the histogram does (docs/bench/overhead.md#sampled-routing). The
-floor's samples count toward the ratio, so at high rates, where the ratio
-already samples every endpoint that often, it adds nothing. Once an endpoint has had
-`SETTLE_SAMPLES` sampled responses, its floor widens to `response_sample_settled_interval`: a
-sampled stream costs epp and Envoy ~50 ms of CPU (one gRPC round trip per chunk), so a 2 s floor
-on every endpoint was a third of epp's CPU per request on 8 pods and grows with the pool, while
-the learners by then weigh each new sample at their floor rate (predicted-ttft-scorer's default
-prior is worth 20 observations and its step reaches `minLearningRate` 0.02 at the 29th): later
-samples track drift, not the rate.
+Response sampling (which responses still pass through epp where the gateway lets epp skip them)
+is `epp.requestcontrol.sampling`'s; the ext-proc layer acts on its decision
+(`RequestContext.sampled`, `response_skipped`).
 
 `finish()` is idempotent and the ext-proc layer calls it from a `finally`, so every way a stream
 can end (completion, model-server error, client reset, Envoy cancelling the stream, epp answering
@@ -73,6 +55,7 @@ from epp.requestcontrol.accounting import Accounting
 from epp.requestcontrol.context import RequestContext
 from epp.requestcontrol.offload import BodyParsers, parse_here
 from epp.requestcontrol.prompt import Prompts, PromptTokenizer
+from epp.requestcontrol.sampling import ResponseSampler
 from epp.scheduling import prewarm
 from epp.scheduling.config import SchedulerConfig
 from epp.scheduling.framework import Scheduler
@@ -137,8 +120,12 @@ class DirectorSettings:
     response started for this long (0: the ratio alone), so every endpoint keeps feeding the
     learned rates. Costs at most endpoints / interval extra sampled streams a second."""
     response_sample_settled_interval: float | None = None
-    """Seconds: the floor's interval once an endpoint has had `SETTLE_SAMPLES` sampled responses
+    """Seconds: the floor's interval once an endpoint has had `sampling.SETTLE_SAMPLES` sampled responses
     (None: `response_sample_min_interval` throughout). Not below the min interval."""
+    response_sample_headers: str = "all"
+    """"all": epp reads every response's headers (status, served endpoint, response-header
+    plugins); "sampled": an off-sample request may skip its response's headers too, decided at
+    its request headers (`ResponseSampler.early`): one ext-proc round trip less."""
     emit_endpoint_scores: bool = False
     """llm-d's --emit-endpoint-scores: the routing answer carries each scored endpoint's weighted
     score (`RequestContext.endpoint_scores`)."""
@@ -160,10 +147,12 @@ class DirectorSettings:
                 "response_sample_settled_interval must be a finite number of seconds, "
                 "at least response_sample_min_interval"
             )
+        if self.response_sample_headers not in ("all", "sampled"):
+            raise ValueError('response_sample_headers must be "all" or "sampled"')
 
     @property
     def settled_interval(self) -> float:
-        """The floor's interval for an endpoint past `SETTLE_SAMPLES` samples."""
+        """The floor's interval for an endpoint past `sampling.SETTLE_SAMPLES` samples."""
         settled = self.response_sample_settled_interval
         return self.response_sample_min_interval if settled is None else settled
 
@@ -223,12 +212,23 @@ class Director:
         # prefill ended from the answer's first byte: every response body must pass through epp.
         detector = admission_controller.detector if admission_controller is not None else None
         self._first_byte_required = bool(getattr(detector, "counts_prefill", False))
-        # Deterministic sampling: every request adds the ratio, a whole unit buys one sample.
-        ratio = settings.response_sample_ratio
-        self._sample_credit = 1.0 - ratio if ratio > 0.0 else 0.0  # the first request is sampled
-        # Each endpoint's floor: when it last had a sampled response and how many it has had;
-        # removed endpoints are forgotten with their metric children.
-        self._floors: dict[Endpoint, _Floor] = {}
+        # Removed endpoints' floors are forgotten with their metric children.
+        self.sampler = ResponseSampler(
+            datastore,
+            ratio=settings.response_sample_ratio,
+            min_interval=settings.response_sample_min_interval,
+            settled_interval=settings.settled_interval,
+        )
+        # Whether a request may be off-sample from its headers on (`skips_response` also asks the
+        # rewrites and the response-header plugins): never where a detector needs the answer's
+        # first byte, nor under flow control's eviction, which may cut an off-sample response
+        # until its headers go by.
+        self._early_skip = (
+            settings.response_sample_headers == "sampled"
+            and settings.response_sample_ratio < 1.0
+            and not self._first_byte_required
+            and (flow_control is None or flow_control.reclaimer is None)
+        )
         # A removed endpoint's series are dropped (metrics.forget_endpoint): so are their children.
         datastore.subscribe(self._forget_children)
 
@@ -237,10 +237,24 @@ class Director:
         return self.accounting.labels(request)
 
     def _forget_children(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        if added or removed:
+            self.sampler.forget(removed)
         if removed:
-            for ep in removed:
-                self._floors.pop(ep, None)
             self.accounting.forget(removed)
+
+    def skips_response(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request with these headers is off-sample from here on, response headers
+        included (`--response-sample-headers=sampled`; `epp.requestcontrol.sampling`): then its
+        share of the ratio is spent, and the caller must pass `response_skipped` to `route`. Not
+        where a rewrite header may name another model, whose name is written back in the body."""
+        if not self._early_skip or self.rewrites:
+            return False
+        splits = self.scheduler.splits
+        if any(splits or not getattr(p, "split_responses_only", False) for p in self.response_header_plugins):
+            return False
+        if self.settings.trust_model_rewrite_header and any(h in headers for h in MODEL_REWRITE_HEADERS):
+            return False
+        return self.sampler.early()
 
     async def route(
         self,
@@ -251,6 +265,7 @@ class Director:
         subset: list[str] | None,
         on_hold: Callable[[float], Awaitable[None]] | None = None,
         received_at: float | None = None,
+        response_skipped: bool = False,
     ) -> RequestContext:
         """Decide where the request goes. Raises `errors.RequestError` for an HTTP error answer.
 
@@ -258,7 +273,7 @@ class Director:
         control, the call may wait until the request may be scheduled; `on_hold(max_wait)` is
         awaited when it starts waiting (the gateway's message timeout must then be extended).
         `received_at`: when the request's headers arrived (`epp.clock`), where llm-d's series
-        start; default now.
+        start; default now. `response_skipped`: `skips_response` said so at its headers.
         """
         received = clock.now() if received_at is None else received_at
         # Every error answer raised here is counted here, with the model once the body is parsed;
@@ -278,7 +293,7 @@ class Director:
                     request, size, labels=self.model_labels(request), on_hold=on_hold
                 )
                 candidates = self._candidates(request.subset_ips)  # the pool as it is now
-            return await self._route(request, candidates, size, received)
+            return await self._route(request, candidates, size, received, response_skipped)
         except errors.RequestError as exc:
             _shape(exc, request)
             labels = self.model_labels(request)
@@ -286,7 +301,12 @@ class Director:
             raise
 
     async def _route(
-        self, request: InferenceRequest, candidates: list[Endpoint], body_size: int, received: float
+        self,
+        request: InferenceRequest,
+        candidates: list[Endpoint],
+        body_size: int,
+        received: float,
+        response_skipped: bool,
     ) -> RequestContext:
         if self.admission_controller is not None and self.flow_control is None:
             self.admission_controller.admit(request, candidates)
@@ -316,7 +336,11 @@ class Director:
         ctx = RequestContext(self, request, result)
         ctx.received_at = received
         primary = ctx.booked
-        ctx.sampled = self._sample(primary, ctx.rewrites_response or self._first_byte_required)
+        if response_skipped:  # off-sample from its headers on (`skips_response`)
+            ctx.sampled = False
+            ctx.response_skipped = ctx.headers_skipped = True
+        else:
+            ctx.sampled = self.sampler.sample(primary, ctx.rewrites_response or self._first_byte_required)
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(request, result)
         primary.book(request.prompt_tokens_estimate)
@@ -328,36 +352,6 @@ class Director:
             ctx.inflight = self.flow_control.track(request.priority, ctx.evict)
         self.accounting.routed(ctx, body_size)
         return ctx
-
-    def _sample(self, endpoint: Endpoint, required: bool) -> bool:
-        """Whether this request's response is read through: `required` (a rewritten model name),
-        `endpoint`'s first request after its floor's interval without a sample (an endpoint whose
-        /metrics lacks vLLM's latency histograms: module docstring), or a share of
-        `response_sample_ratio`, spread evenly rather than at random so a low ratio still samples
-        steadily. Every sample but a required one spends a unit of the ratio's credit (never below
-        0): the floor's samples count toward the ratio."""
-        settings = self.settings
-        interval = settings.response_sample_min_interval
-        floor = self._floors.get(endpoint) if interval > 0.0 else None
-        now = clock.now() if interval > 0.0 else 0.0
-        if required:
-            sampled = True
-        else:
-            credit = self._sample_credit + settings.response_sample_ratio
-            sampled = credit >= 1.0
-            if not sampled and interval > 0.0 and not _reports_latency(endpoint):
-                if floor is None:
-                    sampled = True
-                else:
-                    wait = settings.settled_interval if floor.count >= SETTLE_SAMPLES else interval
-                    sampled = now - floor.at >= wait
-            self._sample_credit = max(0.0, credit - 1.0) if sampled else credit
-        if sampled and interval > 0.0:
-            if floor is None:
-                floor = self._floors[endpoint] = _Floor()
-            floor.at = now
-            floor.count += 1
-        return sampled
 
     async def explain(
         self, *, path: str, headers: Mapping[str, str], body: bytes | None
@@ -523,10 +517,12 @@ class Director:
             # once the body no longer passes through epp: a success status counts as complete.
             complete = True
             self.accounting.child(metrics.response_bodies_skipped, "skipped").inc()
+        status = tracker.status
         outcome = RequestOutcome(
             endpoint=ctx.served or ep,
-            status=tracker.status,
-            ok=complete and 200 <= tracker.status < 300,
+            status=status,
+            # No status seen (headers skipped): the end of a stream counts as a success.
+            ok=complete and (200 <= status < 300 or (ctx.headers_skipped and not status)),
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
             cached_tokens=usage.cached_tokens if usage else None,
@@ -545,28 +541,6 @@ class Director:
             if ctx.inflight is not None:
                 self.flow_control.untrack(ctx.inflight)
         self.accounting.finished(ctx, outcome, complete=complete, now=now)
-
-
-SETTLE_SAMPLES = 32
-"""Sampled responses after which an endpoint's floor widens to the settled interval: past the
-29th, predicted-ttft-scorer's default step weight is at its floor (module docstring)."""
-
-
-def _reports_latency(endpoint: Endpoint) -> bool:
-    """Whether `endpoint`'s last scrape had vLLM's latency histograms with a first token counted:
-    the latency scorers learn its rates from them (no floor needed)."""
-    latency = endpoint.metrics.latency
-    return latency is not None and latency.ttfts > 0.0
-
-
-class _Floor:
-    """One endpoint's sample floor: when its last sampled response started, and how many."""
-
-    __slots__ = ("at", "count")
-
-    def __init__(self) -> None:
-        self.at = 0.0
-        self.count = 0
 
 
 def _shape(exc: errors.RequestError, request: InferenceRequest) -> None:

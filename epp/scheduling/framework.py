@@ -171,6 +171,9 @@ class Profile:
 class Scheduler:
     """Runs the configured profiles for a request and names the primary result."""
 
+    splits = False
+    """Whether a result may name other stages' pods (`SchedulingResult.stages`: P/D)."""
+
     def __init__(self, profiles: Sequence[Profile], primary: str) -> None:
         if len(profiles) != 1:
             raise ValueError(

@@ -190,7 +190,12 @@ class ResponseHeaders(Plugin, Protocol):
         """Called when the model server's response headers arrive: headers to add to the response
         to the client. `served` is the endpoint Envoy reports it sent the request to (its
         `x-gateway-destination-endpoint-served` metadata), None when Envoy reported none;
-        `headers` the response's own (lower-case names)."""
+        `headers` the response's own (lower-case names).
+
+        A plugin whose hook matters only for split requests (`SchedulingResult.stages`, P/D)
+        says so with a true `split_responses_only` attribute: where the scheduler never splits
+        (`Scheduler.splits`), an off-sample request may then skip its response's headers
+        (`--response-sample-headers=sampled`)."""
         ...
 
 

@@ -169,6 +169,7 @@ def test_default_deployment_runs_epp_serve_with_gie_flags() -> None:
         "--response-sample-ratio=0.01",
         "--response-sample-min-interval=2s",
         "--response-sample-settled-interval=20s",
+        "--response-sample-headers=all",
         "--log-level=info",
         "--log-format=json",
     ]

@@ -14,7 +14,8 @@ import pytest
 
 from epp import clock
 from epp.datastore.endpoints import Datastore, EndpointSpec, LatencyTotals, ModelServerMetrics
-from epp.requestcontrol.director import SETTLE_SAMPLES, Director, DirectorSettings
+from epp.requestcontrol.director import Director, DirectorSettings
+from epp.requestcontrol.sampling import SETTLE_SAMPLES
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 
@@ -145,7 +146,7 @@ async def test_a_removed_endpoint_is_forgotten() -> None:
         d, ds = make(0.0, 2.0)
         assert await sampled(d, PODS[2])
         ds.sync("floor", [EndpointSpec(name="pod-0", address="10.0.0.1", port=8000)])
-        assert len(d._floors) == 0
+        assert len(d.sampler._floors) == 0
         # It comes back as a new endpoint: sampled at once, the old mark gone with it.
         ds.sync("floor", specs())
         assert await sampled(d, PODS[2])

@@ -92,6 +92,8 @@ def decision_type(encode: bool, prefill: bool) -> str:
 class DisaggScheduler(framework.Scheduler):
     """Runs decode, encode and prefill profiles as the handler orders; see the module."""
 
+    splits = True
+
     def __init__(
         self,
         *,

@@ -183,6 +183,9 @@ with it."""
 @registry.register("predicted-ttft-scorer")
 class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
     consumes_tokens: Final = True
+    # `response_headers` acts only on a request whose prefill ran on another pod (P/D): where no
+    # request is split, an off-sample one may skip its response's headers (`ResponseHeaders`).
+    split_responses_only: Final = True
 
     class Params(msgspec.Struct, forbid_unknown_fields=True):
         prefixScorer: str = "precise-prefix-cache-scorer"
