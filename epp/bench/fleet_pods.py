@@ -224,13 +224,17 @@ class Publisher:
                     events, blocks = pod.batches[pod.next]
                     pod.next = (pod.next + 1) % len(pod.batches)
                     pod.credit -= blocks
+                    # Counted before the send: a subscriber that got the batch and then asks for
+                    # the stats must find it counted (CI once read 0 batches after one arrived).
+                    self.sent_batches += 1
+                    self.sent_blocks += blocks
                     try:
                         pod.sock.send_multipart(
                             [b"", pod.seq.to_bytes(8, "big"), _payload(events, ts)], zmq.NOBLOCK
                         )
-                        self.sent_batches += 1
-                        self.sent_blocks += blocks
                     except zmq.Again:  # the subscriber's queue is full: lost, as with vLLM
+                        self.sent_batches -= 1
+                        self.sent_blocks -= blocks
                         self.dropped += 1
                     pod.seq += 1
 

@@ -280,7 +280,9 @@ async def test_strict_models(start: Start, http: aiohttp.ClientSession) -> None:
 
 
 async def test_queueing_running_waiting_and_kv_usage(start: Start, http: aiohttp.ClientSession) -> None:
-    cfg = SimConfig(max_num_seqs=2, time_scale=0.05, decode_per_token=0.02, lora_adapters=("ad",))
+    # Each request decodes for ~1 s: the five are two running and three waiting for that long,
+    # however late a loaded machine delivers them (read once at 50 ms, CI once saw none waiting).
+    cfg = SimConfig(max_num_seqs=2, time_scale=0.5, decode_per_token=0.02, lora_adapters=("ad",))
     url = await start(cfg)
 
     async def one(i: int) -> None:
@@ -289,10 +291,17 @@ async def test_queueing_running_waiting_and_kv_usage(start: Start, http: aiohttp
             await r.read()
 
     tasks = [asyncio.create_task(one(i)) for i in range(5)]
-    await asyncio.sleep(0.05)
-    m = await metrics(http, url)
-    assert m['vllm:num_requests_running{model_name="sim-model"}'] == 2
-    assert m['vllm:num_requests_waiting{model_name="sim-model"}'] == 3
+    running, waiting = (
+        'vllm:num_requests_running{model_name="sim-model"}',
+        'vllm:num_requests_waiting{model_name="sim-model"}',
+    )
+    deadline = asyncio.get_running_loop().time() + 5.0
+    while True:
+        m = await metrics(http, url)
+        if (m[running], m[waiting]) == (2, 3) or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.01)
+    assert (m[running], m[waiting]) == (2, 3)
     assert m['vllm:kv_cache_usage_perc{model_name="sim-model"}'] > 0
     lora = [k for k in m if k.startswith("vllm:lora_requests_info")]
     assert len(lora) == 1 and 'max_lora="4"' in lora[0]
