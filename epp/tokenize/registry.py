@@ -70,14 +70,13 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import threading
 import types
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from epp.tokenize import cachecheck, chat, dialects, pieces, prefixcache, tokenizer
+from epp.tokenize import cachecheck, chat, dialects, pieces, pool_work, prefixcache, tokenizer
 
 # `--tokenizer` values, parsed (their own module; imported from here by callers).
 from epp.tokenize.spec import TokenizerSpec as TokenizerSpec
@@ -167,7 +166,7 @@ class Tokenizers:
         # traffic (a commit is a second, slower encode of each new text) the loop and the
         # request encodes get the cores first.
         self._committer = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="epp-tokenize-commit", initializer=_lower_priority
+            max_workers=1, thread_name_prefix="epp-tokenize-commit", initializer=pool_work.lower_priority
         )
         self._commits: set[concurrent.futures.Future[None]] = set()
 
@@ -360,7 +359,7 @@ class Tokenizers:
             return ids if ids is not None else tok.encode(text, add_special_tokens=add_special_tokens)
         cache = self._cache_for(tok)
         if cache is None:
-            return await self._offload(len(text), _encode, tok, text, add_special_tokens)
+            return await self._offload(len(text), pool_work.encode, tok, text, add_special_tokens)
         # A text seen whole (a repeated prompt) is answered here: the hand-off to a worker
         # cost the loop ~100 us, more than the lookup (~20 us for a 4 KB chat). Otherwise the
         # worker starts from this lookup rather than walking the cached prefix again.
@@ -369,7 +368,7 @@ class Tokenizers:
             if len(text) <= CACHED_INLINE_CHARS:
                 whole = cache.cached(text, add_special_tokens=add_special_tokens, found=found)
             else:  # copying a long prompt's ids out of the cache: ~2 ms per 200k tokens
-                whole = await self._offload(0, _cached, cache, text, add_special_tokens, found)
+                whole = await self._offload(0, pool_work.cached, cache, text, add_special_tokens, found)
             assert whole is not None
             return whole
         covered = found.path[-1].end if found.path else 0
@@ -378,7 +377,7 @@ class Tokenizers:
             # `tokenizers` encodes the new part: its encoding is the one chunking needs, so the
             # commit step is cheap and runs in the worker before the answer.
             return await self._offload(
-                len(text) - covered, _encode_cached, cache, text, add_special_tokens, found
+                len(text) - covered, pool_work.encode_cached, cache, text, add_special_tokens, found
             )
         begun: tuple[list[int], Callable[[], None]] | None = None
         if fits and len(text) - covered <= FAST_INLINE_CHARS:
@@ -396,7 +395,7 @@ class Tokenizers:
             # A long new part (or one with runs fastokens must not cache) goes to the fast
             # engine in pieces (`PrefixCache.ruled`), each piece checked there.
             begun = await self._offload(
-                len(text) - covered, _begin, cache, text, add_special_tokens, found, fits or None
+                len(text) - covered, pool_work.begin, cache, text, add_special_tokens, found, fits or None
             )
         ids, commit = begun
         self._commit(tok, commit)
@@ -570,50 +569,3 @@ def _load_paths(
         else:
             loaded[model] = by_path[key] = found
     return loaded, errors, by_path
-
-
-def _encode_cached(
-    cache: prefixcache.PrefixCache, text: str, add_special_tokens: bool, found: prefixcache.Lookup
-) -> list[int]:
-    # `tokenizers` engine: cached before the request gets its ids. Answering first and committing
-    # after took only ~0.1 ms off a warm 4k-token chat, but a request following at once then missed
-    # the text, and the commit's GIL-holding chunking overlapped the next encode (bench_loop_lag
-    # p99 7 -> 11 ms in one run on a loaded machine). With the fast engine the commit is the
-    # `tokenizers` encode itself, ~80% of the work, so there the request does not wait for it.
-    ids, commit = cache.begin(text, add_special_tokens=add_special_tokens, found=found, fast=False)
-    commit()
-    return ids
-
-
-COMMIT_NICENESS = 10  # added to the process's own niceness (Linux caps the sum at 19)
-
-
-def _lower_priority() -> None:
-    """Run this thread COMMIT_NICENESS below the process's priority (Linux schedules threads by
-    their own nice value). Relative, so a process started niced keeps its commits below it."""
-    try:
-        me = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + COMMIT_NICENESS))
-    except (AttributeError, OSError) as e:  # not Linux, or a sandbox that forbids it
-        log.debug("commit thread keeps its priority: %s", e)
-
-
-def _cached(
-    cache: prefixcache.PrefixCache, text: str, add_special_tokens: bool, found: prefixcache.Lookup
-) -> list[int] | None:
-    return cache.cached(text, add_special_tokens=add_special_tokens, found=found)
-
-
-def _begin(
-    cache: prefixcache.PrefixCache,
-    text: str,
-    add_special_tokens: bool,
-    found: prefixcache.Lookup,
-    fast: bool | None,
-) -> tuple[list[int], Callable[[], None]]:
-    return cache.begin(text, add_special_tokens=add_special_tokens, found=found, fast=fast)
-
-
-def _encode(tok: tokenizer.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
-    # run_in_executor passes positional arguments only.
-    return tok.encode(text, add_special_tokens=add_special_tokens)

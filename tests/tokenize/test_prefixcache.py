@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from epp.tokenize import cachecheck, chat, pieces, prefixcache, registry, tokenizer
+from epp.tokenize import cachecheck, chat, pieces, pool_work, prefixcache, registry, tokenizer
 
 DATA = Path(__file__).resolve().parent / "data"
 # README.md and docs/architecture.md as of commit 502201c, frozen: tests that count chunks and
@@ -722,4 +722,4 @@ def test_commit_steps_run_on_a_lower_priority_thread(
 ) -> None:
     toks = track(registry.Tokenizers(default=tokenizer.load_shipped(), workers=1))
     niceness = toks._committer.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-    assert niceness.result(timeout=10) == os.getpriority(os.PRIO_PROCESS, 0) + registry.COMMIT_NICENESS
+    assert niceness.result(timeout=10) == os.getpriority(os.PRIO_PROCESS, 0) + pool_work.COMMIT_NICENESS
