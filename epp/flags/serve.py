@@ -128,7 +128,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="all (default): epp reads every response's headers (the model server's status for "
         "error metrics, the served endpoint, response-header plugins) and stops only off-sample "
         "bodies; sampled: an off-sample request skips epp from its request headers on, one "
-        "ext-proc round trip less (~12%% of epp's and Envoy's CPU per request); its status is then "
+        "ext-proc round trip less (5-10%% of epp's and Envoy's CPU per request on the peers' "
+        "shared-prefix load); its status is then "
         "unseen, so model-server errors are counted from sampled responses only "
         "(docs/metrics.md#off-sample-requests)",
     )
