@@ -233,13 +233,7 @@ def response_headers_skip_body(
     `allow_mode_override` and when neither body mode is FULL_DUPLEX_STREAMED; otherwise the body
     keeps coming and is handled as usual."""
     response = _response_headers_removing(list(remove), add)
-    mode = response.mode_override
-    mode.request_header_mode = _SEND
-    mode.request_body_mode = request_body_mode
-    mode.request_trailer_mode = _SKIP
-    mode.response_header_mode = _SEND
-    mode.response_body_mode = _BODY_NONE
-    mode.response_trailer_mode = _SKIP
+    _skip_response(response, request_body_mode, response_headers=_SEND)
     return response
 
 
@@ -248,14 +242,20 @@ def request_headers_skip_response(request_body_mode: int) -> ProcessingResponse:
     and send epp neither the response's headers nor its body (a `mode_override`, honoured as
     `response_headers_skip_body`'s). Envoy still ends this stream when the HTTP stream ends."""
     response = ProcessingResponse(request_headers=pb.HeadersResponse())
+    _skip_response(response, request_body_mode, response_headers=_SKIP)
+    return response
+
+
+def _skip_response(response: ProcessingResponse, request_body_mode: int, *, response_headers: int) -> None:
+    """Set `response`'s mode override: the request side as configured (trailers skipped), the
+    response's headers as `response_headers` says, its body and trailers not sent."""
     mode = response.mode_override
     mode.request_header_mode = _SEND
     mode.request_body_mode = request_body_mode
     mode.request_trailer_mode = _SKIP
-    mode.response_header_mode = _SKIP
+    mode.response_header_mode = response_headers
     mode.response_body_mode = _BODY_NONE
     mode.response_trailer_mode = _SKIP
-    return response
 
 
 def immediate(

@@ -12,7 +12,7 @@ from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.extproc.stream import Stream
 from epp.requestcontrol.director import Director, DirectorSettings
 from epp.scheduling import config as sched_config
-from epp.scheduling.interfaces import Handle
+from epp.scheduling.interfaces import Handle, RequestOutcome
 
 DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
@@ -92,3 +92,15 @@ def make_director(
 def message(response: pb.ProcessingResponse | bytes) -> pb.ProcessingResponse:
     """An answer as a message: body chunks sent back come serialized already."""
     return pb.ProcessingResponse.FromString(response) if isinstance(response, bytes) else response
+
+
+class Outcomes:
+    """A response-complete hook that keeps what it was told."""
+
+    name = "outcomes"
+
+    def __init__(self) -> None:
+        self.seen: list[RequestOutcome] = []
+
+    def response_complete(self, request: object, outcome: RequestOutcome) -> None:
+        self.seen.append(outcome)

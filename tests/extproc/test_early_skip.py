@@ -21,7 +21,7 @@ from epp.kvcache.index import BlockIndex
 from epp.observability import metrics
 from epp.requestcontrol.director import Director, DirectorSettings, plugin_hooks
 from epp.scheduling import config as sched_config
-from epp.scheduling.interfaces import Handle, RequestOutcome
+from epp.scheduling.interfaces import Handle
 from tests.extproc import helpers as h
 
 PM = processing_mode_pb2.ProcessingMode
@@ -29,21 +29,11 @@ DATA = Path(__file__).resolve().parents[1] / "scheduling" / "data"
 CHAT = msgspec.json.encode({"model": "llama", "messages": [{"role": "user", "content": "hi " * 40}]})
 
 
-class Outcomes:
-    name = "outcomes"
-
-    def __init__(self) -> None:
-        self.seen: list[RequestOutcome] = []
-
-    def response_complete(self, request: object, outcome: RequestOutcome) -> None:
-        self.seen.append(outcome)
-
-
-def director(ratio: float = 0.0, headers: str = "sampled", **settings: object) -> tuple[Director, Outcomes]:
+def director(ratio: float = 0.0, headers: str = "sampled", **settings: object) -> tuple[Director, h.Outcomes]:
     d, _ = h.make_director(
         settings=DirectorSettings(response_sample_ratio=ratio, response_sample_headers=headers, **settings)  # type: ignore[arg-type]
     )
-    hook = Outcomes()
+    hook = h.Outcomes()
     d._response_complete.append(hook)  # type: ignore[arg-type]
     return d, hook
 

@@ -16,7 +16,6 @@ from epp.extproc.stream import Stream
 from epp.observability import metrics
 from epp.requestcontrol.context import RequestContext
 from epp.requestcontrol.director import Director, DirectorSettings
-from epp.scheduling.interfaces import RequestOutcome
 from tests.extproc import helpers as h
 
 PM = processing_mode_pb2.ProcessingMode
@@ -29,22 +28,10 @@ SSE = (
 )
 
 
-class Outcomes:
-    """A response-complete hook that keeps what it was told."""
-
-    name = "outcomes"
-
-    def __init__(self) -> None:
-        self.seen: list[RequestOutcome] = []
-
-    def response_complete(self, request: object, outcome: RequestOutcome) -> None:
-        self.seen.append(outcome)
-
-
-def director(ratio: float) -> tuple[Director, Outcomes]:
+def director(ratio: float) -> tuple[Director, h.Outcomes]:
     settings = DirectorSettings(response_sample_ratio=ratio, trust_model_rewrite_header=True)
     d, _ = h.make_director(settings=settings)
-    hook = Outcomes()
+    hook = h.Outcomes()
     d._response_complete.append(hook)  # type: ignore[arg-type]
     return d, hook
 
