@@ -143,17 +143,19 @@ async def end_to_end(seed: int, n: int, blocks: int, *, backlog: bool) -> tuple[
     return wall, cpu
 
 
-def paced_publisher_main(conn: Connection, pods: int, rate: float, seconds: float) -> None:
-    """Child process: `pods` publishers; after "go", `rate` small batches a second, round robin."""
+def paced_publisher_main(conn: Connection, pods: int, rate: float, seconds: float, blocks: int = 0) -> None:
+    """Child process: `pods` publishers; after "go", `rate` batches a second, round robin. Each
+    batch holds `blocks` blocks (a prefill's), or 1-2 (a decode step's) when `blocks` is 0."""
     rng = random.Random(2)
     n = int(rate * seconds)
+    pool = [rng.randrange(VOCAB) for _ in range(1 << 16)]
 
-    def step(blocks: int) -> BlockStored:
-        hashes = [rng.getrandbits(64) for _ in range(blocks)]
-        toks = [rng.randrange(VOCAB) for _ in range(blocks * BLOCK)]
-        return BlockStored(hashes, None, toks, BLOCK, medium="gpu")
+    def step(size: int) -> BlockStored:
+        hashes = [rng.getrandbits(64) for _ in range(size)]
+        start = rng.randrange(len(pool) - size * BLOCK)
+        return BlockStored(hashes, None, pool[start : start + size * BLOCK], BLOCK, medium="gpu")
 
-    batches = [step(rng.randint(1, 2)) for _ in range(n)]
+    batches = [step(blocks or rng.randint(1, 2)) for _ in range(n)]
     pubs = [KVEventPublisher(LOCAL, hwm=0) for _ in range(pods)]
     try:
         conn.send([p.endpoint for p in pubs])
@@ -174,18 +176,18 @@ def paced_publisher_main(conn: Connection, pods: int, rate: float, seconds: floa
             p.close()
 
 
-def start_paced_publisher(pods: int, rate: float, seconds: float) -> tuple[Connection, Any]:
+def start_paced_publisher(pods: int, rate: float, seconds: float, blocks: int = 0) -> tuple[Connection, Any]:
     """`paced_publisher_main` in a process of its own: (its pipe, the process)."""
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=paced_publisher_main, args=(child, pods, rate, seconds), daemon=True)
+    proc = ctx.Process(target=paced_publisher_main, args=(child, pods, rate, seconds, blocks), daemon=True)
     proc.start()
     return conn, proc
 
 
-async def paced(pods: int, rate: float, seconds: float) -> tuple[float, float]:
+async def paced(pods: int, rate: float, seconds: float, blocks: int = 0) -> tuple[float, float]:
     """Consumer CPU seconds per batch over one paced run: all its threads, the event loop's."""
-    conn, proc = start_paced_publisher(pods, rate, seconds)
+    conn, proc = start_paced_publisher(pods, rate, seconds, blocks)
     endpoints = conn.recv()
     ing = KVEventIngester(BlockIndex())
     ing.set_feeds([FeedSpec(f"pod-{i}", "model", e) for i, e in enumerate(endpoints)])
@@ -205,11 +207,11 @@ async def paced(pods: int, rate: float, seconds: float) -> tuple[float, float]:
     return cpu / n, loop / n
 
 
-def paced_floor(pods: int, rate: float, seconds: float) -> tuple[float, float]:
+def paced_floor(pods: int, rate: float, seconds: float, blocks: int = 0) -> tuple[float, float]:
     """As `paced`, but a plain SUB connected to every publisher receives each message with a
     blocking call and does nothing else: ZMQ's own cost per message at this pace (all threads,
     the receiving thread)."""
-    conn, proc = start_paced_publisher(pods, rate, seconds)
+    conn, proc = start_paced_publisher(pods, rate, seconds, blocks)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -293,13 +295,19 @@ def main() -> None:
     parser.add_argument("--paced", type=float, default=0.0, help="batches a second in all (paced mode)")
     parser.add_argument("--pods", type=int, default=8, help="paced mode: publishers")
     parser.add_argument("--seconds", type=float, default=20.0, help="paced mode: seconds per run")
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=0,
+        help="paced mode: blocks per batch (a prefill's); 0: 1-2, a decode step's",
+    )
     args = parser.parse_args()
     if args.paced > 0:
         print(
             f"command: {sys.executable} -m tests.kvcache.bench_ingest --paced {args.paced:g} "
-            f"--pods {args.pods} --seconds {args.seconds:g} --runs {args.runs}"
+            f"--pods {args.pods} --seconds {args.seconds:g} --runs {args.runs} --blocks {args.blocks}"
         )
-        per = [asyncio.run(paced(args.pods, args.paced, args.seconds)) for _ in range(args.runs)]
+        per = [asyncio.run(paced(args.pods, args.paced, args.seconds, args.blocks)) for _ in range(args.runs)]
         for run, (c, lp) in enumerate(per):
             print(f"  run {run + 1}: {c * 1e6:6.1f} us of CPU a batch, {lp * 1e6:6.1f} on the loop's thread")
         med = statistics.median(c for c, _ in per)
@@ -308,7 +316,12 @@ def main() -> None:
             f"median: {med * 1e6:.1f} us per batch ({on_loop * 1e6:.1f} on the event loop's thread), "
             f"{med * args.paced:.1%} of a core at {args.paced:g}/s"
         )
-        floor, own = paced_floor(args.pods, args.paced, args.seconds)
+        if args.blocks:
+            per_block, rate = med / args.blocks, args.paced * args.blocks
+            print(
+                f"  {per_block * 1e6:.2f} us per block, {med * args.paced:.2f} core at {rate:,.0f} blocks/s"
+            )
+        floor, own = paced_floor(args.pods, args.paced, args.seconds, args.blocks)
         print(f"floor (a plain SUB's blocking receive, nothing else): {floor * 1e6:.1f} us ({own * 1e6:.1f})")
         return
     n = args.batches
