@@ -14,6 +14,7 @@ Use:
         fleet.kv_endpoints  # each replica's KV-event endpoint (None where kv_events is unset)
         fleet.stats()     # /sim/stats of each replica, read directly from its state
         fleet.reset()     # clear counters and prefix caches between runs
+        fleet.restart(2, down_s=5.0).result()  # a replica's container restart (cold cache)
 
 Every call into the loop waits for a bounded time; stop() is idempotent.
 """
@@ -21,6 +22,9 @@ Every call into the loop waits for a bounded time; stop() is idempotent.
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
+import dataclasses
 import threading
 from collections.abc import Coroutine, Sequence
 from types import TracebackType
@@ -34,6 +38,19 @@ from epp.sim.server import bound_address, sim_state, start_sim_server
 T = TypeVar("T")
 
 HOST = "127.0.0.1"
+
+STOP_WAIT_S = 1.0
+"""How long a stopping replica lets its requests in flight finish before cancelling them."""
+
+# Counters a replica's restart starts from zero, which `stats()` keeps summing over its lives.
+_CARRIED = (
+    "completed",
+    "prefix_cache_hits",
+    "prefix_cache_queries",
+    "preemptions",
+    "prompt_tokens",
+    "cached_tokens",
+)
 
 
 class SimFleet:
@@ -50,6 +67,9 @@ class SimFleet:
         # kvEvents / kvReplay; None where the config asks for no events (or no replay).
         self.kv_endpoints: list[str | None] = []
         self.kv_replay_endpoints: list[str | None] = []
+        # Per replica: its earlier lives' counters (`restart`), and restarts so far.
+        self._carried: list[collections.Counter[str]] = [collections.Counter() for _ in self.configs]
+        self.restarts = [0] * len(self.configs)
 
     def start(self, timeout: float = 15.0) -> None:
         self._thread.start()
@@ -57,7 +77,7 @@ class SimFleet:
 
     async def _start_all(self) -> None:
         for cfg in self.configs:
-            runner = await start_sim_server(self.host, 0, config=cfg)
+            runner = await start_sim_server(self.host, 0, config=cfg, shutdown_timeout=STOP_WAIT_S)
             self._runners.append(runner)
             self.addresses.append(bound_address(runner))
             state = sim_state(runner)
@@ -78,8 +98,17 @@ class SimFleet:
         return self.call(get())
 
     def stats(self) -> list[dict[str, Any]]:
+        """Each replica's /sim/stats; a restarted one's counters (`_CARRIED`) include its earlier
+        lives', as a fleet's totals over a run should."""
+
         async def snap() -> list[dict[str, Any]]:
-            return [sim_state(r).snapshot() for r in self._runners]
+            out = []
+            for r, carried in zip(self._runners, self._carried, strict=True):
+                s = sim_state(r).snapshot()
+                for key, n in carried.items():
+                    s[key] += n
+                out.append(s)
+            return out
 
         return self.call(snap())
 
@@ -106,8 +135,49 @@ class SimFleet:
         async def do() -> None:
             for r in self._runners:
                 sim_state(r).reset()
+            for carried in self._carried:
+                carried.clear()
 
         self.call(do())
+
+    def restart(self, index: int, down_s: float) -> concurrent.futures.Future[None]:
+        """Restart replica `index` as its container would restart: its requests in flight fail at
+        once, its HTTP port and KV-event sockets close, and `down_s` wall seconds later it serves
+        again on the same address and KV-event endpoints, with an empty prefix cache and its
+        event sequence from 0. Returns at once; the future is done once it serves again."""
+        if not 0 <= index < len(self._runners):
+            raise IndexError(f"no replica {index} in a fleet of {len(self._runners)}")
+        return asyncio.run_coroutine_threadsafe(self._restart(index, down_s), self._loop)
+
+    async def _restart(self, index: int, down_s: float) -> None:
+        runner = self._runners[index]
+        state = sim_state(runner)
+        snapshot = state.snapshot()
+        self._carried[index].update({key: int(snapshot[key]) for key in _CARRIED})
+        host, _, port = self.addresses[index].rpartition(":")
+        config = state.config
+        if state.kv_endpoint is not None:
+            # Bound on the same port again ("*": a bound endpoint; the port as resolved at start).
+            port_of = state.kv_endpoint.rpartition(":")[2]
+            config = dataclasses.replace(
+                config, kv_events=f"tcp://*:{port_of}", kv_replay=state.kv_replay_endpoint
+            )
+        # A crash: the port closes, every connection is reset at once (their handlers are
+        # cancelled, which aborts their requests in the engine), and nothing listens until the
+        # restart.
+        for site in list(runner.sites):
+            await site.stop()
+        server = runner.server
+        for handler in [] if server is None else list(server.connections):
+            if handler.transport is not None:
+                handler.transport.abort()
+        await state.aclose()
+        await runner.cleanup()
+        await asyncio.sleep(down_s)
+        self._runners[index] = await start_sim_server(
+            host.strip("[]"), int(port), config=config, shutdown_timeout=STOP_WAIT_S
+        )
+        self.restarts[index] += 1
 
     def stop(self, timeout: float = 15.0) -> None:
         if not self._thread.is_alive():

@@ -558,17 +558,27 @@ def make_app(config: SimConfig) -> web.Application:
     return app
 
 
-async def start_sim_server(host: str, port: int, *, config: SimConfig | None = None) -> web.AppRunner:
+async def start_sim_server(
+    host: str, port: int, *, config: SimConfig | None = None, shutdown_timeout: float = 60.0
+) -> web.AppRunner:
     """Serve one simulated replica on host:port (port 0 = any free port); returns the runner.
 
-    Stop it with `await runner.cleanup()`. `sim_state(runner)` gives the live state and
-    `bound_address(runner)` the actual "host:port"; with `config.kv_events`, the state's
-    `kv_endpoint` / `kv_replay_endpoint` are where its KV events are published.
+    Stop it with `await runner.cleanup()`, which lets requests in flight finish for up to
+    `shutdown_timeout` seconds (aiohttp's default 60 s) before cancelling them.
+    `sim_state(runner)` gives the live state and `bound_address(runner)` the actual "host:port";
+    with `config.kv_events`, the state's `kv_endpoint` / `kv_replay_endpoint` are where its KV
+    events are published.
     """
     cfg = config or SimConfig()
     app = make_app(cfg)
     # handler_cancellation: a client disconnect aborts the request, freeing its slot (as vLLM).
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, logger=server_logger())
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        logger=server_logger(),
+        shutdown_timeout=shutdown_timeout,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
