@@ -89,3 +89,35 @@ def test_live_bench_behind_epps_mode_override_config(
     ]
     # Without the per-pod minimum, only the 1% sample reads a body: at most a few of the 60.
     assert skipped and skipped[0] >= 55, skipped
+
+
+def test_live_bench_restarts_pods_and_epp_routes_around_them(
+    e2e_prerequisites: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rolling-restart` live: each of 3 pods restarts once (its streams cut, its port closed for
+    a while, its cache empty when back). epp stops routing to a pod that is down, so requests
+    sent meanwhile are served by the others, and routes to it again once it is back."""
+    out = tmp_path / "out"
+    status = cli.main([
+        "bench", "--mode", "live", "--workload", "rolling-restart", "--policies", "epp",
+        "--pods", "3", "--duration", "30", "--load", "0.3", "--records", "--out", str(out),
+        "--no-plots",
+    ])  # fmt: skip
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-3000:]
+    (entry,) = json.loads((out / "results.json").read_text())["workloads"].values()
+    run = entry["policies"]["epp"]
+    assert run["pod_restarts"] == 3, run
+    (path,) = out.glob("records-*.jsonl")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    plan = [(p["at_s"], p["pod"], p["down_s"]) for p in entry["pod_restarts"]]
+    assert sorted(pod for _, pod, _ in plan) == [0, 1, 2] and entry["duration_s"] == pytest.approx(30.0)
+    for t, pod, down in plan:
+        # Sent while the pod was down, past the second epp takes to see it: none refused (a
+        # stream may still be cut by another pod's restart: status 0), none sent to it.
+        meanwhile = [r for r in records if t + 1.0 <= r["arrival"] < t + down]
+        assert [r for r in meanwhile if r["status"] == 200], pod
+        assert all(r["status"] in (0, 200) and r["pod"] != pod for r in meanwhile), (pod, meanwhile[:3])
+        # Back: epp routes to it again (the last pod is back just before the end).
+        back = [r for r in records if r["pod"] == pod and r["arrival"] >= t + down and r["status"] == 200]
+        assert back or t == max(at for at, _, _ in plan), (pod, t, down)

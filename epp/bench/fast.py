@@ -34,7 +34,9 @@ queue-wait budget) are events of the same virtual clock, and after every event t
 woken tasks run until each is done or held again. A prompt's `priority` is sent as an objective
 (`priority-<n>`, known to the Director's objectives) and its `fairness_id` as
 `x-llm-d-inference-fairness-id`. A workload with `pods_ready_at` starts with an empty pool and
-adds the pods then (a cold start). Each scrape tick records the requests queued per band.
+adds the pods then (a cold start); one with `pod_restarts` restarts those pods at their times
+(their requests fail, they leave routing, and come back with an empty cache). Each scrape tick
+records the requests queued per band.
 
 What is not modelled: network and decision latency (zero virtual time), per-pod scrape phases,
 and HTTP errors other than vLLM's 400s. A chat workload tells the engine which tokens to generate
@@ -78,7 +80,7 @@ MODEL = "bench-model"
 START = 1.0
 """Virtual time of the run's start. Not 0: `ModelServerMetrics.updated_at == 0` means never scraped."""
 
-_ARRIVE, _STEP_END, _KV, _SCRAPE, _TIMER, _PODS = 0, 1, 2, 3, 4, 5
+_ARRIVE, _STEP_END, _KV, _SCRAPE, _TIMER, _PODS, _DOWN, _UP = 0, 1, 2, 3, 4, 5, 6, 7
 OBJECTIVE_PREFIX = "priority-"  # a prompt of priority n names objective "priority-n"
 FAIRNESS_HEADER = flowcontrol.FAIRNESS_HEADERS[0]
 _HEADERS = {":status": "200", "content-type": "text/event-stream"}
@@ -168,6 +170,7 @@ class FastRun:
         self._bodies: dict[tuple[int, int], tuple[Sequence[int], bytes]] = {}
         self._body_bytes = 0
         self._stepping = [False] * pods
+        self._stale_steps = [0] * pods  # step ends still due from an engine a restart replaced
         self._finished = [0] * pods  # vllm:request_success_total per pod
         self._heap: list[tuple[float, int, int, Any]] = []  # (time, order, kind, payload)
         self._seq = 0
@@ -245,6 +248,11 @@ class FastRun:
         self._push(START, _SCRAPE, None)
         if self.workload.pods_ready_at:
             self._push(START + self.workload.pods_ready_at, _PODS, None)
+        for t, pod, down in self.workload.pod_restarts:
+            if not 0 <= pod < len(self.engines):
+                raise ValueError(f"workload {wl.name!r} restarts pod {pod} of {len(self.engines)}")
+            self._push(START + t, _DOWN, pod)
+            self._push(START + t + down, _UP, pod)
         # A safety net against a run that never drains (an engine bug): stop well past any
         # plausible drain and report what was unfinished.
         limit = START + wl.duration * 20 + 3600.0
@@ -264,7 +272,10 @@ class FastRun:
                     self._pull_arrival()
                 await self._arrive(user, payload[1])
             elif kind == _STEP_END:
-                self._step_end(payload)
+                if self._stale_steps[payload[0]]:
+                    self._stale_steps[payload[0]] -= 1  # the engine it stepped is gone
+                else:
+                    self._step_end(payload)
             elif kind == _KV:
                 assert self.index is not None
                 self.index.apply(payload[0], payload[1], model=MODEL)
@@ -275,6 +286,10 @@ class FastRun:
             elif kind == _PODS:
                 self.datastore.sync("bench", self._specs)
                 self.endpoints = self.scrapes.hooked(self.datastore.endpoints())
+            elif kind == _DOWN:
+                self._pod_down(payload)
+            elif kind == _UP:
+                self._pod_up(payload)
             elif kind != _SCRAPE:
                 self.on_event(kind, payload)
             elif self._busy():  # a scrape, while anything is left to measure
@@ -463,8 +478,8 @@ class FastRun:
             record.cached_tokens = req.num_cached_tokens
             record.output_tokens = req.num_output_tokens
             record.preemptions = req.num_preemptions
-            record.isolated_prefill_s = isolated_prefill_s(
-                self.profiles[pod], record.prompt_tokens, req.num_cached_tokens
+            record.isolated_prefill_s = self.profiles[pod].isolated_prefill_s(
+                record.prompt_tokens, req.num_cached_tokens
             )
             if sampled:
                 flight.ctx.tracker.usage = Usage(
@@ -487,6 +502,44 @@ class FastRun:
         self._stepping[pod] = False
         if engine.has_unfinished():
             self._start_step(pod)
+
+    def _pod_down(self, pod: int) -> None:
+        """A pod's restart begins (`Workload.pod_restarts`): what it was serving fails, as streams
+        cut by a crash, and it leaves routing as `epp serve` excludes a pod whose scrapes fail.
+        A peer policy's own memory of the pod's cache stays, as a real router's does while its
+        health checks mark a worker down."""
+        now = self.now
+        old = self.engines[pod]
+        for req in (*old.running_requests(), *old.waiting_requests()):
+            rid = req.request_id
+            if is_prewarm(rid):
+                self.prewarms.finished(rid)
+                continue
+            flight = self._inflight.pop(rid, None)
+            if flight is not None:  # status 0: unfinished, as the live client records a cut stream
+                flight.ctx.finish(complete=False)
+                self._user_done(flight.user, now)
+        if self._stepping[pod]:
+            self._stale_steps[pod] += 1
+            self._stepping[pod] = False
+        self.engines[pod] = core.Engine(old.profile, name=old.name, record_events=self.index is not None)
+        self._set_excluded(old.name, True)
+
+    def _pod_up(self, pod: int) -> None:
+        """The restarted pod serves again, its cache empty. epp purges a pod's KV-index entries
+        when its KV-event feed reconnects (`epp.kvcache.feed`)."""
+        name = self.engines[pod].name
+        if self.index is not None:
+            self.index.remove_pod(name)
+        self._set_excluded(name, False)
+        self.result.pod_restarts += 1
+
+    def _set_excluded(self, name: str, excluded: bool) -> None:
+        for ep in self.datastore.endpoints():
+            if ep.name == name:
+                ep.excluded = excluded
+                ep.scrape_failures = 0
+        self.datastore.refresh_candidates()
 
     def _user_done(self, user: int, now: float) -> None:
         if user >= 0:
@@ -532,18 +585,3 @@ def pod_profiles_of(profile: Profile, pods: int, pod_profiles: Sequence[Profile]
     if len({p.block_size for p in pod_profiles}) > 1:
         raise ValueError("a mixed fleet needs one block size (the prefix digests are shared)")
     return list(pod_profiles)
-
-
-def isolated_prefill_s(profile: Profile, prompt_tokens: int, cached_tokens: int) -> float:
-    """The time to first token of a prompt alone on an idle pod of `profile` with `cached_tokens`
-    of it cached: its uncached tokens in budget-sized chunks, one step each (the first token comes
-    with the step computing the last prompt token). TTFT minus this is what queueing and sharing
-    steps with other requests cost the request."""
-    done = min(max(cached_tokens, 0), max(prompt_tokens - 1, 0))
-    total = 0.0
-    budget = profile.max_num_batched_tokens
-    while done < prompt_tokens:
-        n = min(budget, prompt_tokens - done)
-        total += profile.step_time(n, n * done + n * (n + 1) // 2, 0, 0)
-        done += n
-    return total

@@ -27,6 +27,13 @@ where a request goes decides its latency. Each follows a published trace or a us
   overload the slow pods (users ask for load inside the affinity decision: sglang #14305, smg
   #1714, vllm-project/router #179).
 
+- `rolling-restart` (open loop): 24 shared 3k-5k-token prefixes (Zipf(0.6)), and every pod
+  restarts in turn mid-run, back on the same address 20 s later with an empty cache (a
+  container restart; a StatefulSet or LeaderWorkerSet pod keeps its name). A router that learned
+  where prefixes live from its own decisions still takes the restarted pod for warm and sends it
+  cold prefills (volcano-sh/kthena #1428: "the scorer then treats a pod with an empty cache as a
+  warm one"; the same for a re-registered worker URL in a cache-aware tree, ROCm/ATOM #2276).
+
 `hotspot` (workloads.py) is the hot-prefix case: 80% of requests on one prefix.
 """
 
@@ -244,4 +251,36 @@ class Agentic(ClosedLoop):
         return t, Prompt(prompt, reply, group, shared, self.stage_at(t), out)
 
 
-HARD_WORKLOADS = (KVPressure, LongRag, Agentic, BurstyTenants, MixedFleet)
+class RollingRestart(_SharedPrefixes):
+    name = "rolling-restart"
+    description = "every pod restarts in turn with an empty cache; 24 shared 3k-5k-token prefixes, 10 req/s"
+    default_profile = "codellama-13b-a100"
+    default_pods = 8
+    qps = 10.0
+    groups = 24
+    prefix_tokens = (3072, 5120)
+    zipf_s = 0.6
+    query_tokens = (64, 512)
+    output_tokens = (64, 256)
+    # A container's restart until it serves again. vLLM loading a 13B model from local disk takes
+    # longer; what a router shows here is how it treats a pod while it is down and once it is back.
+    down_s = 20.0
+
+    def __init__(self, *, seed: int, scale: float, fleet: Fleet) -> None:
+        super().__init__(seed=seed, scale=scale, fleet=fleet)
+        rng = self.rng("prefixes")
+        self.prefixes = [token_ids(rng, rng.randint(*self.prefix_tokens)) for _ in range(self.groups)]
+        self.weights = zipf_weights(self.groups, self.zipf_s)
+        # Every pod in turn, in a seeded order, from 20% of the run to 80% (the caches are warm
+        # before the first, and the last has time to show what its router does after it), at
+        # most two down at once: Kubernetes' default maxUnavailable, 25% of 8 pods. A short run
+        # shortens the time down so that the last pod is back before the end.
+        order = list(range(fleet.pods))
+        self.rng("restarts").shuffle(order)
+        first, last = 0.2 * self.duration, 0.8 * self.duration
+        gap = (last - first) / max(len(order) - 1, 1)
+        down = min(self.down_s, 2 * gap, 0.19 * self.duration)
+        self.pod_restarts = tuple((first + k * gap, pod, down) for k, pod in enumerate(order))
+
+
+HARD_WORKLOADS = (KVPressure, LongRag, Agentic, BurstyTenants, MixedFleet, RollingRestart)

@@ -173,6 +173,7 @@ class LiveRun:
             self.result.fleet_prefix_hits = sum(int(s["prefix_cache_hits"]) for s in stats)
             self.result.fleet_prefix_queries = sum(int(s["prefix_cache_queries"]) for s in stats)
             self.result.fleet_requests_per_pod = [int(s["completed"]) for s in stats]
+            self.result.pod_restarts = sum(fleet.restarts)
             self.gateway.save(self.workdir, label)
         finally:
             self.gateway.stop()
@@ -201,6 +202,7 @@ class LiveRun:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             self._t0 = time.perf_counter()
             sampler = asyncio.create_task(self._sample(fleet, session))
+            restarts = asyncio.create_task(self._restart_pods(fleet))
             try:
                 async with asyncio.TaskGroup() as group:
                     if isinstance(wl, ClosedLoop):
@@ -211,10 +213,23 @@ class LiveRun:
                             await self._sleep_until(t)
                             group.create_task(self._send(session, url, prompt))
                             self._report(t)
+                await restarts
             finally:
                 sampler.cancel()
-                await asyncio.gather(sampler, return_exceptions=True)
+                restarts.cancel()
+                await asyncio.gather(sampler, restarts, return_exceptions=True)
         self.result.end = self._virtual(time.perf_counter())
+
+    async def _restart_pods(self, fleet: SimFleet) -> None:
+        """The workload's pod restarts (`Workload.pod_restarts`), each at its time; returns once
+        every restarted pod serves again."""
+        pending = []
+        for t, pod, down in sorted(self.workload.pod_restarts):
+            if not 0 <= pod < self.pods:
+                raise ValueError(f"workload {self.workload.name!r} restarts pod {pod} of {self.pods}")
+            await self._sleep_until(t)
+            pending.append(asyncio.wrap_future(fleet.restart(pod, down * self.time_scale)))
+        await asyncio.gather(*pending)
 
     async def _drive_inference_perf(self, base_url: str, fleet: SimFleet, label: str) -> None:
         """inference-perf sends the load (its own prompts); its per-request report is the record."""
@@ -224,6 +239,7 @@ class LiveRun:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             self._t0 = time.perf_counter()
             sampler = asyncio.create_task(self._sample(fleet, session))
+            restarts = asyncio.create_task(self._restart_pods(fleet))
             try:
                 out = await asyncio.to_thread(
                     inference_perf.run,
@@ -234,9 +250,11 @@ class LiveRun:
                     label,
                     time_scale=self.time_scale,
                 )
+                await restarts
             finally:
                 sampler.cancel()
-                await asyncio.gather(sampler, return_exceptions=True)
+                restarts.cancel()
+                await asyncio.gather(sampler, restarts, return_exceptions=True)
         self.result.records = inference_perf.records(out, time_scale=self.time_scale)
         self.result.end = self._virtual(time.perf_counter())
 

@@ -71,6 +71,7 @@ class RunResult:
     fleet_prefix_queries: int = 0
     fleet_requests_per_pod: list[int] | None = None
     prewarms: int | None = None  # pre-warms sent to the pods (epp.scheduling.prewarm); live: unknown
+    pod_restarts: int = 0  # pods restarted during the run (`Workload.pod_restarts`), once back
 
 
 def write_jsonl(path: str, result: RunResult) -> None:

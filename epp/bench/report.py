@@ -17,7 +17,7 @@ Definitions (all from the requests served, status 200):
 - TTFT: first token - arrival; end-to-end latency (E2E): finish - arrival; TPOT (time per output
   token): (finish - first token) / (output tokens - 1), for requests of 2 tokens or more (seconds).
 - `queueing_p90_s` / `_p99_s`: TTFT minus the request's own isolated prefill (its uncached prompt
-  alone on an idle pod, `fast.isolated_prefill_s`): the wait and sharing of steps that routing
+  alone on an idle pod, `Profile.isolated_prefill_s`): the wait and sharing of steps that routing
   decides. Unavoidable cold prefills do not count in it, unlike TTFT p99.
 - `slo_met`: the share of requests meeting both latency targets, TTFT <= `slo_ttft_s` and TPOT <=
   `slo_tpot_s` (`Slo`: per profile, `--slo-ttft` / `--slo-tpot`).
@@ -241,6 +241,7 @@ def summarize(result: RunResult, stages: Sequence[Stage], slo: Slo | None = None
             if result.prewarms is not None and result.records
             else math.nan
         ),
+        "pod_restarts": result.pod_restarts,
         "makespan_s": span,
         "wall_s": result.wall_s,
         "engine_steps": result.steps,
@@ -298,6 +299,8 @@ def workload_entry(
             {"label": s.label, "start_s": s.start, "end_s": s.end, "qps": s.qps, "sharing": s.sharing}
             for s in workload.stages
         ],
+        # Pods restarted during each run (`Workload.pod_restarts`): when, which, seconds down.
+        "pod_restarts": [{"at_s": t, "pod": pod, "down_s": down} for t, pod, down in workload.pod_restarts],
         "policies": dict(runs),
     }
 

@@ -93,6 +93,10 @@ class Workload(abc.ABC):  # noqa: B024  (abstract through OpenLoop / ClosedLoop)
     pod_profiles: tuple[str, ...] | None = None
     # How many times the workload's own rate its arrivals come at (`AtLoad`).
     load: float = 1.0
+    # Pods that restart during the run: (second, pod index, seconds down). The pod stops (its
+    # requests in flight fail, its port refuses connections), then comes back on the same address
+    # with an empty prefix cache and its KV-event sequence starting again: a container restart.
+    pod_restarts: tuple[tuple[float, int, float], ...] = ()
 
     def __init__(self, *, seed: int, scale: float, fleet: Fleet) -> None:
         if scale <= 0:
@@ -170,7 +174,7 @@ class AtLoad(OpenLoop):
     Compressing time rather than drawing new arrivals keeps every request, its prompt and its
     order as at load 1, so two loads differ only in how close together the requests come, bursts
     and quiet spells included. Stages keep their labels; their times shrink and their rates grow
-    by `load`, and a cold start's pods come up at `pods_ready_at / load`.
+    by `load`, and a cold start's pods come up at `pods_ready_at / load` (restarts likewise).
     """
 
     def __init__(self, inner: OpenLoop, load: float) -> None:
@@ -185,6 +189,7 @@ class AtLoad(OpenLoop):
         self.default_pods = inner.default_pods
         self.pod_profiles = inner.pod_profiles
         self.pods_ready_at = None if inner.pods_ready_at is None else inner.pods_ready_at / load
+        self.pod_restarts = tuple((t / load, pod, down / load) for t, pod, down in inner.pod_restarts)
         self.stages = [
             Stage(s.label, s.start / load, s.end / load, None if s.qps is None else s.qps * load, s.sharing)
             for s in inner.stages

@@ -88,6 +88,20 @@ class Profile:
             + decode_context * self.kv_read_token_s
         )
 
+    def isolated_prefill_s(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """The time to first token of a prompt alone on an idle pod with `cached_tokens` of it
+        cached: its uncached tokens in budget-sized chunks, one step each (the first token comes
+        with the step computing the last prompt token). A request's TTFT minus this is what
+        queueing and sharing steps with other requests cost it."""
+        done = min(max(cached_tokens, 0), max(prompt_tokens - 1, 0))
+        total = 0.0
+        budget = self.max_num_batched_tokens
+        while done < prompt_tokens:
+            n = min(budget, prompt_tokens - done)
+            total += self.step_time(n, n * done + n * (n + 1) // 2, 0, 0)
+            done += n
+        return total
+
     def replace(self, **changes: Any) -> Profile:
         """A copy with `changes` applied (dataclasses.replace; validated again)."""
         return dataclasses.replace(self, **changes)

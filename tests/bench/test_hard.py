@@ -9,7 +9,7 @@ import pytest
 from epp.bench import hard
 from epp.bench.fast import FastRun
 from epp.bench.policies import POLICIES
-from epp.bench.workload import ClosedLoop, Fleet, OpenLoop, Workload
+from epp.bench.workload import AtLoad, ClosedLoop, Fleet, OpenLoop, Workload
 from epp.sim.profiles import get_profile
 
 A100 = get_profile("codellama-13b-a100")
@@ -72,3 +72,52 @@ def test_a_mixed_fleet_runs_each_pods_profile() -> None:
     assert result.records and all(r.status == 200 for r in result.records)
     with pytest.raises(ValueError, match="7 pod profiles for 8 pods"):
         FastRun(wl, POLICIES["round-robin"], profile=A100, pods=8, seed=1, pod_profiles=profiles[:7])
+
+
+def test_rolling_restart_restarts_every_pod_two_at_most_at_once() -> None:
+    wl = hard.RollingRestart(seed=1, scale=0.2, fleet=FLEET)  # 120 s
+    assert wl.duration == pytest.approx(120.0)
+    assert sorted(pod for _, pod, _ in wl.pod_restarts) == list(range(8))
+    assert all(24.0 <= t <= 96.0 + 1e-9 and down == 20.0 for t, _, down in wl.pod_restarts)
+    for t, _, _ in wl.pod_restarts:  # pods down at each restart's start, itself included
+        assert sum(s <= t < s + d for s, _, d in wl.pod_restarts) <= 2
+    order = [pod for _, pod, _ in hard.RollingRestart(seed=2, scale=0.2, fleet=FLEET).pod_restarts]
+    assert order != [pod for _, pod, _ in wl.pod_restarts]  # the order is the seed's
+    fast = AtLoad(wl, 2.0)
+    assert fast.pod_restarts == tuple((t / 2, pod, down / 2) for t, pod, down in wl.pod_restarts)
+
+
+@pytest.mark.parametrize("policy", ["epp", "sglang-cache-aware"])
+def test_a_restarted_pod_fails_its_streams_and_is_not_routed_while_down(policy: str) -> None:
+    wl = hard.RollingRestart(seed=1, scale=0.1, fleet=FLEET)  # 60 s, a restart every ~5 s
+    result = FastRun(wl, POLICIES[policy], profile=A100, pods=8, seed=1).run()
+    records = result.records
+    for t, pod, down in wl.pod_restarts:
+        routed = [(r.routed, r) for r in records if r.pod == pod and r.routed is not None]
+        assert not [r for at, r in routed if t <= at < t + down], (pod, t)
+        assert [r for at, r in routed if at >= t + down], "never routed to again once back"
+        cut = [r for at, r in routed if at < t and r.status == 0]
+        assert all(r.finish is None for r in cut)
+    # Requests in flight on a restarting pod are cut (status 0); none is refused.
+    lost = [r for r in records if r.status != 200]
+    assert lost and all(r.status == 0 for r in lost)
+    assert len(lost) < len(records) / 2
+    assert not result.stopped_early
+
+
+def test_after_a_restart_epp_forgets_the_pods_cache() -> None:
+    """A pod back from a restart has no KV-index entries left (epp would otherwise take it for a
+    warm holder of what it held before), as `epp serve` purges a pod whose feed reconnects."""
+    seen: list[tuple[bool, bool]] = []
+
+    class Watched(FastRun):
+        def _pod_up(self, pod: int) -> None:
+            assert self.index is not None
+            name = self.engines[pod].name
+            before = self.index.pod_info(name) is not None
+            super()._pod_up(pod)
+            seen.append((before, self.index.pod_info(name) is not None))
+
+    wl = hard.RollingRestart(seed=3, scale=0.1, fleet=FLEET)
+    Watched(wl, POLICIES["epp"], profile=A100, pods=8, seed=3).run()
+    assert seen == [(True, False)] * 8

@@ -157,9 +157,9 @@ def test_isolated_prefill_is_the_engines_ttft_alone() -> None:
         return first - start, now
 
     cold, now = ttft("cold", ids, 0.0)
-    assert math.isclose(fast.isolated_prefill_s(profile, 1000, 0), cold, rel_tol=1e-9)
+    assert math.isclose(profile.isolated_prefill_s(1000, 0), cold, rel_tol=1e-9)
     warm, _ = ttft("warm", [*ids[:640], *range(5000, 5360)], now)
-    assert math.isclose(fast.isolated_prefill_s(profile, 1000, 640), warm, rel_tol=1e-9)
+    assert math.isclose(profile.isolated_prefill_s(1000, 640), warm, rel_tol=1e-9)
     assert warm < cold
 
 
