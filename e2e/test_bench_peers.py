@@ -54,12 +54,16 @@ def test_live_bench_runs_real_peer_routers(
     status = cli.main([
         "bench", "--mode", "live", "--workload", f"trace:{trace}", "--policies", ",".join(["epp", *arms]),
         "--pods", "2", "--profile", "codellama-13b-a100", "--out", str(out), "--no-plots",
+        # A flag each peer knows (a peer refusing one fails to start): its breaker's timeout.
+        "--peer-arg=--cb-timeout-duration-secs=10",
     ])  # fmt: skip
     printed = capsys.readouterr()
     assert status == 0, printed.err[-3000:]
     (entry,) = json.loads((out / "results.json").read_text())["workloads"].values()
     runs = entry["policies"]
     assert set(runs) == {"epp", *arms}
+    assert [runs[a]["peer_args"] for a in arms] == [["--cb-timeout-duration-secs=10"]] * 2
+    assert "peer_args" not in runs["epp"]
     for name, run in runs.items():
         assert run["requests"] == 40 and run["failed"] == 0 and run["unfinished"] == 0, (name, run)
         assert sum(run["requests_per_pod"]) == 40, (name, run)

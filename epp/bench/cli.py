@@ -97,6 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "`override` samples responses as epp serve does behind it",
     )
     parser.add_argument(
+        "--peer-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="live mode: an extra argument for every real peer router's arm (repeatable; the three "
+        "share their flags, e.g. --peer-arg=--cb-timeout-duration-secs=10)",
+    )
+    parser.add_argument(
         "--epp-arg",
         action="append",
         default=[],
@@ -245,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
                 runs[policy.name]["gateway_config"] = args.gateway_config
                 if args.epp_arg:
                     runs[policy.name]["epp_args"] = list(args.epp_arg)
+            if isinstance(policy, Peer) and args.peer_arg:
+                runs[policy.name]["peer_args"] = list(args.peer_arg)
             ttfts[policy.name] = report.ttft_values(result)
             if args.records:
                 records.write_jsonl(
@@ -353,7 +363,7 @@ def _run_live(
 
     workdir = Path(args.out) / "logs"
     gateway: Gateway = (
-        PeerGateway(policy, peers_dir(args.peers_dir))
+        PeerGateway(policy, peers_dir(args.peers_dir), extra_args=args.peer_arg)
         if isinstance(policy, Peer)
         else EppGateway(policy, mode_override=args.gateway_config == "override", extra_args=args.epp_arg)
     )
@@ -415,6 +425,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise BenchConfigError(f"--scale must be > 0, got {args.scale}")
     if args.duration is not None and not args.duration > 0:
         raise BenchConfigError(f"--duration must be > 0, got {args.duration}")
+    if args.peer_arg and args.mode != "live":
+        raise BenchConfigError("--peer-arg: the real peer routers run in --mode live only")
     if not args.load > 0 or args.load == float("inf"):
         raise BenchConfigError(f"--load must be a finite number > 0, got {args.load}")
     if args.pods is not None and args.pods < 1:

@@ -165,7 +165,8 @@ class EppGateway(Gateway):
 class PeerGateway(Gateway):
     """A peer's router binary with the fleet's pods as its workers."""
 
-    def __init__(self, peer: Peer, peers_dir: Path) -> None:
+    def __init__(self, peer: Peer, peers_dir: Path, extra_args: Sequence[str] = ()) -> None:
+        """`extra_args`: appended to the peer's command line (`epp bench --peer-arg`)."""
         super().__init__()
         if not peer.installed(peers_dir):
             raise RuntimeError(
@@ -176,6 +177,7 @@ class PeerGateway(Gateway):
         self.peers_dir = peers_dir
         self.name = peer.name
         self.kv_events = peer.kv_events
+        self.extra_args = list(extra_args)
         self._process: ManagedProcess | None = None
 
     def start(self, fleet: SimFleet, workdir: Path, label: str) -> str:
@@ -215,7 +217,7 @@ class PeerGateway(Gateway):
 
         port, metrics_port = free_ports(2)
         at = Launch(HOST, port, metrics_port, workers, kv_events, block_size, model)
-        argv = self.peer.argv(self.peers_dir, at)
+        argv = [*self.peer.argv(self.peers_dir, at), *self.extra_args]
         self._process = ManagedProcess(self.name, argv, log, env=self.peer.env())
         self.logs.append((f"{self.name} ({label})", log))
         self._process.start()

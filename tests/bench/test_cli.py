@@ -57,6 +57,10 @@ def test_list_names_workloads_and_policies(capsys: pytest.CaptureFixture[str]) -
             ["--workload", "unique", "--gateway-config", "override", "--epp-arg=--response-sample-ratio=2"],
             "--epp-arg: argument --response-sample-ratio:",
         ),
+        (
+            ["--workload", "unique", "--peer-arg=--cb-timeout-duration-secs=10"],
+            "--peer-arg: the real peer routers run in --mode live only",
+        ),
         (["--workload", "unique", "--mode", "slow"], "--mode: unknown mode 'slow'; allowed: fast, live"),
         (["--workload", "unique", "--profile", "h200"], "--profile: unknown profile 'h200'; allowed:"),
         (["--workload", "unique", "--scale", "0"], "--scale must be > 0"),
