@@ -67,9 +67,12 @@ class SimFleet:
         # kvEvents / kvReplay; None where the config asks for no events (or no replay).
         self.kv_endpoints: list[str | None] = []
         self.kv_replay_endpoints: list[str | None] = []
-        # Per replica: its earlier lives' counters (`restart`), and restarts so far.
+        # Per replica: its earlier lives' counters (`restart`), and restarts so far; the
+        # restarts under way (a stop cancels them: a replica down stays down) and their replicas.
         self._carried: list[collections.Counter[str]] = [collections.Counter() for _ in self.configs]
         self.restarts = [0] * len(self.configs)
+        self._restarting: set[concurrent.futures.Future[None]] = set()
+        self._down: set[int] = set()
 
     def start(self, timeout: float = 15.0) -> None:
         self._thread.start()
@@ -147,13 +150,17 @@ class SimFleet:
         event sequence from 0. Returns at once; the future is done once it serves again."""
         if not 0 <= index < len(self._runners):
             raise IndexError(f"no replica {index} in a fleet of {len(self._runners)}")
-        return asyncio.run_coroutine_threadsafe(self._restart(index, down_s), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._restart(index, down_s), self._loop)
+        self._restarting.add(future)
+        future.add_done_callback(self._restarting.discard)
+        return future
 
     async def _restart(self, index: int, down_s: float) -> None:
+        if index in self._down:
+            raise RuntimeError(f"replica {index} is already restarting")
+        self._down.add(index)
         runner = self._runners[index]
         state = sim_state(runner)
-        snapshot = state.snapshot()
-        self._carried[index].update({key: int(snapshot[key]) for key in _CARRIED})
         host, _, port = self.addresses[index].rpartition(":")
         config = state.config
         if state.kv_endpoint is not None:
@@ -174,9 +181,12 @@ class SimFleet:
         await state.aclose()
         await runner.cleanup()
         await asyncio.sleep(down_s)
-        self._runners[index] = await start_sim_server(
-            host.strip("[]"), int(port), config=config, shutdown_timeout=STOP_WAIT_S
-        )
+        new = await start_sim_server(host.strip("[]"), int(port), config=config, shutdown_timeout=STOP_WAIT_S)
+        # Until now stats() read the old life's counters; from now the new one's plus those.
+        snapshot = state.snapshot()
+        self._carried[index].update({key: int(snapshot[key]) for key in _CARRIED})
+        self._runners[index] = new
+        self._down.discard(index)
         self.restarts[index] += 1
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -186,9 +196,12 @@ class SimFleet:
                 self._loop.close()
             return
 
+        for future in list(self._restarting):
+            future.cancel()
+
         async def cleanup() -> None:
             for r in self._runners:
-                await r.cleanup()
+                await r.cleanup()  # again for a replica down: a no-op
 
         try:
             self.call(cleanup(), timeout=timeout)

@@ -114,3 +114,18 @@ async def test_a_restart_cuts_refuses_then_serves_cold_on_the_same_endpoints() -
 def test_restart_names_a_replica_of_the_fleet() -> None:
     with SimFleet([SimConfig(name="pod-0")]) as fleet, pytest.raises(IndexError, match="no replica 1"):
         fleet.restart(1, down_s=0.1)
+
+
+def test_a_replica_restarts_once_at_a_time_and_a_stop_leaves_it_down() -> None:
+    fleet = SimFleet([SimConfig(name="pod-0")])
+    fleet.start()
+    try:
+        first = fleet.restart(0, down_s=30.0)
+        second = fleet.restart(0, down_s=0.1)
+        with pytest.raises(RuntimeError, match="replica 0 is already restarting"):
+            second.result(timeout=5)
+    finally:
+        started = time.monotonic()
+        fleet.stop()
+    assert time.monotonic() - started < 10  # not the 30 s down
+    assert first.cancelled() and fleet.restarts == [0]
