@@ -183,8 +183,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slo-headers",
         action="store_true",
-        help="fast mode: send the latency target with every request as x-slo-ttft-ms / "
-        "x-slo-tpot-ms headers (epp's default with KV events routes to meet them; docs/slo.md)",
+        help="send the latency target with every request as x-slo-ttft-ms / x-slo-tpot-ms headers "
+        "(epp's default with KV events routes to meet them; docs/slo.md). Live mode: to every arm, "
+        "in wall milliseconds (the target times --time-scale); the peers ignore them",
     )
 
 
@@ -291,11 +292,7 @@ def _run_fast(
         "progress": progress.update,
     }  # fmt: skip
     if args.slo_headers:
-        slo = _slo(args, profile)
-        kwargs["request_headers"] = {
-            "x-slo-ttft-ms": f"{slo.ttft_s * 1000:.6g}",
-            "x-slo-tpot-ms": f"{slo.tpot_s * 1000:.6g}",
-        }
+        kwargs["request_headers"] = _slo_headers(args, profile, 1.0)
     mixed = _pod_profiles(args, workload)
     if mixed is not None:
         kwargs["pod_profiles"] = mixed
@@ -305,6 +302,16 @@ def _run_fast(
 
         return replicas.ReplicatedRun(workload, policy, replicas=args.replicas, **kwargs).run()
     return fast.FastRun(workload, policy, **kwargs).run()
+
+
+def _slo_headers(args: argparse.Namespace, profile: Profile, time_scale: float) -> dict[str, str]:
+    """`--slo-headers`: the run's latency targets as the request headers epp reads, in the
+    milliseconds of the clock the pods run on (wall time is virtual time x `time_scale`)."""
+    slo = _slo(args, profile)
+    return {
+        "x-slo-ttft-ms": f"{slo.ttft_s * time_scale * 1000:.6g}",
+        "x-slo-tpot-ms": f"{slo.tpot_s * time_scale * 1000:.6g}",
+    }
 
 
 def _booked_interval(args: argparse.Namespace) -> float:
@@ -371,6 +378,7 @@ def _run_live(
         workload, gateway, profile=profile, pods=pods, seed=args.seed, time_scale=args.time_scale,
         workdir=workdir, progress=progress.update, pod_profiles=_pod_profiles(args, workload),
         client=args.client, peers_dir=peers_dir(args.peers_dir),
+        request_headers=_slo_headers(args, profile, args.time_scale) if args.slo_headers else None,
     )  # fmt: skip
     try:
         result = run.run()
@@ -453,8 +461,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise BenchConfigError("--scrape-interval is for --mode fast (live: epp serve scrapes)")
     if args.kv_delay < 0:
         raise BenchConfigError(f"--kv-delay must be >= 0, got {args.kv_delay}")
-    if args.slo_headers and args.mode != "fast":
-        raise BenchConfigError("--slo-headers is for --mode fast")
+    if args.slo_headers and args.client != "epp":
+        raise BenchConfigError("--slo-headers needs epp's own client (inference-perf sends its own headers)")
     if args.client != "epp" and args.mode != "live":
         raise BenchConfigError("--client is for --mode live")
     plan: _Plan = []

@@ -42,7 +42,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,10 +89,12 @@ class LiveRun:
         pod_profiles: Sequence[Profile] | None = None,
         client: str = "epp",
         peers_dir: Path | None = None,
+        request_headers: Mapping[str, str] | None = None,
     ) -> None:
         """`client`: "epp" (this module's aiohttp client, the workload's own prompts) or
         "inference-perf" (`epp.bench.inference_perf`: the workload's inference-perf form, run by
-        the binary under `peers_dir`)."""
+        the binary under `peers_dir`). `request_headers` go with every request the epp client
+        sends (`epp bench --slo-headers`: the latency targets as x-slo-*)."""
         if pods <= 0:
             raise ValueError(f"pods must be > 0, got {pods}")
         if not time_scale > 0:
@@ -108,6 +110,9 @@ class LiveRun:
         if client not in ("epp", "inference-perf"):
             raise ValueError(f"unknown client {client!r}; allowed: epp, inference-perf")
         self.client = client
+        if request_headers and client != "epp":
+            raise ValueError("request_headers need the epp client; inference-perf sends its own")
+        self.request_headers = dict(request_headers or {})
         self.peers_dir = peers_dir or Path(".venv-peers")
         self.pods = pods
         self.time_scale = time_scale
@@ -285,7 +290,7 @@ class LiveRun:
         record.fairness_id = prompt.fairness_id
         self.result.records.append(record)
         res = RequestResult(index=len(self.result.records), group=0)
-        headers = {}
+        headers = dict(self.request_headers)
         if prompt.priority:
             headers[OBJECTIVE_HEADER] = f"{OBJECTIVE_PREFIX}{prompt.priority}"
         if prompt.fairness_id:
