@@ -178,7 +178,9 @@ class SimFleet:
         for handler in [] if server is None else list(server.connections):
             if handler.transport is not None:
                 handler.transport.abort()
-        await state.aclose()
+        # The cleanup closes the engine and its tokenizers (the app's on_cleanup) once the
+        # handlers are cancelled: closed before, a request already read on an aborted connection
+        # met a closed tokenizer and answered 500 with a traceback in the log.
         await runner.cleanup()
         await asyncio.sleep(down_s)
         new = await start_sim_server(host.strip("[]"), int(port), config=config, shutdown_timeout=STOP_WAIT_S)
