@@ -141,9 +141,11 @@ async def test_load_that_is_all_epps_bookings_is_scraped_at_the_booked_interval(
         assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 1
         assert metrics.REGISTRY.get_sample_value("epp_metrics_idle_endpoints") == 0
         server.running = 4  # load epp did not book (another replica's): seen within one pause
-        started = time.monotonic()
+        before = server.requests
         await until(lambda: ep.metrics.running == 4, within=BOOKED + 0.5)
-        assert time.monotonic() - started <= BOOKED + 0.2
+        # By the next scrape (the one in flight may have read the old page): counted in scrapes,
+        # not wall time, which a loaded CI machine stretched to 0.55 s once.
+        assert server.requests - before <= 2, server.requests - before
         assert await scrapes_in(server, 0.6) >= 15  # then the base interval (~30; booked pace: 3)
         assert ep.metrics.grace == 0.0
         assert metrics.REGISTRY.get_sample_value("epp_metrics_booked_endpoints") == 0
