@@ -526,8 +526,9 @@ class FastRun:
         self._set_excluded(old.name, True)
 
     def _pod_up(self, pod: int) -> None:
-        """The restarted pod serves again, its cache empty. epp purges a pod's KV-index entries
-        when its KV-event feed reconnects (`epp.kvcache.feed`)."""
+        """The restarted pod serves again, its cache empty. Its KV-index entries go now; `epp
+        serve` purges them when the pod's KV-event feed reconnects (`epp.kvcache.feed`), up to
+        the subscriber's 5 s reconnect backoff later, so live mode routes on them a while longer."""
         name = self.engines[pod].name
         if self.index is not None:
             self.index.remove_pod(name)
