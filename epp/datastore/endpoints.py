@@ -164,6 +164,9 @@ Listener = Callable[[list[Endpoint], list[Endpoint]], None]
 """Called after each change with (added, removed) endpoints, both empty when only an endpoint's
 metadata changed (labels, model, KV-event addresses); e.g. to start/stop KV-event feeds."""
 
+ReadmitListener = Callable[[Endpoint], None]
+"""Called when an endpoint excluded for failing scrapes answers again and is back in rotation."""
+
 
 class Datastore:
     """All endpoints, keyed by name, merged from any number of sources."""
@@ -177,6 +180,7 @@ class Datastore:
         # A LoRA adapter's requests are tokenized with it when the adapter has no tokenizer.
         self.base_model: str | None = None
         self._listeners: list[Listener] = []
+        self._readmit_listeners: list[ReadmitListener] = []
         self.synced = False  # True once any source has reported (readiness)
         self._unavailable: dict[str, str] = {}  # source -> why it offers no endpoints now
         # model -> the largest max_model_len any endpoint lists for it; None: to be recomputed.
@@ -200,6 +204,18 @@ class Datastore:
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def subscribe_readmitted(self, listener: ReadmitListener) -> None:
+        """Hear of each endpoint readmitted after failing scrapes (`readmitted`)."""
+        self._readmit_listeners.append(listener)
+
+    def readmitted(self, endpoint: Endpoint) -> None:
+        """`endpoint`, excluded for failing scrapes, answers again (its scraper readmitted it and
+        refreshed the candidates). A pod down that long has most likely restarted, with an empty
+        cache: the KV-event ingester listens, to drop the old process's blocks before the next
+        request is routed (epp.kvcache.ingest.KVEventIngester.pod_back)."""
+        for listener in self._readmit_listeners:
+            listener(endpoint)
 
     def sync(self, source: str, specs: Iterable[EndpointSpec]) -> tuple[list[Endpoint], list[Endpoint]]:
         """Replace everything `source` provides with `specs`. Returns (added, removed)."""

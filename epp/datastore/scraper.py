@@ -15,7 +15,8 @@ each time, since a label-only resync may change the metrics port in place):
 
 - success: a new `ModelServerMetrics` (`updated_at = time.monotonic()`) replaces the old one,
   `scrape_failures` resets, and an excluded endpoint is readmitted (one INFO "endpoint
-  recovered") and the candidate list refreshed.
+  recovered"), the candidate list refreshed and the datastore's readmission listeners told
+  (`Datastore.readmitted`: the KV index drops a restarted pod's old blocks).
 - failure (connection error, timeout, non-200, oversized or unparsable body): the old metrics
   are kept, `scrape_failures` and `epp_metrics_scrape_errors_total` go up; the endpoint is
   excluded (one WARNING with the reason) when failures reach `failure_threshold`, or earlier
@@ -547,6 +548,7 @@ class MetricsScraper:
             log.info("endpoint recovered: %s (%s), back in rotation", ep.name, ep.hostport)
             metrics.endpoint_excluded.labels(endpoint=ep.name).set(0)
             self._datastore.refresh_candidates()
+            self._datastore.readmitted(ep)
             self._update_ready()
 
     def _failed(self, ep: Endpoint, reason: str, started: float, attempted: float) -> None:

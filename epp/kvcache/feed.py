@@ -229,13 +229,26 @@ class Feed:
         """The SUB connected again after losing its connection: purge now rather than at the
         next message. A restarted publisher sends nothing until its engine next runs a step, and
         until then the old process's blocks would keep attracting requests to a cold pod (seen
-        against a real vLLM). A replay under way is left to the next message, which abandons it
-        (purging under it would let it re-apply the old process's batches)."""
+        against a real vLLM)."""
+        self._purge_if_lost("reconnected")
+
+    def came_back(self) -> None:
+        """The pod serves again after its scrapes failed (KVEventIngester.pod_back). If the SUB
+        lost its connection meanwhile, purge now, as `reconnected` would: the SUB may connect
+        seconds later (libzmq's backoff), and requests routed meanwhile would go to a cold pod
+        for prefixes it no longer holds."""
+        self._purge_if_lost("is back in rotation")
+
+    def _purge_if_lost(self, news: str) -> None:
+        # A replay under way is left to the next message, which abandons it (purging under it
+        # would let it re-apply the old process's batches). After a purge `last_seq` is None, so
+        # the second of `came_back` and `reconnected` finds nothing to do.
         if self._fresh and not self._busy and self.last_seq is not None:
             self.note(
                 "sequence",
-                "kv events: pod=%s reconnected (the publisher may have restarted): purged",
+                "kv events: pod=%s %s after a disconnection (the publisher may have restarted): purged",
                 self.pod,
+                news,
             )
             self._purge()
 

@@ -28,8 +28,9 @@ Every socket refuses messages over `max_message_bytes` (ZMQ_MAXMSGSIZE: libzmq d
 connection, so nothing that large is ever buffered), and held messages are bounded in count per
 pod and in payload bytes over all pods (`epp.kvcache.feed.HoldBudget`).
 
-After a disconnection (socket monitor) the pod is purged when it reconnects and its next message is
-handled as a first one (see `epp.kvcache.feed`): the publisher may have restarted meanwhile. Bind
+After a disconnection (socket monitor) the pod is purged when it reconnects, or sooner when its
+owner says it serves again (`pod_back`), and its next message is handled as a first one (see
+`epp.kvcache.feed`): the publisher may have restarted meanwhile. Bind
 mode sees no per-pod disconnection; there a restart shows only as the sequence going back. In
 connect mode the SUB dials again at once after every disconnection: libzmq reconnects by itself
 after a lost connection, but not after a protocol error, and a frame over the cap is one (one
@@ -254,6 +255,22 @@ class KVEventIngester:
                 self._feeds[pod] = feed
                 self._connect(feed)
         self._route()
+
+    def pod_back(self, pod: str) -> None:
+        """`pod` serves again after its owner stopped routing to it for failing scrapes. If its
+        SUB lost the connection meanwhile, the pod most likely restarted with an empty cache:
+        purge its entries now (`Feed.came_back`) and dial it at once. Left to itself, libzmq
+        retries a refused connection with a backoff that reaches `RECONNECT_IVL_MAX` (5 s) while
+        the pod is down, so the purge, and the new process's events, came up to 5 s after the
+        pod was back in rotation. Meanwhile the index still showed the old process's prefixes,
+        and every request for them went to the one cold pod: in `epp bench --workload
+        rolling-restart`, the run's worst first tokens."""
+        feed = self._feeds.get(pod)
+        if feed is None:
+            return
+        feed.came_back()
+        if feed.sock is not None and not feed.connected:
+            self._redial(feed)
 
     def _drop(self, feed: Feed) -> None:
         del self._feeds[feed.pod]

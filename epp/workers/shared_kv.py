@@ -93,6 +93,9 @@ def kv_ingester(
         ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
 
     datastore.subscribe(follow_membership)
+    # The scraped datastore is in this process, single or supervisor: a readmission reaches the
+    # ingester before the next request is routed.
+    datastore.subscribe_readmitted(lambda ep: ingester.pod_back(ep.name))
     ingester.set_feeds(feed_spec(ep, args) for ep in datastore.endpoints())
     return ingester
 

@@ -159,6 +159,8 @@ async def test_failures_exclude_then_recovery_readmits(
     ds = Datastore()
     ds.sync("t", [spec(server.port), spec(server2.port)])
     ep, other = ds.endpoints()
+    readmitted: list[tuple[str, bool, bool]] = []  # (name, excluded, a candidate) as heard
+    ds.subscribe_readmitted(lambda e: readmitted.append((e.name, e.excluded, e in ds.candidates())))
     server.waiting = 4
     caplog.set_level(logging.INFO, logger="epp.datastore.scraper")
     async with make(ds, failure_threshold=3) as sc:
@@ -168,6 +170,7 @@ async def test_failures_exclude_then_recovery_readmits(
 
         server.status = 503
         await until(lambda: ep.excluded, "exclusion")
+        assert not readmitted
         assert ep.scrape_failures == 3  # excluded exactly at the threshold
         assert ds.candidates() == [other]
         assert ready() == 1
@@ -181,6 +184,9 @@ async def test_failures_exclude_then_recovery_readmits(
 
         server.status, server.waiting = 200, 1
         await until(lambda: not ep.excluded, "recovery")
+        # Heard once, with the endpoint already a candidate again; good scrapes of a routable
+        # endpoint are not news.
+        assert readmitted == [(ep.name, False, True)]
         assert ep.scrape_failures == 0 and ep.metrics.waiting == 1
         assert set(ds.candidates()) == {ep, other}
         assert ready() == 2
@@ -190,6 +196,7 @@ async def test_failures_exclude_then_recovery_readmits(
     assert ep.name in warnings[0].getMessage() and "HTTP 503" in warnings[0].getMessage()
     recovered = [r for r in caplog.records if "endpoint recovered" in r.getMessage()]
     assert len(recovered) == 1 and recovered[0].levelno == logging.INFO
+    assert readmitted == [(ep.name, False, True)]
 
 
 async def test_connection_refused_excludes_and_a_restarted_server_recovers() -> None:

@@ -487,6 +487,41 @@ async def test_reconnection_to_a_restarted_publisher_rejoins(rig: Rig, tmp_path:
     assert (st_.gaps, st_.resets, st_.replays_partial, st_.connected) == (0, 0, 0, True)
 
 
+async def test_a_pod_back_in_rotation_is_purged_and_dialled_at_once(rig: Rig, tmp_path: Path) -> None:
+    # The pod was down long enough to be excluded; libzmq's backoff has grown to seconds. When its
+    # owner says it serves again, its old blocks go at once (no new connection needed) and the SUB
+    # dials it then, not at the next backoff step.
+    endpoint = f"ipc://{tmp_path}/ev"
+    old_pub = KVEventPublisher(endpoint)
+    rig.publishers.append(old_pub)
+    s, other = spec(old_pub), spec(pod="other")
+    ing = await rig.ingester(s, other)
+    await subscribed(old_pub)
+    old = tokens(2)
+    old_pub.publish([stored(old)])
+    await eventually(lambda: held(rig.index, s.pod, old) == 2)
+    ing.pod_back(s.pod)  # connected throughout: not news, nothing purged
+    ing.pod_back(other.pod)  # no publisher configured: nothing to do
+    ing.pod_back("unknown")
+    assert held(rig.index, s.pod, old) == 2
+    old_pub.close()
+    await eventually(lambda: not status(ing, s.pod).connected, "disconnection")
+    # Refused attempts at 0.1, 0.2, 0.4, 0.8, 1.6 s apart: the next one is ~1.6 s after ~1.5 s.
+    await asyncio.sleep(1.7)
+    new_pub = KVEventPublisher(endpoint)
+    rig.publishers.append(new_pub)
+    back = time.monotonic()
+    ing.pod_back(s.pod)
+    assert held(rig.index, s.pod, old) == 0  # at once, before any connection
+    await eventually(lambda: bool(new_pub.subscriptions) and status(ing, s.pod).connected, "redial")
+    assert time.monotonic() - back < 1.0
+    new = tokens(1)
+    new_pub.publish([stored(new)])  # seq 0: the new sequence is joined, not a gap
+    await eventually(lambda: held(rig.index, s.pod, new) == 1)
+    st_ = status(ing, s.pod)
+    assert (st_.last_seq, st_.gaps, st_.connected) == (0, 0, True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bind mode
 

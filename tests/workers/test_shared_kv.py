@@ -10,15 +10,40 @@ import pytest
 
 from epp import cli
 from epp.datastore.endpoints import Datastore, EndpointSpec
+from epp.kvcache.events import BlockStored, EventBatch
 from epp.kvcache.index import IndexReader
+from epp.kvcache.keys import block_keys, seed_for
 from epp.workers.shared_kv import KVHub, ReaderStats, RoutedTokens
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd is Linux's")
 
 
-def hub() -> KVHub:
+def hub(datastore: Datastore | None = None) -> KVHub:
     args = cli.build_parser().parse_args(["serve", "--endpoints=127.0.0.1:1", "--kv-events=connect"])
-    return KVHub(args, Datastore())
+    return KVHub(args, datastore or Datastore())
+
+
+def test_a_readmitted_pod_whose_feed_was_lost_is_purged_at_once() -> None:
+    # The scraped datastore and the ingester share a process: the scraper's readmission of a pod
+    # reaches the ingester directly, before the next request is routed.
+    datastore = Datastore()
+    specs = [EndpointSpec(name=n, address="127.0.0.1", port=p) for n, p in (("a", 1), ("b", 2))]
+    datastore.sync("file", specs)
+    kv = hub(datastore)
+    try:
+        toks = list(range(32))
+        keys = block_keys(toks, 16, seed=seed_for("m"))
+        for pod in ("a", "b"):
+            feed = kv.ingester._feeds[pod]
+            feed.live(0, EventBatch(0.0, [BlockStored([1, 2], None, toks, 16)]), "m")
+            feed.disconnected()  # both lost their publishers
+        a, b = datastore.get("a"), datastore.get("b")
+        assert a is not None and b is not None
+        assert {p: m.blocks for p, m in kv.index.match(keys, ["a", "b"]).items()} == {"a": 2, "b": 2}
+        datastore.readmitted(a)
+        assert {p: m.blocks for p, m in kv.index.match(keys, ["a", "b"]).items()} == {"b": 2}
+    finally:
+        kv.index.close()
 
 
 def test_routed_tokens_are_summed_over_workers_and_bad_input_is_ignored() -> None:
