@@ -526,9 +526,9 @@ class FastRun:
         self._set_excluded(old.name, True)
 
     def _pod_up(self, pod: int) -> None:
-        """The restarted pod serves again, its cache empty. Its KV-index entries go now; `epp
-        serve` purges them when the pod's KV-event feed reconnects (`epp.kvcache.feed`), up to
-        the subscriber's 5 s reconnect backoff later, so live mode routes on them a while longer."""
+        """The restarted pod serves again, its cache empty. Its KV-index entries go now, as in
+        `epp serve`, where the scraper's readmission purges a pod whose KV-event feed was lost
+        (`epp.kvcache.ingest.KVEventIngester.pod_back`)."""
         name = self.engines[pod].name
         if self.index is not None:
             self.index.remove_pod(name)
