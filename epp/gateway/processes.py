@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -74,27 +75,39 @@ def ephemeral_low() -> int:
     return 32768
 
 
+# Ports `stable_ports` handed out in this process. Its picks are bound later, so a free port is
+# no proof that no earlier caller owns it: the soak picks ~20 ports for its pods, epps and Envoy
+# before any binds, and CI saw one of its pods fail on "Address already in use".
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def stable_ports(n: int, host: str = HOST) -> list[int]:
     """`n` distinct free ports below the kernel's ephemeral range, for a socket bound seconds or
     minutes after the pick, or bound again after a restart in place. A port from `free_ports`
     (bind to port 0) comes from the ephemeral range, where meanwhile the kernel hands the same
     number to other sockets' bind(0) and connect() calls: CI saw that collision for vLLM's replay
     socket, NIXL's side channel and Envoy's listener (and, by its quick exit, most likely for a
-    soak pod's ports)."""
+    soak pod's ports). Nor does it hand out a port it handed out before in this process."""
     low = ephemeral_low()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     rng = random.Random()
+    span = range(max(1024, low - 12000), low)
     picked: list[int] = []
-    while len(picked) < n:
-        port = rng.randrange(max(1024, low - 12000), low)
-        if port in picked:
-            continue
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
+    with _handed_out_lock:
+        if len(_handed_out) + n > len(span):
+            _handed_out.clear()  # a long-lived caller has used the span: old picks are bound
+        while len(picked) < n:
+            port = rng.choice(span)
+            if port in picked or port in _handed_out:
                 continue
-        picked.append(port)
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            picked.append(port)
+        _handed_out.update(picked)
     return picked
 
 

@@ -7,7 +7,26 @@ import socket
 
 import pytest
 
+from epp.gateway import processes
 from epp.gateway.processes import HOST, ephemeral_low, stable_ports
+
+
+def _bindable(n: int) -> list[int]:
+    """`n` ports of stable_ports' span that bind now and it has not handed out yet."""
+    low = ephemeral_low()
+    found: list[int] = []
+    for port in range(max(1024, low - 12000), low):
+        if port in processes._handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == n:
+            return found
+    pytest.skip("no free port below the ephemeral range")
 
 
 def test_stable_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
@@ -46,11 +65,37 @@ def test_stable_ports_skip_a_port_another_socket_holds() -> None:
                 s.close()
                 continue
             held.append(s)
-        assert held, "no free port below the ephemeral range"
-        spare = held.pop()
+        # The spare is one no earlier test here was handed: those are never handed out again.
+        spares = [s for s in held if s.getsockname()[1] not in processes._handed_out]
+        assert spares, "no free port below the ephemeral range"
+        spare = spares[-1]
+        held.remove(spare)
         free = spare.getsockname()[1]
         spare.close()
         assert stable_ports(1) == [free]
     finally:
         for s in held:
             s.close()
+
+
+class _Scripted:
+    """A stand-in for `random.Random` that draws the ports of a script, in order."""
+
+    def __init__(self, script: list[int]) -> None:
+        self._script = script
+
+    def choice(self, seq: range) -> int:
+        return self._script.pop(0)
+
+    def randrange(self, start: int, stop: int) -> int:
+        return self._script.pop(0)
+
+
+def test_a_port_handed_out_is_not_handed_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The soak picks its pods', epps' and Envoy's ports before any is bound, so a second pick of
+    # the same free port was possible: CI saw a soak pod fail on "Address already in use".
+    first, second = _bindable(2)
+    script = [first, first, second]  # the second call draws the first call's port again
+    monkeypatch.setattr(processes.random, "Random", lambda: _Scripted(script))
+    assert stable_ports(1) == [first]
+    assert stable_ports(1) == [second]
