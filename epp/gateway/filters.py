@@ -60,14 +60,17 @@ def ext_proc_filter(params: GatewayParams) -> dict[str, Any]:
 
 def _retries(params: GatewayParams) -> dict[str, Any]:
     """The ext-proc stream's retry policy (`GatewayParams.epp_retries`): only failures before
-    epp answered (a refused or reset connection, UNAVAILABLE), never RESOURCE_EXHAUSTED (an
-    overloaded epp is not asked again at once). None with `failure_mode_allow`: the request is
-    to go on without epp at once then."""
+    epp answered (a refused or reset connection, UNAVAILABLE, or CANCELLED: a stream that reached
+    a stopping epp as its gRPC server shut down is cancelled by gRPC before epp sees it, one in
+    ~12 restarts under a steady client), never RESOURCE_EXHAUSTED (an overloaded epp is not asked
+    again at once). Envoy retries a stream only until its first answer's headers, so a stream epp
+    was already answering is never sent twice. None with `failure_mode_allow`: the request is to
+    go on without epp at once then."""
     if not params.epp_retries or params.failure_mode_allow:
         return {}
     return {
         "retry_policy": {
-            "retry_on": "connect-failure,refused-stream,reset,unavailable",
+            "retry_on": "connect-failure,refused-stream,reset,unavailable,cancelled",
             "num_retries": params.epp_retries,
             "retry_back_off": {
                 "base_interval": duration(params.epp_retry_base_interval),
