@@ -32,6 +32,10 @@ class Warmup:
     endpoint: Endpoint  # computes the prefix
     holder: str  # the endpoint the request itself stays on
     tokens: int  # the prompt's first `tokens` tokens: whole blocks of `endpoint`'s size
+    # Where the request goes if the pre-warm is not sent (`move`): where the scorer would have
+    # sent it without the plan. `endpoint`, the objective's favourite, unless latency targets
+    # prefer another (`request-latency-scorer`); the holder itself means the request stays.
+    move_to: Endpoint | None = None
 
 
 def planned(result: SchedulingResult) -> Warmup | None:
@@ -48,13 +52,15 @@ def planned(result: SchedulingResult) -> Warmup | None:
 
 def move(result: SchedulingResult, warmup: Warmup) -> None:
     """Nothing will send the pre-warm: forget the plan (before the plugins book it) and send the
-    request where the objective chose instead, as without pre-warms. As many targets as the
-    picker gave: one by default, the only form GIE's standard Envoy config (ORIGINAL_DST on the
-    destination header) takes; with fallbacks configured, the holder becomes the first."""
+    request where the scorer would have without pre-warms (`Warmup.move_to`). As many targets as
+    the picker gave: one by default, the only form GIE's standard Envoy config (ORIGINAL_DST on
+    the destination header) takes; with fallbacks configured, the holder becomes the first of
+    them."""
     result.cycle.pop(KEY, None)
     profile = result.profiles[result.primary]
     targets = profile.targets
-    profile.targets = [warmup.endpoint, *(ep for ep in targets if ep is not warmup.endpoint)][: len(targets)]
+    to = warmup.move_to or warmup.endpoint
+    profile.targets = [to, *(ep for ep in targets if ep is not to)][: len(targets)]
 
 
 class Prewarmer(Protocol):

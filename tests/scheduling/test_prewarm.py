@@ -112,6 +112,31 @@ def test_by_default_a_quarter_of_the_prompt_more_on_the_holder_is_enough(
         assert pick is eps[0] and prewarm.planned(result) is None
 
 
+def test_a_prewarm_not_sent_moves_its_request_only_where_latency_targets_hold(clock: Clock) -> None:
+    """With latency targets, a pre-warm the Director cannot send moves its request where the
+    scorer prefers without the plan: here it stays on the holder, the one pod predicted to meet
+    the request's TTFT target. Moved to the objective's favourite, as before, requests piled
+    cold prompts onto a pod just back from a restart (rolling-restart: 1.5-2.6 s first tokens
+    against a 1 s target other pods met)."""
+    eps = builders.pool(2)
+    prompt = toks(2000, start=1)
+    s = Stack(prewarm=True)
+    busy_holder(s, eps, prompt, clock)
+    clock.now += 3.0  # pod-1's queue of prefills gone too
+    req = request(prompt, rid="targeted")
+    req.slo_ttft = 0.1  # pod-0 computes the 2,000 tokens in ~0.2 s; pod-1 holds them
+    pick, result = s.decide(req, eps)
+    facts = s.scorer.explain(result.cycle)
+    assert facts["request"]["slo"]["meeting"] == ["pod-1"]
+    objective = {name: row["objective_s"] for name, row in facts["endpoints"].items()}
+    assert objective["pod-0"] < objective["pod-1"]  # the objective alone would move it
+    warmup = prewarm.planned(result)
+    assert pick is eps[1] and warmup == prewarm.Warmup(eps[0], "pod-1", 1984, move_to=eps[1])
+    prewarm.move(result, warmup)  # what the Director does with a plan it cannot send
+    assert result.targets == [eps[1]]
+    assert prewarm.planned(result) is None
+
+
 def test_a_plan_holds_only_where_the_request_went_as_planned(clock: Clock) -> None:
     eps = builders.pool(2)
     plan = prewarm.Warmup(eps[0], "pod-1", 64)

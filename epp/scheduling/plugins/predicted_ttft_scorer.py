@@ -314,7 +314,9 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
             if placed >= 0:
                 decision.holder = endpoints[placed].name
         if placed < 0 and self._prewarm and match is not None and match.matches:
-            placed = self._plan_warmup(cycle, endpoints, objectives.index(best), preds, match, tokens)
+            chosen = objectives.index(best)
+            fallback = self._unplaced_choice(endpoints, objectives, chosen)
+            placed = self._plan_warmup(cycle, endpoints, chosen, preds, match, tokens, fallback)
         if placed >= 0:
             scores = [s * (1.0 - HOME_MARGIN) for s in scores]
             scores[placed] = 1.0
@@ -385,10 +387,12 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         preds: dict[str, Prediction],
         match: PrefixMatch,
         tokens: int,
+        fallback: int,
     ) -> int:
         """A move off the endpoint holding most of the prompt becomes a pre-warm (module
         docstring of `epp.scheduling.prewarm`): returns the holder's index, or -1 (no move, or
-        the holder holds less than `prewarmMinShare` of the prompt more than the chosen one)."""
+        the holder holds less than `prewarmMinShare` of the prompt more than the chosen one).
+        `fallback`: where the request goes if the pre-warm is not sent (`_unplaced_choice`)."""
         uncached = [preds[ep.name].uncached for ep in endpoints]
         keep = min(range(len(endpoints)), key=uncached.__getitem__)
         if keep == chosen or uncached[chosen] - uncached[keep] < self._prewarm_share * tokens:
@@ -398,11 +402,17 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         warm = int(tokens - uncached[keep]) // block_size * block_size
         if warm <= 0:
             return -1
-        cycle[prewarm.KEY] = prewarm.Warmup(target, endpoints[keep].name, warm)
+        move_to = None if fallback == chosen else endpoints[fallback]
+        cycle[prewarm.KEY] = prewarm.Warmup(target, endpoints[keep].name, warm, move_to)
         decision = cycle[self.name]
         if isinstance(decision, TTFTDecision):
             decision.prewarm = (target.name, warm)
         return keep
+
+    def _unplaced_choice(self, endpoints: list[Endpoint], objectives: list[float], chosen: int) -> int:
+        """The endpoint this scorer's scores prefer when no rule places the request (`chosen`, the
+        least objective, here): request-latency-scorer's latency targets may prefer another."""
+        return chosen
 
     def _home_limit(self, endpoints: list[Endpoint], objectives: list[float], best: float) -> float:
         """The largest objective a rendezvous home may have: within `homeTolerance` (relative) or

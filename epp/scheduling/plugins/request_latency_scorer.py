@@ -359,6 +359,20 @@ class RequestLatencyScorer(PredictedTTFTScorer):
             )
         return p
 
+    def _unplaced_choice(self, endpoints: list[Endpoint], objectives: list[float], chosen: int) -> int:
+        """With latency targets, the least objective among the endpoints predicted to meet them
+        (what `slo_targets.tiered` prefers). A pre-warm that cannot be sent moves its request
+        there, not to the objective's favourite: that is a pod just back in rotation, idle but
+        for the cold prompts queued on it already, and such moves stacked 3-4 cold prefills on
+        it, their first tokens 1.5-2.6 s against a 1 s target met elsewhere (rolling-restart)."""
+        scoring = self._scoring
+        if scoring is None or not scoring.slo or len(scoring.verdicts) != len(endpoints):
+            return chosen
+        meeting = [i for i, ep in enumerate(endpoints) if scoring.verdicts[ep.name].tier == 0]
+        if not meeting or len(meeting) == len(endpoints):
+            return chosen
+        return min(meeting, key=objectives.__getitem__)
+
     def _home_limit(self, endpoints: list[Endpoint], objectives: list[float], best: float) -> float:
         """How far above the minimum a prompt no endpoint holds may go to its rendezvous home:
         `homeTolerance` of the request's own first-token work on the best endpoint (overhead and
