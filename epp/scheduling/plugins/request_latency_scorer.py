@@ -362,9 +362,9 @@ class RequestLatencyScorer(PredictedTTFTScorer):
     def _unplaced_choice(self, endpoints: list[Endpoint], objectives: list[float], chosen: int) -> int:
         """With latency targets, the least objective among the endpoints predicted to meet them
         (what `slo_targets.tiered` prefers). A pre-warm that cannot be sent moves its request
-        there, not to the objective's favourite: that is a pod just back in rotation, idle but
-        for the cold prompts queued on it already, and such moves stacked 3-4 cold prefills on
-        it, their first tokens 1.5-2.6 s against a 1 s target met elsewhere (rolling-restart)."""
+        there, not to the objective's favourite where that misses them: on rolling-restart the
+        favourite was a pod just back in rotation, and such moves stacked 3-4 cold prefills on
+        it, their first tokens 1.5-2.6 s against a 1 s target other pods met."""
         scoring = self._scoring
         if scoring is None or not scoring.slo or len(scoring.verdicts) != len(endpoints):
             return chosen
