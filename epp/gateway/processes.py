@@ -82,6 +82,12 @@ _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
 
 
+def stable_span() -> range:
+    """The ports `stable_ports` picks from: the 12,000 just below the ephemeral range."""
+    low = ephemeral_low()
+    return range(max(1024, low - 12000), low)
+
+
 def stable_ports(n: int, host: str = HOST) -> list[int]:
     """`n` distinct free ports below the kernel's ephemeral range, for a socket bound seconds or
     minutes after the pick, or bound again after a restart in place. A port from `free_ports`
@@ -89,10 +95,9 @@ def stable_ports(n: int, host: str = HOST) -> list[int]:
     number to other sockets' bind(0) and connect() calls: CI saw that collision for vLLM's replay
     socket, NIXL's side channel and Envoy's listener (and, by its quick exit, most likely for a
     soak pod's ports). Nor does it hand out a port it handed out before in this process."""
-    low = ephemeral_low()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     rng = random.Random()
-    span = range(max(1024, low - 12000), low)
+    span = stable_span()
     picked: list[int] = []
     with _handed_out_lock:
         if len(_handed_out) + n > len(span):

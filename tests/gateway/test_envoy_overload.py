@@ -177,14 +177,14 @@ async def test_a_stream_a_stopping_epp_cancelled_is_tried_again(
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     taken = [0]
 
-    async def cancel_the_first(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+    async def cancel_every_other(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         taken[0] += 1
         if taken[0] % 2:
             await context.abort(grpc.StatusCode.CANCELLED, "server shutting down")
         await context.read()
         await context.write(messages.immediate(418, b'{"retried": true}').SerializeToString())
 
-    handler = grpc.stream_stream_rpc_method_handler(cancel_the_first)
+    handler = grpc.stream_stream_rpc_method_handler(cancel_every_other)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(srv.EXTPROC_SERVICE, {"Process": handler}),)
     )

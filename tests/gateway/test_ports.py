@@ -8,14 +8,13 @@ import socket
 import pytest
 
 from epp.gateway import processes
-from epp.gateway.processes import HOST, ephemeral_low, stable_ports
+from epp.gateway.processes import HOST, ephemeral_low, stable_ports, stable_span
 
 
 def _bindable(n: int) -> list[int]:
     """`n` ports of stable_ports' span that bind now and it has not handed out yet."""
-    low = ephemeral_low()
     found: list[int] = []
-    for port in range(max(1024, low - 12000), low):
+    for port in stable_span():
         if port in processes._handed_out:
             continue
         with socket.socket() as s:
@@ -48,7 +47,6 @@ def test_stable_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
 
 
 def test_stable_ports_skip_a_port_another_socket_holds() -> None:
-    low = ephemeral_low()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 12_500:  # one descriptor per held port
         if hard != resource.RLIM_INFINITY and hard < 12_500:
@@ -57,7 +55,7 @@ def test_stable_ports_skip_a_port_another_socket_holds() -> None:
     held = []
     try:
         # Hold every port of the range but one, on this host, where any are free to hold.
-        for port in range(max(1024, low - 12000), low):
+        for port in stable_span():
             s = socket.socket()
             try:
                 s.bind((HOST, port))
@@ -85,9 +83,6 @@ class _Scripted:
         self._script = script
 
     def choice(self, seq: range) -> int:
-        return self._script.pop(0)
-
-    def randrange(self, start: int, stop: int) -> int:
         return self._script.pop(0)
 
 

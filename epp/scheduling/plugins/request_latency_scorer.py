@@ -368,10 +368,9 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         scoring = self._scoring
         if scoring is None or not scoring.slo or len(scoring.verdicts) != len(endpoints):
             return chosen
-        meeting = [i for i, ep in enumerate(endpoints) if scoring.verdicts[ep.name].tier == 0]
-        if not meeting or len(meeting) == len(endpoints):
-            return chosen
-        return min(meeting, key=objectives.__getitem__)
+        best = objectives[chosen]
+        tiers = [scoring.verdicts[ep.name].tier for ep in endpoints]
+        return slo_targets.best_index(slo_targets.tiered([best / o for o in objectives], tiers))
 
     def _home_limit(self, endpoints: list[Endpoint], objectives: list[float], best: float) -> float:
         """How far above the minimum a prompt no endpoint holds may go to its rendezvous home:
