@@ -315,7 +315,7 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
                 decision.holder = endpoints[placed].name
         if placed < 0 and self._prewarm and match is not None and match.matches:
             chosen = objectives.index(best)
-            fallback = self._unplaced_choice(endpoints, objectives, chosen)
+            fallback = self._unplaced_choice(endpoints, scores, chosen)
             placed = self._plan_warmup(cycle, endpoints, chosen, preds, match, tokens, fallback)
         if placed >= 0:
             scores = [s * (1.0 - HOME_MARGIN) for s in scores]
@@ -409,9 +409,10 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
             decision.prewarm = (target.name, warm)
         return keep
 
-    def _unplaced_choice(self, endpoints: list[Endpoint], objectives: list[float], chosen: int) -> int:
+    def _unplaced_choice(self, endpoints: list[Endpoint], scores: list[float], chosen: int) -> int:
         """The endpoint this scorer's scores prefer when no rule places the request (`chosen`, the
-        least objective, here): request-latency-scorer's latency targets may prefer another."""
+        least objective, here): request-latency-scorer's latency targets may prefer another.
+        `scores`: the objectives' scores, the least objective over each."""
         return chosen
 
     def _home_limit(self, endpoints: list[Endpoint], objectives: list[float], best: float) -> float:

@@ -359,7 +359,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
             )
         return p
 
-    def _unplaced_choice(self, endpoints: list[Endpoint], objectives: list[float], chosen: int) -> int:
+    def _unplaced_choice(self, endpoints: list[Endpoint], scores: list[float], chosen: int) -> int:
         """With latency targets, the least objective among the endpoints predicted to meet them
         (what `slo_targets.tiered` prefers). A pre-warm that cannot be sent moves its request
         there, not to the objective's favourite where that misses them: on rolling-restart the
@@ -368,9 +368,8 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         scoring = self._scoring
         if scoring is None or not scoring.slo or len(scoring.verdicts) != len(endpoints):
             return chosen
-        best = objectives[chosen]
         tiers = [scoring.verdicts[ep.name].tier for ep in endpoints]
-        return slo_targets.best_index(slo_targets.tiered([best / o for o in objectives], tiers))
+        return slo_targets.best_index(slo_targets.tiered(scores, tiers))
 
     def _home_limit(self, endpoints: list[Endpoint], objectives: list[float], best: float) -> float:
         """How far above the minimum a prompt no endpoint holds may go to its rendezvous home:
