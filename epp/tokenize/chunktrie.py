@@ -165,7 +165,23 @@ def join(path: list[Node]) -> list[int]:
     joined = array.array("I")
     for node in path:
         joined.extend(node.ids)
-    return joined.tolist()
+    return as_list(joined)
+
+
+# Ids per `tolist` call in `as_list`: ~0.3 ms with the GIL held on a slow 2-core VM.
+LIST_SLICE = 16384
+
+
+def as_list(ids: array.array[int]) -> list[int]:
+    """`ids.tolist()`, a slice at a time. One `tolist` of a 200k-token prompt holds the GIL for
+    4-5 ms, in a tokenizer thread, and the event loop's thread waits all of it (a 1 ms ticker
+    beside it: 8-9 ms gaps); in slices it gets the GIL back within ~2 ms, for ~10% more CPU."""
+    if len(ids) <= LIST_SLICE:
+        return ids.tolist()
+    out = ids[:LIST_SLICE].tolist()
+    for i in range(LIST_SLICE, len(ids), LIST_SLICE):
+        out += ids[i : i + LIST_SLICE].tolist()
+    return out
 
 
 def shared(text: str, pos: int, other: str, known: int) -> int:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import tokenizers
 
-from epp.tokenize import cutrules, tokenizer
+from epp.tokenize import chunktrie, cutrules, tokenizer
 from epp.tokenize.tokenizer import FastEngine
 
 SPLIT_CHARS = 2048  # texts to encode are cut into pieces of at least this many characters
@@ -228,7 +228,7 @@ def fast_pieces(
         parts = [flat[starts[k] : starts[k + 1]] for k in range(len(texts))]
     chunks = [(piece, part, False) for piece, part in zip(texts, parts, strict=True)]
     chunks[-1] = (texts[-1], parts[-1], True)
-    return FastPieces(flat.tolist(), chunks)
+    return FastPieces(chunktrie.as_list(flat), chunks)
 
 
 def checkpoint_chunks(

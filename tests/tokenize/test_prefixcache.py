@@ -3,6 +3,7 @@ counters, the byte bound and LRU structure, thread safety, refusals, and the reg
 
 from __future__ import annotations
 
+import array
 import os
 import threading
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from epp.tokenize import cachecheck, chat, pieces, pool_work, prefixcache, registry, tokenizer
+from epp.tokenize import cachecheck, chat, chunktrie, pieces, pool_work, prefixcache, registry, tokenizer
 
 DATA = Path(__file__).resolve().parent / "data"
 # README.md and docs/architecture.md as of commit 502201c, frozen: tests that count chunks and
@@ -723,3 +724,11 @@ def test_commit_steps_run_on_a_lower_priority_thread(
     toks = track(registry.Tokenizers(default=tokenizer.load_shipped(), workers=1))
     niceness = toks._committer.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
     assert niceness.result(timeout=10) == os.getpriority(os.PRIO_PROCESS, 0) + pool_work.COMMIT_NICENESS
+
+
+@pytest.mark.parametrize(
+    "n", [0, 1, chunktrie.LIST_SLICE - 1, chunktrie.LIST_SLICE, 2 * chunktrie.LIST_SLICE + 5]
+)
+def test_as_list_is_tolist_in_slices(n: int) -> None:
+    ids = array.array("I", range(7, 7 + n))
+    assert chunktrie.as_list(ids) == ids.tolist()
