@@ -26,7 +26,7 @@ from epp.bench.peers import PEERS, Peer, peers_dir
 from epp.bench.policies import ADMISSION, CONFIG_PREFIX, POLICIES, Policy, config_file
 from epp.bench.progress import Progress
 from epp.bench.trace import Trace, TraceError
-from epp.bench.workload import AtLoad, Fleet, OpenLoop, Workload
+from epp.bench.workload import AtLoad, ClosedLoop, Fleet, OpenLoop, Workload
 from epp.bench.workloads import WORKLOADS
 from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
 from epp.requestcontrol.director import DirectorSettings
@@ -135,7 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="open-loop workloads: arrivals this many times as fast (the same requests, each at its "
-        "time / LOAD; with --duration, that many seconds of them). Default 1: the workload's rate",
+        "time / LOAD; with --duration, that many seconds of them); closed loops (agentic, chat, "
+        "seed-stress): this many times the users. Default 1: the workload's rate",
     )
     parser.add_argument(
         "--profile", default=None, help=f"engine profile for every pod: {', '.join(PROFILES)}"
@@ -497,15 +498,14 @@ def _builder(
     def build(scale: float) -> Workload:
         if cls is Trace:
             wl: Workload = Trace(name[len(TRACE_PREFIX) :], seed=args.seed, scale=scale, fleet=fleet)
+        elif args.load != 1.0 and issubclass(cls, ClosedLoop):
+            return cls.at_load(args.load)(seed=args.seed, scale=scale, fleet=fleet)
         else:
             wl = cls(seed=args.seed, scale=scale, fleet=fleet)
         if args.load == 1.0:
             return wl
         if not isinstance(wl, OpenLoop):
-            raise BenchConfigError(
-                f"--load: {name} is a closed loop (its users send the next request when the last "
-                "one ends), so its rate follows the fleet; --load is for open-loop workloads"
-            )
+            raise BenchConfigError(f"--load: {name} is neither an open nor a closed loop")
         return AtLoad(wl, args.load)
 
     scale = args.scale or 1.0

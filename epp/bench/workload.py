@@ -211,6 +211,17 @@ class ClosedLoop(Workload):
 
     users: int = 0
 
+    @classmethod
+    def at_load(cls, load: float) -> type[ClosedLoop]:
+        """This workload with `load` times its users, at least one (`epp bench --load`): a closed
+        loop's rate follows the fleet, so more load is more users. Users keep their own seeded
+        streams, so the first `users` behave as at load 1 for as long as the fleet keeps pace."""
+        if not load > 0:
+            raise ValueError(f"load must be > 0, got {load}")
+        users = max(1, round(cls.users * load))
+        description = f"{cls.description}; {users} users ({load:g}x)"
+        return type(cls.__name__, (cls,), {"users": users, "load": load, "description": description})
+
     @abc.abstractmethod
     def next_request(self, user: int, now: float) -> tuple[float, Prompt] | None:
         """User `user`'s next request and when it is sent (>= now), or None once the user stops

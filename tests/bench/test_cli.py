@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from epp.bench import cli
+from epp.bench.workload import ClosedLoop
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -70,7 +71,6 @@ def test_list_names_workloads_and_policies(capsys: pytest.CaptureFixture[str]) -
         (["--workload", "unique", "--slo-ttft", "inf"], "--slo-ttft must be a positive number of seconds"),
         (["--workload", "unique", "--load", "0"], "--load must be a finite number > 0"),
         (["--workload", "unique", "--load", "nan"], "--load must be a finite number > 0"),
-        (["--workload", "chat", "--load", "2"], "--load: chat is a closed loop"),
     ],
 )
 def test_config_errors_name_the_option(
@@ -164,6 +164,29 @@ def test_load_is_recorded_and_raises_the_offered_rate(tmp_path: Path) -> None:
     assert three["duration_s"] == pytest.approx(one["duration_s"] / 3)
     assert three["stages"][0]["qps"] == pytest.approx(3 * one["stages"][0]["qps"])
     assert three["policies"]["round-robin"]["served"] == one["policies"]["round-robin"]["served"]
+
+
+def test_load_on_a_closed_loop_runs_that_many_times_the_users(tmp_path: Path) -> None:
+    """A closed loop's rate follows the fleet: --load scales its users. The first 32 agents are the
+    same users as at load 1 (their own seeded streams), and the run records the load."""
+    [(_, build1, *_)] = cli._plan(parse("--workload", "agentic", "--duration", "30"))
+    [(_, build2, *_)] = cli._plan(parse("--workload", "agentic", "--duration", "30", "--load", "1.5"))
+    base, loaded = build1(), build2()
+    assert isinstance(base, ClosedLoop) and isinstance(loaded, ClosedLoop)
+    assert (base.users, loaded.users) == (32, 48) and (base.load, loaded.load) == (1.0, 1.5)
+    assert loaded.name == base.name == "agentic" and "48 users (1.5x)" in loaded.description
+    assert loaded.duration == pytest.approx(base.duration)
+    for user in range(base.users):
+        t1, p1 = base.next_request(user, 0.0) or (None, None)
+        t2, p2 = loaded.next_request(user, 0.0) or (None, None)
+        assert t1 == t2 and p1 is not None and p2 is not None and list(p1.token_ids) == list(p2.token_ids)
+    assert cli._plan(parse("--workload", "chat", "--load", "0.01"))[0][1]().users == 1
+    argv = ["--workload", "chat", "--policies", "round-robin", "--scale", "0.02", "--no-plots"]
+    for load in ("1", "2"):
+        assert cli.run(parse(*argv, "--out", str(tmp_path / load), "--load", load)) == 0
+    one, two = (json.loads((tmp_path / n / "results.json").read_text())["workloads"]["chat"] for n in "12")
+    assert (one["load"], two["load"]) == (1.0, 2.0)
+    assert two["policies"]["round-robin"]["served"] > 1.5 * one["policies"]["round-robin"]["served"]
 
 
 def test_slo_flags_set_the_target(tmp_path: Path) -> None:
