@@ -40,6 +40,7 @@
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
@@ -121,6 +122,10 @@ typedef struct {
     uint32_t *ids;
     uint32_t *metas;
     uint32_t ids_cap;
+    /* match: the walk's records of each matched key (run[i] .. run[i + 1]), touched after it */
+    uint32_t *run_ids;
+    uint32_t *run_off;
+    size_t run_ids_cap, run_off_cap;
 } Table;
 
 /* --- hashing ---------------------------------------------------------------------------------- */
@@ -640,8 +645,16 @@ static int check_st(long slot, long tier) {
 }
 
 static int u64(PyObject *o, uint64_t *out) {
+#if ULONG_MAX == UINT64_MAX
+    /* CPython 3.11's PyLong_AsUnsignedLongLong takes a two-digit int (every key past 2**30) through
+     * _PyLong_AsByteArray; PyLong_AsUnsignedLong reads its digits directly: ~1/5 of a match's
+     * time per key went to the former. */
+    unsigned long v = PyLong_AsUnsignedLong(o);
+    if (v == (unsigned long)-1 && PyErr_Occurred()) return -1;
+#else
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+#endif
     *out = (uint64_t)v;
     return 0;
 }
@@ -836,6 +849,21 @@ static int reserve_scratch(Table *t, uint32_t slots) {
     return 0;
 }
 
+/* Room for `n` uint32s in *buf (of *cap); -1 with MemoryError. */
+static int reserve_u32(uint32_t **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return 0;
+    size_t ncap = *cap ? *cap : 256;
+    while (ncap < n) ncap *= 2;
+    uint32_t *b = PyMem_Realloc(*buf, ncap * sizeof(uint32_t));
+    if (!b) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *buf = b;
+    *cap = ncap;
+    return 0;
+}
+
 static int emit(PyObject *out, uint32_t slot, uint32_t blocks, uint32_t off) {
     PyObject *item = Py_BuildValue("III", slot, blocks, blocks - off);
     if (!item) return -1;
@@ -874,11 +902,22 @@ static PyObject *Table_match(Table *t, PyObject *args) {
         t->seen[s] = t->offmark[s] = t->offgpu[s] = 0;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fk), run = 0;
+    size_t nids = 0;
+    if (reserve_u32(&t->run_off, &t->run_off_cap, 1) < 0) goto fail;
+    t->run_off[0] = 0;
     for (; run < n && nalive; run++) {
         uint64_t k;
         if (u64(PySequence_Fast_GET_ITEM(fk, run), &k) < 0) goto fail;
         Py_ssize_t h = t->writer ? holders(t, k) : holders_read(t, k);
         if (h < 0) goto fail;
+        /* Kept for the touch below, which so needs no second lookup per key (a match that
+         * looked every key up twice spent ~40% of its time in the second). */
+        if (reserve_u32(&t->run_ids, &t->run_ids_cap, nids + (size_t)h) < 0 ||
+            reserve_u32(&t->run_off, &t->run_off_cap, (size_t)run + 2) < 0)
+            goto fail;
+        memcpy(t->run_ids + nids, t->ids, (size_t)h * sizeof(uint32_t));
+        nids += (size_t)h;
+        t->run_off[run + 1] = (uint32_t)nids;
         uint32_t mark = (uint32_t)run + 1, seen = 0;
         for (Py_ssize_t j = 0; j < h; j++) {
             uint32_t m = t->writer ? t->meta[t->ids[j]] : t->metas[j], s = M_SLOT(m);
@@ -922,16 +961,14 @@ static PyObject *Table_match(Table *t, PyObject *args) {
      * their records for the writer instead (a byte store: a lost or stray mark only moves one
      * key's place in the eviction order). */
     for (Py_ssize_t i = run - 1; i >= 0; i--) {
-        uint64_t k;
-        if (u64(PySequence_Fast_GET_ITEM(fk, i), &k) < 0) goto fail;
+        const uint32_t *ids = t->run_ids + t->run_off[i], *end = t->run_ids + t->run_off[i + 1];
         if (t->writer) {
+            /* As touch(): nothing between the walk and here changed which records hold a key. */
             maybe_advance(t);
-            if (touch(t, k) < 0) goto fail;
+            for (; ids < end; ids++) stamp(t, *ids);
             continue;
         }
-        Py_ssize_t h = holders_read(t, k);
-        if (h < 0) goto fail;
-        for (Py_ssize_t j = 0; j < h; j++) __atomic_store_n(&t->ref[t->ids[j]], 1, __ATOMIC_RELAXED);
+        for (; ids < end; ids++) __atomic_store_n(&t->ref[*ids], 1, __ATOMIC_RELAXED);
     }
     Py_DECREF(fk);
     Py_DECREF(fs);
@@ -1138,6 +1175,8 @@ static void Table_dealloc(Table *t) {
     PyMem_Free(t->alive);
     PyMem_Free(t->ids);
     PyMem_Free(t->metas);
+    PyMem_Free(t->run_ids);
+    PyMem_Free(t->run_off);
     Py_XDECREF(t->dups);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
