@@ -511,8 +511,38 @@ def test_a_long_prompt_adds_a_sparse_speculative_entry() -> None:
     spec = mod._Speculative()
     keys = list(range(1, 12_501))
     spec.add("pod", keys, deadline=1.0)
-    stored = len(spec._by_pod["pod"])
+    stored = len(spec._by_pod["pod"].keys)
     assert stored <= mod.DENSE_BLOCKS + (len(keys) - mod.DENSE_BLOCKS) // mod.SPARSE_STRIDE + 1
     assert spec.runs(keys, ["pod"]) == {"pod": len(keys)}
     spec.expire(2.0)
     assert not spec
+
+
+def test_speculative_keys_expire_with_their_latest_entry_and_stay_bounded() -> None:
+    """A key re-added by a later entry outlives the earlier one; a pod goes once its last entry
+    has expired; a pod never idle keeps its dead keys to a bound (compaction), not forever."""
+    spec = mod._Speculative()
+    old, shared = [101, 102, 103], [201, 202]
+    spec.add("pod", [*old, 1], deadline=1.0)
+    spec.add("pod", shared, deadline=1.5)
+    spec.add("pod", [*shared, 7], deadline=2.0)
+    spec.expire(1.2)
+    assert spec.runs([*old, 1], ["pod"]) == {}
+    assert spec.runs([*shared, 7], ["pod"]) == {"pod": 3}
+    spec.expire(1.7)
+    assert spec.runs(shared, ["pod"]) == {"pod": 2}  # 1.5's entry expired, 2.0's holds them
+    spec.drop("pod")
+    spec.add("pod", [9], deadline=3.0)
+    spec.expire(2.5)  # the dropped pod's entry expiring leaves the new one alone
+    assert spec.runs([9], ["pod"]) == {"pod": 1}
+    spec.expire(3.0)
+    assert not spec
+
+    steady = mod._Speculative()
+    for i in range(200):  # each request's own 100 keys, after a shared head, one TTL of 10 apart
+        steady.expire(float(i))
+        steady.add("pod", [1, 2, 3] + [i * 1000 + j for j in range(100)], deadline=i + 10.0)
+    held = steady._by_pod["pod"].keys
+    live = 3 + 10 * 100
+    assert len(held) <= 2 * live + mod.COMPACT_MIN_KEYS
+    assert steady.runs([1, 2, 3], ["pod"]) == {"pod": 3}
