@@ -6,6 +6,7 @@ shared-prefix request's time goes.
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts breakdown --requests 400
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts breakdown --requests 300 --pods 8,100,1000
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts runrule --sizes 32000,100000 --reps 16
+    .venv/bin/python -m tests.requestcontrol.bench_long_prompts steady --sizes 100000 --requests 300
 
 Both run epp's real request path in this process, without gRPC: `Director.route` (parse, tokenize
 with epp-tiny through the prefix-tokenization cache, the default precise config's scorers over 8
@@ -18,6 +19,9 @@ the request (a 1 ms ticker's largest gap), which is what other streams wait for.
   "seen" (the first 90% was sent before and a pod's KV events hold it: only the last 10% is
   new). Targets (issue 28): a 100k-token request whose first 90k were seen <= 5 ms of CPU; a cold
   one <= 40 ms, kept off the event loop.
+- steady: `--requests` seen requests of each size in a row (the same 90% prefix, a new last 10%
+  each), the mean CPU per request once the precise scorer's speculative entries of earlier
+  requests expire as they do when serving (`long`'s five are over before the first does).
 - runrule: cold requests with `FastEngine.takes`'s run rule in C and in its former Python form,
   alternated request by request in one process.
 - breakdown: the peers' shared-prefix workload's shape (inference-perf's `shared_prefix`: 30
@@ -326,6 +330,37 @@ async def bench_breakdown(requests: int, pods: int = PODS) -> None:
         tokenizers.close()
 
 
+async def bench_steady(sizes: list[int], requests: int) -> None:
+    tok = load_shipped()
+    text = Text(tok)
+    print(f"== seen long prompts in a row: mean CPU per request (all threads) over {requests}")
+    print(f"{'kind':12} {'tokens':>7} {'CPU ms':>8}")
+    for kind in ("completions", "chat"):
+        for size in sizes:
+            tokenizers = Tokenizers(default=tok)
+            director, index = make_director(tokenizers)
+            try:
+                await serving(tokenizers)
+                prefix = text.piece(int(size * 0.9), f"{kind}-{size}")
+                first = body_of(kind, prefix, text.piece(size // 10, "warm"))
+                await one(director, kind, first)
+                await tokenizers.drain()
+                report_blocks(index, tok, kind, first, "pod-0")
+                bodies = [body_of(kind, prefix, text.piece(size // 10, f"s{r}")) for r in range(requests)]
+                total = 0.0
+                for body in bodies:
+                    c0 = time.process_time()
+                    ctx = await director.route(
+                        path=path_of(kind), headers=next_headers(), body=body, subset=None
+                    )
+                    ctx.finish(complete=True)
+                    total += time.process_time() - c0
+                    await tokenizers.drain()  # the cache's commit step, after the answer
+                print(f"{kind:12} {size:>7} {total / requests * 1e3:8.2f}")
+            finally:
+                tokenizers.close()
+
+
 async def bench_run_rule(sizes: list[int], reps: int) -> None:
     """Cold requests with `FastEngine.takes`'s run rule in C (now) and in its Python form (the
     oracle of tests/tokenize/test_runs.py, as epp had it), alternated request by request in one
@@ -384,6 +419,7 @@ def main() -> None:
     runs: dict[str, Callable[[], Awaitable[None]]] = {
         "long": lambda: bench_long([int(s) for s in args.sizes.split(",")], args.reps),
         "runrule": lambda: bench_run_rule([int(s) for s in args.sizes.split(",")], args.reps),
+        "steady": lambda: bench_steady([int(s) for s in args.sizes.split(",")], args.requests),
     }
     for name in args.sections:
         if name == "breakdown":
