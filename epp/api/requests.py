@@ -176,16 +176,34 @@ def parse_request(
         req.prompt_tokens_estimate = sum(map(len, req.prompt_token_ids))
         req.token_ids = req.prompt_token_ids[0]  # a batch's prompts are separate sequences
     elif not req.prompt_tokens_estimate:  # (generate's media ids set it: the ids are known)
-        n = 0
-        for text in req.prompt_texts:
-            # isascii() is O(1) in CPython (a flag on the string), so ASCII text costs no encode.
-            n += len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-        req.prompt_tokens_estimate = (n + 3) // 4  # ~4 bytes per token, rounded up
+        req.prompt_tokens_estimate = (sum(map(utf8_length, req.prompt_texts)) + 3) // 4  # ~4 bytes a token
 
     target = rewrite_header(headers)
     if target and target != model:
         retarget(req, target)
     return req
+
+
+# Past this many characters a text's UTF-8 length is estimated from samples (`utf8_length`).
+EXACT_LENGTH_CHARS = 1 << 16
+_SAMPLES = 16
+_SAMPLE_CHARS = 1 << 10
+
+
+def utf8_length(text: str) -> int:
+    """`text`'s UTF-8 length: exact up to EXACT_LENGTH_CHARS characters, estimated from evenly
+    spaced samples past it. isascii() is O(1) in CPython (a flag on the string), so ASCII text is
+    never encoded; encoding a whole 100k-token prompt with one emoji in it (a 4-byte-per-character
+    string) took 0.13 ms of the loop, for a figure that is itself an estimate."""
+    n = len(text)
+    if text.isascii():
+        return n
+    if n <= EXACT_LENGTH_CHARS:
+        return len(text.encode("utf-8", "surrogatepass"))
+    step = n // _SAMPLES
+    starts = range(0, step * _SAMPLES, step)
+    sampled = sum(len(text[i : i + _SAMPLE_CHARS].encode("utf-8", "surrogatepass")) for i in starts)
+    return round(n * sampled / (_SAMPLES * _SAMPLE_CHARS))
 
 
 def _parse_messages(req: InferenceRequest, body: bytes, limits: RequestLimits) -> str:

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from epp.api.errors import BadRequest
-from epp.api.requests import Api, header_only_request, parse_request
+from epp.api.requests import EXACT_LENGTH_CHARS, Api, header_only_request, parse_request, utf8_length
 from epp.api.routes import api_for_path
 
 REWRITE = "x-gateway-model-name-rewrite"
@@ -409,3 +409,13 @@ def test_chat_without_messages_is_left_to_the_template_step() -> None:
     # kv_transfer_params instead (epp.tokenize.chat decides both).
     req = _parse("/v1/chat/completions", json.dumps({"model": "m", "messages": []}).encode())
     assert req.prompt_texts == [] and req.prompt_tokens_estimate == 0
+
+
+def test_utf8_length_is_exact_when_short_and_close_when_long() -> None:
+    """The estimate's byte count: exact for ASCII and for texts up to EXACT_LENGTH_CHARS, from
+    samples past it (a long prompt is not encoded whole for it)."""
+    for text in ("", "plain", "héllo wörld 😀", "é" * EXACT_LENGTH_CHARS, "a" * 300_000):
+        assert utf8_length(text) == len(text.encode("utf-8"))
+    mixed = "routing 😀 naïve 数据 " * 20_000
+    assert len(mixed) > EXACT_LENGTH_CHARS
+    assert abs(utf8_length(mixed) - len(mixed.encode("utf-8"))) <= len(mixed.encode("utf-8")) // 50
