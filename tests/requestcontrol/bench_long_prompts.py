@@ -8,12 +8,13 @@ shared-prefix request's time goes.
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts runrule --sizes 32000,100000 --reps 16
     .venv/bin/python -m tests.requestcontrol.bench_long_prompts steady --sizes 100000 --requests 300
 
-Both run epp's real request path in this process, without gRPC: `Director.route` (parse, tokenize
-with epp-tiny through the prefix-tokenization cache, the default precise config's scorers over 8
-pods with a real KV index, book) and `RequestContext.finish` (release), on one event loop, with
-the tokenizer's worker threads as `epp serve` has them. CPU is the process's (every thread), per
-request, from `time.process_time`; "loop" is the longest stretch the event loop was held during
-the request (a 1 ms ticker's largest gap), which is what other streams wait for.
+Each runs epp's real request path in this process, without gRPC: `Director.route` (parse,
+tokenize with epp-tiny through the prefix-tokenization cache, the default precise config's scorers
+over 8 pods with a real KV index, book) and `RequestContext.finish` (release), on one event loop,
+with the tokenizer's worker threads and glibc's malloc settings (`epp.malloc`) as `epp serve` has
+them. CPU is the process's (every thread), per request, from `time.process_time`; "loop" is the
+longest stretch the event loop was held during the request (a 1 ms ticker's largest gap), which
+is what other streams wait for.
 
 - long: completions and chats of 8k, 32k, 100k and 200k tokens, cold (text never seen) and
   "seen" (the first 90% was sent before and a pod's KV events hold it: only the last 10% is
@@ -52,6 +53,7 @@ from typing import Any
 
 import msgspec
 
+from epp import malloc
 from epp.api.context_length import ContextLimits
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.kvcache.events import BlockStored, EventBatch
@@ -409,6 +411,7 @@ async def bench_run_rule(sizes: list[int], reps: int) -> None:
 
 
 def main() -> None:
+    malloc.tune()  # as `epp serve` sets glibc's malloc: a large body's memory reused, not re-faulted
     parser = argparse.ArgumentParser()
     parser.add_argument("sections", nargs="*", default=["long", "breakdown"])
     parser.add_argument("--sizes", default="8000,32000,100000,200000")
