@@ -22,7 +22,9 @@ is what other streams wait for.
   one <= 40 ms, kept off the event loop.
 - steady: `--requests` seen requests of each size in a row (the same 90% prefix, a new last 10%
   each), the mean CPU per request once the precise scorer's speculative entries of earlier
-  requests expire as they do when serving (`long`'s five are over before the first does).
+  requests expire as they do when serving (`long`'s five are over before the first does). The
+  prefix cache's commit step is counted here: where it runs (beside the request or after it)
+  depends on thread timing, so counting only the request's own span moves with that.
 - runrule: cold requests with `FastEngine.takes`'s run rule in C and in its former Python form,
   alternated request by request in one process.
 - breakdown: the peers' shared-prefix workload's shape (inference-perf's `shared_prefix`: 30
@@ -335,7 +337,7 @@ async def bench_breakdown(requests: int, pods: int = PODS) -> None:
 async def bench_steady(sizes: list[int], requests: int) -> None:
     tok = load_shipped()
     text = Text(tok)
-    print(f"== seen long prompts in a row: mean CPU per request (all threads) over {requests}")
+    print(f"== seen long prompts in a row: mean CPU per request (all threads, commit too) over {requests}")
     print(f"{'kind':12} {'tokens':>7} {'CPU ms':>8}")
     for kind in ("completions", "chat"):
         for size in sizes:
@@ -356,8 +358,8 @@ async def bench_steady(sizes: list[int], requests: int) -> None:
                         path=path_of(kind), headers=next_headers(), body=body, subset=None
                     )
                     ctx.finish(complete=True)
+                    await tokenizers.drain()  # the cache's commit step, after the answer: counted
                     total += time.process_time() - c0
-                    await tokenizers.drain()  # the cache's commit step, after the answer
                 print(f"{kind:12} {size:>7} {total / requests * 1e3:8.2f}")
             finally:
                 tokenizers.close()
