@@ -849,6 +849,9 @@ static int reserve_scratch(Table *t, uint32_t slots) {
     return 0;
 }
 
+/* The most records a match keeps from its walk for its touch (4 MiB of ids). */
+#define MATCH_KEPT_IDS ((size_t)1 << 20)
+
 /* Room for `n` uint32s in *buf (of *cap); -1 with MemoryError. */
 static int reserve_u32(uint32_t **buf, size_t *cap, size_t n) {
     if (n <= *cap) return 0;
@@ -903,6 +906,7 @@ static PyObject *Table_match(Table *t, PyObject *args) {
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fk), run = 0;
     size_t nids = 0;
+    Py_ssize_t recorded = 0; /* keys 0..recorded-1 have their records kept for the touch */
     if (reserve_u32(&t->run_off, &t->run_off_cap, 1) < 0) goto fail;
     t->run_off[0] = 0;
     for (; run < n && nalive; run++) {
@@ -911,13 +915,18 @@ static PyObject *Table_match(Table *t, PyObject *args) {
         Py_ssize_t h = t->writer ? holders(t, k) : holders_read(t, k);
         if (h < 0) goto fail;
         /* Kept for the touch below, which so needs no second lookup per key (a match that
-         * looked every key up twice spent ~40% of its time in the second). */
-        if (reserve_u32(&t->run_ids, &t->run_ids_cap, nids + (size_t)h) < 0 ||
-            reserve_u32(&t->run_off, &t->run_off_cap, (size_t)run + 2) < 0)
-            goto fail;
-        memcpy(t->run_ids + nids, t->ids, (size_t)h * sizeof(uint32_t));
-        nids += (size_t)h;
-        t->run_off[run + 1] = (uint32_t)nids;
+         * looked every key up twice spent ~40% of its time in the second), up to MATCH_KEPT_IDS
+         * records (a long prompt every pod of a large pool holds); keys past them are looked up
+         * again. */
+        if (recorded == run && nids + (size_t)h <= MATCH_KEPT_IDS) {
+            if (reserve_u32(&t->run_ids, &t->run_ids_cap, nids + (size_t)h) < 0 ||
+                reserve_u32(&t->run_off, &t->run_off_cap, (size_t)run + 2) < 0)
+                goto fail;
+            memcpy(t->run_ids + nids, t->ids, (size_t)h * sizeof(uint32_t));
+            nids += (size_t)h;
+            t->run_off[run + 1] = (uint32_t)nids;
+            recorded = run + 1;
+        }
         uint32_t mark = (uint32_t)run + 1, seen = 0;
         for (Py_ssize_t j = 0; j < h; j++) {
             uint32_t m = t->writer ? t->meta[t->ids[j]] : t->metas[j], s = M_SLOT(m);
@@ -961,6 +970,19 @@ static PyObject *Table_match(Table *t, PyObject *args) {
      * their records for the writer instead (a byte store: a lost or stray mark only moves one
      * key's place in the eviction order). */
     for (Py_ssize_t i = run - 1; i >= 0; i--) {
+        if (i >= recorded) { /* not kept: looked up again */
+            uint64_t k;
+            if (u64(PySequence_Fast_GET_ITEM(fk, i), &k) < 0) goto fail;
+            if (t->writer) {
+                maybe_advance(t);
+                if (touch(t, k) < 0) goto fail;
+                continue;
+            }
+            Py_ssize_t h = holders_read(t, k);
+            if (h < 0) goto fail;
+            for (Py_ssize_t j = 0; j < h; j++) __atomic_store_n(&t->ref[t->ids[j]], 1, __ATOMIC_RELAXED);
+            continue;
+        }
         const uint32_t *ids = t->run_ids + t->run_off[i], *end = t->run_ids + t->run_off[i + 1];
         if (t->writer) {
             /* As touch(): nothing between the walk and here changed which records hold a key. */

@@ -647,3 +647,21 @@ class IndexMachine(RuleBasedStateMachine):
 
 TestIndexMachine = IndexMachine.TestCase
 TestIndexMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_a_match_over_more_records_than_it_keeps_still_touches_them_all() -> None:
+    """A match keeps its walk's records for its touch up to a bound (1,048,576); a longer run's
+    remaining keys are looked up again and touched all the same."""
+    n, slots = 120_000, 10  # 1.2M records in the run, past the bound
+    table = RecordTable(1 << 22)
+    keys = list(range(1, n + 1))
+    for slot in range(slots):
+        table.store(slot, 0, [slot * n + k for k in keys], keys)
+    filler = list(range(10**9, 10**9 + slots * n))  # ages the run's records by ~18 epochs
+    table.store(slots, 0, filler, filler)
+    before = max(age for slot, _, _, _, _, age in table.records() if slot < slots)
+    found = sorted(table.match(keys, list(range(slots))))
+    assert found == [(slot, n, n) for slot in range(slots)]
+    after = [age for slot, _, _, _, _, age in table.records() if slot < slots]
+    assert max(after) * 2 < before  # every record stamped during the match, the last keys too
+    table.check()
