@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from epp.api import openai_bodies
 from epp.api.errors import BadRequest
 from epp.api.requests import EXACT_LENGTH_CHARS, Api, header_only_request, parse_request, utf8_length
 from epp.api.routes import api_for_path
@@ -419,3 +420,42 @@ def test_utf8_length_is_exact_when_short_and_close_when_long() -> None:
     mixed = "routing 😀 naïve 数据 " * 20_000
     assert len(mixed) > EXACT_LENGTH_CHARS
     assert abs(utf8_length(mixed) - len(mixed.encode("utf-8"))) <= len(mixed.encode("utf-8")) // 50
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        _body(prompt="hello"),
+        _body(prompt='héllo 😀\n"q"', max_tokens=3.0, stream=None, cache_salt="s"),
+        _body(prompt=""),
+        _body(prompt=None),
+        _body(prompt=["a", "b"]),
+        _body(prompt=[1, 2, 3]),
+        _body(prompt="x", prompt_embeds="AAAA"),
+        _body(prompt="x", max_tokens="3", add_special_tokens=False),
+        json.dumps({"prompt": "no model"}).encode(),
+        b'{"model": "m", "prompt": "x" "y"}',
+        b'{"model": "m", "prompt": "\\ud800"}',
+        b'{"model": "m", "prompt": "\xff"}',
+        b'{"model": "m", "prompt": "x", "max_tokens": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+    ],
+)
+def test_a_string_prompt_decoded_in_one_pass_parses_as_the_general_path(
+    body: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Completions with one string prompt skip the raw prompt's second decode; every field, and
+    every error, is what the general path gives."""
+
+    def outcome() -> Any:
+        try:
+            req = _parse("/v1/completions", body)
+        except BadRequest as e:
+            return ("400", str(e))
+        return (req.model, req.prompt_texts, req.prompt_token_ids, req.max_output_tokens, req.stream,
+                req.cache_salt, req.add_special_tokens, req.prompt_tokens_estimate)  # fmt: skip
+
+    fast = outcome()
+    if body.startswith(b'{"model": "m", "prompt": "h'):  # the one-pass path is the one taken
+        assert openai_bodies._text_completions(body) is not None
+    monkeypatch.setattr(openai_bodies, "_text_completions", lambda body: None)
+    assert fast == outcome()
