@@ -970,27 +970,24 @@ static PyObject *Table_match(Table *t, PyObject *args) {
      * their records for the writer instead (a byte store: a lost or stray mark only moves one
      * key's place in the eviction order). */
     for (Py_ssize_t i = run - 1; i >= 0; i--) {
-        if (i >= recorded) { /* not kept: looked up again */
+        const uint32_t *ids;
+        Py_ssize_t h;
+        if (i < recorded) { /* nothing between the walk and here changed which records hold a key */
+            ids = t->run_ids + t->run_off[i];
+            h = (Py_ssize_t)(t->run_off[i + 1] - t->run_off[i]);
+        } else { /* not kept: looked up again */
             uint64_t k;
             if (u64(PySequence_Fast_GET_ITEM(fk, i), &k) < 0) goto fail;
-            if (t->writer) {
-                maybe_advance(t);
-                if (touch(t, k) < 0) goto fail;
-                continue;
-            }
-            Py_ssize_t h = holders_read(t, k);
+            h = t->writer ? holders(t, k) : holders_read(t, k);
             if (h < 0) goto fail;
-            for (Py_ssize_t j = 0; j < h; j++) __atomic_store_n(&t->ref[t->ids[j]], 1, __ATOMIC_RELAXED);
-            continue;
+            ids = t->ids;
         }
-        const uint32_t *ids = t->run_ids + t->run_off[i], *end = t->run_ids + t->run_off[i + 1];
         if (t->writer) {
-            /* As touch(): nothing between the walk and here changed which records hold a key. */
             maybe_advance(t);
-            for (; ids < end; ids++) stamp(t, *ids);
-            continue;
+            for (Py_ssize_t j = 0; j < h; j++) stamp(t, ids[j]);
+        } else {
+            for (Py_ssize_t j = 0; j < h; j++) __atomic_store_n(&t->ref[ids[j]], 1, __ATOMIC_RELAXED);
         }
-        for (; ids < end; ids++) __atomic_store_n(&t->ref[*ids], 1, __ATOMIC_RELAXED);
     }
     Py_DECREF(fk);
     Py_DECREF(fs);
