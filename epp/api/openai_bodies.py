@@ -71,21 +71,22 @@ class _ChatBody(_LengthFields):
     tools: list[msgspec.Raw] | None = None  # validated as a list, otherwise left to the template step
 
 
-class _CompletionsBody(_LengthFields):
-    prompt: msgspec.Raw = msgspec.Raw()  # empty when absent
+class _CompletionsFields(_LengthFields):
     add_special_tokens: Any = None  # vLLM's extension; lax like pydantic: see _special_tokens
     prompt_embeds: msgspec.Raw = msgspec.Raw()  # vLLM's extension: only its presence is read
 
 
-class _CompletionsTextBody(_LengthFields, kw_only=True):
+class _CompletionsBody(_CompletionsFields):
+    prompt: msgspec.Raw = msgspec.Raw()  # empty when absent
+
+
+class _CompletionsTextBody(_CompletionsFields, kw_only=True):
     """The usual completions body, one string prompt: decoded in the body's one pass. A raw
     `prompt` is scanned to its end by the body's decode and read again by its own: for a
     276 KB prompt 0.56 -> 0.40 ms. Any other body (ids, a list, no prompt, anything invalid)
     takes `_CompletionsBody`'s path, and its answers."""
 
     prompt: str
-    add_special_tokens: Any = None
-    prompt_embeds: msgspec.Raw = msgspec.Raw()
 
 
 class _ResponsesBody(_Body):
@@ -173,13 +174,13 @@ def parse_openai(req: InferenceRequest, body: bytes, limits: RequestLimits) -> s
         # request routes without token ids.
         if not _embeds_given(parsed.prompt_embeds):
             prompt = parsed.prompt
-            if isinstance(prompt, str):
-                if not prompt:  # vLLM's validate_prompt_and_prompt_embeds refuses it too
-                    raise BadRequest("prompt must not be empty (nor prompt_embeds missing)")
+            text = isinstance(prompt, str)
+            empty = prompt == "" if text else (len(prompt) == 2 and bytes(prompt) == b'""')
+            if empty:  # vLLM's validate_prompt_and_prompt_embeds refuses an empty-string prompt too
+                raise BadRequest("prompt must not be empty (nor prompt_embeds missing)")
+            if text:
                 req.prompt_texts.append(prompt)
             else:
-                if len(prompt) == 2 and bytes(prompt) == b'""':
-                    raise BadRequest("prompt must not be empty (nor prompt_embeds missing)")
                 _fill_polymorphic(req, prompt, "prompt")
         req.add_special_tokens = _special_tokens(parsed.add_special_tokens)
         _fill_lengths(req, parsed)
