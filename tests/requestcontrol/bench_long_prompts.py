@@ -163,6 +163,19 @@ def report_blocks(index: BlockIndex, tok: Tokenizer, kind: str, body: bytes, pod
     index.apply(pod, EventBatch(ts=time.time(), events=[event]), model=MODEL)
 
 
+async def seen_prefix(
+    director: Director, tokenizers: Tokenizers, index: BlockIndex, text: Text, kind: str, size: int
+) -> str:
+    """A prompt's first 90% of `size` tokens, sent once before (with another last 10%) and
+    reported by the pod that served it."""
+    prefix = text.piece(int(size * 0.9), f"{kind}-{size}")
+    first = body_of(kind, prefix, text.piece(size // 10, "warm"))
+    await one(director, kind, first)
+    await tokenizers.drain()
+    report_blocks(index, text.tok, kind, first, "pod-0")
+    return prefix
+
+
 async def one(director: Director, kind: str, body: bytes) -> tuple[float, float, float]:
     """(CPU s, wall s, longest loop hold s) of routing and finishing one request."""
     gaps = [0.0]
@@ -200,12 +213,7 @@ async def bench_long(sizes: list[int], reps: int) -> None:
                 director, index = make_director(tokenizers)
                 try:
                     await serving(tokenizers)
-                    prefix = text.piece(int(size * 0.9), f"{kind}-{size}") if seen else ""
-                    if seen:  # sent once before, and reported by the pod that served it
-                        first = body_of(kind, prefix, text.piece(size // 10, "warm"))
-                        await one(director, kind, first)
-                        await tokenizers.drain()
-                        report_blocks(index, tok, kind, first, "pod-0")
+                    prefix = await seen_prefix(director, tokenizers, index, text, kind, size) if seen else ""
                     samples = []
                     for r in range(reps):
                         if seen:
@@ -345,11 +353,7 @@ async def bench_steady(sizes: list[int], requests: int) -> None:
             director, index = make_director(tokenizers)
             try:
                 await serving(tokenizers)
-                prefix = text.piece(int(size * 0.9), f"{kind}-{size}")
-                first = body_of(kind, prefix, text.piece(size // 10, "warm"))
-                await one(director, kind, first)
-                await tokenizers.drain()
-                report_blocks(index, tok, kind, first, "pod-0")
+                prefix = await seen_prefix(director, tokenizers, index, text, kind, size)
                 bodies = [body_of(kind, prefix, text.piece(size // 10, f"s{r}")) for r in range(requests)]
                 total = 0.0
                 for body in bodies:
