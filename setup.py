@@ -1,6 +1,7 @@
 """Build hooks: compile protos/ (epp's own gRPC API) with grpcio-tools before building the package,
 and the C extensions (the KV index's, epp/kvcache/*.c, the tokenizer's run rule,
-epp/tokenize/_runs.c, and the request body's join, epp/extproc/_join.c; a C compiler and Python's
+epp/tokenize/_runs.c, the request body's join, epp/extproc/_join.c, and its JSON strings,
+epp/api/_jsonstr.c; a C compiler and Python's
 headers are needed to build epp, not to run it).
 
 Everything else about the package is declared in pyproject.toml. The generated modules land in
@@ -62,6 +63,6 @@ setup(
     cmdclass={"build_py": BuildPyWithProtos},
     ext_modules=[
         Extension(f"epp.{name}", [f"epp/{name.replace('.', '/')}.c"], extra_compile_args=_C_FLAGS)
-        for name in ("kvcache._records", "kvcache._keys", "tokenize._runs", "extproc._join")
+        for name in ("kvcache._records", "kvcache._keys", "tokenize._runs", "extproc._join", "api._jsonstr")
     ],
 )

@@ -1,0 +1,6 @@
+"""Types of the JSON string decoder in C (epp/api/_jsonstr.c)."""
+
+from typing_extensions import Buffer
+
+def string(raw: Buffer, /) -> str | None: ...
+def offset(inner: Buffer, outer: Buffer, /) -> int: ...
