@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
+from epp.api import _jsonstr
 from epp.api import limits as _limits
 from epp.api.errors import BadRequest, one_line
 from epp.api.limits import RequestLimits
@@ -36,9 +37,11 @@ class _Part(msgspec.Struct):
 
 class _Message(msgspec.Struct):
     role: str
-    # Parts may be bare strings (vLLM takes them as text). Absent (UNSET) and null differ: vLLM
-    # takes a message without content as an empty one, but null only on an assistant message.
-    content: str | list[_Part | str] | msgspec.UnsetType | None = msgspec.UNSET
+    # Kept raw: a string (the usual, and the long one) is decoded by `_string`, anything else by
+    # `_CONTENT_DECODER` (`_content`). Parts may be bare strings (vLLM takes them as text). Absent
+    # (empty) and null differ: vLLM takes a message without content as an empty one, but null
+    # only on an assistant message.
+    content: msgspec.Raw = msgspec.Raw()
 
 
 class _Item(msgspec.Struct):
@@ -71,22 +74,10 @@ class _ChatBody(_LengthFields):
     tools: list[msgspec.Raw] | None = None  # validated as a list, otherwise left to the template step
 
 
-class _CompletionsFields(_LengthFields):
+class _CompletionsBody(_LengthFields):
     add_special_tokens: Any = None  # vLLM's extension; lax like pydantic: see _special_tokens
     prompt_embeds: msgspec.Raw = msgspec.Raw()  # vLLM's extension: only its presence is read
-
-
-class _CompletionsBody(_CompletionsFields):
     prompt: msgspec.Raw = msgspec.Raw()  # empty when absent
-
-
-class _CompletionsTextBody(_CompletionsFields, kw_only=True):
-    """The usual completions body, one string prompt: decoded in the body's one pass. A raw
-    `prompt` is scanned to its end by the body's decode and read again by its own: for a
-    276 KB prompt 0.56 -> 0.40 ms. Any other body (ids, a list, no prompt, anything invalid)
-    takes `_CompletionsBody`'s path, and its answers."""
-
-    prompt: str
 
 
 class _ResponsesBody(_Body):
@@ -103,7 +94,6 @@ class _EmbeddingsBody(_Body):
 
 _CHAT_DECODER = msgspec.json.Decoder(_ChatBody)
 _COMPLETIONS_DECODER = msgspec.json.Decoder(_CompletionsBody)
-_COMPLETIONS_TEXT_DECODER = msgspec.json.Decoder(_CompletionsTextBody)
 _RESPONSES_DECODER = msgspec.json.Decoder(_ResponsesBody)
 _EMBEDDINGS_DECODER = msgspec.json.Decoder(_EmbeddingsBody)
 
@@ -112,6 +102,7 @@ _EMBEDDINGS_DECODER = msgspec.json.Decoder(_EmbeddingsBody)
 _TokenId = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 
 _STR_DECODER = msgspec.json.Decoder(str)
+_CONTENT_DECODER = msgspec.json.Decoder(str | list[_Part | str] | None)
 _STRS_DECODER = msgspec.json.Decoder(list[str])
 _IDS_DECODER = msgspec.json.Decoder(list[_TokenId])
 _ID_LISTS_DECODER = msgspec.json.Decoder(list[list[_TokenId]])
@@ -129,6 +120,15 @@ _JSON_WS = frozenset(b" \t\r\n")
 # can fail only on invalid UTF-8: msgspec <= 0.22 lets the codec's UnicodeDecodeError through,
 # 0.23 raises DecodeError ("Invalid UTF-8 encoded string").
 _BAD_UTF8 = (UnicodeDecodeError, msgspec.DecodeError)
+
+
+def _string(raw: msgspec.Raw) -> str:
+    """A JSON string kept raw by the body's decode, as a str: in C (epp/api/_jsonstr.c, one
+    allocation; msgspec's own growth of its buffer cost a 276 KB prompt 0.45 ms against 0.16 in a
+    fresh heap), or by msgspec wherever the C one declines, which then answers what it would have
+    (an error included)."""
+    text = _jsonstr.string(raw)
+    return _STR_DECODER.decode(raw) if text is None else text
 
 
 def decode(decoder: msgspec.json.Decoder[Any], body: bytes, limits: RequestLimits) -> Any:
@@ -149,9 +149,7 @@ def decode(decoder: msgspec.json.Decoder[Any], body: bytes, limits: RequestLimit
 def parse_openai(req: InferenceRequest, body: bytes, limits: RequestLimits) -> str:
     """Chat, completions, embeddings and Responses bodies (and their /render twins)."""
     api = req.api
-    parsed: Any = _text_completions(body) if api is Api.COMPLETIONS else None
-    if parsed is None:
-        parsed = decode(_DECODERS[api], body, limits)
+    parsed: Any = decode(_DECODERS[api], body, limits)
     model = parsed.model
     if not model and api is not Api.RESPONSES:  # vLLM serves a Responses body without a model
         raise BadRequest("model not found in request body")
@@ -159,7 +157,7 @@ def parse_openai(req: InferenceRequest, body: bytes, limits: RequestLimits) -> s
     req.stream = bool(parsed.stream)
     req.cache_salt = parsed.cache_salt or None
     if api is Api.CHAT:
-        _fill_chat(req, parsed, limits)
+        _fill_chat(req, parsed, limits, body)
         _fill_lengths(req, parsed)
         completion = _integer(parsed.max_completion_tokens)
         if completion is not None:
@@ -174,26 +172,13 @@ def parse_openai(req: InferenceRequest, body: bytes, limits: RequestLimits) -> s
         # request routes without token ids.
         if not _embeds_given(parsed.prompt_embeds):
             prompt = parsed.prompt
-            text = isinstance(prompt, str)
-            empty = prompt == "" if text else (len(prompt) == 2 and bytes(prompt) == b'""')
-            if empty:  # vLLM's validate_prompt_and_prompt_embeds refuses an empty-string prompt too
+            if len(prompt) == 2 and bytes(prompt) == b'""':
+                # vLLM's validate_prompt_and_prompt_embeds refuses an empty-string prompt too
                 raise BadRequest("prompt must not be empty (nor prompt_embeds missing)")
-            if text:
-                req.prompt_texts.append(prompt)
-            else:
-                _fill_polymorphic(req, prompt, "prompt")
+            _fill_polymorphic(req, prompt, "prompt")
         req.add_special_tokens = _special_tokens(parsed.add_special_tokens)
         _fill_lengths(req, parsed)
     return model or ""
-
-
-def _text_completions(body: bytes) -> _CompletionsTextBody | None:
-    """`body` as a completions body with one string prompt, or None for any other (which the
-    general decode then answers, errors included)."""
-    try:
-        return _COMPLETIONS_TEXT_DECODER.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        return None
 
 
 def _fill_lengths(req: InferenceRequest, parsed: _LengthFields) -> None:
@@ -267,7 +252,12 @@ def _parts_text(parts: list[_Part] | list[_Part | str], out: list[str]) -> int:
     return len(parts)
 
 
-def _fill_chat(req: InferenceRequest, parsed: _ChatBody, limits: RequestLimits) -> None:
+# A message content at least this long (as JSON) is not decoded again for the chat template
+# (`epp.api.limits.KnownStrings`): shorter ones cost less to decode than to splice around.
+KNOWN_STRING_BYTES = 4096
+
+
+def _fill_chat(req: InferenceRequest, parsed: _ChatBody, limits: RequestLimits, body: bytes) -> None:
     messages = parsed.messages
     if messages is None:
         raise BadRequest("messages not found in request body")
@@ -279,16 +269,42 @@ def _fill_chat(req: InferenceRequest, parsed: _ChatBody, limits: RequestLimits) 
     # No messages: vLLM refuses them when it renders (epp's chat template step does too), but
     # not with prompt ids forwarded in kv_transfer_params.
     texts = req.prompt_texts
+    known: list[tuple[int, int, int, str]] = []
     for i, msg in enumerate(messages):
-        content = msg.content
+        raw = msg.content
+        text = _jsonstr.string(raw)
+        if text is not None:
+            texts.append(text)
+            if len(raw) >= KNOWN_STRING_BYTES and (at := _jsonstr.offset(raw, body)) >= 0:
+                known.append((i, at, at + len(raw), text))
+            continue
+        if not raw:  # absent
+            continue
+        content = _content(raw, i)
         if isinstance(content, str):
             texts.append(content)
         elif isinstance(content, list):
             parts += _parts_text(content, texts)
-        elif content is None and msg.role != "assistant":
+        elif msg.role != "assistant":
             raise BadRequest(f"messages[{i}].content is null (only an assistant message may be)")
     if parts > limits.max_content_parts:
         raise _limits.over("content parts", parts, limits, "max_content_parts")
+    if known:
+        req.known_strings = _limits.KnownStrings(body, tuple(known))
+
+
+def _content(raw: msgspec.Raw, i: int) -> str | list[_Part | str] | None:
+    """A message's content other than a string the C decoder took: parts, null, or anything
+    msgspec must judge; its errors as the body's decode gave them (paths from the body's root)."""
+    try:
+        content: str | list[_Part | str] | None = _CONTENT_DECODER.decode(raw)
+    except msgspec.ValidationError as e:
+        msg, at = str(e), f"$.messages[{i}].content"
+        msg = msg.replace("at `$", f"at `{at}", 1) if " - at `$" in msg else f"{msg} - at `{at}`"
+        raise _validation_error(msg) from None
+    except _BAD_UTF8:
+        raise BadRequest("request body is not valid UTF-8") from None
+    return content
 
 
 def _fill_responses(req: InferenceRequest, parsed: _ResponsesBody, limits: RequestLimits) -> None:
@@ -323,7 +339,7 @@ def _fill_responses(req: InferenceRequest, parsed: _ResponsesBody, limits: Reque
         out = item.output
         if len(out) > 1 and memoryview(out)[0] == 0x22:  # a JSON string
             try:
-                texts.append(_STR_DECODER.decode(out))
+                texts.append(_string(out))
             except _BAD_UTF8:
                 raise BadRequest("request body is not valid UTF-8") from None
     if parts > limits.max_content_parts:
@@ -351,7 +367,7 @@ def _fill_polymorphic(req: InferenceRequest, raw: msgspec.Raw, field: str) -> No
     first = view[0]
     try:
         if first == 0x22:  # "
-            req.prompt_texts.append(_STR_DECODER.decode(raw))
+            req.prompt_texts.append(_string(raw))
             return
         if first != 0x5B:  # [
             raise BadRequest(

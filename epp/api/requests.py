@@ -70,6 +70,9 @@ class InferenceRequest:
     # The decoded JSON body as plain Python objects, for components that need more (chat template).
     body: Mapping[str, Any] | None = None
     body_bytes: bytes = b""
+    # A chat's long message contents, decoded by the parse, for the template's decode to skip
+    # (`epp.api.limits.decode_body`); they apply to the parsed body only, not to a rewritten one.
+    known_strings: _limits.KnownStrings | None = dataclasses.field(default=None, compare=False, repr=False)
     # A cheap prompt-size estimate in tokens (exact when token ids were given), for load accounting.
     prompt_tokens_estimate: int = 0
     # vLLM's `cache_salt`: requests with different salts never share KV blocks.

@@ -53,7 +53,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from epp.api import errors
-from epp.api.limits import RequestLimits, decode_body
+from epp.api.limits import KnownStrings, RequestLimits, decode_body
 from epp.api.requests import Api, InferenceRequest, parse_request, with_model
 from epp.api.routes import Route
 from epp.observability import metrics
@@ -361,15 +361,15 @@ async def parse_here(
 
 
 # Chat bodies this worker parsed, by the parent's key for the parse, for the render that follows
-# (`_chat_job`).
-_KEPT: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+# (`_chat_job`), with the long contents the parse decoded (`KnownStrings`: the render skips them).
+_KEPT: collections.OrderedDict[str, tuple[bytes, KnownStrings | None]] = collections.OrderedDict()
 KEPT_BODIES = 4  # two large-body lanes by default: room for both, and for a request or two that
 KEPT_BYTES = 64 << 20  # ended before its render (those are dropped oldest first)
 
 
-def _keep(key: str, body: bytes) -> None:
-    _KEPT[key] = body
-    while len(_KEPT) > KEPT_BODIES or sum(map(len, _KEPT.values())) > KEPT_BYTES:
+def _keep(key: str, body: bytes, known: KnownStrings | None) -> None:
+    _KEPT[key] = (body, known)
+    while len(_KEPT) > KEPT_BODIES or sum(len(kept[0]) for kept in _KEPT.values()) > KEPT_BYTES:
         _KEPT.popitem(last=False)
 
 
@@ -380,7 +380,8 @@ def _parse_job(args: dict[str, Any]) -> tuple[InferenceRequest, bool]:
     body = args["body"]
     request = parse_request(**args)
     if request.api is Api.CHAT:
-        _keep(key, request.body_bytes)  # the rewritten body, if it was
+        _keep(key, request.body_bytes, request.known_strings)  # the rewritten body, if it was
+    request.known_strings = None  # the body and its texts stay here
     rewritten = request.body_bytes is not body
     if not rewritten:
         request.body_bytes = b""  # the parent has it
@@ -413,11 +414,13 @@ def _chat_job(
     kept: str | None = None,
 ) -> PreparedChat | None:
     """The chat rendered; `body` None: the one kept under `kept`, or None if not kept here."""
+    known = None
     if body is None:
-        body = _KEPT.pop(kept, None) if kept is not None else None
-        if body is None:
+        held = _KEPT.pop(kept, None) if kept is not None else None
+        if held is None:
             return None
-    decoded = decode_body(body, limits)
+        body, known = held
+    decoded = decode_body(body, limits, known)
     prompt = prepare_chat(source, decoded)
     if len(prompt.text) > max_chars + 1:
         prompt = dataclasses.replace(prompt, text=prompt.text[: max_chars + 1])

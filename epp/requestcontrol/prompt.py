@@ -249,13 +249,15 @@ class Prompts:
         """`_decoded`, in a thread for a large body: the depth walk is Python the loop can
         preempt there (msgspec's decode itself holds the GIL either way)."""
         if request.body is None and len(request.body_bytes) > _DECODE_INLINE_BYTES:
-            request.body = await asyncio.to_thread(decode_body, request.body_bytes, self.limits)
+            request.body = await asyncio.to_thread(
+                decode_body, request.body_bytes, self.limits, request.known_strings
+            )
         return self._decoded(request)
 
     def _decoded(self, request: InferenceRequest) -> Mapping[str, Any]:
         """The body as plain objects, decoded once per request and depth-checked (400s)."""
         if request.body is None:
-            request.body = decode_body(request.body_bytes, self.limits)
+            request.body = decode_body(request.body_bytes, self.limits, request.known_strings)
         return request.body
 
 

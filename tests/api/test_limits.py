@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from epp.api import limits
 from epp.api.errors import BadRequest
 from epp.api.limits import RequestLimits, check_depth, decode_body
 from epp.api.requests import parse_request
@@ -109,3 +110,57 @@ def test_limits_must_be_sane() -> None:
         RequestLimits(max_messages=0)
     with pytest.raises(ValueError, match="at most"):
         RequestLimits(max_json_depth=1000)
+
+
+LIMITS = RequestLimits()
+_LONG = 'system prompt line\n\t"quoted" 😀 naïve ' * 300  # ~11 KB of JSON: past KNOWN_STRING_BYTES
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "system", "content": _LONG}, {"role": "user", "content": "hi"}],
+        [{"role": "system", "content": _LONG, "name": "s"}, {"role": "user", "content": _LONG + "2"}],
+        [{"role": "user", "content": [{"type": "text", "text": _LONG}]}, {"role": "user", "content": _LONG}],
+        [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+            {"role": "tool", "content": _LONG},
+        ],
+    ],
+)
+def test_a_chat_decoded_around_its_known_long_strings_equals_the_whole_decode(messages: list[Any]) -> None:
+    body = json.dumps({"model": "m", "messages": messages, "tools": [{"type": "function"}]}).encode()[:-1]
+    body += b', "n": 1e400}'  # past a double's range: the float hook reads it in both decodes
+    req = _parse_chat(body)
+    assert req.known_strings is not None and req.known_strings.body is body
+    assert [span[0] for span in req.known_strings.spans] == [
+        i for i, m in enumerate(messages) if isinstance(m["content"], str) and len(m["content"]) > 1000
+    ]
+    assert limits._spliced(body, req.known_strings, LIMITS) is not None  # the splice answered
+    assert decode_body(body, LIMITS, req.known_strings) == decode_body(body, LIMITS)
+
+
+def test_known_strings_apply_to_their_own_body_only() -> None:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": _LONG}]}).encode()
+    known = _parse_chat(body).known_strings
+    other = json.dumps({"model": "m", "messages": [{"role": "user", "content": _LONG + "!"}]}).encode()
+    assert decode_body(other, LIMITS, known)["messages"][0]["content"] == _LONG + "!"
+    # A duplicate key: both decodes take the last, so the known string is the one kept.
+    dup = (
+        b'{"model": "m", "messages": [{"role": "user", "content": "x", "content": '
+        + json.dumps(_LONG).encode()
+        + b"}]}"
+    )
+    assert decode_body(dup, LIMITS, _parse_chat(dup).known_strings) == decode_body(dup, LIMITS)
+
+
+def test_a_chat_decoded_around_its_known_strings_is_still_depth_checked() -> None:
+    deep = {"a": {"b": {"c": {"d": 1}}}}
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": _LONG}], "x": deep}).encode()
+    known = _parse_chat(body).known_strings
+    with pytest.raises(BadRequest, match="max-request-json-depth"):
+        decode_body(body, RequestLimits(max_json_depth=4), known)
+
+
+def _parse_chat(body: bytes) -> Any:
+    return parse_request(path="/v1/chat/completions", headers={}, body=body, request_id="r", limits=LIMITS)

@@ -440,11 +440,11 @@ def test_utf8_length_is_exact_when_short_and_close_when_long() -> None:
         b'{"model": "m", "prompt": "x", "max_tokens": ' + b"[" * 2000 + b"]" * 2000 + b"}",
     ],
 )
-def test_a_string_prompt_decoded_in_one_pass_parses_as_the_general_path(
+def test_a_string_prompt_decoded_in_c_parses_as_msgspec_decodes_it(
     body: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Completions with one string prompt skip the raw prompt's second decode; every field, and
-    every error, is what the general path gives."""
+    """A string prompt is decoded by epp/api/_jsonstr.c; every field, and every error, is what
+    msgspec's own decode of it gives."""
 
     def outcome() -> Any:
         try:
@@ -455,7 +455,7 @@ def test_a_string_prompt_decoded_in_one_pass_parses_as_the_general_path(
                 req.cache_salt, req.add_special_tokens, req.prompt_tokens_estimate)  # fmt: skip
 
     fast = outcome()
-    if body.startswith(b'{"model": "m", "prompt": "h'):  # the one-pass path is the one taken
-        assert openai_bodies._text_completions(body) is not None
-    monkeypatch.setattr(openai_bodies, "_text_completions", lambda body: None)
+    if body.startswith(b'{"model": "m", "prompt": "h'):  # the C decoder is the one that answers
+        assert openai_bodies._jsonstr.string(msgspec.Raw(body[25:].split(b",")[0].rstrip(b"}"))) is not None
+    monkeypatch.setattr(openai_bodies._jsonstr, "string", lambda raw: None)
     assert fast == outcome()
