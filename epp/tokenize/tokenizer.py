@@ -64,6 +64,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import types
 from collections.abc import Mapping
 from pathlib import Path
@@ -301,13 +302,50 @@ def _engine_choice(engine: str | None) -> str:
 
 
 class FastEngine:
-    """fastokens for one tokenizer.json, and which texts it may take (`takes`). Immutable; safe to
-    share between threads."""
+    """fastokens for one tokenizer.json, and which texts it may take (`takes`). Safe to share
+    between threads.
 
-    __slots__ = ("_fast",)
+    fastokens pre-tokenizes with regex-automata, whose regexes keep their search caches in a pool:
+    the first thread that ever searches with a regex owns one cache and takes it without a lock;
+    every other thread pops one from a mutex-guarded stack and pushes it back, on every search. The
+    probes (`_fast_engine`) run on the loading thread, never the one that encodes long prompts, so
+    those paid that on each pre-token: 0.3-0.35 ms of a seen 100k-token prompt's ~2.6 ms in the
+    tokenizer thread (`tests.requestcontrol.bench_long_prompts steady`), as much as the regex VM
+    itself. So the first batch of pieces (a long text: `fast_pieces`) starts a second instance's
+    build in the background (`_build`: 70 ms for epp-tiny, ~0.3 s at 60k tokens of vocabulary,
+    the GIL mostly released), and the next batch, in a worker thread, searches with it first and
+    swaps it in (`_owned`). One instance at a time stays alive; a pool of several workers has one
+    owner among them, the others as before."""
 
-    def __init__(self, fast: fastokens.Tokenizer) -> None:
+    __slots__ = ("_fast", "_fresh", "_json")
+
+    def __init__(self, fast: fastokens.Tokenizer, spec: str | None = None) -> None:
         self._fast = fast
+        self._json = spec  # the tokenizer.json, until the owned instance is built from it
+        self._fresh: fastokens.Tokenizer | None = None
+
+    def _owned(self) -> fastokens.Tokenizer:
+        """The instance to encode with in this thread, adopting or starting the owned one."""
+        fresh = self._fresh
+        if fresh is not None:
+            self._fresh = None  # (two threads racing here both search with it: the first owns)
+            try:
+                for probe in ENGINE_PROBES:
+                    fresh.encode(probe, add_special_tokens=False)
+            except Exception as e:  # as in `Tokenizer.encode_fast`: the first instance stays
+                log.debug("fastokens: the second instance failed, keeping the first: %s", e)
+            else:
+                self._fast = fresh
+        elif self._json is not None:
+            spec, self._json = self._json, None
+            threading.Thread(target=self._build, args=(spec,), name="epp-fastokens", daemon=True).start()
+        return self._fast
+
+    def _build(self, spec: str) -> None:
+        try:
+            self._fresh = fastokens.Tokenizer.from_json_str(spec)
+        except Exception as e:  # it loaded once; if it no longer does, the first one serves
+            log.debug("fastokens: a second instance cannot be built: %s", e)
 
     @staticmethod
     def takes(text: str, start: int = 0) -> bool:
@@ -326,7 +364,7 @@ class FastEngine:
         """`Tokenizer.encode_fast_pieces`: one flat buffer from fastokens, no Python int per token
         until the caller asks (a 270k-character text in ~700 pieces on one thread: 24-27 ms of CPU,
         as one text 20-22 ms)."""
-        flat, bounds = self._fast.encode_batch_flat(texts, add_special_tokens=False)
+        flat, bounds = self._owned().encode_batch_flat(texts, add_special_tokens=False)
         ids = array.array("I")
         ids.frombytes(flat)
         starts = array.array("Q")
@@ -346,8 +384,9 @@ def _fast_engine(backend: tokenizers.Tokenizer, choice: str) -> tuple[FastEngine
     words = backend.encode("ab " * 60, add_special_tokens=False).word_ids
     if not words or max(words.count(w) for w in set(words)) > 4:
         return None, "its pre-tokens do not end at spaces, so fastokens' caches would hold whole texts"
+    spec = backend.to_str()
     try:
-        fast = FastEngine(fastokens.Tokenizer.from_json_str(backend.to_str()))
+        fast = FastEngine(fastokens.Tokenizer.from_json_str(spec), spec)
     except Exception as e:  # fastokens raises ValueError and others for what it does not implement
         return None, f"fastokens cannot load it: {e}"
     added = [t.content for t in backend.get_added_tokens_decoder().values()]

@@ -4,7 +4,10 @@ runs, and turned off at run time when it fails or disagrees."""
 
 from __future__ import annotations
 
+import array
 import logging
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -206,6 +209,35 @@ def test_the_environment_can_turn_fastokens_off(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(tokenizer.ENGINE_ENV, "fast")
     with pytest.raises(tokenizer.TokenizerError, match="EPP_TOKENIZER_ENGINE='fast': expected one of auto"):
         tokenizer.load_shipped()
+
+
+def test_long_texts_move_to_an_instance_first_searched_by_their_own_thread() -> None:
+    """The probes ran on the loading thread; the first batch of pieces starts a second instance,
+    and a later batch adopts it in its own thread (the regex caches' owner): same ids throughout."""
+    tok = tokenizer.load_shipped()
+    engine = tok.fast
+    assert engine is not None
+    first = engine._fast
+    pieces = ["routing by prefix ", "keeps the cache warm\n", "and the first token early. " * 3]
+    want = [tok.encode(p, add_special_tokens=False) for p in pieces]
+
+    def encode_in_a_thread() -> list[list[int]]:
+        out: list[tuple[array.array[int], array.array[int]]] = []
+        worker = threading.Thread(target=lambda: out.append(engine.encode_pieces(pieces)))
+        worker.start()
+        worker.join()
+        flat, starts = out[0]
+        return [flat[starts[k] : starts[k + 1]].tolist() for k in range(len(pieces))]
+
+    assert encode_in_a_thread() == want  # starts the build
+    deadline = time.monotonic() + 30
+    while engine._fresh is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine._fresh is not None and engine._json is None
+    assert encode_in_a_thread() == want  # adopts it
+    assert engine._fast is not first and engine._fresh is None
+    assert encode_in_a_thread() == want
+    assert tok.encode_fast(pieces[2], add_special_tokens=False) == want[2]
 
 
 # -- turned off at run time ----------------------------------------------------------------------------
