@@ -247,8 +247,9 @@ class Prompts:
 
     async def _decoded_off_loop(self, request: InferenceRequest) -> Mapping[str, Any]:
         """`_decoded`, in a thread for a large body: the depth walk is Python the loop can
-        preempt there (msgspec's decode itself holds the GIL either way)."""
-        if request.body is None and len(request.body_bytes) > _DECODE_INLINE_BYTES:
+        preempt there (msgspec's decode itself holds the GIL either way). The long contents the
+        parse decoded already (`known_strings`) are not decoded again, so they do not count."""
+        if request.body is None and _to_decode(request) > _DECODE_INLINE_BYTES:
             request.body = await asyncio.to_thread(
                 decode_body, request.body_bytes, self.limits, request.known_strings
             )
@@ -262,6 +263,15 @@ class Prompts:
 
 
 _DECODE_INLINE_BYTES = 256 << 10  # ~0.3 ms to decode: less than a hand-off to a thread costs
+
+
+def _to_decode(request: InferenceRequest) -> int:
+    """The bytes of the body `decode_body` decodes: all but the known strings' (when they apply)."""
+    size = len(request.body_bytes)
+    known = request.known_strings
+    if known is not None and known.body is request.body_bytes:
+        size -= sum(end - start for _, start, end, _ in known.spans)
+    return size
 
 
 def _adds_special_tokens(request: InferenceRequest) -> bool:

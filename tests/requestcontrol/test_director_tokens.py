@@ -82,6 +82,33 @@ async def test_chat_is_rendered_with_the_template_and_text_is_encoded(tokenizers
     assert await tokens_seen(d, "/v1/completions", {"model": "m", "prompt": [5, 6, 7]}) == [5, 6, 7]
 
 
+async def test_a_large_chat_is_decoded_for_its_template_on_the_loop_only_past_its_known_strings(
+    tokenizers: Tokenizers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 300 KB body is decoded again for the template in a thread, unless what is left to
+    decode once the parse's long contents are cut out is small (`known_strings`)."""
+    from epp.requestcontrol import prompt
+
+    hops: list[Any] = []
+    to_thread = asyncio.to_thread
+
+    async def counted(func: Any, *args: Any) -> Any:
+        hops.append(func)
+        return await to_thread(func, *args)
+
+    monkeypatch.setattr(prompt.asyncio, "to_thread", counted)
+    d = director(tokenizers)
+    tok = load_shipped()
+    system = {"role": "system", "content": "word " * 60_000}
+    long = {"model": "m", "messages": [system, {"role": "user", "content": "Hi"}]}
+    many = {"model": "m", "messages": [{"role": "user", "content": "word " * 100}] * 600}
+    assert len(msgspec.json.encode(long)) > prompt._DECODE_INLINE_BYTES < len(msgspec.json.encode(many))
+    assert await tokens_seen(d, "/v1/chat/completions", long) == encode_chat(tok, long)
+    assert prompt.decode_body not in hops
+    assert await tokens_seen(d, "/v1/chat/completions", many) == encode_chat(tok, many)
+    assert prompt.decode_body in hops
+
+
 @pytest.mark.parametrize(
     ("flag", "bos"),
     [(False, False), ("false", False), (0, False), ("off", False), (True, True), (None, True), ("x", True)],
