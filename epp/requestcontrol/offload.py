@@ -48,6 +48,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Mapping
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -361,15 +362,17 @@ async def parse_here(
 
 
 # Chat bodies this worker parsed, by the parent's key for the parse, for the render that follows
-# (`_chat_job`), with the long contents the parse decoded (`KnownStrings`: the render skips them).
-_KEPT: collections.OrderedDict[str, tuple[bytes, KnownStrings | None]] = collections.OrderedDict()
+# (`_chat_job`), with the long contents the parse decoded (`KnownStrings`: the render skips them)
+# and the bytes both hold (a decoded string takes 1-4 bytes a character: counted as held).
+_KEPT: collections.OrderedDict[str, tuple[bytes, KnownStrings | None, int]] = collections.OrderedDict()
 KEPT_BODIES = 4  # two large-body lanes by default: room for both, and for a request or two that
 KEPT_BYTES = 64 << 20  # ended before its render (those are dropped oldest first)
 
 
 def _keep(key: str, body: bytes, known: KnownStrings | None) -> None:
-    _KEPT[key] = (body, known)
-    while len(_KEPT) > KEPT_BODIES or sum(len(kept[0]) for kept in _KEPT.values()) > KEPT_BYTES:
+    held = len(body) + (sum(sys.getsizeof(text) for *_, text in known.spans) if known is not None else 0)
+    _KEPT[key] = (body, known, held)
+    while len(_KEPT) > KEPT_BODIES or sum(kept[2] for kept in _KEPT.values()) > KEPT_BYTES:
         _KEPT.popitem(last=False)
 
 
@@ -419,7 +422,7 @@ def _chat_job(
         held = _KEPT.pop(kept, None) if kept is not None else None
         if held is None:
             return None
-        body, known = held
+        body, known, _ = held
     decoded = decode_body(body, limits, known)
     prompt = prepare_chat(source, decoded)
     if len(prompt.text) > max_chars + 1:

@@ -5,6 +5,7 @@ the service."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from epp.api import errors
-from epp.api.limits import RequestLimits, decode_body
+from epp.api.limits import KnownStrings, RequestLimits, decode_body
 from epp.api.requests import InferenceRequest, parse_request
 from epp.requestcontrol import offload
 from epp.requestcontrol.offload import BodyParsers
@@ -157,6 +158,19 @@ async def test_a_chat_body_crosses_once_the_worker_keeps_it_for_the_render(parse
     unknown = str(int(keys[-1]) + 1)
     bad = await parsers.prepare_chat(tok, decoy, LIMITS, max_chars=10**9, kept=unknown)
     assert bad.prompt == prepare_chat(tok, decode_body(decoy, LIMITS))
+
+
+async def test_a_kept_chats_long_contents_are_not_decoded_again_for_its_render(parsers: BodyParsers) -> None:
+    """The worker keeps what its parse decoded of a chat's long contents with the body, and the
+    render skips decoding them (`KnownStrings`): the prompt is the one rendered here."""
+    tok = load_shipped()
+    body = _chat(3, size=20_000, tools=[{"type": "function", "function": {"name": "f"}}])
+    request = await parsers.parse(
+        path="/v1/chat/completions", headers={}, body=body, request_id="long", subset_ips=None, limits=LIMITS
+    )
+    assert request.known_strings is None  # held in the worker, not sent back
+    there = await parsers.prepare_chat(tok, _chat(2), LIMITS, max_chars=10**9, kept=request.kept_body_key)
+    assert there.prompt == prepare_chat(tok, decode_body(body, LIMITS))
 
 
 async def test_a_large_body_crosses_as_a_memfd_and_parses_the_same(
@@ -359,3 +373,14 @@ async def test_a_burst_past_what_the_parsers_can_queue_is_503_at_once(tokenizers
             ctx.finish(complete=True)
     finally:
         parsers.close()
+
+
+def test_kept_chats_count_the_strings_their_parse_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept chat holds its body and its long contents decoded (up to 4 bytes a character): the
+    bound on what a parser process keeps counts both."""
+    monkeypatch.setattr(offload, "_KEPT", collections.OrderedDict())
+    monkeypatch.setattr(offload, "KEPT_BYTES", 1 << 20)
+    for key in ("a", "b"):
+        body = b'{"messages": [{"role": "user", "content": "..."}]}'
+        offload._keep(key, body, KnownStrings(body, ((0, 40, 45, "é" * 600_000),)))
+    assert list(offload._KEPT) == ["b"]  # 2 x ~600 KB of strings: the oldest goes
