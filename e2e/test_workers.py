@@ -186,6 +186,10 @@ async def test_two_workers_share_the_port_metrics_events_and_restarts(
     # The pod scrapes the model servers once, in the supervisor; the workers follow its scrapes.
     scrapers = [line for line in log.splitlines() if "scraping /metrics of" in line]
     assert len(scrapers) == 1 and '"worker"' not in scrapers[0], scrapers
+    # Each process froze its start-up objects for the garbage collector once serving (epp.garbage).
+    settled = [line for line in log.splitlines() if "start-up objects frozen" in line]
+    assert sum('"worker"' not in line for line in settled) == 1, settled  # the supervisor
+    assert sum('"worker":' in line.replace(" ", "") for line in settled) == 2, settled
     for index in (0, 1):
         async with session.get(
             f"http://{HOST}:{stack.epp.metrics_port}/debug/endpoints", headers={"X-Epp-Worker": str(index)}

@@ -330,6 +330,14 @@ event_loop_lag = Histogram(
     buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
+gc_pause = Histogram(
+    "epp_gc_pause_seconds",
+    "How long each collection of Python's cyclic garbage collector held the process, by "
+    "generation (0 young, 2 full), once epp serves.",
+    ["generation"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+    registry=REGISTRY,
+)
 large_body_waits = Counter(
     "epp_large_body_waits_total",
     "Request bodies over --body-parser-min-bytes that waited for a lane or for the large-body rate "

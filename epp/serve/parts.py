@@ -13,7 +13,7 @@ import logging
 
 import grpc
 
-from epp import drain, tasks
+from epp import drain, garbage, tasks
 from epp.api.context_length import ContextLimits
 from epp.api.limits import RequestLimits
 from epp.datastore import standalone
@@ -160,6 +160,7 @@ async def run_until_stopped(
             await role.report(started=True)
         await _follow_readiness(datastore, pool_operator, elector, health, role, running)
         _log_serving(args, datastore, config, tokenizers, director)
+        garbage.settle()
 
         def on_signal(signum: int) -> None:
             received.append(signum)

@@ -46,7 +46,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from epp import drain, tasks
+from epp import drain, garbage, tasks
 from epp.datastore import scraper
 from epp.datastore.endpoints import Datastore
 from epp.datastore.engines import DEFAULT_ENGINES, with_default_overrides
@@ -442,6 +442,7 @@ class Supervisor:
             "epp supervisor serving",
             extra={"workers": len(self.slots), "grpc_port": args.grpc_port, "pid": os.getpid()},
         )
+        garbage.settle()  # the supervisor's loop ingests every pod's KV events for the workers
         try:
             await self._stop.wait()
         finally:
