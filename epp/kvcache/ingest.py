@@ -10,10 +10,10 @@ Two ways in, usable together:
   subscribed to every topic (vLLM's default topic is ""). One task per pod rather than one
   poller: zmq.asyncio's Poller registers every socket again on each wait (a future per socket),
   so a poller over N pods costs O(N) per wake-up where a task per pod costs O(1), and a pod's
-  task keeps its failures to itself. The task waits on the sockets' file descriptors, watched by
-  the event loop itself (`epp.kvcache.zmqread`), not on zmq.asyncio's futures, and each wake-up
-  drains up to `zmqread.BUDGET` messages with non-blocking receives on a plain shadow of the
-  socket (no future per message), then yields, so a flooding pod cannot starve the loop.
+  task keeps its failures to itself. The event loop watches the sockets' file descriptors itself
+  (`epp.kvcache.zmqread`), not through zmq.asyncio's futures, and its reader callback drains up
+  to `zmqread.BUDGET` messages a round with non-blocking receives on a plain shadow of the
+  socket (no future per message or per wake-up), so a flooding pod cannot starve the loop.
 - Bind mode (`bind=`): one SUB bound for every vLLM that connects to epp. The pod comes from the
   topic `kv@<ip>:<port>@<model>` (older guides: `kv@<ip>@<model>`, matched when that IP is one
   pod's) and the batch's `data_parallel_rank` (each DP rank has its own publisher, sequence and
@@ -349,21 +349,23 @@ class KVEventIngester:
         assert feed.sock is not None and feed.monitor is not None
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(feed.sock.underlying)
         monitor: zmq.Socket[bytes] = zmq.Socket.shadow(feed.monitor.underlying)
-        readable = zmqread.Readable((sock, monitor))
-        # The loop stops watching before the sockets close (`_close_sockets`, or here when the
-        # task ends first): a closed descriptor's number can be reused by the next socket.
-        feed.unwatch = readable.close
 
         def on_monitor() -> None:
             while zmqread.queued(monitor):
                 self._on_monitor(feed, monitor.recv_multipart())
 
+        reader = zmqread.Reader(
+            (sock, monitor), sock, lambda: self._on_frames(feed, zmqread.recv(sock)), on_monitor
+        )
+        # The loop stops watching before the sockets close (`_close_sockets`, or here when the
+        # task ends first): a closed descriptor's number can be reused by the next socket.
+        feed.unwatch = reader.close
         try:
-            await readable.pump(sock, lambda: self._on_frames(feed, zmqread.recv(sock)), on_monitor)
+            await reader.run()
         finally:
-            if feed.unwatch is readable.close:
+            if feed.unwatch is reader.close:
                 feed.unwatch = None
-                readable.close()
+                reader.close()
 
     def _on_monitor(self, feed: Feed, frames: list[bytes]) -> None:
         event = zmq_monitor.parse_monitor_message(frames)["event"]
@@ -397,16 +399,13 @@ class KVEventIngester:
     async def _read_bound(self, asock: zmq.asyncio.Socket) -> None:
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(asock.underlying)
         checked = not self._peers.policy.any
-        readable = zmqread.Readable((sock,))  # stop() closes the socket after this task has ended
 
         def on_message() -> None:
             frames, peer = zmqread.recv_from(sock) if checked else (zmqread.recv(sock), None)
             self._on_bound_frames(frames, peer)
 
-        try:
-            await readable.pump(sock, on_message)
-        finally:
-            readable.close()
+        # stop() closes the socket after this task has ended
+        await zmqread.Reader((sock,), sock, on_message).run()
 
     # --- messages -------------------------------------------------------------------------------
 
