@@ -86,15 +86,18 @@ class Reader:
         try:
             if self._first is not None:
                 self._first()
-            sock, on_message = self._sock, self._on_message
+            sock, on_message, done = self._sock, self._on_message, self._done
             for _ in range(BUDGET):
                 if not queued(sock):
                     return
                 on_message()
+                if done.done():  # closed by the message's handling: the socket may be gone
+                    return
             self._scheduled = True
             self._loop.call_soon(self._turn)
         except Exception as exc:
-            self._done.set_exception(exc)
+            if not self._done.done():
+                self._done.set_exception(exc)
             self.close()
 
     def close(self) -> None:

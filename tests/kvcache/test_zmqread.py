@@ -112,3 +112,24 @@ async def test_cancelled_it_stops_watching(pair: tuple[zmq.Socket[bytes], zmq.So
     with pytest.raises(asyncio.CancelledError):
         await task
     assert _watched() == before
+
+
+async def test_closed_by_a_message_it_stops_at_once(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    """A handler that closes the reader (its feed was dropped) is the last one called: the socket
+    may be closed next, and reading it again would fail."""
+    push, pull = pair
+    for i in range(5):
+        push.send(str(i).encode())
+    await asyncio.sleep(0.2)
+    got: list[bytes] = []
+    reader: zmqread.Reader
+
+    def on_message() -> None:
+        got.append(pull.recv(zmq.NOBLOCK))
+        reader.close()
+
+    reader = zmqread.Reader((pull,), pull, on_message)
+    await asyncio.wait_for(reader.run(), 5)  # returns: closed, not failed
+    assert got == [b"0"]
