@@ -36,8 +36,9 @@ _started: list[float] = []
 
 
 def settle() -> int:
-    """Once the process serves: collect, freeze the survivors, raise the young threshold, and
-    time every collection from now on (`epp_gc_pause_seconds`). Returns the objects frozen."""
+    """Once start-up is over (before the process reports ready): collect, freeze the survivors,
+    raise the young threshold, and time every collection from now on (`epp_gc_pause_seconds`).
+    Returns the objects frozen."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()

@@ -158,9 +158,11 @@ async def run_until_stopped(
         if role is not None:
             await role.connect(on_lost=stop.set)
             await role.report(started=True)
+        # Start-up is over: its one full collection runs before the pod reports ready, not
+        # while the first requests wait on the loop.
+        garbage.settle()
         await _follow_readiness(datastore, pool_operator, elector, health, role, running)
         _log_serving(args, datastore, config, tokenizers, director)
-        garbage.settle()
 
         def on_signal(signum: int) -> None:
             received.append(signum)
