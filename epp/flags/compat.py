@@ -8,35 +8,7 @@ from __future__ import annotations
 import argparse
 
 from epp.datastore.engines import MetricSpec, MetricSpecError, parse_spec
-from epp.flags.types import duration, go_bool
-
-# GIE's logging verbosity levels (its logutil): V(2) is the default, V(4) debug, V(5) trace.
-GIE_DEFAULT_VERBOSITY = 2
-
-
-def zap_level(text: str) -> str:
-    """controller-runtime's --zap-log-level: debug, info, error, panic, or an integer > 0."""
-    value = text.strip().lower()
-    if value in ("debug", "info", "error", "panic"):
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a zap level: {text!r} (debug, info, error, panic or N > 0)"
-        ) from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"a numeric zap level must be > 0: {text!r}")
-    return value
-
-
-def verbosity_level(v: int) -> str:
-    """A klog/logr verbosity (-v N) as a Python level: GIE logs most lines at V(2), debug at V(4)."""
-    if v >= 4:
-        return "debug"
-    if v >= GIE_DEFAULT_VERBOSITY:
-        return "info"
-    return "warning"
+from epp.flags.types import duration, go_bool, verbosity_level, zap_level
 
 
 def log_settings(args: argparse.Namespace) -> tuple[str, str]:
