@@ -151,7 +151,8 @@ def pd(vllm_python: Path, model_root: Path, tmp_path_factory: pytest.TempPathFac
         sidecar_log = open(workdir / "sidecar.log", "wb")  # noqa: SIM115 (closed by cleanup)
         sidecar = subprocess.Popen(
             [sys.executable, "-m", "epp", "sidecar", "--host", HOST, "--port", str(s_port),
-             "--decoder-url", decode.url, "--prefill-max-retries", "1", "--prefill-timeout", "60s"],
+             "--decoder-url", decode.url, "--prefill-max-retries", "1", "--prefill-timeout", "60s",
+             "--secure-proxy=false"],
             stdout=sidecar_log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

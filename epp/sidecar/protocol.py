@@ -23,6 +23,7 @@ temperature 0. These functions hold the protocol; `epp.sidecar.proxy` moves the 
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -50,17 +51,21 @@ class ProtocolError(ValueError):
     """A body or an answer the protocol cannot use (the message says why)."""
 
 
-def prefiller(values: Iterable[str]) -> str | None:
-    """The prefill pod named by the header's values (`ip:port`, or a comma list: the first), or
-    None when there is none (no split: the local vLLM prefills and decodes)."""
+def prefiller(values: Iterable[str], *, sample: bool = False) -> str | None:
+    """The prefill pod named by the header's values (`ip:port`, or a comma list: the first; with
+    `sample`, one of them at random, as llm-d's `--enable-prefiller-sampling`), or None when there
+    is none (no split: the local vLLM prefills and decodes)."""
+    hosts: list[str] = []
     for value in values:
         for part in value.split(","):
             part = part.strip()
             if part.startswith("http://"):
                 part = part[len("http://") :]
             if part:
-                return part
-    return None
+                if not sample:
+                    return part
+                hosts.append(part)
+    return random.choice(hosts) if hosts else None
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,15 @@ class Settings:
     connect_timeout_s: float = 5.0
     decode_idle_timeout_s: float = 300.0
     """The longest the decode leg may go without a byte (its KV pull and queueing included)."""
+    prefill_tls: bool = False
+    """Reach prefill pods over HTTPS (llm-d's `--enable-tls prefiller`)."""
+    prefill_verify: bool = True
+    """Check the prefill pods' certificates (off: llm-d's `--tls-insecure-skip-verify prefiller`)."""
+    decoder_verify: bool = True
+    """Check an https decoder URL's certificate (off: `--tls-insecure-skip-verify decoder`)."""
+    prefiller_sampling: bool = False
+    """Of several prefill pods in the header, pick one at random rather than the first
+    (llm-d's `--enable-prefiller-sampling`)."""
 
     def __post_init__(self) -> None:
         if not self.decoder_url.startswith(("http://", "https://")):
@@ -151,7 +160,9 @@ class Sidecar:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = _forwarded(request.headers)
-        target = protocol.prefiller(request.headers.getall(protocol.PREFILL_HEADER, []))
+        target = protocol.prefiller(
+            request.headers.getall(protocol.PREFILL_HEADER, []), sample=self.settings.prefiller_sampling
+        )
         headers.popall(protocol.PREFILL_HEADER, None)
         if headers.popall(protocol.ENCODER_HEADER, None) and not self._warned_encode:
             # E/P/D's encode stage needs vLLM's EC connectors, which this sidecar does not speak.
@@ -227,7 +238,7 @@ class Sidecar:
         payload = _json(protocol.prefill_body(parsed))
         out_headers = CIMultiDict(headers)
         out_headers["content-type"] = "application/json"
-        url = f"http://{target}{path}"
+        url = f"{'https' if settings.prefill_tls else 'http'}://{target}{path}"
         deadline = time.monotonic() + settings.prefill_timeout_s
         reason = ""
         for attempt in range(settings.prefill_max_retries + 1):
@@ -241,7 +252,9 @@ class Sidecar:
                 total=max(deadline - time.monotonic(), 0.001), sock_connect=settings.connect_timeout_s
             )
             try:
-                async with self.session.post(url, data=payload, headers=out_headers, timeout=timeout) as resp:
+                async with self.session.post(
+                    url, data=payload, headers=out_headers, timeout=timeout, ssl=settings.prefill_verify
+                ) as resp:
                     raw = await resp.read()
                     status = resp.status
                     content_type = resp.headers.get("content-type", "application/json")
@@ -295,7 +308,12 @@ class Sidecar:
         response: web.StreamResponse | None = None
         try:
             async with self.session.request(
-                request.method, url, data=body or None, headers=headers, timeout=timeout
+                request.method,
+                url,
+                data=body or None,
+                headers=headers,
+                timeout=timeout,
+                ssl=self.settings.decoder_verify,  # aiohttp: True checks, False does not
             ) as upstream:
                 if fail_over and upstream.status >= 500:
                     detail = await upstream.read()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import ssl
 import uuid
 from typing import Any
 
@@ -53,7 +54,7 @@ class FakeVllm:
         self._arrived = asyncio.Event()
         self._runner: web.AppRunner | None = None
 
-    async def start(self) -> None:
+    async def start(self, port: int = 0, ssl_context: ssl.SSLContext | None = None) -> None:
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._completions)
@@ -61,7 +62,7 @@ class FakeVllm:
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        await web.TCPSite(self._runner, "127.0.0.1", port, ssl_context=ssl_context).start()
         self.port = self._runner.addresses[0][1]
         LIVE[self.engine_id] = self
 
