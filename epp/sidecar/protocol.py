@@ -59,8 +59,9 @@ def prefiller(values: Iterable[str], *, sample: bool = False) -> str | None:
     for value in values:
         for part in value.split(","):
             part = part.strip()
-            if part.startswith("http://"):
-                part = part[len("http://") :]
+            for scheme in ("http://", "https://"):  # the leg's scheme is the sidecar's to choose
+                if part.startswith(scheme):
+                    part = part[len(scheme) :]
             if part:
                 if not sample:
                     return part

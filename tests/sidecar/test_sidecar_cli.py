@@ -120,6 +120,7 @@ def test_prefiller_sampling_picks_among_the_hosts() -> None:
     seen = {protocol.prefiller(hosts, sample=True) for _ in range(200)}
     assert seen == {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
     assert protocol.prefiller([], sample=True) is None
+    assert protocol.prefiller(["https://10.0.0.4:8000"]) == "10.0.0.4:8000"
 
 
 def _free_ports(count: int) -> int:
