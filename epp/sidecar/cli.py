@@ -4,7 +4,8 @@ It takes llm-d v0.10's routing-sidecar flags, so a decode pod's `routing-sidecar
 with the arguments it has (docs/disaggregation.md#epp-sidecar lists each):
 
 - what it does as llm-d's does: `--port`, `--model-server-port` (and its deprecated
-  `--vllm-port`), `--data-parallel-size` (one listener per rank), `--secure-proxy` and
+  `--vllm-port`), `--data-parallel-size` (one listener per rank, and llm-d's deprecated
+  `x-data-parallel-host-port` on the first), `--secure-proxy` and
   `--cert-path` (TLS on the listeners, on by default as llm-d's), `--enable-tls` and
   `--tls-insecure-skip-verify` for the prefill and decode legs, `--enable-prefiller-sampling`,
   `--kv-connector nixlv2`, `--prefill-max-retries`, `--prefill-retry-backoff`, `--metrics-port`,
@@ -334,11 +335,12 @@ def listeners_from(args: argparse.Namespace) -> list[Listener]:
         first_model_port = base.port
     if args.port + ranks - 1 > 65535 or first_model_port + ranks - 1 > 65535:
         raise ValueError(f"--data-parallel-size {ranks}: the ranks' ports would pass 65535")
+    urls = [
+        args.decoder_url if ranks == 1 and args.decoder_url else _with_port(base, first_model_port + rank)
+        for rank in range(ranks)
+    ]
     out = []
-    for rank in range(ranks):
-        url = (
-            args.decoder_url if ranks == 1 and args.decoder_url else _with_port(base, first_model_port + rank)
-        )
+    for rank, url in enumerate(urls):
         settings = proxy.Settings(
             decoder_url=url,
             prefill_timeout_s=args.prefill_timeout,
@@ -351,6 +353,9 @@ def listeners_from(args: argparse.Namespace) -> list[Listener]:
             prefill_verify="prefiller" not in args.tls_insecure_skip_verify,
             decoder_verify="decoder" not in args.tls_insecure_skip_verify,
             prefiller_sampling=bool(args.enable_prefiller_sampling),
+            # The first rank's listener also takes any rank's requests by llm-d's rank header.
+            rank_decoders={args.port + r: u for r, u in enumerate(urls)} if rank == 0 else {},
+            pod_ip=os.environ.get("POD_IP", ""),
         )
         out.append(Listener(args.port + rank, settings))
     return out

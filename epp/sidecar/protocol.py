@@ -29,6 +29,9 @@ from typing import Any, Final
 
 PREFILL_HEADER: Final = "x-prefiller-host-port"
 ENCODER_HEADER: Final = "x-encoder-hosts-ports"
+# llm-d's deprecated data-parallel routing (its `data-parallel-profile-handler`): the rank's
+# `host:port` on this pod, for a gateway that sends every rank's requests to the first rank's port.
+DATA_PARALLEL_HEADER: Final = "x-data-parallel-host-port"
 # Response headers the sidecar adds, so that a router (and a user) can see what happened.
 PREFILL_RESULT_HEADER: Final = "x-epp-prefill"  # the prefill pod used, or "local" after a fallback
 PREFILL_SECONDS_HEADER: Final = "x-epp-prefill-seconds"  # the prefill leg's duration
@@ -67,6 +70,16 @@ def prefiller(values: Iterable[str], *, sample: bool = False) -> str | None:
                     return part
                 hosts.append(part)
     return random.choice(hosts) if hosts else None
+
+
+def rank_port(value: str, pod_ip: str) -> int | None:
+    """The port of the data-parallel rank `value` (`host:port`, `[v6]:port`) names, or None when it
+    is not a `host:port` or, `pod_ip` given, names another host."""
+    host, sep, port = value.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or (pod_ip and host != pod_ip):
+        return None
+    return int(port)
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:

@@ -101,6 +101,11 @@ class Settings:
     prefiller_sampling: bool = False
     """Of several prefill pods in the header, pick one at random rather than the first
     (llm-d's `--enable-prefiller-sampling`)."""
+    rank_decoders: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    """On the first rank's listener: each data-parallel rank's port -> its model server's URL, for
+    a request whose `x-data-parallel-host-port` names a rank (llm-d's deprecated DP routing)."""
+    pod_ip: str = ""
+    """This pod's address ($POD_IP): a rank header naming another host is refused, as llm-d's."""
 
     def __post_init__(self) -> None:
         if not self.decoder_url.startswith(("http://", "https://")):
@@ -164,6 +169,14 @@ class Sidecar:
             request.headers.getall(protocol.PREFILL_HEADER, []), sample=self.settings.prefiller_sampling
         )
         headers.popall(protocol.PREFILL_HEADER, None)
+        rank = request.headers.get(protocol.DATA_PARALLEL_HEADER)
+        if rank and self.settings.rank_decoders:
+            port = protocol.rank_port(rank, self.settings.pod_ip)
+            decoder = self.settings.rank_decoders.get(port) if port is not None else None
+            if decoder is None:
+                REQUESTS.labels("client_error").inc()
+                return _error(400, f"{protocol.DATA_PARALLEL_HEADER} {rank!r} names no rank of this pod")
+            request[_DECODER] = decoder.rstrip("/")
         if headers.popall(protocol.ENCODER_HEADER, None) and not self._warned_encode:
             # E/P/D's encode stage needs vLLM's EC connectors, which this sidecar does not speak.
             self._warned_encode = True
@@ -286,7 +299,7 @@ class Sidecar:
         raise _PrefillFailed(reason or f"no answer within {settings.prefill_timeout_s:g} s")
 
     def _decoder_url(self, request: web.Request) -> str:
-        return f"{self.decoder}{request.rel_url}"
+        return f"{request.get(_DECODER, self.decoder)}{request.rel_url}"
 
     async def _relay(
         self,
@@ -349,6 +362,7 @@ class Sidecar:
 
 
 _FAILED_OVER: Final = web.StreamResponse(status=599)
+_DECODER: Final = "epp.sidecar.decoder"  # a request's model server, when its rank header chose one
 """Marker: the decode leg failed before answering anything (see `Sidecar._relay`)."""
 
 

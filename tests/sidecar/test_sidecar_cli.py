@@ -123,6 +123,20 @@ def test_prefiller_sampling_picks_among_the_hosts() -> None:
     assert protocol.prefiller(["https://10.0.0.4:8000"]) == "10.0.0.4:8000"
 
 
+def test_rank_header() -> None:
+    assert protocol.rank_port("10.0.0.1:8001", "") == 8001
+    assert protocol.rank_port("10.0.0.1:8001", "10.0.0.1") == 8001
+    assert protocol.rank_port("10.0.0.2:8001", "10.0.0.1") is None  # another pod's rank
+    assert protocol.rank_port("[fd00::1]:8002", "fd00::1") == 8002
+    assert protocol.rank_port("8001", "") is None
+    listeners = cli.listeners_from(_args("--data-parallel-size=2", "--secure-proxy=false"))
+    assert listeners[0].settings.rank_decoders == {
+        8000: "http://127.0.0.1:8200",
+        8001: "http://127.0.0.1:8201",
+    }
+    assert listeners[1].settings.rank_decoders == {}
+
+
 def _free_ports(count: int) -> int:
     """A base port with `count` free ports in a row."""
     for _ in range(200):
@@ -216,11 +230,20 @@ async def test_each_rank_splits_over_tls(fleet: Fleet, tmp_path: Path) -> None:
                 assert resp.status == 200, await resp.text()
                 assert resp.headers[protocol.PREFILL_RESULT_HEADER] == fleet.prefill.hostport
                 assert len(json.loads(await resp.read())["choices"][0]["token_ids"]) == 5
+        # llm-d's deprecated rank header: the first rank's port relays to the rank it names.
+        base = f"https://127.0.0.1:{fleet.port}/v1/completions"
+        rank_1 = {protocol.DATA_PARALLEL_HEADER: f"127.0.0.1:{fleet.port + 1}"}
+        async with client.post(base, json=BODY, headers=rank_1, ssl=client_tls) as resp:
+            assert resp.status == 200
+        no_rank = {protocol.DATA_PARALLEL_HEADER: f"127.0.0.1:{fleet.port + 7}"}
+        async with client.post(base, json=BODY, headers=no_rank, ssl=client_tls) as resp:
+            assert resp.status == 400 and "names no rank" in await resp.text()
         with pytest.raises(aiohttp.ClientConnectionError):  # no plain HTTP on a TLS port
             async with client.get(f"http://127.0.0.1:{fleet.port}/health") as resp:
                 await resp.read()
-    # Rank r's decode leg went to the model server's port + r; both prefills to the TLS pod.
-    assert [len(decoder.seen) for decoder in fleet.decoders] == [1, 1]
+    # Rank r's decode leg went to the model server's port + r (and the rank header's request to
+    # rank 1's); both prefills to the TLS pod.
+    assert [len(decoder.seen) for decoder in fleet.decoders] == [1, 2]
     assert all(d.seen[0].body["kv_transfer_params"]["do_remote_prefill"] for d in fleet.decoders)
     assert len(fleet.prefill.seen) == 2
 
