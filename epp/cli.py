@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sidecar":
         from epp.sidecar import cli as sidecar_cli
 
-        return sidecar_cli.run(args)
+        return sidecar_cli.run(args, arguments[1:])
     if args.command == "bench" and args.bench == "pd":
         from epp.bench import pd as bench_pd
 

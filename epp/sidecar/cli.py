@@ -16,7 +16,10 @@ with the arguments it has (docs/disaggregation.md#epp-sidecar lists each):
   (aiohttp keeps every idle connection until its keep-alive timeout);
 - what it does not do, refused at start-up with the reason when asked for: other KV connectors,
   `--ec-connector`, `--enable-ssrf-protection`, `--enable-p2p-pull`, `--decode-chunk-size`,
-  `--moriio-write-mode`, `--tracing`, `--configuration` and `--configuration-file`.
+  `--moriio-write-mode`, `--tracing`.
+
+`--configuration` (inline YAML) or `--configuration-file` sets the same flags by their names, as
+llm-d's: a flag given on the command line wins over the configuration's value.
 
 epp's own flags bound what llm-d leaves unbounded (`--prefill-timeout`, `--decode-idle-timeout`,
 `--prefill-fallback`, `--connect-timeout`).
@@ -34,7 +37,10 @@ import signal
 import ssl
 import tempfile
 import urllib.parse
+from collections.abc import Sequence
+from typing import Final
 
+import yaml
 from aiohttp import web
 from prometheus_client import generate_latest
 
@@ -164,6 +170,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "first (default: $ENABLE_PREFILLER_SAMPLING, else false)",
     )
     _tls_arguments(parser.add_argument_group("TLS (llm-d's flags)"))
+    config = parser.add_argument_group("configuration (llm-d's flags)")
+    config.add_argument(
+        "--configuration",
+        default="",
+        help="the flags as inline YAML, e.g. '{port: 8085, model-server-port: 8203}'",
+    )
+    config.add_argument("--configuration-file", default="", help="the flags in a YAML file")
     _inert_arguments(parser.add_argument_group("llm-d flags for paths epp sidecar does not run"))
     logging_group = parser.add_argument_group("logging")
     logging_group.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -240,8 +253,6 @@ def _inert_arguments(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument("--decode-chunk-size", type=_non_negative, default=0, help="refused when > 0")
     flags.go_bool(g, "tracing", default=False, help="refused when true")
-    g.add_argument("--configuration", default="", help="refused when set: give the flags instead")
-    g.add_argument("--configuration-file", default="", help="refused when set: give the flags instead")
     flags.go_bool(g, "moriio-write-mode", default=False, help="refused when true")
     flags.go_bool(g, "moriio-parallel-dispatch", default=False, help="with --moriio-write-mode only")
     g.add_argument(
@@ -276,6 +287,60 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+CONFIGURATION_KEYS: Final = frozenset(
+    {
+        "port", "model-server-port", "vllm-port", "mooncake-bootstrap-port", "p2p-connector-port",
+        "data-parallel-size", "kv-connector", "ec-connector", "enable-ssrf-protection",
+        "enable-prefiller-sampling", "enable-p2p-pull", "secure-proxy", "cert-path", "enable-tls",
+        "tls-insecure-skip-verify", "inference-pool", "pool-group", "max-idle-conns-per-host",
+        "prefill-max-retries", "prefill-retry-backoff", "decode-chunk-size", "tracing", "metrics-port",
+    }
+)  # fmt: skip
+"""The keys of llm-d's sidecar configuration (its `yamlConfiguration`): flag names."""
+
+
+def with_configuration(args: argparse.Namespace, argv: Sequence[str]) -> argparse.Namespace:
+    """`args` with `--configuration` or `--configuration-file` applied: each key sets its flag
+    unless `argv` (the command line after `sidecar`) gives that flag. ValueError for both at once,
+    an unreadable file, YAML that is not a mapping, or a key that is not one of llm-d's."""
+    if args.configuration and args.configuration_file:
+        raise ValueError("--configuration and --configuration-file are mutually exclusive")
+    if args.configuration:
+        text, source = args.configuration, "--configuration"
+    elif args.configuration_file:
+        try:
+            with open(args.configuration_file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as err:
+            raise ValueError(f"--configuration-file: {err}") from err
+        source = args.configuration_file
+    else:
+        return args
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{source}: not YAML: {err}") from err
+    if config is None:
+        return args
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: a mapping of flag names to values is expected")
+    unknown = sorted(str(key) for key in config if key not in CONFIGURATION_KEYS)
+    if unknown:
+        raise ValueError(f"{source}: unknown keys {', '.join(unknown)} (llm-d's keys are its flags' names)")
+    tokens = []
+    for key, value in config.items():
+        if any(token == f"--{key}" or token.startswith(f"--{key}=") for token in argv):
+            continue  # the command line wins
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, list):
+            value = ",".join(str(item) for item in value)
+        tokens.append(f"--{key}={value}")
+    parser = argparse.ArgumentParser(prog="epp sidecar")
+    add_arguments(parser)
+    return parser.parse_args([*tokens, *argv])
+
+
 def refusals(args: argparse.Namespace) -> list[str]:
     """What the flags ask for that epp sidecar does not do: one sentence each."""
     out: list[str] = []
@@ -293,8 +358,6 @@ def refusals(args: argparse.Namespace) -> list[str]:
         "--decode-chunk-size": args.decode_chunk_size > 0 and "chunked decode",
         "--moriio-write-mode": args.moriio_write_mode and "MoRI-IO's WRITE mode",
         "--tracing": args.tracing and "OpenTelemetry tracing",
-        "--configuration": bool(args.configuration) and "a configuration in YAML",
-        "--configuration-file": bool(args.configuration_file) and "a configuration file",
     }
     for flag, what in asked.items():
         if what:
@@ -435,9 +498,12 @@ def log_level(args: argparse.Namespace) -> str:
     return str(args.log_level)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    """`argv`: the command line after `sidecar`, which tells the flags given from the defaults."""
     logs.setup(level=log_level(args), fmt="text")
     try:
+        args = with_configuration(args, argv)
+        logs.setup(level=log_level(args), fmt="text")
         listeners = listeners_from(args)
         tls = server_tls(args)
     except (ValueError, OSError) as err:

@@ -81,13 +81,34 @@ def test_tls_legs() -> None:
         "--decode-chunk-size=256",
         "--moriio-write-mode",
         "--tracing",
-        "--configuration=port: 8000",
-        "--configuration-file=/etc/sidecar.yaml",
     ],
 )
 def test_what_it_does_not_do_is_refused(flag: str) -> None:
     with pytest.raises(ValueError, match=flag.split("=")[0]):
         cli.listeners_from(_args(flag))
+
+
+def test_configuration_sets_the_flags_the_command_line_does_not(tmp_path: Path) -> None:
+    argv = ["--configuration={port: 8085, model-server-port: 8203, secure-proxy: false,"
+            " enable-tls: [prefiller], prefill-max-retries: 0}", "--port=9000"]  # fmt: skip
+    args = cli.with_configuration(_args(*argv), argv)
+    (listener,) = cli.listeners_from(args)
+    assert listener.port == 9000  # the command line wins
+    assert listener.settings.decoder_url == "http://127.0.0.1:8203"
+    assert listener.settings.prefill_tls and listener.settings.prefill_max_retries == 0
+    assert cli.server_tls(args) is None
+    config = tmp_path / "sidecar.yaml"
+    config.write_text("data-parallel-size: 2\nkv-connector: nixlv2\n")
+    argv = [f"--configuration-file={config}"]
+    assert len(cli.listeners_from(cli.with_configuration(_args(*argv), argv))) == 2
+    for argv, match in (
+        ([f"--configuration-file={config}", "--configuration={port: 1}"], "mutually exclusive"),
+        (["--configuration={port: 1, bogus: 2}"], "unknown keys bogus"),
+        (["--configuration=[1, 2]"], "a mapping"),
+        ([f"--configuration-file={tmp_path / 'missing.yaml'}"], "missing.yaml"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            cli.with_configuration(_args(*argv), argv)
 
 
 def test_flags_for_paths_it_does_not_run_are_taken() -> None:
