@@ -327,10 +327,14 @@ def with_configuration(args: argparse.Namespace, argv: Sequence[str]) -> argpars
     unknown = sorted(str(key) for key in config if key not in CONFIGURATION_KEYS)
     if unknown:
         raise ValueError(f"{source}: unknown keys {', '.join(unknown)} (llm-d's keys are its flags' names)")
+
+    def given(flag: str) -> bool:
+        return any(token == f"--{flag}" or token.startswith(f"--{flag}=") for token in argv)
+
     tokens = []
     for key, value in config.items():
-        if any(token == f"--{key}" or token.startswith(f"--{key}=") for token in argv):
-            continue  # the command line wins
+        if given(key) or (key == "model-server-port" and given("vllm-port")):
+            continue  # the command line wins, the deprecated --vllm-port too (as llm-d's)
         if isinstance(value, bool):
             value = "true" if value else "false"
         elif isinstance(value, list):

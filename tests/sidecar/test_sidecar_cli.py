@@ -97,6 +97,10 @@ def test_configuration_sets_the_flags_the_command_line_does_not(tmp_path: Path) 
     assert listener.settings.decoder_url == "http://127.0.0.1:8203"
     assert listener.settings.prefill_tls and listener.settings.prefill_max_retries == 0
     assert cli.server_tls(args) is None
+    argv = ["--configuration={model-server-port: 8203}", "--vllm-port=8300"]
+    assert cli.listeners_from(cli.with_configuration(_args(*argv), argv))[0].settings.decoder_url.endswith(
+        ":8300"
+    )
     config = tmp_path / "sidecar.yaml"
     config.write_text("data-parallel-size: 2\nkv-connector: nixlv2\n")
     argv = [f"--configuration-file={config}"]
