@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import pathlib
 import signal
 import ssl
 import tempfile
@@ -72,20 +73,6 @@ def _stages(text: str) -> list[str]:
     return names
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer: {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: %(default)s)")
     parser.add_argument(
@@ -111,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--data-parallel-size",
-        type=_positive,
+        type=flags.positive_int,
         default=1,
         help="the local vLLM's data-parallel ranks: rank r is served on --port + r and relayed to "
         "the model server's port + r (default: %(default)s)",
@@ -247,11 +234,11 @@ def _inert_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--pool-group", default="inference.networking.k8s.io", help="as --inference-pool")
     g.add_argument(
         "--max-idle-conns-per-host",
-        type=_non_negative,
+        type=flags.non_negative_int,
         default=1024,
         help="Go's idle-connection cap; aiohttp keeps every idle connection until its keep-alive timeout",
     )
-    g.add_argument("--decode-chunk-size", type=_non_negative, default=0, help="refused when > 0")
+    g.add_argument("--decode-chunk-size", type=flags.non_negative_int, default=0, help="refused when > 0")
     flags.go_bool(g, "tracing", default=False, help="refused when true")
     flags.go_bool(g, "moriio-write-mode", default=False, help="refused when true")
     flags.go_bool(g, "moriio-parallel-dispatch", default=False, help="with --moriio-write-mode only")
@@ -266,7 +253,7 @@ def _inert_arguments(g: argparse._ArgumentGroup) -> None:
     ):
         g.add_argument(f"--{name}", type=flags.port_number, default=default, help="as above")
     for name, default in (("moriio-tp-size", 1), ("moriio-dp-size", 1), ("moriio-dp-size-local", 0)):
-        g.add_argument(f"--{name}", type=_non_negative, default=default, help="as above")
+        g.add_argument(f"--{name}", type=flags.non_negative_int, default=default, help="as above")
     g.add_argument("--moriio-local-pod-ip", default=os.environ.get("POD_IP", ""), help="as above")
     g.add_argument("--moriio-remote-hosts", default="", help="as above")
     g.add_argument("--moriio-decode-hosts", default="", help="as above")
@@ -439,8 +426,12 @@ def server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     """The listeners' TLS context (`--secure-proxy`): `--cert-path`'s pair, else self-signed."""
     if not args.secure_proxy:
         return None
-    key, cert = certs.read_pair(args.cert_path) if args.cert_path else certs.self_signed()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    if args.cert_path:  # ssl.SSLError (an OSError) when the key does not belong to the certificate
+        base = pathlib.Path(args.cert_path)
+        context.load_cert_chain(base / "tls.crt", base / "tls.key")
+        return context
+    key, cert = certs.self_signed()
     # ssl loads a chain from files only: write the pair to a private directory, load, remove.
     with tempfile.TemporaryDirectory(prefix="epp-sidecar-tls-") as tmp:
         cert_file, key_file = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
