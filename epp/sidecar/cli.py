@@ -427,9 +427,12 @@ def server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     if not args.secure_proxy:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    if args.cert_path:  # ssl.SSLError (an OSError) when the key does not belong to the certificate
+    if args.cert_path:
         base = pathlib.Path(args.cert_path)
-        context.load_cert_chain(base / "tls.crt", base / "tls.key")
+        try:  # ssl.SSLError (an OSError) too when the key does not belong to the certificate
+            context.load_cert_chain(base / "tls.crt", base / "tls.key")
+        except OSError as err:
+            raise ValueError(f"--cert-path {args.cert_path}: tls.crt and tls.key: {err}") from err
         return context
     key, cert = certs.self_signed()
     # ssl loads a chain from files only: write the pair to a private directory, load, remove.
