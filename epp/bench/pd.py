@@ -454,8 +454,53 @@ KEYS: Final = ("ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s
                "goodput_req_per_s", "split_share")  # fmt: skip
 
 
+BOOTSTRAP_ROUNDS: Final = 2000
+MIN_SEEDS_FOR_INTERVAL: Final = 5
+
+
+def seed_interval(
+    num: Sequence[dict[str, Any]], den: Sequence[dict[str, Any]], key: str, *, rounds: int = BOOTSTRAP_ROUNDS
+) -> tuple[float, float]:
+    """The 95% interval of mean(num[key]) / mean(den[key]) over the seeds, paired by seed (each
+    resample draws seeds, both policies' runs of a drawn seed together): how far a ratio moves with
+    which seeds were run. A p99 here is one run's ~20 slowest requests, and on pd-mixed at
+    `--load 6` the same two policies' TTFT p99 ratio over 5 seeds ranged 0.86x-1.18x across eight
+    blocks of 5 seeds (1.01x over the 40)."""
+    pairs = [
+        (a[key], b[key])
+        for a, b in zip(num, den, strict=True)
+        if not (math.isnan(a[key]) or math.isnan(b[key]))
+    ]
+    rng = random.Random(0)  # the same interval for the same runs
+    ratios = []
+    for _ in range(rounds):
+        draw = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(statistics.fmean(a for a, _ in draw) / max(statistics.fmean(b for _, b in draw), 1e-12))
+    ratios.sort()
+    return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
+
+
+def _ratio(
+    num: Sequence[dict[str, Any]], den: Sequence[dict[str, Any]], key: str, bound: float, low: bool
+) -> str:
+    """`key`'s ratio of the means with its verdict against `bound` (a ratio that must stay at or
+    under it when `low`, else at or over): `ok`, `MISS`, or `MISS (within noise)` where the seeds'
+    interval still reaches the bound; with 5 seeds or more the interval is shown."""
+    ratio = statistics.fmean(r[key] for r in num) / max(statistics.fmean(r[key] for r in den), 1e-12)
+    ok = ratio <= bound if low else ratio >= bound
+    text = f"{key} {ratio:.3f}x"
+    verdict = "ok" if ok else "MISS"
+    if len(num) >= MIN_SEEDS_FOR_INTERVAL:
+        lo, hi = seed_interval(num, den, key)
+        text += f" [{lo:.3f}-{hi:.3f}]"
+        if not ok and (lo <= bound if low else hi >= bound):
+            verdict = "MISS (within noise)"
+    return f"{text} {verdict}"
+
+
 def targets(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
-    """The issue's targets, checked on the means over seeds: lines of text."""
+    """The issue's targets, checked on the means over seeds: lines of text. With 5 seeds or more
+    each ratio carries its 95% interval over the seeds (`seed_interval`)."""
     lines = []
 
     def mean(w: str, p: str, k: str) -> float:
@@ -463,23 +508,26 @@ def targets(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
 
     for w, by_policy in results.items():
         if "epp-pd" in by_policy and "llm-d-pd" in by_policy:
-            parts = []
-            for k, better in (("e2e_p50_s", "low"), ("e2e_p99_s", "low"), ("ttft_p99_s", "low"),
-                              ("output_tok_per_s", "high"), ("goodput_req_per_s", "high")):  # fmt: skip
-                ratio = mean(w, "epp-pd", k) / max(mean(w, "llm-d-pd", k), 1e-12)
-                ok = ratio <= 1.0 if better == "low" else ratio >= 1.0
-                parts.append(f"{k} {ratio:.3f}x {'ok' if ok else 'MISS'}")
+            epp, llmd = by_policy["epp-pd"], by_policy["llm-d-pd"]
+            parts = [
+                _ratio(epp, llmd, k, 1.0, low)
+                for k, low in (("e2e_p50_s", True), ("e2e_p99_s", True), ("ttft_p99_s", True),
+                               ("output_tok_per_s", False), ("goodput_req_per_s", False))
+            ]  # fmt: skip
             means = ", ".join(
                 f"{k} {mean(w, 'epp-pd', k) / max(mean(w, 'llm-d-pd', k), 1e-12):.4f}x"
                 for k in ("ttft_mean_s", "tpot_mean_s", "e2e_mean_s")
             )
             lines.append(f"{w}: epp-pd / llm-d-pd: " + ", ".join(parts) + f" (per request: {means})")
         if "epp-pd-flex" in by_policy and "aggregated" in by_policy:
-            e2e = mean(w, "epp-pd-flex", "e2e_p99_s") / max(mean(w, "aggregated", "e2e_p99_s"), 1e-12)
-            good = mean(w, "epp-pd-flex", "goodput_req_per_s") / max(
-                mean(w, "aggregated", "goodput_req_per_s"), 1e-12
-            )
-            lines.append(f"{w}: epp-pd-flex / aggregated: e2e_p99 {e2e:.3f}x, goodput {good:.3f}x")
+            flex, agg = by_policy["epp-pd-flex"], by_policy["aggregated"]
+            # "Within 3% of aggregated": the issue's bound where P/D loses to aggregated serving.
+            parts = [
+                _ratio(flex, agg, k, 1.03 if low else 0.97, low)
+                for k, low in (("e2e_p50_s", True), ("e2e_p99_s", True), ("ttft_p99_s", True),
+                               ("output_tok_per_s", False), ("goodput_req_per_s", False))
+            ]  # fmt: skip
+            lines.append(f"{w}: epp-pd-flex / aggregated (within 3%): " + ", ".join(parts))
     return lines
 
 

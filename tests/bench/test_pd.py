@@ -154,3 +154,27 @@ def test_the_scrape_pace_is_epp_serves_unless_the_flag_says_otherwise(
     assert seen == [BOOKED_METRICS_INTERVAL_S, 0.0]
     with pytest.raises(SystemExit, match="booked-scrape-interval"):
         pd.run(parser.parse_args([*argv, "--booked-scrape-interval", "61"]))
+
+
+def test_targets_carry_the_seeds_interval_and_say_when_a_miss_is_noise() -> None:
+    keys = ("e2e_p50_s", "e2e_p99_s", "ttft_p99_s", "output_tok_per_s", "goodput_req_per_s",
+            "ttft_mean_s", "tpot_mean_s", "e2e_mean_s")  # fmt: skip
+
+    def runs(values: list[float]) -> list[dict[str, float]]:
+        return [dict.fromkeys(keys, v) for v in values]
+
+    # Paired by seed: the same 5% more on every seed is a tight interval around 1.05.
+    base = [1.0, 2.0, 3.0, 4.0, 5.0]
+    lo, hi = pd.seed_interval(runs([1.05 * b for b in base]), runs(base), "ttft_p99_s")
+    assert 1.049 < lo <= hi < 1.051
+    # Noisy seeds: the interval is wide, and a ratio over the bound whose interval reaches it is
+    # called noise; one whose interval is clear of it is a miss.
+    noisy = runs([0.8, 2.6, 2.7, 4.4, 5.2])
+    line = pd.targets({"w": {"epp-pd": noisy, "llm-d-pd": runs(base)}})[0]
+    assert "e2e_p50_s 1.047x [" in line and "MISS (within noise)" in line
+    line = pd.targets({"w": {"epp-pd-flex": runs([1.05 * b for b in base]), "aggregated": runs(base)}})[0]
+    assert line.startswith("w: epp-pd-flex / aggregated (within 3%): ")
+    assert "ttft_p99_s 1.050x [1.050-1.050] MISS," in line  # the lower-is-better ones miss
+    assert "goodput_req_per_s 1.050x [1.050-1.050] ok" in line
+    # Under 5 seeds no interval is drawn.
+    assert "[" not in pd.targets({"w": {"epp-pd": runs(base[:4]), "llm-d-pd": runs(base[:4])}})[0]
