@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -406,6 +407,52 @@ async def test_latency_decider_min_prompt_tokens_keeps_short_prompts_local() -> 
     _, result = await d.explain(path="/v1/completions", headers={}, body=body(10000))
     assert "minPromptTokens" in result.profiles["prefill"].facts["request"]["reason"]
     ctx.finish(complete=False)
+
+
+async def test_decode_pods_are_priced_for_the_prefill_the_decider_sends_elsewhere() -> None:
+    ds = pool("prefill", "decode")
+    d, _ = director(LATENCY, ds)
+    dec = ds.get("decode-1")
+    assert dec is not None
+    dec.metrics = dataclasses.replace(dec.metrics, running=8, updated_at=1.0)
+
+    async def decode_terms() -> tuple[dict[str, Any], dict[str, Any]]:
+        _, result = await d.explain(path="/v1/completions", headers={}, body=body(10000, start=90_000))
+        facts = result.profiles["decode"].facts
+        return facts["request"], facts["endpoints"]["decode-1"]
+
+    # Nothing split yet: the decode pod is priced for a prefill of its own, which would stall its
+    # 8 streams for about a second each.
+    request, local = await decode_terms()
+    assert "remote_prefill" not in request
+    assert local["prefill_stall_others_s"] > 4.0
+    expected = 0.0
+    for i in range(30):  # split while the prefill pod's queue allows; explain itself moves nothing
+        ctx = await d.route(path="/v1/completions", headers={}, body=body(10000, start=1 + i), subset=None)
+        expected += 0.05 * ((PREFILL_HEADER in ctx.headers) - expected)
+        ctx.finish(complete=False)
+    request, remote = await decode_terms()
+    share = request["remote_prefill"]["share"]
+    assert share == pytest.approx(expected) and share > 0.1
+    # 1,000 bytes a token at the prior 1 GB/s.
+    assert request["remote_prefill"]["seconds_per_token"] == pytest.approx(1e-6)
+    assert remote["prefill_stall_others_s"] == pytest.approx(local["prefill_stall_others_s"] * (1.0 - share))
+    # The first-token work: that share of the local prefill (and its miss price) is replaced by
+    # moving 10,000 tokens' KV (10 ms); the queue and the overhead stay.
+    work = remote["prefill_s"] + remote["miss_penalty_s"]
+    kept = remote["overhead_s"] + remote["queue_s"] + remote["kv_price_s"]
+    assert remote["ttft_objective_s"] == pytest.approx(kept + (1.0 - share) * work + share * 0.01)
+    # A prompt under minPromptTokens never splits: its decode pod is priced as before.
+    d2, _ = director(
+        LATENCY.replace("kvBytesPerToken: 1000,", "kvBytesPerToken: 1000, minPromptTokens: 5000,"), ds
+    )
+    for i in range(5):
+        ctx = await d2.route(path="/v1/completions", headers={}, body=body(10000, start=1 + i), subset=None)
+        ctx.finish(complete=False)
+    _, result = await d2.explain(path="/v1/completions", headers={}, body=body(1000, start=90_000))
+    assert "remote_prefill" not in result.profiles["decode"].facts["request"]
+    _, result = await d2.explain(path="/v1/completions", headers={}, body=body(10000, start=90_000))
+    assert result.profiles["decode"].facts["request"]["remote_prefill"]["share"] > 0.2
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces, registry
 from epp.scheduling.plugins import request_latency_scorer as mod
+from epp.scheduling.plugins.step_model import StepModel
 
 from . import builders, fleet
 from .fleet import Clock, feed, toks
@@ -38,7 +39,7 @@ class Stack(fleet.Stack):
         super().__init__(kind, "lat", **params)
 
 
-def teach(model: mod.StepModel, a: float, b: float, c: float, n: int = 200) -> None:
+def teach(model: StepModel, a: float, b: float, c: float, n: int = 200) -> None:
     rng = random.Random(3)
     for _ in range(n):
         batch = rng.uniform(1, 40)
@@ -50,7 +51,7 @@ def teach(model: mod.StepModel, a: float, b: float, c: float, n: int = 200) -> N
 
 
 def test_the_step_model_learns_the_roofline_terms() -> None:
-    model = mod.StepModel(0.02, 0.999)
+    model = StepModel(0.02, 0.999)
     assert model.coefficients == (0.02, 0.0, 0.0)  # the prior: a lightly loaded pod's step
     teach(model, 0.018, 2e-4, 4.7e-7)
     a, b, c = model.coefficients
@@ -61,7 +62,7 @@ def test_the_step_model_learns_the_roofline_terms() -> None:
 
 
 def test_a_negative_fit_is_never_a_reward_for_a_bigger_batch() -> None:
-    model = mod.StepModel(0.02, 0.999)
+    model = StepModel(0.02, 0.999)
     teach(model, 0.05, -1e-3, -1e-7)  # nonsense data: bigger batches faster
     _, b, c = model.coefficients
     assert b == 0.0 and c == 0.0

@@ -31,6 +31,7 @@ from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.scheduling import interfaces, registry
 from epp.scheduling.plugins import precise_prefix_cache_scorer, prefix_cache_scorer, prefix_match_scorer
+from epp.scheduling.plugins.predicted_ttft_terms import RemotePrefill
 from epp.scheduling.plugins.role_filter import ROLE_LABEL, PrefillFilter
 
 PREFILL_ROLES = PrefillFilter.roles
@@ -50,6 +51,15 @@ class Decider(interfaces.Plugin, Protocol):
         """Whether the stage runs apart for `request`, `decode` being the chosen decode pod (None
         in prefill-first order) and `prefill` the prefill profile's result when `prices_prefill`."""
         ...
+
+
+@runtime_checkable
+class ExpectsRemotePrefill(Protocol):
+    """A prefill decider that can say, before the decode pod is chosen, how likely a request is to
+    be split (`pd-latency-decider`): the decode profile's latency scorer then prices a decode pod
+    for the prefill it is expected to run, not for one on itself."""
+
+    def expected_remote(self, request: InferenceRequest) -> RemotePrefill | None: ...
 
 
 def prompt_tokens(request: InferenceRequest) -> int:

@@ -37,6 +37,16 @@ prefills onto whichever pod its queue estimate flatters (`epp bench pd`, pd-long
 `uncached(D)` is what D does not hold: only those blocks move (vLLM's NixlConnector pulls the
 blocks the decode pod lacks).
 
+Before the decode profile runs, the decider tells its latency scorer how likely a split is
+(`expected_remote`: its split share over the last ~20 routed requests it could split, and the
+KV's transfer seconds per token at the pairs' mean learned rate). The scorer then prices each
+decode pod for that share of the prefill running elsewhere: the transfer in place of its own
+prefill, and no stall of its streams for it. Priced as a local prefill, the decode pods that held
+the prompt, or had the fewest streams to stall, drew most requests though the prefill ran on a
+prefill pod (`epp bench pd`, pd-mixed at 4 times with 5% prefill deaths: the busiest of 4 decode
+pods took 41% of the requests, and the prefills the sidecar fell back to there stalled its
+streams: E2E p50 1.03x llm-d's over 40 seeds).
+
 `bandwidth(P, D)` starts at `bandwidthBytesPerSecond` and is learned per pod pair from the TTFTs of
 the requests split over that pair: the part of a TTFT the predicted prefill leg and D's step do
 not explain is the transfer, per byte moved (a log-space moving average, weight
@@ -96,10 +106,11 @@ from epp.scheduling.disagg import deciders
 from epp.scheduling.disagg.runner import PEER_KEY
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
 from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer
-from epp.scheduling.plugins.predicted_ttft_terms import TTFTDecision
+from epp.scheduling.plugins.predicted_ttft_terms import RemotePrefill, TTFTDecision
 from epp.sidecar.protocol import PREFILL_RESULT_HEADER, PREFILL_SECONDS_HEADER
 
 MAX_PENDING: Final = 65536
+SPLIT_SHARE_WEIGHT: Final = 0.05  # each decision's weight in the split share (~20 requests' memory)
 
 
 @dataclasses.dataclass(slots=True)
@@ -133,6 +144,7 @@ class _Pricing:
     local_s: float = 0.0
     best_split_s: float = math.inf
     split: bool = False
+    eligible: bool = False  # past minPromptTokens, decided: counted in the split share when routed
     reason: str = ""
 
 
@@ -250,6 +262,10 @@ class PDLatencyDecider(registry.PluginBase):
         self._stall_w = params.stallWeight
         self._prefix = ""  # the prefill profile's prefix scorer (P's cached tokens)
         self._bandwidth: dict[tuple[str, str], float] = {}
+        self._inv_bw = 0.0  # the sum of 1 / bandwidth over the learned pairs
+        # The share of the requests this decider could split (minPromptTokens) that it did,
+        # lately: what the decode profile's latency scorer is told to expect (`expected_remote`).
+        self._split_share = 0.0
         self._samples: dict[tuple[str, str], int] = collections.Counter()
         self._last: _Pricing | None = None
         self._pending: collections.OrderedDict[int, _Pending] = collections.OrderedDict()
@@ -377,7 +393,9 @@ class PDLatencyDecider(registry.PluginBase):
         pricing.best_split_s = leg.split_s
         if deciders.prompt_tokens(request) < self._min_prompt:
             pricing.reason = f"prompt under minPromptTokens {self._min_prompt}"
-        elif prefill.targets[0] is decode:
+            return False
+        pricing.eligible = True
+        if prefill.targets[0] is decode:
             pricing.reason = "the best prefill pod is the decode pod"
         elif leg.split_s + self._margin < pricing.local_s * (1.0 - self._ratio):
             pricing.split = True
@@ -385,6 +403,17 @@ class PDLatencyDecider(registry.PluginBase):
         else:
             pricing.reason = f"local is cheaper by {leg.split_s - pricing.local_s:.4f} s"
         return pricing.split
+
+    def expected_remote(self, request: InferenceRequest) -> RemotePrefill | None:
+        """How likely `request` is to be split, told to the decode profile before it picks the
+        decode pod: this decider's recent split share for prompts it may split, and the KV's
+        transfer seconds per token at the pairs' mean learned rate. None for a prompt under
+        `minPromptTokens`, or while nothing was split lately (every pod priced as before)."""
+        if self._split_share < 0.01 or deciders.prompt_tokens(request) < self._min_prompt:
+            return None
+        learned = len(self._bandwidth)
+        per_byte = self._inv_bw / learned if learned else 1.0 / self._prior_bw
+        return RemotePrefill(self._split_share, self._kv_bytes * per_byte)
 
     # --- effects -----------------------------------------------------------------------------------
 
@@ -397,6 +426,8 @@ class PDLatencyDecider(registry.PluginBase):
         prefill = result.stages.get("prefill")
         if pricing.decode is None:
             return
+        if pricing.eligible:  # routed, not explained: /debug/score leaves the share alone
+            self._split_share += SPLIT_SHARE_WEIGHT * (float(bool(prefill)) - self._split_share)
         if not prefill:
             self._loads.add(pricing.decode.name, pricing.local_prefill_s, now)
             return
@@ -462,9 +493,12 @@ class PDLatencyDecider(registry.PluginBase):
         if residual <= 0.0:
             return  # the decode pod's step hid the transfer: nothing to say about the link
         seen = booked.bytes / residual
-        old = self._bandwidth.get(booked.pair, self._prior_bw)
+        known = self._bandwidth.get(booked.pair)
+        old = self._prior_bw if known is None else known
         new = math.exp(math.log(old) + self._learn_w * (math.log(seen) - math.log(old)))
-        self._bandwidth[booked.pair] = min(max(new, self._prior_bw / 1000.0), self._prior_bw * 10.0)
+        new = min(max(new, self._prior_bw / 1000.0), self._prior_bw * 10.0)
+        self._bandwidth[booked.pair] = new
+        self._inv_bw += 1.0 / new - (0.0 if known is None else 1.0 / known)
         self._samples[booked.pair] += 1
 
     def bandwidth(self, prefill: str, decode: str) -> float:
@@ -477,8 +511,10 @@ class PDLatencyDecider(registry.PluginBase):
             for name in gone:
                 self._loads.forget(name)
             for pair in [p for p in self._bandwidth if gone.intersection(p)]:
-                del self._bandwidth[pair]
+                self._inv_bw -= 1.0 / self._bandwidth.pop(pair)
                 self._samples.pop(pair, None)
+            if not self._bandwidth:
+                self._inv_bw = 0.0  # no rounding left behind
 
     def explain(self, cycle: interfaces.CycleState) -> Mapping[str, Any]:
         pricing = self._last

@@ -4,11 +4,12 @@
 disaggregation handler (`handler.DisaggProfileHandler`), in llm-d's order:
 
 - decode first (the default): the decode profile picks the decode pod (the destination; no
-  endpoint -> the request fails, as llm-d's); then, for a multimodal request, the encode stage if
-  its decider says so; then the prefill stage if its decider says so. llm-d's deciders look at
-  the decode pod (and its prefix match) only; a decider that `prices_prefill` (epp's
-  `pd-latency-decider`) is handed the prefill profile's pick, made knowing the decode pod
-  (`PEER_KEY` in the cycle state), and says whether the split is worth it.
+  endpoint -> the request fails, as llm-d's; a decider that `ExpectsRemotePrefill` first says how
+  likely a split is, which the decode profile's latency scorer prices); then, for a multimodal
+  request, the encode stage if its decider says so; then the prefill stage if its decider says
+  so. llm-d's deciders look at the decode pod (and its prefix match) only; a decider that
+  `prices_prefill` (epp's `pd-latency-decider`) is handed the prefill profile's pick, made
+  knowing the decode pod (`PEER_KEY` in the cycle state), and says whether the split is worth it.
 - prefill first: the prefill profile always runs, then encode (its decider), then decode, with the
   prefill pod in the cycle state (`PEER_KEY`) for plugins that place decode near it.
 
@@ -35,7 +36,8 @@ from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
 from epp.observability import llmd_metrics, metrics
 from epp.scheduling import framework, interfaces
-from epp.scheduling.disagg.deciders import Decider
+from epp.scheduling.disagg.deciders import Decider, ExpectsRemotePrefill
+from epp.scheduling.plugins.predicted_ttft_terms import REMOTE_PREFILL_KEY
 
 PEER_KEY: Final = "epp.disagg/peer"
 """Cycle-state key of the pod chosen by the stage that ran before (decode-first: the decode pod,
@@ -118,6 +120,13 @@ class DisaggScheduler(framework.Scheduler):
         self._profile = decode  # what `facts` reads without a multi-profile result
         self._observe = metrics.scheduler_duration.observe
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        # Decode first, a decider that prices the split (pd-latency-decider) says how likely one
+        # is before the decode profile runs (`REMOTE_PREFILL_KEY`).
+        self._expects = (
+            prefill_decider
+            if prefill is not None and isinstance(prefill_decider, ExpectsRemotePrefill)
+            else None
+        )
 
     def consumes_tokens(self) -> bool:
         deciders = (d for d in (self.prefill_decider, self.encode_decider) if d is not None)
@@ -156,6 +165,11 @@ class DisaggScheduler(framework.Scheduler):
         endpoints: list[Endpoint],
         explain: bool,
     ) -> interfaces.SchedulingResult:
+        expects = self._expects
+        if expects is not None:
+            remote = expects.expected_remote(request)
+            if remote is not None:
+                cycle[REMOTE_PREFILL_KEY] = remote
         decode = self.decode.run(cycle, request, endpoints, explain=explain)
         result = interfaces.SchedulingResult(self.decode.name, {self.decode.name: decode}, cycle)
         pod = decode.targets[0]

@@ -4,7 +4,8 @@ request's prediction kept until its response (`Booked`), an endpoint's learned r
 queue (`Rate`), and explain's terms per endpoint (`explain_endpoints`).
 
 `request-latency-scorer` and the P/D latency decider read them too; the model that fills them is
-in `predicted_ttft_scorer`.
+in `predicted_ttft_scorer`. `RemotePrefill` is what the P/D runner tells the decode profile's
+latency scorer of the prefill that is expected to run elsewhere.
 """
 
 from __future__ import annotations
@@ -77,6 +78,21 @@ class Rate:
         return left if left > 0.0 else 0.0
 
 
+REMOTE_PREFILL_KEY: Final = "epp.disagg/remote-prefill"
+"""Cycle-state key of a `RemotePrefill`, set by the P/D runner (decode first) before the decode
+profile runs."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RemotePrefill:
+    """How likely the request being scored is to be prefilled on another pod, and what its KV
+    then costs to move per uncached token: the decode pod pays `share` of its own prefill (the
+    first-token work and the stall of its streams) and `share` of the transfer instead."""
+
+    share: float  # in [0, 1]: the decider's recent split share for requests like this one
+    seconds_per_token: float  # KV bytes per token over the pod pairs' bandwidth
+
+
 @dataclasses.dataclass(slots=True)
 class Prediction:
     """One endpoint's prediction for the request being scored."""
@@ -145,6 +161,8 @@ class TTFTDecision:
     warming: frozenset[str] = frozenset()
     # request-latency-scorer's decode terms per endpoint: values in the order of EXTRA_FIELDS.
     extra_rows: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    # request-latency-scorer under P/D: the remote prefill its objective expected, if any.
+    remote: RemotePrefill | None = None
 
     @property
     def predictions(self) -> dict[str, tuple[float, float, float, float]]:

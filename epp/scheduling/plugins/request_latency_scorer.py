@@ -106,21 +106,20 @@ from epp.scheduling.plugins import slo_targets
 from epp.scheduling.plugins.metrics_learning import Growth
 from epp.scheduling.plugins.precise_prefix_cache_scorer import PrefixMatch
 from epp.scheduling.plugins.predicted_ttft_scorer import PredictedTTFTScorer
-from epp.scheduling.plugins.predicted_ttft_terms import Prediction, TTFTDecision
+from epp.scheduling.plugins.predicted_ttft_terms import (
+    REMOTE_PREFILL_KEY,
+    Prediction,
+    RemotePrefill,
+    TTFTDecision,
+)
+from epp.scheduling.plugins.step_model import StepModel, step_at
 
 MAX_ACTIVE: Final = 65536
 """Requests tracked in flight; beyond it the oldest are dropped (lost responses)."""
 
-PRIOR_VARIANCE: Final = 10.0
-"""Of each (scaled) step coefficient: a few dozen responses outweigh the prior."""
-
 POD_SPEED_RATE: Final = 0.05
 """The least weight of a pod's latest metrics window in its step factor (`podStepFactors`): the
 factor follows a change within ~20 windows (~40 s at the default window)."""
-
-# Regressors are scaled so that the three step coefficients are of similar size.
-_N_SCALE: Final = 10.0
-_CTX_SCALE: Final = 1e5
 
 
 @dataclasses.dataclass(slots=True)
@@ -152,12 +151,6 @@ class _Active:
     tpot_target: float | None = None
 
 
-def step_at(coefficients: tuple[float, float, float], n: float, ctx: float) -> float:
-    """`StepModel.step` at coefficients read beforehand (once per request when scoring)."""
-    a, b, c = coefficients
-    return a + b * n + c * ctx
-
-
 @dataclasses.dataclass(slots=True)
 class _Scoring:
     """The request being scored, as `_predict` (called per endpoint by the base class) needs it:
@@ -173,45 +166,7 @@ class _Scoring:
     overlap: float  # the tokens of its decode that overlap a running stream's
     # per endpoint: its first token had it no wait (overhead + uncached prefill, slowed by decodes)
     own: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-class StepModel:
-    """`step(n, ctx) = a + b * n + c * ctx`, fitted by recursive least squares with forgetting.
-
-    The prior is `a = prior_step`, `b = c = 0`, with a variance that lets a few dozen observations
-    move it. Coefficients are used clipped at 0 (a per-sequence or per-token cost is never
-    negative), so a noisy fit cannot reward a bigger batch."""
-
-    __slots__ = ("_lambda", "_p", "_theta", "seen")
-
-    def __init__(self, prior_step: float, forgetting: float) -> None:
-        self._theta = [prior_step, 0.0, 0.0]
-        self._p = [[PRIOR_VARIANCE if i == j else 0.0 for j in range(3)] for i in range(3)]
-        self._lambda = forgetting
-        self.seen = 0
-
-    @property
-    def coefficients(self) -> tuple[float, float, float]:
-        """(a seconds, b seconds per sequence, c seconds per context token), clipped at 0."""
-        a, b, c = self._theta
-        return max(a, 1e-4), max(b, 0.0) / _N_SCALE, max(c, 0.0) / _CTX_SCALE
-
-    def step(self, n: float, ctx: float) -> float:
-        return step_at(self.coefficients, n, ctx)
-
-    def observe(self, n: float, ctx: float, tpot: float) -> None:
-        x = (1.0, n / _N_SCALE, ctx / _CTX_SCALE)
-        p, theta = self._p, self._theta
-        px = [sum(p[i][j] * x[j] for j in range(3)) for i in range(3)]
-        denom = self._lambda + sum(x[i] * px[i] for i in range(3))
-        gain = [v / denom for v in px]
-        error = tpot - sum(theta[i] * x[i] for i in range(3))
-        for i in range(3):
-            theta[i] += gain[i] * error
-        for i in range(3):
-            for j in range(3):
-                p[i][j] = (p[i][j] - gain[i] * px[j]) / self._lambda
-        self.seen += 1
+    remote: RemotePrefill | None = None  # P/D: the prefill expected on another pod
 
 
 @registry.register("request-latency-scorer")
@@ -269,9 +224,11 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         terms: dict[str, tuple[float, ...]] = {}
         slo = request.slo_ttft is not None or request.slo_tpot is not None or bool(self._tpot_targets)
         overlap = min(out, self._mean_out / 2.0)
+        remote = cycle.get(REMOTE_PREFILL_KEY)
         scoring = _Scoring(
-            request, out, tokens + out / 2.0, terms, slo, {}, self._model.coefficients, overlap
-        )
+            request, out, tokens + out / 2.0, terms, slo, {}, self._model.coefficients, overlap,
+            remote=remote if isinstance(remote, RemotePrefill) and remote.share > 0.0 else None,
+        )  # fmt: skip
         self._scoring = scoring
         try:
             scores = super().score(cycle, request, endpoints)
@@ -280,6 +237,7 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         decision = cycle.get(self.name)
         if isinstance(decision, TTFTDecision):
             decision.extra_rows = terms
+            decision.remote = scoring.remote
         verdicts = scoring.verdicts
         if verdicts and len(verdicts) == len(endpoints):
             tiered = slo_targets.tiered(scores, [verdicts[ep.name].tier for ep in endpoints])
@@ -318,13 +276,27 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         slowdown = n * scoring.overlap * (after - before)
         prefill = p.uncached * self._rates[name].cost * p.slowdown  # the base class made the rate
         stall = self._stall_w * (n - waiting if n > waiting else 0) * prefill
-        scoring.own[name] = self._overhead * p.slowdown + prefill
+        ttft_objective = p.objective
+        own = prefill
+        remote = scoring.remote
+        if remote is not None:
+            # P/D: the prefill is expected on a prefill pod. This pod then computes none of it and
+            # its streams do not stall; the uncached KV moves in instead. Priced locally, a
+            # decode pod's choice followed a prefill that does not happen: the pods holding the
+            # prompt, or with the fewest streams to stall, drew 37-44% of pd-mixed's requests
+            # (of 4), and the prefills the sidecar fell back to there stalled their streams.
+            q = remote.share
+            transfer = p.uncached * remote.seconds_per_token
+            local = p.objective - self._overhead * p.slowdown - p.queue_s - p.kv_price  # service + miss
+            ttft_objective += q * (transfer - local)
+            stall *= 1.0 - q
+            own += q * (transfer - prefill)
+        scoring.own[name] = self._overhead * p.slowdown + own
         admission = 0.0
         if waiting > 0 and m.kv_usage >= self._kv_soft:
             # Requests wait for KV blocks, admitted one per finishing sequence: the queue ahead
             # drains at `running` per mean decode time (Little), not at the prefill rate.
             admission = waiting * self._decode_s / max(m.running, 1)
-        ttft_objective = p.objective
         p.objective = (
             self._ttft_w * (ttft_objective + admission)
             + self._decode_w * decode
@@ -523,6 +495,9 @@ class RequestLatencyScorer(PredictedTTFTScorer):
         price + miss penalty) + `admission_wait_s`) x ttftWeight + `decode_s` x decodeWeight +
         (`slowdown_others_s` + `prefill_stall_others_s`) x othersWeight; `e2e_s` =
         `predicted_ttft_s` + `admission_wait_s` + `decode_s`.
+        Under P/D (`remote_prefill`: the share of such requests the decider splits, and the
+        KV's transfer seconds per token) `ttft_objective_s` and `prefill_stall_others_s` take that
+        share of the transfer in place of the endpoint's own prefill and stall.
         `step_s` is the per-token time predicted after the pick (`batch` sequences over
         `context_tokens` before it), `pod_step_factor` the endpoint's factor on the shared model;
         request-level `step_model` gives the learned coefficients.
@@ -540,7 +515,8 @@ class RequestLatencyScorer(PredictedTTFTScorer):
             if row is None:
                 continue
             parts = row["overhead_s"] + row["queue_s"] + row["prefill_s"] + row["kv_price_s"]
-            if abs(parts + row["miss_penalty_s"] - extra["ttft_objective_s"]) > 1e-9:
+            off = abs(parts + row["miss_penalty_s"] - extra["ttft_objective_s"]) > 1e-9
+            if off and decision.remote is None:
                 # Without the candidates the miss penalty was taken as what was left of the whole
                 # objective; it is what is left of the TTFT objective.
                 row["miss_penalty_s"] = max(extra["ttft_objective_s"] - parts, 0.0)
@@ -559,6 +535,11 @@ class RequestLatencyScorer(PredictedTTFTScorer):
             "per_context_token_s": c,
             "observations": self._model.seen,
         }
+        if decision.remote is not None:
+            base["request"]["remote_prefill"] = {
+                "share": decision.remote.share,
+                "seconds_per_token": decision.remote.seconds_per_token,
+            }
         base["request"]["output_ratio"] = self._out_ratio
         base["request"]["weights"] = {
             "ttft": self._ttft_w,
