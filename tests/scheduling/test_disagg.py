@@ -24,6 +24,9 @@ from epp.sidecar.protocol import (
     PREFILL_SECONDS_HEADER,
 )
 
+from .fleet import Clock
+from .fleet import clock as clock  # the fixture
+
 LLMD = Path(__file__).parent / "data" / "llmd-pd"
 ROLE = "llm-d.ai/role"
 
@@ -409,31 +412,40 @@ async def test_latency_decider_min_prompt_tokens_keeps_short_prompts_local() -> 
     ctx.finish(complete=False)
 
 
-async def test_decode_pods_are_priced_for_the_prefill_the_decider_sends_elsewhere() -> None:
+async def test_decode_pods_are_priced_for_the_prefill_the_decider_sends_elsewhere(clock: Clock) -> None:
     ds = pool("prefill", "decode")
     d, _ = director(LATENCY, ds)
     dec = ds.get("decode-1")
     assert dec is not None
-    dec.metrics = dataclasses.replace(dec.metrics, running=8, updated_at=1.0)
+    dec.metrics = dataclasses.replace(dec.metrics, running=8, updated_at=clock.now)
 
     async def decode_terms() -> tuple[dict[str, Any], dict[str, Any]]:
         _, result = await d.explain(path="/v1/completions", headers={}, body=body(10000, start=90_000))
         facts = result.profiles["decode"].facts
         return facts["request"], facts["endpoints"]["decode-1"]
 
+    async def split(n: int) -> None:
+        for i in range(n):  # 5 s apart: the prefill pod's queue is empty again each time
+            clock.now += 5.0
+            ctx = await d.route(
+                path="/v1/completions", headers={}, body=body(10000, start=1 + i), subset=None
+            )
+            assert ctx.headers == {PREFILL_HEADER: "10.0.0.1:8000"}
+            ctx.finish(complete=False)
+
     # Nothing split yet: the decode pod is priced for a prefill of its own, which would stall its
     # 8 streams for about a second each.
     request, local = await decode_terms()
     assert "remote_prefill" not in request
     assert local["prefill_stall_others_s"] > 4.0
-    expected = 0.0
-    for i in range(30):  # split while the prefill pod's queue allows; explain itself moves nothing
-        ctx = await d.route(path="/v1/completions", headers={}, body=body(10000, start=1 + i), subset=None)
-        expected += 0.05 * ((PREFILL_HEADER in ctx.headers) - expected)
-        ctx.finish(complete=False)
+    # Each routed request moves the split share by 5% of the way; explain moves nothing. Until
+    # most are split (10 of the last: 0.40) the decode pod is still priced as before.
+    await split(10)
+    assert "remote_prefill" not in (await decode_terms())[0]
+    await split(4)  # 0.51
     request, remote = await decode_terms()
     share = request["remote_prefill"]["share"]
-    assert share == pytest.approx(expected) and share > 0.1
+    assert share == pytest.approx(1.0 - 0.95**14)
     # 1,000 bytes a token at the prior 1 GB/s.
     assert request["remote_prefill"]["seconds_per_token"] == pytest.approx(1e-6)
     assert remote["prefill_stall_others_s"] == pytest.approx(local["prefill_stall_others_s"] * (1.0 - share))
@@ -443,16 +455,13 @@ async def test_decode_pods_are_priced_for_the_prefill_the_decider_sends_elsewher
     kept = remote["overhead_s"] + remote["queue_s"] + remote["kv_price_s"]
     assert remote["ttft_objective_s"] == pytest.approx(kept + (1.0 - share) * work + share * 0.01)
     # A prompt under minPromptTokens never splits: its decode pod is priced as before.
-    d2, _ = director(
+    d, _ = director(
         LATENCY.replace("kvBytesPerToken: 1000,", "kvBytesPerToken: 1000, minPromptTokens: 5000,"), ds
     )
-    for i in range(5):
-        ctx = await d2.route(path="/v1/completions", headers={}, body=body(10000, start=1 + i), subset=None)
-        ctx.finish(complete=False)
-    _, result = await d2.explain(path="/v1/completions", headers={}, body=body(1000, start=90_000))
+    await split(20)
+    _, result = await d.explain(path="/v1/completions", headers={}, body=body(1000, start=90_000))
     assert "remote_prefill" not in result.profiles["decode"].facts["request"]
-    _, result = await d2.explain(path="/v1/completions", headers={}, body=body(10000, start=90_000))
-    assert result.profiles["decode"].facts["request"]["remote_prefill"]["share"] > 0.2
+    assert (await decode_terms())[0]["remote_prefill"]["share"] == pytest.approx(1.0 - 0.95**20)
 
 
 @pytest.mark.parametrize(
