@@ -62,6 +62,12 @@ and their batch and context grow, so their decode price rises until a miss elsew
 paid once per new replica) is cheaper; the next request seeds a new replica, which its successors
 then hit. predicted-ttft-scorer's popularity scaling of the miss penalty still applies.
 
+Under P/D, decode first, `pd-latency-decider` may say before this profile runs that it splits most
+requests like this one (`RemotePrefill` in the cycle state: that share, and the KV's transfer
+seconds per token): that share of each endpoint's own prefill and miss price is then the transfer
+of its uncached tokens instead, and that share of the stall is dropped (its streams do not stall
+for a prefill run elsewhere).
+
 Latency targets (`x-slo-ttft-ms`, `x-slo-tpot-ms`; `slo_targets.py`, docs/slo.md): with targets
 in play, the candidates predicted to meet them (TTFT: `predicted_ttft_s` + `admission_wait_s`;
 TPOT: `step_s` against the request's own target; for the targets of the requests running
