@@ -289,8 +289,9 @@ class RequestLatencyScorer(PredictedTTFTScorer):
             # P/D: the prefill is expected on a prefill pod. This pod then computes none of it and
             # its streams do not stall; the uncached KV moves in instead. Priced locally, a
             # decode pod's choice followed a prefill that does not happen: the pods holding the
-            # prompt, or with the fewest streams to stall, drew 37-44% of pd-mixed's requests
-            # (of 4), and the prefills the sidecar fell back to there stalled their streams.
+            # prompt, or with the fewest streams to stall, drew the requests (`epp bench pd`,
+            # pd-mixed at 4 times with 5% prefill deaths: one decode pod of 4 took 41-43%), and
+            # the prefills the sidecar fell back to there stalled their streams.
             q = remote.share
             transfer = p.uncached * remote.seconds_per_token
             local = p.objective - self._overhead * p.slowdown - p.queue_s - p.kv_price  # service + miss
