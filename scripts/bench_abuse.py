@@ -9,7 +9,8 @@ docs/reliability.md#overload-and-hostile-clients holds the figures and the comma
         timed; before them the probe alone (idle). Prints every answer's status (a 500 is a
         failure; 503/429 must carry a reason), the probe's p50/p99 idle, during the burst (until
         every stream had its headers) and held (every stream open), epp's event-loop lag p99
-        (sampled every 5 ms), its peak RSS and CPU.
+        (sampled every 5 ms), its peak RSS and CPU, Envoy's CPU, and the machine's idle CPU
+        during the burst (--envoy-concurrency sets Envoy's worker threads; 1 by default).
     .venv/bin/python scripts/bench_abuse.py unfinished --bodies 1000 --mib 1 [--via-envoy]
         N request bodies sent all but their last KiB and held (--hold seconds): straight to epp's
         ext-proc port as FULL_DUPLEX_STREAMED (what a full-duplex gateway passes on as it
@@ -106,7 +107,11 @@ class Stack:
                 pod_endpoints=tuple(pods),
                 failure_mode_allow=True,
             )
-        self.envoy = EnvoyServer(workdir, override_params(params) if args.config == "override" else params)
+        self.envoy = EnvoyServer(
+            workdir,
+            override_params(params) if args.config == "override" else params,
+            concurrency=args.envoy_concurrency,
+        )
         self.url = f"http://{HOST}:{listen}/v1/chat/completions"
         self.listen = listen
 
@@ -198,16 +203,34 @@ def show_probe(name: str, xs: Sequence[float]) -> str:
     return f"probe {name:>6}: n={len(xs)} p50={pct(xs, 0.5) * 1e3:.1f} ms p99={pct(xs, 0.99) * 1e3:.1f} ms"
 
 
+def machine_cpu() -> tuple[float, float]:
+    """The machine's idle and total CPU ticks so far, every core (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [float(x) for x in f.readline().split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks)  # idle + iowait
+
+
 class Sampler:
-    """epp replica 0's RSS (and, given its admin port, Envoy's heap) every 0.2 s: the peaks."""
+    """epp replica 0's RSS (and, given its admin port, Envoy's heap) every 0.2 s: the peaks; and
+    the machine's CPU ticks (`machine_cpu`) at each sample, to read its idle share between two
+    instants (`idle_share`)."""
 
     def __init__(self, pid: int, envoy_admin: int | None = None) -> None:
         self.pid, self.peak_mb = pid, 0.0
         self.envoy_admin, self.envoy_peak_mb = envoy_admin, 0.0
+        self.ticks: list[tuple[float, float, float]] = []  # (time.monotonic(), idle, total)
         self.task: asyncio.Task[None] | None = None
+
+    def idle_share(self, start: float, end: float) -> float:
+        """The machine's idle CPU between the samples nearest `start` and `end` (nan: none)."""
+        inside = [t for t in self.ticks if start - 0.2 <= t[0] <= end + 0.2]
+        if len(inside) < 2 or inside[-1][2] == inside[0][2]:
+            return float("nan")
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][2] - inside[0][2])
 
     async def _run(self) -> None:
         while True:
+            self.ticks.append((time.monotonic(), *machine_cpu()))
             self.peak_mb = max(self.peak_mb, rss_mb(self.pid)[0])
             if self.envoy_admin is not None:
                 heap = await asyncio.to_thread(envoy_heap_mb, self.envoy_admin)
@@ -264,6 +287,9 @@ async def streams(stack: Stack, args: argparse.Namespace) -> None:
         pid = stack.epps[0].process.pid
         idle = await idle_probe(stack, args.seconds)
         lag0, cpu0, t0 = stack.lag(), measure.cpu_seconds(pid), time.perf_counter()
+        assert stack.envoy.proc is not None
+        envoy_pid = stack.envoy.proc.pid
+        envoy0 = measure.cpu_seconds(envoy_pid)
         probing = ProbeProcess(stack.url)
         with Sampler(pid) as rss:
             sent = time.monotonic()
@@ -273,6 +299,7 @@ async def streams(stack: Stack, args: argparse.Namespace) -> None:
         loaded = await probing.stop()
         lag = measure.bucket_quantile(lag0, stack.lag(), 0.99)
         cpu = measure.cpu_seconds(pid) - cpu0
+        envoy_cpu = measure.cpu_seconds(envoy_pid) - envoy0
         wall = time.perf_counter() - t0
     statuses = collections.Counter(a.status for a in answers)
     reasons = collections.Counter(a.reason[:100] for a in answers if a.status not in (200, 0))
@@ -293,6 +320,8 @@ async def streams(stack: Stack, args: argparse.Namespace) -> None:
     print(f"probe p99 held / idle = {pct(held, 0.99) / pct(idle, 0.99):.2f}")
     print(f"epp: loop lag p99 <= {lag[0] * 1e3:g} ms ({lag[1]} samples), peak RSS {rss.peak_mb:.0f} MB, ")
     print(f"     CPU {cpu:.1f} s in {wall:.1f} s (its body parsers' included)")
+    print(f"Envoy ({args.envoy_concurrency} worker threads): CPU {envoy_cpu:.1f} s")
+    print(f"the machine's idle CPU during the burst: {rss.idle_share(sent, admitted):.0%}")
     print(f"500s: {statuses.get(500, 0)} (must be 0); no answer: {statuses.get(0, 0)}")
 
 
@@ -445,6 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--keep", type=Path, help="keep the stack's logs (epp, Envoy, backends) in this directory")
     p.add_argument("--config", choices=("override", "duplex"), default="override")
     p.add_argument("--pods", type=int, default=2)
+    p.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy's worker threads")
     p.add_argument(
         "--fail-open",
         action="store_true",
