@@ -43,6 +43,7 @@ from epp.bench import fast, fast_scrapes, records
 from epp.bench.pd_workloads import PD_WORKLOADS, PODS, PROFILE
 from epp.bench.policies import Policy
 from epp.bench.report import percentile
+from epp.bench.seeds import seed_interval
 from epp.bench.workload import Fleet, Prompt, Workload
 from epp.datastore.endpoints import EndpointSpec
 from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
@@ -454,30 +455,7 @@ KEYS: Final = ("ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p50_s
                "goodput_req_per_s", "split_share")  # fmt: skip
 
 
-BOOTSTRAP_ROUNDS: Final = 2000
 MIN_SEEDS_FOR_INTERVAL: Final = 5
-
-
-def seed_interval(
-    num: Sequence[dict[str, Any]], den: Sequence[dict[str, Any]], key: str, *, rounds: int = BOOTSTRAP_ROUNDS
-) -> tuple[float, float]:
-    """The 95% interval of mean(num[key]) / mean(den[key]) over the seeds, paired by seed (each
-    resample draws seeds, both policies' runs of a drawn seed together): how far a ratio moves with
-    which seeds were run. A p99 here is one run's ~20 slowest requests, and on pd-mixed at
-    `--load 6` the same two policies' TTFT p99 ratio over 5 seeds ranged 0.86x-1.18x across eight
-    blocks of 5 seeds (1.01x over the 40)."""
-    pairs = [
-        (a[key], b[key])
-        for a, b in zip(num, den, strict=True)
-        if not (math.isnan(a[key]) or math.isnan(b[key]))
-    ]
-    rng = random.Random(0)  # the same interval for the same runs
-    ratios = []
-    for _ in range(rounds):
-        draw = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        ratios.append(statistics.fmean(a for a, _ in draw) / max(statistics.fmean(b for _, b in draw), 1e-12))
-    ratios.sort()
-    return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
 
 
 def _ratio(

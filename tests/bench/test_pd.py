@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from epp.bench import pd
+from epp.bench import pd, seeds
 from epp.bench.workload import Fleet
 from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
 from epp.scheduling.disagg.latency_decider import PDLatencyDecider
@@ -165,7 +165,7 @@ def test_targets_carry_the_seeds_interval_and_say_when_a_miss_is_noise() -> None
 
     # Paired by seed: the same 5% more on every seed is a tight interval around 1.05.
     base = [1.0, 2.0, 3.0, 4.0, 5.0]
-    lo, hi = pd.seed_interval(runs([1.05 * b for b in base]), runs(base), "ttft_p99_s")
+    lo, hi = seeds.seed_interval(runs([1.05 * b for b in base]), runs(base), "ttft_p99_s")
     assert 1.049 < lo <= hi < 1.051
     # Noisy seeds: the interval is wide, and a ratio over the bound whose interval reaches it is
     # called noise; one whose interval is clear of it is a miss.

@@ -207,6 +207,44 @@ def test_seeds_median_and_worst(tmp_path: Path, entry: dict[str, object]) -> Non
     assert text.count("/3") == len(seeds.TARGETS)
 
 
+def test_seeds_against_gives_the_ratio_its_interval_and_the_seeds_worse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from epp.bench import seeds
+
+    def doc(seed: int, mine: float, theirs: float | None) -> dict[str, object]:
+        policies = {"epp": {"e2e_p99_s": mine, "slo_met": 0.99}}
+        if theirs is not None:
+            policies["peer"] = {"e2e_p99_s": theirs, "slo_met": 0.98}
+        return {"seed": seed, "workloads": {"w": {"policies": policies}}}
+
+    # epp 5% slower on four seeds, 10% faster on one; seed 6 did not run the peer.
+    theirs = [10.0, 11.0, 12.0, 13.0, 14.0]
+    mine = [1.05 * t for t in theirs[:4]] + [0.9 * theirs[4]]
+    docs = [doc(i + 1, m, t) for i, (m, t) in enumerate(zip(mine, theirs, strict=True))] + [
+        doc(6, 99.0, None)
+    ]
+    text = seeds.against_table(docs, "w", "peer")
+    assert text.startswith("w: epp / peer, 5 seeds:")
+    row = next(line for line in text.splitlines() if line.startswith("| E2E p99 |"))
+    ratio = sum(mine) / sum(theirs)
+    lo, hi = seeds.seed_interval([{"k": m} for m in mine], [{"k": t} for t in theirs], "k")
+    assert row == f"| E2E p99 | {ratio:.3f}x | {lo:.3f}-{hi:.3f} | 4 of 5 |"
+    assert lo < 1.0 < hi  # one seed the other way: the draw of seeds reaches both sides
+    # Higher is better for the SLO share: epp's 0.99 over 0.98 is never the worse.
+    assert "| SLO met | 1.010x | 1.010-1.010 | 0 of 5 |" in text
+    assert "TTFT p99" not in text  # a figure no run has is left out
+    assert seeds.against_table(docs, "w", "nobody") == "w: no seed ran both epp and nobody"
+    # The command line: one results.json per seed.
+    paths = []
+    for d in docs:
+        path = tmp_path / f"{d['seed']}.json"
+        path.write_text(json.dumps(d))
+        paths.append(str(path))
+    seeds.main([*paths, "--against", "peer"])
+    assert row in capsys.readouterr().out
+
+
 def test_peer_table_sets_epp_against_the_best_real_router_of_each_seed() -> None:
     from epp.bench import seeds
 
