@@ -57,6 +57,18 @@ def values(docs: Sequence[Mapping[str, Any]], workload: str, policy: str, key: s
 BOOTSTRAP_ROUNDS: Final = 2000
 
 
+def _pairs(
+    num: Sequence[Mapping[str, Any]], den: Sequence[Mapping[str, Any]], key: str
+) -> list[tuple[float, float]]:
+    """`key` of each seed's two runs, paired; seeds where either is missing (null, NaN) left out."""
+    return [
+        (float(a[key]), float(b[key]))
+        for a, b in zip(num, den, strict=True)
+        if a.get(key) is not None and b.get(key) is not None
+        if not (math.isnan(a[key]) or math.isnan(b[key]))
+    ]
+
+
 def seed_interval(
     num: Sequence[Mapping[str, Any]],
     den: Sequence[Mapping[str, Any]],
@@ -69,12 +81,7 @@ def seed_interval(
     which seeds were run. Seeds where either figure is missing (null, NaN) are left out. A p99 here
     is one run's ~20 slowest requests, and on pd-mixed at `--load 6` the same two policies' TTFT
     p99 ratio over 5 seeds ranged 0.86x-1.18x across eight blocks of 5 seeds (1.01x over the 40)."""
-    pairs = [
-        (float(a[key]), float(b[key]))
-        for a, b in zip(num, den, strict=True)
-        if a.get(key) is not None and b.get(key) is not None
-        if not (math.isnan(a[key]) or math.isnan(b[key]))
-    ]
+    pairs = _pairs(num, den, key)
     if not pairs:
         return math.nan, math.nan
     rng = random.Random(0)  # the same interval for the same runs
@@ -105,11 +112,7 @@ def against_table(docs: Sequence[Mapping[str, Any]], workload: str, other: str, 
         "|---|---|---|---|",
     ]
     for column, key, _, high in COLUMNS:
-        pairs = [
-            (a[key], b[key])
-            for a, b in zip(num, den, strict=True)
-            if a.get(key) is not None and b.get(key) is not None
-        ]
+        pairs = _pairs(num, den, key)
         if not pairs:
             continue
         ratio = statistics.fmean(a for a, _ in pairs) / max(statistics.fmean(b for _, b in pairs), 1e-12)
