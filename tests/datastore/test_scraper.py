@@ -374,8 +374,8 @@ async def test_endpoints_scrape_together_in_ticks_of_eight(server: FakeVLLM) -> 
     sc = MetricsScraper(ds, pool_name=POOL, interval=0.2)
     async with sc:
         await until(lambda: all(e.metrics.updated_at for e in eps), "all scraped once")
-    # Each endpoint's phase in the interval: a first scrape that landed a round late (its first
-    # contact slower, on a loaded machine: 3 of a tick's 6 once did) keeps its tick's phase.
+    # Each endpoint's phase in the interval: a first scrape that lands a round late keeps its
+    # tick's phase (in one CI run 3 of a tick's 6 first scrapes came 200 ms after the other 3).
     t0 = min(e.metrics.updated_at for e in eps)
     phases = sorted(((e.metrics.updated_at - t0 + 0.03) % 0.2) - 0.03 for e in eps)
     ticks: list[list[float]] = []
