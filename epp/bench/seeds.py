@@ -69,6 +69,10 @@ def _pairs(
     ]
 
 
+def _ratio_of_means(pairs: Sequence[tuple[float, float]]) -> float:
+    return statistics.fmean(a for a, _ in pairs) / max(statistics.fmean(b for _, b in pairs), 1e-12)
+
+
 def seed_interval(
     num: Sequence[Mapping[str, Any]],
     den: Sequence[Mapping[str, Any]],
@@ -87,8 +91,7 @@ def seed_interval(
     rng = random.Random(0)  # the same interval for the same runs
     ratios = []
     for _ in range(rounds):
-        draw = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        ratios.append(statistics.fmean(a for a, _ in draw) / max(statistics.fmean(b for _, b in draw), 1e-12))
+        ratios.append(_ratio_of_means([pairs[rng.randrange(len(pairs))] for _ in pairs]))
     ratios.sort()
     return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
 
@@ -115,7 +118,7 @@ def against_table(docs: Sequence[Mapping[str, Any]], workload: str, other: str, 
         pairs = _pairs(num, den, key)
         if not pairs:
             continue
-        ratio = statistics.fmean(a for a, _ in pairs) / max(statistics.fmean(b for _, b in pairs), 1e-12)
+        ratio = _ratio_of_means(pairs)
         lo, hi = seed_interval(num, den, key)
         worse = sum(1 for a, b in pairs if (a < b if high else a > b))
         lines.append(f"| {column} | {ratio:.3f}x | {lo:.3f}-{hi:.3f} | {worse} of {len(pairs)} |")
