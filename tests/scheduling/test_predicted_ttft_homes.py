@@ -1,6 +1,6 @@
 """predicted-ttft-scorer's placement of prefixes: the rendezvous home of an unseen prefix
 (agreeing across instances and processes, among near-minimum endpoints only), a popular prefix
-copied to more endpoints, homes for endpoints below their share of recent traffic, an empty
+copied to more endpoints, homes on the endpoints that wrote the least new KV lately, an empty
 endpoint warming up, and a near-tie kept on the endpoint holding the prompt (`holderTolerance`)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from epp.scheduling import interfaces, registry
-from epp.scheduling.plugins.ttft_homes import holder
+from epp.scheduling.plugins.ttft_homes import Homes, holder
 
 from . import builders, fleet
 from .fleet import Clock, feed, toks
@@ -128,26 +128,51 @@ def test_a_popular_prefix_is_copied_to_more_endpoints_than_a_rare_one(clock: Clo
     assert s.route(request([*hot, *toks(16, start=800_000)]), eps).name == "pod-0"
 
 
-def test_homes_go_to_endpoints_that_had_no_more_than_their_share_of_recent_requests(clock: Clock) -> None:
-    eps = builders.pool(4)
-    # A new prefix whose rendezvous home is pod-0 when nothing has been routed yet.
-    prompt = next(
+def _prompt_homed_on_pod_0(eps: list[Any]) -> list[int]:
+    """A new prefix whose rendezvous home is pod-0 when nothing has been routed yet."""
+    return next(
         p
         for p in (toks(64, start=1000 * i) for i in range(100))
         if Stack().score(request(p), eps)[1]["ttft"].home == "pod-0"
     )
+
+
+def test_homes_go_to_the_endpoints_that_wrote_the_least_new_kv_recently(clock: Clock) -> None:
+    """Not the fewest requests: pod-0 served most of them, but hits, which write no new KV, so its
+    least recently used blocks are the oldest in the fleet."""
+    eps = builders.pool(4)
+    prompt = _prompt_homed_on_pod_0(eps)
     s = Stack()
-    for i in range(8):  # pod-0 got most of the recent requests (the same prefix: not new)
-        s.route(request(toks(64, start=7_000_000)), [eps[0]] if i < 6 else [eps[i - 5]])
-    clock.now += 10.0  # drained: the predictions are equal again
-    _, cycle = s.score(request(prompt), eps)
-    assert cycle["ttft"].home not in ("", "pod-0")
-    # Without the recent-traffic view (popularity off) the hash alone decides.
-    s = Stack(popularityWindowSeconds=0)
-    for _ in range(6):
+    for _ in range(6):  # one prefix, so hits after the first
         s.route(request(toks(64, start=7_000_000)), [eps[0]])
+    for i in (1, 2, 3):  # one new 2000-token prompt each
+        s.route(request(toks(2000, start=8_000_000 + 10_000 * i)), [eps[i]])
+    clock.now += 10.0  # drained: the predictions are equal again
+    assert s.score(request(prompt), eps)[1]["ttft"].home == "pod-0"
+    # Once pod-0 has written the most new KV, it is no home; of the others, the least written.
+    for _ in range(2):
+        s.route(request(toks(3000, start=9_000_000 + int(clock.now))), [eps[0]])
+        clock.now += 1.0
+    s.route(request(toks(500, start=9_500_000)), [eps[2]])
+    s.route(request(toks(500, start=9_600_000)), [eps[3]])
+    clock.now += 10.0
+    assert s.score(request(prompt), eps)[1]["ttft"].home == "pod-1"
+    # Without the recent view (popularity off) the hash alone decides.
+    s = Stack(popularityWindowSeconds=0)
+    for _ in range(2):
+        s.route(request(toks(3000, start=9_000_000 + int(clock.now))), [eps[0]])
+        clock.now += 1.0
     clock.now += 10.0
     assert s.score(request(prompt), eps)[1]["ttft"].home == "pod-0"
+
+
+def test_a_pre_warm_counts_as_new_kv_on_the_endpoint_it_warms() -> None:
+    homes = Homes(60.0)
+    eps = builders.pool(2)
+    homes.routed("pod-0", 0.0, 1000.0)
+    homes.written("pod-1", 0.0, 3000.0)  # a pre-warm: no request of its own
+    assert homes.home(12345, eps, [1.0, 1.0], 1.0, 1.0) == 0
+    assert homes.warming(eps, 1.0) == frozenset()  # too few requests to tell
 
 
 @pytest.mark.parametrize("kind", ["predicted-ttft-scorer", "request-latency-scorer"])

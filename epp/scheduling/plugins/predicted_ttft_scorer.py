@@ -85,13 +85,14 @@ as one more copy needed, so the hottest prefixes get a copy there first and it c
 
 A prompt no endpoint holds any block of (never seen, or evicted everywhere) goes to its
 rendezvous home among the endpoints within `homeTolerance` (relative) or `homeSlackSeconds` of the
-minimum objective that got no more than their share of the recent requests (decaying over
-`popularityWindowSeconds`: at light load predictions barely differ, and hashing alone would give
-some endpoints more prefixes, whose traffic loads them once it grows): the highest of a 64-bit mix
-of a digest of the prompt's first block (with the model and cache salt) and a CRC of the endpoint
-name, the same in every process, so independent epp replicas seeing similar traffic agree, and a
-tenant whose prefix was evicted returns to one pod instead of scattering. The home scores 1.0,
-every other endpoint its score times (1 - 1e-9).
+minimum objective that were sent the least new KV lately (uncached prompt tokens and pre-warms,
+decaying over `popularityWindowSeconds`): its blocks evict the least recently used ones of its
+home, and there those are the oldest, the least likely to be asked for again; and at light load,
+where predictions barely differ, new prefixes spread as their prefill work does. Of several
+(nothing routed yet), the highest of a 64-bit mix of a digest of the prompt's first block (with
+the model and cache salt) and a CRC of the endpoint name, the same in every process. The home
+scores 1.0, every other endpoint its score times (1 - 1e-9). Its next requests find it held there
+(the precise scorer's speculative entries, then the pod's KV events).
 
 A prompt that some endpoint holds part of stays on the endpoint holding the most of it among those
 whose objective is within `holderTolerance` (relative) of the minimum, when the minimum's endpoint
@@ -452,10 +453,11 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
             if w is not None:
                 target = self._rate(warmup.endpoint.name)
                 target.book(now, warmup.tokens * target.cost * w.slowdown * scale)
+            self._homes.written(warmup.endpoint.name, now, warmup.tokens)
         self._mean_prefill += 0.05 * (p.uncached - self._mean_prefill)
         if self._popularity is not None and last[2] is not None:
             self._popularity.add(last[2], now)
-        self._homes.routed(primary, now)
+        self._homes.routed(primary, now, p.uncached)
         if self._scraped is not None:
             usable = not remote and p.kv_wait <= 0.1 * p.ttft  # as response_complete learns
             self._first.routed(primary, now + p.ttft, p.queue_tokens + p.uncached, p.decodes, usable)

@@ -17,10 +17,10 @@ MASK64: Final = (1 << 64) - 1
 
 
 class Popularity:
-    """Recent request counts per key (a prompt prefix's first-block digest, or an endpoint),
-    decaying exponentially with `window` seconds, and each key's share of the total decaying
-    alike. Bounded: the least recently seen keys are forgotten first (no share worth knowing), and
-    keys not seen for `HORIZON` windows are forgotten."""
+    """Recent request counts (or weights) per key (a prompt prefix's first-block digest, or an
+    endpoint), decaying exponentially with `window` seconds, and each key's share of the total
+    decaying alike. Bounded: the least recently seen keys are forgotten first (no share worth
+    knowing), and keys not seen for `HORIZON` windows are forgotten."""
 
     __slots__ = ("_counts", "_total", "_total_at", "_window")
 
@@ -44,11 +44,12 @@ class Popularity:
         total = self._total * math.exp((self._total_at - now) / self._window)
         return (count + 1.0) / (total + 1.0)
 
-    def add(self, key: Hashable, now: float) -> None:
+    def add(self, key: Hashable, now: float, weight: float = 1.0) -> None:
+        """Count `weight` (one request, or the tokens it writes) for `key` at `now`."""
         held = self._counts.pop(key, None)
         count = held[0] * math.exp((held[1] - now) / self._window) if held is not None else 0.0
-        self._counts[key] = (count + 1.0, now)
-        self._total = self._total * math.exp((self._total_at - now) / self._window) + 1.0
+        self._counts[key] = (count + weight, now)
+        self._total = self._total * math.exp((self._total_at - now) / self._window) + weight
         self._total_at = now
         # Least recently seen first (add re-inserts): drop what is past the capacity, and what was
         # last seen HORIZON windows ago, its count under 1% of one request. With prompts new from

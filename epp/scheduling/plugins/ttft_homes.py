@@ -20,19 +20,28 @@ WARMUP_MIN_REQUESTS: Final = 4.0
 
 
 class Homes:
-    """The recent requests per endpoint (decaying over `window` seconds; 0 keeps none, and then
-    nobody warms up and homes go by the hash alone), and the two rules that read them."""
+    """The recent requests per endpoint and the new KV they wrote there (both decaying over
+    `window` seconds; 0 keeps none, and then nobody warms up and homes go by the hash alone), and
+    the two rules that read them."""
 
-    __slots__ = ("_ids", "_traffic")
+    __slots__ = ("_ids", "_inflow", "_traffic")
 
     def __init__(self, window: float) -> None:
         self._traffic = Popularity(window) if window > 0 else None
+        self._inflow = Popularity(window) if window > 0 else None
         self._ids: dict[str, int] = {}  # endpoint name -> crc32: the same in every process
 
-    def routed(self, endpoint: str, now: float) -> None:
-        """A request was routed to `endpoint`."""
+    def routed(self, endpoint: str, now: float, tokens: float) -> None:
+        """A request was routed to `endpoint`, where it writes `tokens` of new KV (its prompt's
+        uncached tokens)."""
         if self._traffic is not None:
             self._traffic.add(endpoint, now)
+        self.written(endpoint, now, tokens)
+
+    def written(self, endpoint: str, now: float, tokens: float) -> None:
+        """`tokens` of new KV are to be written on `endpoint` (a request's, or a pre-warm's)."""
+        if self._inflow is not None and tokens > 0.0:
+            self._inflow.add(endpoint, now, tokens)
 
     def warming(self, endpoints: list[Endpoint], now: float) -> frozenset[str]:
         """Endpoints that got less than `WARMUP_SHARE` of the mean of the recent requests (a
@@ -52,17 +61,21 @@ class Homes:
         self, digest: int, endpoints: list[Endpoint], objectives: list[float], limit: float, now: float
     ) -> int:
         """Index of the rendezvous home of the prompt whose first block is `digest` among the
-        endpoints whose objective is at most `limit`."""
+        endpoints whose objective is at most `limit` that wrote the least new KV recently."""
         near = [i for i, objective in enumerate(objectives) if objective <= limit]
-        traffic = self._traffic
-        if traffic is not None and len(near) > 1:
-            # A prefix's later requests follow it to its home, but at light load the predictions
-            # barely differ, and hashing alone would give some endpoints more prefixes (a binomial
-            # spread) that load them once the traffic grows. So homes go to the near-minimum
-            # endpoints that got no more than their share of the recent requests.
-            recent = [traffic.count(endpoints[i].name, now) for i in near]
-            fair = sum(recent) / len(recent)
-            near = [i for i, r in zip(near, recent, strict=True) if r <= fair] or near
+        inflow = self._inflow
+        if inflow is not None and len(near) > 1:
+            # The prompt's KV evicts the least recently used blocks of its home. Where the least
+            # new KV was written lately those blocks are the oldest, so the least likely to be
+            # asked for again; and homes spread as the prefill work does. Homes went to the
+            # endpoints with at most their share of the recent requests before: the pods holding
+            # hot prefixes serve many requests, mostly hits, so cold prompts crowded onto the
+            # others, whose caches turned over faster and lost what they held (kv-pressure, seed
+            # 2: 134k to 997k tokens of cold prompts per pod; 188k to 825k by new KV;
+            # docs/bench/routing.md#kv-pressure-hit-rate).
+            written = [inflow.count(endpoints[i].name, now) for i in near]
+            least = min(written)
+            near = [i for i, w in zip(near, written, strict=True) if w <= least]
         ids = self._ids
         top, home = -1, -1
         for i in near:
