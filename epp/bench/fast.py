@@ -171,6 +171,8 @@ class FastRun:
         self._body_bytes = 0
         self._stepping = [False] * pods
         self._stale_steps = [0] * pods  # step ends still due from an engine a restart replaced
+        # Each pod's step under way: the requests it finishes have left the engine's queues already.
+        self._steps: list[core.StepResult | None] = [None] * pods
         self._finished = [0] * pods  # vllm:request_success_total per pod
         self._heap: list[tuple[float, int, int, Any]] = []  # (time, order, kind, payload)
         self._seq = 0
@@ -449,6 +451,7 @@ class FastRun:
             raise RuntimeError(f"engine {engine.name!r} took a step of {res.duration} s with work to do")
         self.result.steps += 1
         self._stepping[pod] = True
+        self._steps[pod] = res
         self._push(self.now + res.duration, _STEP_END, (pod, res))
 
     def _step_end(self, payload: tuple[int, core.StepResult]) -> None:
@@ -510,7 +513,11 @@ class FastRun:
         health checks mark a worker down."""
         now = self.now
         old = self.engines[pod]
-        for req in (*old.running_requests(), *old.waiting_requests()):
+        step = self._steps[pod] if self._stepping[pod] else None
+        # A request its step under way would finish is in neither queue, and that step's end is
+        # dropped below: it is cut too (a request lost there kept the run from ever draining).
+        ending = step.finished if step is not None else []
+        for req in (*old.running_requests(), *old.waiting_requests(), *ending):
             rid = req.request_id
             if is_prewarm(rid):
                 self.prewarms.finished(rid)
