@@ -164,7 +164,10 @@ class FastRun:
             for prof, s in zip(self.profiles, specs, strict=True)
         ]
         self._pod_of = {s.name: i for i, s in enumerate(specs)}
-        self.prewarms = EnginePrewarmer(self.engines, self._pod_of, self.wake)
+        self._routing_groups: dict[str, str] = {}  # request id -> its prompt's group, while routed
+        self.prewarms = EnginePrewarmer(
+            self.engines, self._pod_of, self.wake, group_of=self._routing_groups.get
+        )
         self.director.prewarmer = self.prewarms
         self._prefix_digests = blocks.PrefixDigests(profile.block_size)
         self._bodies: dict[tuple[int, int], tuple[Sequence[int], bytes]] = {}
@@ -235,6 +238,7 @@ class FastRun:
             random.setstate(state)
         self.result.wall_s = time.perf_counter() - started
         self.result.prewarms = self.prewarms.sent
+        self.result.prewarm_log = self.prewarms.records(START)
         self.result.fleet_prefix_hits = sum(e.prefix_cache_hits for e in self.engines)
         self.result.fleet_prefix_queries = sum(e.prefix_cache_queries for e in self.engines)
         return self.result
@@ -355,6 +359,7 @@ class FastRun:
     async def _route(self, user: int, prompt: Prompt, record: RequestRecord) -> None:
         self._next_id += 1
         rid = f"r{self._next_id}"
+        self._routing_groups[rid] = prompt.group  # a pre-warm planned for it copies the group's prefix
         body = self._body(prompt)
         headers = {**self.request_headers, "x-request-id": rid}
         if prompt.priority:
@@ -378,6 +383,8 @@ class FastRun:
             record.dropped = exc.headers.get("x-llm-d-request-dropped-reason", "")
             self._user_done(user, self.now)
             return
+        finally:
+            del self._routing_groups[rid]
         now = self.now  # later than the arrival when flow control held it
         record.routed = now - START
         pod = self._pod_of[ctx.booked.name]

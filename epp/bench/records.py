@@ -40,6 +40,16 @@ class RequestRecord:
     prefill_pod: int = -1  # P/D (epp.bench.pd): the pod that prefilled it when split, else -1
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrewarmRecord:
+    """A pre-warm the router sent (fast mode: `epp.bench.fast_prewarm`)."""
+
+    at: float  # seconds from the start of the run
+    pod: int  # the pod that computed the prefix
+    tokens: int  # the prompt's first `tokens` tokens
+    group: str  # the prefix group of the request it was planned for ("" = shares nothing)
+
+
 @dataclasses.dataclass(slots=True)
 class Sample:
     """The fleet at one scrape tick."""
@@ -71,6 +81,7 @@ class RunResult:
     fleet_prefix_queries: int = 0
     fleet_requests_per_pod: list[int] | None = None
     prewarms: int | None = None  # pre-warms sent to the pods (epp.scheduling.prewarm); live: unknown
+    prewarm_log: list[PrewarmRecord] | None = None  # each one sent; live: unknown
     pod_restarts: int = 0  # pods restarted during the run (`Workload.pod_restarts`), once back
 
 

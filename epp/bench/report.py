@@ -26,6 +26,12 @@ Definitions (all from the requests served, status 200):
 - `req_per_s`, `output_tok_per_s`: over the makespan, from the start to the last finish.
 - `fleet_hit_rate`: the pods' own prefix-cache hits over queries (tokens), summed over the fleet:
   the same counters for every arm, a peer's included.
+- `prewarm_token_share` (fast mode): the prompt tokens epp's pre-warms computed, over the served
+  requests' prompt tokens: what they add to the pods' prefix-cache queries (`fleet_hit_rate`
+  counts each as a miss) beyond the requests' own. `prewarms_used`: the share of pre-warms whose
+  copy a later request of the same prefix group found on that pod (cached tokens at least the
+  warmed ones); `requests_per_prewarm`: such requests per pre-warm (a request counts for every
+  earlier pre-warm of its group on its pod).
 - `router_cpu_ms_per_request` (live mode): CPU milliseconds the router's processes used from the
   fleet's reset to the drain's end (epp's workers and its Envoy for epp; the peer's process tree
   for a peer), over the requests sent.
@@ -158,6 +164,28 @@ def _rates(records: Sequence[RequestRecord], slo: Slo | None = None) -> dict[str
     }
 
 
+def _prewarm_use(result: RunResult, served: Sequence[RequestRecord]) -> dict[str, float]:
+    """What the pre-warms cost the pods' counters and whom they served (module docstring)."""
+    log = result.prewarm_log
+    if log is None:
+        return {"prewarm_token_share": math.nan, "prewarms_used": math.nan, "requests_per_prewarm": math.nan}
+    prompt = sum(r.prompt_tokens for r in served)
+    by_copy: dict[tuple[str, int], list[RequestRecord]] = {}
+    for r in served:
+        if r.group:
+            by_copy.setdefault((r.group, r.pod), []).append(r)
+    found = [
+        sum(1 for r in by_copy.get((w.group, w.pod), ()) if r.arrival > w.at and r.cached_tokens >= w.tokens)
+        for w in log
+        if w.group
+    ]
+    return {
+        "prewarm_token_share": sum(w.tokens for w in log) / prompt if prompt else math.nan,
+        "prewarms_used": sum(1 for n in found if n) / len(log) if log else math.nan,
+        "requests_per_prewarm": sum(found) / len(log) if log else math.nan,
+    }
+
+
 def _mean_queue(samples: Sequence[Sample], start: float = -math.inf, end: float = math.inf) -> float:
     picked = [s for s in samples if start <= s.t < end]
     if not picked:
@@ -241,6 +269,7 @@ def summarize(result: RunResult, stages: Sequence[Stage], slo: Slo | None = None
             if result.prewarms is not None and result.records
             else math.nan
         ),
+        **_prewarm_use(result, served),
         "pod_restarts": result.pod_restarts,
         "makespan_s": span,
         "wall_s": result.wall_s,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from epp.bench import hard
+from epp.bench import hard, report
 from epp.bench.fast import FastRun
 from epp.bench.fast_prewarm import EnginePrewarmer
 from epp.bench.policies import config_file
@@ -29,7 +29,9 @@ def run(tmp_path: Path, prewarm: bool, *, bound: int = 16) -> tuple[FastRun, Run
     # bursty: tenants' bursts load their prefix's holders until the objective moves requests off.
     wl = hard.BurstyTenants(seed=1, scale=0.3, fleet=FLEET)
     r = FastRun(wl, config_file(str(path)), profile=A100, pods=8, seed=1)
-    r.prewarms = r.director.prewarmer = EnginePrewarmer(r.engines, r._pod_of, r.wake, max_inflight=bound)
+    r.prewarms = r.director.prewarmer = EnginePrewarmer(
+        r.engines, r._pod_of, r.wake, max_inflight=bound, group_of=r._routing_groups.get
+    )
     return r, r.run()
 
 
@@ -54,6 +56,14 @@ def test_prewarms_run_in_the_pods_and_replace_the_moves(tmp_path: Path) -> None:
     computed = sum(e.prompt_tokens_total for e in on_run.engines)
     own = sum(x.prompt_tokens - x.cached_tokens for x in on.records)
     assert computed > own
+    # Each is logged with the group of the request it was planned for, and later requests of
+    # those groups found the copies.
+    assert on.prewarm_log is not None and len(on.prewarm_log) == on_run.prewarms.sent
+    assert {w.group for w in on.prewarm_log} <= {x.group for x in on.records} - {""}
+    used = report.summarize(on, [])
+    assert 0.5 < used["prewarms_used"] <= 1.0 and used["requests_per_prewarm"] > 1.0
+    assert 0.0 < used["prewarm_token_share"] < 0.1
+    assert report.summarize(off, [])["prewarm_token_share"] == 0.0
 
 
 def test_a_prewarm_the_sender_cannot_send_becomes_the_move_it_replaced(tmp_path: Path) -> None:

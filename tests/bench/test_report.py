@@ -106,6 +106,27 @@ def test_request_hit_rate_splits_misses_by_what_the_pods_held() -> None:
     assert (s["miss_cold"], s["miss_routed_away"], s["miss_lost"]) == (1 / 5, 1 / 5, 1 / 5)
 
 
+def test_a_prewarm_is_used_by_the_later_requests_of_its_group_that_found_its_copy() -> None:
+    common = dict(first_token=3.0, finish=4.0, output_tokens=10)
+    rows = [
+        _record(arrival=2.0, pod=1, cached_tokens=512, **common),  # found pre-warm 0's copy
+        _record(arrival=2.5, pod=1, cached_tokens=768, **common),  # and again
+        _record(arrival=0.5, pod=1, cached_tokens=512, **common),  # before it: not its copy
+        _record(arrival=2.0, pod=2, cached_tokens=512, **common),  # another pod
+        _record(arrival=2.0, pod=1, cached_tokens=256, **common),  # less than was warmed
+        _record(arrival=2.0, pod=1, group="h", cached_tokens=512, **common),  # another group
+    ]
+    result = records.RunResult("w", "p", 1, 4, "tiny-bench", rows, [])
+    result.prewarm_log = [records.PrewarmRecord(1.0, 1, 512, "g"), records.PrewarmRecord(1.0, 3, 512, "g")]
+    s = report.summarize(result, [])
+    assert s["prewarms_used"] == 1 / 2
+    assert s["requests_per_prewarm"] == 2 / 2
+    assert s["prewarm_token_share"] == 1024 / 6000
+    # Live mode knows no pre-warms: nothing to say.
+    live = report.summarize(records.RunResult("w", "p", 1, 4, "tiny-bench", rows, []), [])
+    assert all(math.isnan(live[k]) for k in ("prewarm_token_share", "prewarms_used", "requests_per_prewarm"))
+
+
 def test_tpot_queueing_and_slo_share() -> None:
     rows = [
         # TTFT 0.5 s of which 0.3 s its own prefill; 11 tokens over 1 s after the first: 0.1 s each
