@@ -166,15 +166,15 @@ class FastRun:
         self._pod_of = {s.name: i for i, s in enumerate(specs)}
         self._routing_groups: dict[str, str] = {}  # request id -> its prompt's group, while routed
         self.prewarms = EnginePrewarmer(
-            self.engines, self._pod_of, self.wake, group_of=self._routing_groups.get
+            self.engines, self._pod_of, self.wake, group_of=self._routing_groups.get, start=START
         )
         self.director.prewarmer = self.prewarms
         self._prefix_digests = blocks.PrefixDigests(profile.block_size)
         self._bodies: dict[tuple[int, int], tuple[Sequence[int], bytes]] = {}
         self._body_bytes = 0
-        self._stepping = [False] * pods
         self._stale_steps = [0] * pods  # step ends still due from an engine a restart replaced
-        # Each pod's step under way: the requests it finishes have left the engine's queues already.
+        # Each pod's step under way (None: not stepping). The requests it finishes have left the
+        # engine's queues already.
         self._steps: list[core.StepResult | None] = [None] * pods
         self._finished = [0] * pods  # vllm:request_success_total per pod
         self._heap: list[tuple[float, int, int, Any]] = []  # (time, order, kind, payload)
@@ -238,7 +238,7 @@ class FastRun:
             random.setstate(state)
         self.result.wall_s = time.perf_counter() - started
         self.result.prewarms = self.prewarms.sent
-        self.result.prewarm_log = self.prewarms.records(START)
+        self.result.prewarm_log = list(self.prewarms.sent_log)
         self.result.fleet_prefix_hits = sum(e.prefix_cache_hits for e in self.engines)
         self.result.fleet_prefix_queries = sum(e.prefix_cache_queries for e in self.engines)
         return self.result
@@ -425,7 +425,7 @@ class FastRun:
 
     def wake(self, pod: int) -> None:
         """Start `pod`'s next step unless it is stepping."""
-        if not self._stepping[pod]:
+        if self._steps[pod] is None:
             self._start_step(pod)
 
     def director_for_next(self) -> Director:
@@ -457,7 +457,6 @@ class FastRun:
         if res.duration <= 0:
             raise RuntimeError(f"engine {engine.name!r} took a step of {res.duration} s with work to do")
         self.result.steps += 1
-        self._stepping[pod] = True
         self._steps[pod] = res
         self._push(self.now + res.duration, _STEP_END, (pod, res))
 
@@ -509,7 +508,7 @@ class FastRun:
                     self._push(now + self.kv_delay_s, _KV, (engine.name, batch))
                 else:
                     self.index.apply(engine.name, batch, model=MODEL)
-        self._stepping[pod] = False
+        self._steps[pod] = None
         if engine.has_unfinished():
             self._start_step(pod)
 
@@ -520,7 +519,7 @@ class FastRun:
         health checks mark a worker down."""
         now = self.now
         old = self.engines[pod]
-        step = self._steps[pod] if self._stepping[pod] else None
+        step = self._steps[pod]
         # A request its step under way would finish is in neither queue, and that step's end is
         # dropped below: it is cut too (a request lost there kept the run from ever draining).
         ending = step.finished if step is not None else []
@@ -533,9 +532,9 @@ class FastRun:
             if flight is not None:  # status 0: unfinished, as the live client records a cut stream
                 flight.ctx.finish(complete=False)
                 self._user_done(flight.user, now)
-        if self._stepping[pod]:
+        if step is not None:
             self._stale_steps[pod] += 1
-            self._stepping[pod] = False
+            self._steps[pod] = None
         self.engines[pod] = core.Engine(old.profile, name=old.name, record_events=self.index is not None)
         self._set_excluded(old.name, True)
 

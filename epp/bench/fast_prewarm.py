@@ -3,13 +3,12 @@ blocks that `epp.prewarm.sender` posts to a pod goes into the simulated pod's en
 the moment of the routing. No client waits for it: its first token and its end are dropped
 (`is_prewarm`), and it shows in no request's figures, only in the pods' work and KV events. The
 bounds are the sender's: one at a time per pod, `max_inflight` in all. Each one sent is kept
-(`sent_log`: whose request, which pod, how many tokens, when), so the run can count the requests
+(`sent_log`: which pod, how many tokens, when, for which prefix group), so the run can count the requests
 that found the warmed copy (`epp.bench.report`: `prewarms_used`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 
 from epp import clock
@@ -25,15 +24,6 @@ def is_prewarm(request_id: str) -> bool:
     return request_id.startswith(PREFIX)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Sent:
-    request_id: str  # the routed request whose prompt's first `tokens` tokens were warmed
-    pod: int
-    tokens: int
-    at: float  # virtual time
-    group: str  # the request's prefix group (`Prompt.group`; "" = unknown or shares nothing)
-
-
 class EnginePrewarmer:
     """Implements the Director's `Prewarmer` over the fast run's engines."""
 
@@ -45,16 +35,19 @@ class EnginePrewarmer:
         *,
         max_inflight: int = 16,
         group_of: Callable[[str], str | None] = lambda request_id: None,
+        start: float = 0.0,
     ) -> None:
-        """`group_of`: the prefix group of a request being routed, by its id."""
+        """`group_of`: the prefix group of a request being routed, by its id; `start`: the run's
+        start in virtual time, which the log's times count from."""
         self._engines = engines
         self._group_of = group_of
+        self._start = start
         self._pod_of = pod_of
         self._wake = wake
         self._max = max_inflight
         self._running: dict[str, int] = {}  # request id -> pod
         self.sent = 0
-        self.sent_log: list[Sent] = []
+        self.sent_log: list[PrewarmRecord] = []
 
     def accepts(self, endpoint: Endpoint) -> bool:
         pod = self._pod_of.get(endpoint.name)
@@ -73,12 +66,8 @@ class EnginePrewarmer:
             return
         self._running[rid] = pod
         group = self._group_of(request.request_id) or ""
-        self.sent_log.append(Sent(request.request_id, pod, tokens, clock.now(), group))
+        self.sent_log.append(PrewarmRecord(clock.now() - self._start, pod, tokens, group))
         self._wake(pod)
 
     def finished(self, request_id: str) -> None:
         self._running.pop(request_id, None)
-
-    def records(self, start: float) -> list[PrewarmRecord]:
-        """The pre-warms sent, timed from the run's `start`."""
-        return [PrewarmRecord(x.at - start, x.pod, x.tokens, x.group) for x in self.sent_log]

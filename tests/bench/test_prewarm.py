@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from epp.bench import hard, report
-from epp.bench.fast import FastRun
+from epp.bench.fast import START, FastRun
 from epp.bench.fast_prewarm import EnginePrewarmer
 from epp.bench.policies import config_file
 from epp.bench.records import RunResult
@@ -30,7 +30,7 @@ def run(tmp_path: Path, prewarm: bool, *, bound: int = 16) -> tuple[FastRun, Run
     wl = hard.BurstyTenants(seed=1, scale=0.3, fleet=FLEET)
     r = FastRun(wl, config_file(str(path)), profile=A100, pods=8, seed=1)
     r.prewarms = r.director.prewarmer = EnginePrewarmer(
-        r.engines, r._pod_of, r.wake, max_inflight=bound, group_of=r._routing_groups.get
+        r.engines, r._pod_of, r.wake, max_inflight=bound, group_of=r._routing_groups.get, start=START
     )
     return r, r.run()
 
