@@ -21,22 +21,26 @@ from epp import cli
 pytestmark = pytest.mark.e2e
 
 
-def _trace(path: Path) -> None:
+def _trace(path: Path) -> int:
+    """Write the trace; return how many tenants it has (each one's first request is cold)."""
     rng = random.Random(5)
     prefixes = [[rng.randrange(32_000) for _ in range(2048)] for _ in range(6)]
+    tenants = set()
     with path.open("w") as f:
         for i in range(60):
             g = rng.randrange(6)
+            tenants.add(g)
             ids = prefixes[g] + [rng.randrange(32_000) for _ in range(64)]
             line = {"t": round(i * 0.1, 3), "prompt_token_ids": ids, "max_tokens": 4, "group": f"t{g}"}
             f.write(json.dumps(line) + "\n")
+    return len(tenants)
 
 
 def test_live_bench_through_envoy_and_epp(
     e2e_prerequisites: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trace = tmp_path / "trace.jsonl"
-    _trace(trace)
+    tenants = _trace(trace)
     out = tmp_path / "out"
     status = cli.main([
         "bench", "--mode", "live", "--workload", f"trace:{trace}", "--policies", "round-robin,epp",
@@ -53,7 +57,13 @@ def test_live_bench_through_envoy_and_epp(
         assert run["requests"] == 60 and run["failed"] == 0 and run["unfinished"] == 0, (name, run)
         assert 0 < run["ttft_p50_s"] <= run["ttft_p99_s"] < 5, (name, run)
     rr, epp = runs["round-robin"]["hit_rate"], runs["epp"]["hit_rate"]
-    # Round-robin's ceiling: each tenant's prefix computed once on every pod.
+    # The traffic's ceiling, the same for both arms: every request after its tenant's first finds
+    # the 2,048-token prefix (128 full blocks) and nothing of its own 64 tokens.
+    ceiling = (60 - tenants) * 2048 / (60 * 2112)
+    for run in runs.values():
+        assert run["hit_rate_ceiling"] == pytest.approx(ceiling)
+    assert rr <= epp <= ceiling + 1e-9
+    # Round-robin's best: each tenant's prefix computed once on every pod.
     assert rr < 0.75
     assert epp > rr + 0.10, (rr, epp)
     assert "| epp |" in printed.out and "| round-robin |" in printed.out

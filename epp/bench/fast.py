@@ -58,10 +58,12 @@ import msgspec
 from epp import clock
 from epp.api import errors
 from epp.api.responses import Usage
+from epp.bench import records
 from epp.bench.fast_prewarm import EnginePrewarmer, is_prewarm
 from epp.bench.fast_scrapes import Scrapes
 from epp.bench.policies import Policy
 from epp.bench.records import RequestRecord, RunResult, Sample
+from epp.bench.reuse import ReuseBound
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.flags.serve import BOOKED_METRICS_INTERVAL_S
@@ -170,6 +172,7 @@ class FastRun:
         )
         self.director.prewarmer = self.prewarms
         self._prefix_digests = blocks.PrefixDigests(profile.block_size)
+        self._reuse = ReuseBound(profile.block_size)
         self._bodies: dict[tuple[int, int], tuple[Sequence[int], bytes]] = {}
         self._body_bytes = 0
         self._stale_steps = [0] * pods  # step ends still due from an engine a restart replaced
@@ -334,16 +337,7 @@ class FastRun:
 
     async def _arrive(self, user: int, prompt: Prompt) -> None:
         now = self.now
-        record = RequestRecord(
-            arrival=now - START,
-            stage=prompt.stage,
-            group=prompt.group,
-            prompt_tokens=len(prompt.token_ids),
-            shared_tokens=prompt.shared_tokens,
-            max_tokens=prompt.max_tokens,
-        )
-        record.priority = prompt.priority
-        record.fairness_id = prompt.fairness_id
+        record = records.arrived(prompt, now - START, self._reuse.add(prompt))
         self.result.records.append(record)
         if self.flow is None:
             await self._route(user, prompt, record)

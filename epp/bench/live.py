@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from epp.bench import inference_perf
+from epp.bench import inference_perf, records
 from epp.bench.fast import (
     FAIRNESS_HEADER,
     MODEL,
@@ -56,7 +56,8 @@ from epp.bench.fast import (
     pod_profiles_of,
 )
 from epp.bench.gateways import HOST, REQUEST_TIMEOUT_S, EppGateway, Gateway
-from epp.bench.records import RequestRecord, RunResult, Sample
+from epp.bench.records import RunResult, Sample
+from epp.bench.reuse import ReuseBound
 from epp.bench.words import WordCodec
 from epp.bench.workload import ClosedLoop, OpenLoop, Prompt, Workload
 from epp.requestcontrol.admission import OBJECTIVE_HEADER
@@ -120,6 +121,7 @@ class LiveRun:
         self.progress = progress
         self.logs = gateway.logs  # (what, log file) of every process started
         self.result = RunResult(workload.name, gateway.name, seed, pods, profile.name, [], [])
+        self._reuse = ReuseBound(profile.block_size)
         self.errors: list[str] = []  # the first few failed requests' errors, for the log
         self.preemptions = 0  # the fleet's total (per-request counts are not visible over HTTP)
         # How far this machine fell behind the workload's clock (wall seconds): the pods' step
@@ -278,16 +280,7 @@ class LiveRun:
         from epp.demo.workload import RequestResult, post_streaming
 
         sent = time.perf_counter()
-        record = RequestRecord(
-            arrival=self._virtual(sent),
-            stage=prompt.stage,
-            group=prompt.group,
-            prompt_tokens=len(prompt.token_ids),
-            shared_tokens=prompt.shared_tokens,
-            max_tokens=prompt.max_tokens,
-        )
-        record.priority = prompt.priority
-        record.fairness_id = prompt.fairness_id
+        record = records.arrived(prompt, self._virtual(sent), self._reuse.add(prompt))
         self.result.records.append(record)
         res = RequestResult(index=len(self.result.records), group=0)
         headers = dict(self.request_headers)

@@ -7,6 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epp.bench.workload import Prompt
 
 
 @dataclasses.dataclass(slots=True)
@@ -38,6 +42,24 @@ class RequestRecord:
     routed: float | None = None  # when it was routed (later than `arrival` when flow control held it)
     dropped: str = ""  # x-llm-d-request-dropped-reason of a 429/503
     prefill_pod: int = -1  # P/D (epp.bench.pd): the pod that prefilled it when split, else -1
+    # The prompt tokens an earlier request left computed, in full blocks (epp.bench.reuse): the
+    # most any router could have found cached for it. None: unknown (inference-perf's prompts).
+    reusable_tokens: int | None = None
+
+
+def arrived(prompt: Prompt, arrival: float, reusable_tokens: int | None) -> RequestRecord:
+    """The record of `prompt`, arriving `arrival` seconds from the start of the run."""
+    return RequestRecord(
+        arrival=arrival,
+        stage=prompt.stage,
+        group=prompt.group,
+        prompt_tokens=len(prompt.token_ids),
+        shared_tokens=prompt.shared_tokens,
+        max_tokens=prompt.max_tokens,
+        priority=prompt.priority,
+        fairness_id=prompt.fairness_id,
+        reusable_tokens=reusable_tokens,
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

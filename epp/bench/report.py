@@ -5,6 +5,9 @@ Definitions (all from the requests served, status 200):
 - `hit_rate`: cached prompt tokens / prompt tokens, as the engine reports them (vLLM's
   `usage.prompt_tokens_details.cached_tokens`). Ceiling below 1: the first request of each prefix
   misses, vLLM caches only full blocks and always computes a prompt's last token.
+- `hit_rate_ceiling`: the most of the same prompt tokens any router could find cached: what an
+  earlier request's prompt or reply computed, over one cache without limits (`epp.bench.reuse`).
+  It bounds every router's `hit_rate`, and the `fleet_hit_rate` of a router that makes no copies.
 - `prefix_hit_rate`: over requests that carry a shared prefix, the share of the shared tokens
   found cached (min(cached, shared) / shared): the hit rate on what routing can make hit, the
   figure routers publish (Ranvier's "cache hit rate"); unshared requests do not dilute it.
@@ -123,6 +126,14 @@ def _hits(records: Sequence[RequestRecord]) -> dict[str, float]:
     }
 
 
+def _ceiling(records: Sequence[RequestRecord], prompt: int) -> float:
+    """`hit_rate_ceiling` (module docstring); NaN when a record does not know its reuse."""
+    reusable = [r.reusable_tokens for r in records]
+    if not prompt or any(n is None for n in reusable):
+        return math.nan
+    return sum(n for n in reusable if n is not None) / prompt
+
+
 def _rates(records: Sequence[RequestRecord], slo: Slo | None = None) -> dict[str, float]:
     prompt = sum(r.prompt_tokens for r in records)
     shared = sum(r.shared_tokens for r in records)
@@ -142,6 +153,7 @@ def _rates(records: Sequence[RequestRecord], slo: Slo | None = None) -> dict[str
     )
     return {
         "hit_rate": sum(r.cached_tokens for r in records) / prompt if prompt else math.nan,
+        "hit_rate_ceiling": _ceiling(records, prompt),
         "prefix_hit_rate": (
             sum(min(r.cached_tokens, r.shared_tokens) for r in records) / shared if shared else math.nan
         ),
@@ -357,6 +369,7 @@ def _nan_to_none(value: Any) -> Any:
 _COLUMNS = (
     ("policy", None, ""),
     ("hit", "hit_rate", "pct"),
+    ("hit ceiling", "hit_rate_ceiling", "pct"),
     ("req hit", "request_hit_rate", "pct"),
     ("cold / away", None, "misses"),
     ("TTFT p50", "ttft_p50_s", "s"),

@@ -235,7 +235,9 @@ def target_table(docs: Sequence[Mapping[str, Any]], workloads: Sequence[str], po
 # the difference of two shares in percentage points). Two hit rates: the pods' own prefix-cache
 # counters count every prefill a pod ran, epp's pre-warms too (a pre-warm is a miss by design, so
 # they lower epp's figure); the answers' cached tokens over their prompt tokens count the clients'
-# requests alone.
+# requests alone. "headroom": the best router's own figure below the workload's ceiling (the most
+# any router's requests could find cached, `hit_rate_ceiling`), in points: where it is near 0, a
+# router's pods' counters pass the best router's only if it makes no copies of a prefix.
 PEER_COLUMNS: tuple[tuple[str, str, bool, str], ...] = (
     ("TTFT p99", "ttft_p99_s", False, "ratio"),
     ("TTFT p99 from 30 s", "ttft_p99_from_30s_s", False, "ratio"),  # past the cold start
@@ -243,6 +245,7 @@ PEER_COLUMNS: tuple[tuple[str, str, bool, str], ...] = (
     ("goodput", "goodput", True, "ratio"),
     ("hit rate, pods", "fleet_hit_rate", True, "points"),
     ("hit rate, requests", "hit_rate", True, "points"),
+    ("best router's pods below the ceiling", "fleet_hit_rate", True, "headroom"),
     ("router CPU ms/request", "router_cpu_ms_per_request", False, "ratio"),
 )
 
@@ -272,7 +275,11 @@ def peer_table(
                 if mine is None or not xs:
                     continue
                 best, who = max(xs) if high else min(xs)
-                if kind == "points":
+                if kind == "headroom":
+                    ceiling = r[who].get("hit_rate_ceiling")
+                    if ceiling is not None:
+                        got.append((100.0 * (float(ceiling) - best), who))
+                elif kind == "points":
                     got.append((100.0 * (float(mine) - best), who))
                 else:
                     got.append((float(mine) / best if best else math.inf, who))
@@ -283,6 +290,8 @@ def peer_table(
             whom = ", ".join(dict.fromkeys(g[1] for g in got))
             if kind == "points":
                 cells.append(f"{statistics.median(rs):+.1f} ({min(rs):+.1f} to {max(rs):+.1f}) {whom}")
+            elif kind == "headroom":
+                cells.append(f"{statistics.median(rs):.1f} ({min(rs):.1f}-{max(rs):.1f}) {whom}")
             else:
                 cells.append(f"{statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f}) {whom}")
         lines.append(f"| {w} | {len(runs)} | " + " | ".join(cells) + " |")

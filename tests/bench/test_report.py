@@ -283,6 +283,7 @@ def test_peer_table_sets_epp_against_the_best_real_router_of_each_seed() -> None
             "goodput": goodput,
             "fleet_hit_rate": hit,
             "hit_rate": hit if requests_hit is None else requests_hit,
+            "hit_rate_ceiling": 0.83,
             "router_cpu_ms_per_request": 4.0,
         }
 
@@ -307,7 +308,9 @@ def test_peer_table_sets_epp_against_the_best_real_router_of_each_seed() -> None
     # The requests' own hit rate (the answers' cached tokens): epp's pre-warms are misses in its
     # pods' counters on seed 1, not in its requests' (+1 against 82%), 0 on seed 2.
     assert cells[7] == "+0.5 (+0.0 to +1.0) smg"
-    assert cells[8] == "1.00x (1.00-1.00) smg"  # CPU: a tie goes to the first by name
+    # The best router's pods' counters below the ceiling (83%): 1 point on seed 1, 3 on seed 2.
+    assert cells[8] == "2.0 (1.0-3.0) smg"
+    assert cells[9] == "1.00x (1.00-1.00) smg"  # CPU: a tie goes to the first by name
 
 
 def test_seeds_cli_answers_help_and_bad_files_with_usage(
