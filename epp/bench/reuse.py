@@ -20,6 +20,7 @@ the prefix counts as a hit), eviction and the pods' sizes.
 from __future__ import annotations
 
 from epp.bench.workload import Prompt
+from epp.sim import blocks
 
 
 class ReuseBound:
@@ -29,9 +30,11 @@ class ReuseBound:
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
         self.block_size = block_size
-        # Chained digests of every full block computed so far: a block's digest covers the whole
-        # prefix up to its end, as vLLM's block hashes do, so equal digests mean equal prefixes.
-        self._seen: set[int] = set()
+        # The simulator's chained block hashes (`epp.sim.blocks`): a block's digest covers the whole
+        # prefix up to its end, as vLLM's do, so equal digests mean equal prefixes. A prompt's
+        # shared prefix is hashed once per group, as the fast run's routing hashes it.
+        self._prefixes = blocks.PrefixDigests(block_size)
+        self._seen: set[blocks.Digest] = set()
 
     def add(self, prompt: Prompt) -> int:
         """The tokens of `prompt` an earlier request left cached; then remember what this one
@@ -42,14 +45,12 @@ class ReuseBound:
         # The engine keeps KV for every token but the last it generated.
         reply = prompt.output_token_ids
         computed = [*tokens, *reply[:-1]] if reply else tokens
+        digests = self._prefixes.prefix(prompt.group, computed, prompt.shared_tokens)
+        blocks.extend_digests(digests, computed, bs)
         found = 0
-        matching = True
-        parent = 0
-        for i in range(len(computed) // bs):
-            parent = hash((parent, *computed[i * bs : (i + 1) * bs]))
-            if matching and i < cap and parent in self._seen:
-                found += 1
-            else:
-                matching = False
-            self._seen.add(parent)
+        for digest in digests[:cap]:
+            if digest not in self._seen:
+                break
+            found += 1
+        self._seen.update(digests)
         return found * bs
