@@ -183,7 +183,7 @@ def test_a_prewarm_with_epps_token_ids_gives_the_chat_a_hit_in_vllm(stack: VllmS
     async def prewarm() -> None:
         sender = Sender(timeout=120.0)
         try:
-            assert sender.accepts(endpoint)
+            assert sender.verdict(endpoint) == "send"
             sender.send(endpoint, request, warm)
             await asyncio.wait_for(sender.idle(), 120.0)
         finally:

@@ -2,9 +2,11 @@
 blocks that `epp.prewarm.sender` posts to a pod goes into the simulated pod's engine instead, at
 the moment of the routing. No client waits for it: its first token and its end are dropped
 (`is_prewarm`), and it shows in no request's figures, only in the pods' work and KV events. The
-bounds are the sender's: one at a time per pod, `max_inflight` in all. Each one sent is kept
-(`sent_log`: which pod, how many tokens, when, for which prefix group), so the run can count the requests
-that found the warmed copy (`epp.bench.report`: `prewarms_used`).
+bounds are the sender's: one at a time per pod, `max_inflight` in all (past them a plan waits:
+its request stays on the holder); a pod it does not know, or `max_inflight` 0, refuses (the
+request moves). Each one sent is kept (`sent_log`: which pod, how many tokens, when, for which
+prefix group), so the run can count the requests that found the warmed copy
+(`epp.bench.report`: `prewarms_used`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from epp import clock
 from epp.api.requests import InferenceRequest
 from epp.bench.records import PrewarmRecord
 from epp.datastore.endpoints import Endpoint
+from epp.scheduling.prewarm import Verdict
 from epp.sim import core
 
 PREFIX = "prewarm-"
@@ -47,11 +50,17 @@ class EnginePrewarmer:
         self._max = max_inflight
         self._running: dict[str, int] = {}  # request id -> pod
         self.sent = 0
+        self.held_back = 0  # plans answered `wait`: their requests stayed on their holders
         self.sent_log: list[PrewarmRecord] = []
 
-    def accepts(self, endpoint: Endpoint) -> bool:
+    def verdict(self, endpoint: Endpoint) -> Verdict:
         pod = self._pod_of.get(endpoint.name)
-        return pod is not None and len(self._running) < self._max and pod not in self._running.values()
+        if pod is None or self._max <= 0:
+            return "refuse"
+        if len(self._running) >= self._max or pod in self._running.values():
+            self.held_back += 1
+            return "wait"
+        return "send"
 
     def send(self, endpoint: Endpoint, request: InferenceRequest, tokens: int) -> None:
         ids = request.token_ids

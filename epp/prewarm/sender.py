@@ -8,10 +8,12 @@ request's `cache_salt` and model name (a LoRA adapter's included) go with it: bo
 block hashes; so does its `Authorization` header, for pods that require an API key.
 
 Bounded: one pre-warm at a time per endpoint and `max_inflight` in all, each within `timeout`
-seconds, none to an endpoint for `backoff` seconds after one failed there; the rest are skipped
-(and the Director moves their requests instead). Nothing a pre-warm meets reaches the request
-that planned it: every outcome is counted (`epp_prewarm_requests_total{outcome}`) and failures
-are logged at debug level, at most once a second.
+seconds, none to an endpoint for `backoff` seconds after one failed there; the rest are skipped.
+Past the first two bounds their requests stay on their holders (`wait`); at an endpoint where
+pre-warms fail, the Director moves them instead, as without pre-warms (`refuse`). Nothing a
+pre-warm meets reaches the request that planned it: every outcome is counted
+(`epp_prewarm_requests_total{outcome}`) and failures are logged at debug level, at most once a
+second.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
@@ -67,20 +69,19 @@ class Sender:
         """Pre-warms sent and not yet answered."""
         return len(self._running)
 
-    def accepts(self, endpoint: Endpoint) -> bool:
-        """False (counted as skipped) while `endpoint` has a pre-warm running, for `backoff`
-        seconds after one failed there (a pod that refuses them, e.g. a network policy that lets
-        only the gateway in: the Director then moves the requests, as without pre-warms), or
-        while `max_inflight` are running in all."""
+    def verdict(self, endpoint: Endpoint) -> Literal["send", "wait", "refuse"]:
+        """`refuse` (counted as skipped) for `backoff` seconds after one failed at `endpoint` (a
+        pod that refuses them, e.g. a network policy that lets only the gateway in: the Director
+        then moves the requests, as without pre-warms) or with `max_inflight` 0; `wait` (skipped
+        too) while `endpoint` has a pre-warm running or `max_inflight` are running in all."""
         name = endpoint.name
-        if (
-            name in self._running
-            or len(self._running) >= self._max
-            or self._failed.get(name, -math.inf) > time.monotonic() - self._backoff
-        ):
+        if self._max <= 0 or self._failed.get(name, -math.inf) > time.monotonic() - self._backoff:
             metrics.prewarm_requests.labels("skipped").inc()
-            return False
-        return True
+            return "refuse"
+        if name in self._running or len(self._running) >= self._max:
+            metrics.prewarm_requests.labels("skipped").inc()
+            return "wait"
+        return "send"
 
     def send(self, endpoint: Endpoint, request: InferenceRequest, tokens: int) -> None:
         """Start computing `request`'s first `tokens` token ids on `endpoint`; returns at once."""

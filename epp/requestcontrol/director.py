@@ -200,8 +200,9 @@ class Director:
         self.flow_control = flow_control
         self.objectives = objectives
         self.rewrites = rewrites
-        # Sends the pre-warms the scorers plan (epp.scheduling.prewarm); without one (or past its
-        # bounds) a plan becomes the move it replaced, before the plugins book anything.
+        # Sends the pre-warms the scorers plan (epp.scheduling.prewarm), before the plugins book
+        # anything: one held back at its bounds leaves the request on the holder; one refused (or
+        # without a sender) becomes the move it replaced.
         self.prewarmer = prewarmer
         # Token ids and context-length rules; bodies over the parsers' size are parsed and
         # rendered in their processes (epp.requestcontrol.offload).
@@ -326,9 +327,14 @@ class Director:
             self.accounting.attempt(request, None)
             raise errors.NoCapacity("the scheduler found no endpoint for the request")
         warmup = prewarm.planned(result)
-        if warmup is not None and (self.prewarmer is None or not self.prewarmer.accepts(warmup.endpoint)):
-            prewarm.move(result, warmup)
-            warmup = None
+        if warmup is not None:
+            verdict = "refuse" if self.prewarmer is None else self.prewarmer.verdict(warmup.endpoint)
+            if verdict == "wait":
+                prewarm.stay(result)
+                warmup = None
+            elif verdict == "refuse":
+                prewarm.move(result, warmup)
+                warmup = None
         for hook in self._pre_request:
             hook.pre_request(request, result)
         if warmup is not None and self.prewarmer is not None:

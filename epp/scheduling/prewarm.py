@@ -11,14 +11,20 @@ for. The plugins book it as they book a routed request's prefill (the fluid queu
 index entries), so the prompt's next requests find the new copy.
 
 The plan travels in the scheduling cycle's state (`SchedulingResult.cycle`, under `KEY`), and
-holds only when the request was picked as the scorer planned (`planned`). A plan the Director
-cannot send (no sender, or past its bounds) becomes the move it replaced (`move`).
+holds only when the request was picked as the scorer planned (`planned`). A plan the sender must
+hold back (a pre-warm already runs on that endpoint, or its bound in all: `wait`) leaves
+the request on the holder (`stay`): moved, it would queue its cold prefill behind the copy being
+made there, and on a pod just back from a restart such moves stacked 3-5 cold prompts, their
+first tokens 1.5-2.2 s (rolling-restart, fast mode, 120 s); staying took the run's TTFT p99 down
+12-18% and its hit rate up (BENCHMARKS.md#prewarm). A plan the sender will not take at all (no
+sender, none allowed, or pre-warms failing at that endpoint: `refuse`) becomes the move it
+replaced (`move`): then epp copies prefixes as it does without pre-warms.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from epp.api.requests import InferenceRequest
 from epp.datastore.endpoints import Endpoint
@@ -32,10 +38,17 @@ class Warmup:
     endpoint: Endpoint  # computes the prefix
     holder: str  # the endpoint the request itself stays on
     tokens: int  # the prompt's first `tokens` tokens: whole blocks of `endpoint`'s size
-    # Where the request goes if the pre-warm is not sent (`move`): where the scorer would have
-    # sent it without the plan. `endpoint`, the objective's favourite, unless latency targets
-    # prefer another (`request-latency-scorer`); the holder itself means the request stays.
+    # Where the request goes if the pre-warm is refused (`move`): where the scorer would have
+    # sent it without the plan. None: `endpoint`, the objective's favourite; latency targets may
+    # prefer another (`request-latency-scorer`), the holder itself meaning the request stays.
     move_to: Endpoint | None = None
+
+
+Verdict = Literal["send", "wait", "refuse"]
+"""A `Prewarmer`'s answer to a planned pre-warm: send it; `wait`, within its bounds later (one
+runs on that endpoint, or the most allowed in all); `refuse`, not now nor soon (none allowed, an
+endpoint it does not know, pre-warms failing there). A string, not an enum: `epp.prewarm`'s
+sender answers it without importing the scheduler."""
 
 
 def planned(result: SchedulingResult) -> Warmup | None:
@@ -63,13 +76,20 @@ def move(result: SchedulingResult, warmup: Warmup) -> None:
     profile.targets = [to, *(ep for ep in targets if ep is not to)][: len(targets)]
 
 
+def stay(result: SchedulingResult) -> None:
+    """The pre-warm must wait: forget the plan; the request stays on the holder, where it was
+    picked (a plan holds only there, and with latency targets only where the holder is predicted
+    to meet them as well as any endpoint: request-latency-scorer's tiers come after the plan)."""
+    result.cycle.pop(KEY, None)
+
+
 class Prewarmer(Protocol):
     """What sends a planned pre-warm (the Director holds one): `epp.prewarm.Sender` over HTTP,
     the fast-mode bench into its simulated engines."""
 
-    def accepts(self, endpoint: Endpoint) -> bool:
-        """Whether a pre-warm to `endpoint` would be sent now (within the sender's bounds); asked
-        before the plugins book anything: a plan refused here becomes its move (`move`)."""
+    def verdict(self, endpoint: Endpoint) -> Verdict:
+        """Whether a pre-warm to `endpoint` would be sent now; asked before the plugins book
+        anything: a plan held back here stays (`stay`), one refused becomes its move (`move`)."""
         ...
 
     def send(self, endpoint: Endpoint, request: InferenceRequest, tokens: int) -> None:

@@ -66,6 +66,15 @@ def test_prewarms_run_in_the_pods_and_replace_the_moves(tmp_path: Path) -> None:
     assert report.summarize(off, [])["prewarm_token_share"] == 0.0
 
 
+def test_a_prewarm_held_back_leaves_its_request_on_the_holder(tmp_path: Path) -> None:
+    """One pre-warm at a time per pod: a plan for a pod computing one waits, and its request stays
+    on the holder rather than queueing its cold prefill behind that copy. Moved instead, such
+    requests stacked cold prompts onto a pod just back from a restart (BENCHMARKS.md#prewarm)."""
+    r, result = run(tmp_path, True)
+    assert r.prewarms.held_back > 0
+    assert moved(result) == 0
+
+
 def test_a_prewarm_the_sender_cannot_send_becomes_the_move_it_replaced(tmp_path: Path) -> None:
     """With no room to send (bound 0) the Director turns every plan back into its move before the
     plugins book anything: the run is the run without pre-warms, request for request."""

@@ -79,7 +79,7 @@ async def test_a_prewarm_caches_the_prompts_first_blocks(pod: Endpoint) -> None:
     sender = Sender()
     ok = count("ok")
     try:
-        assert sender.accepts(pod)
+        assert sender.verdict(pod) == "send"
         sender.send(pod, request(), 192)
         await settle(sender)
     finally:
@@ -100,18 +100,25 @@ async def test_the_cache_salt_goes_with_it(pod: Endpoint) -> None:
 
 
 async def test_one_at_a_time_per_pod_and_none_past_the_bound(pod: Endpoint) -> None:
+    """Past its bounds a pre-warm waits (its request stays on the holder): they free up soon."""
     sender = Sender(max_inflight=1)
     other = Endpoint(spec=EndpointSpec(name="pod-b", address="127.0.0.1", port=1), hostport="127.0.0.1:1")
     skipped = count("skipped")
     try:
         sender.send(pod, request(), 192)
-        assert not sender.accepts(pod)  # one already running there
-        assert not sender.accepts(other)  # the bound (1) is reached
-        assert count("skipped") == skipped + 2  # each refusal counted
+        assert sender.verdict(pod) == "wait"  # one already running there
+        assert sender.verdict(other) == "wait"  # the bound (1) is reached
+        assert count("skipped") == skipped + 2  # each one held back counted
         await settle(sender)
-        assert sender.accepts(pod) and sender.accepts(other)
+        assert sender.verdict(pod) == "send" and sender.verdict(other) == "send"
     finally:
         await sender.close()
+
+
+def test_no_prewarms_allowed_refuses_them() -> None:
+    """`max_inflight` 0 never sends one: a refusal (the request moves, as without pre-warms)."""
+    pod = Endpoint(spec=EndpointSpec(name="pod-a", address="127.0.0.1", port=1), hostport="127.0.0.1:1")
+    assert Sender(max_inflight=0).verdict(pod) == "refuse"
 
 
 async def test_a_failed_prewarm_is_counted_and_nothing_more(unused_tcp_port: int) -> None:
@@ -138,10 +145,10 @@ async def test_a_pod_that_failed_one_gets_none_for_the_backoff(pod: Endpoint, un
     try:
         sender.send(dead, request(), 192)
         await settle(sender)
-        assert not sender.accepts(dead)  # refused: none for 0.3 s
-        assert sender.accepts(pod)  # the others are not held against it
+        assert sender.verdict(dead) == "refuse"  # none for 0.3 s: its requests move
+        assert sender.verdict(pod) == "send"  # the others are not held against it
         await asyncio.sleep(0.35)
-        assert sender.accepts(dead)
+        assert sender.verdict(dead) == "send"
     finally:
         await sender.close()
 

@@ -1,8 +1,9 @@
 """The Director with a planned pre-warm (epp.scheduling.prewarm): sent when the prewarmer takes
-it, the request staying on the holder; else the move it replaced, to the one endpoint the
-objective chose. The gateway's destination is then that endpoint alone: GIE's standard Envoy
-config (ORIGINAL_DST on x-gateway-destination-endpoint) takes a single ip:port, and answered a
-two-endpoint list with 503 (no_healthy_upstream) in a live run."""
+it, the request staying on the holder; held back (`wait`), the request stays there too; refused,
+or without a prewarmer, the move it replaced, to the one endpoint the objective chose. The
+gateway's destination is then that endpoint alone: GIE's standard Envoy config (ORIGINAL_DST on
+x-gateway-destination-endpoint) takes a single ip:port, and answered a two-endpoint list with
+503 (no_healthy_upstream) in a live run."""
 
 from __future__ import annotations
 
@@ -26,14 +27,14 @@ BODY = msgspec.json.encode({"model": "m", "prompt": "a prompt of a few words " *
 
 
 class Prewarmer:
-    """Takes pre-warms or refuses them, and keeps what it was asked to send."""
+    """Answers every pre-warm alike, and keeps what it was asked to send."""
 
-    def __init__(self, *, accepting: bool) -> None:
-        self.accepting = accepting
+    def __init__(self, verdict: prewarm.Verdict) -> None:
+        self.answer: prewarm.Verdict = verdict
         self.sent: list[tuple[str, int]] = []
 
-    def accepts(self, endpoint: Endpoint) -> bool:
-        return self.accepting
+    def verdict(self, endpoint: Endpoint) -> prewarm.Verdict:
+        return self.answer
 
     def send(self, endpoint: Endpoint, request: InferenceRequest, tokens: int) -> None:
         self.sent.append((endpoint.name, tokens))
@@ -64,7 +65,7 @@ async def tokenizers() -> AsyncIterator[Tokenizers]:
     toks.close()
 
 
-def director(tokenizers: Tokenizers, prewarmer: Prewarmer) -> Director:
+def director(tokenizers: Tokenizers, prewarmer: Prewarmer | None) -> Director:
     ds = Datastore()
     ds.sync("t", [EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000) for i in range(2)])
     cfg = sched_config.load_config(None, Handle(datastore=ds, kv_index=BlockIndex()))
@@ -78,22 +79,41 @@ def director(tokenizers: Tokenizers, prewarmer: Prewarmer) -> Director:
     )
 
 
+async def holder_and_pick(tokenizers: Tokenizers, warmer: Prewarmer | None) -> tuple[str, str]:
+    """The endpoint the scheduler picked (the plan's holder) and the one the request went to."""
+    d = director(tokenizers, warmer)
+    picks: list[str] = []
+    schedule = d.scheduler.schedule
+
+    def spy(request: InferenceRequest, candidates: list[Endpoint], **kw: Any) -> SchedulingResult:
+        result: SchedulingResult = schedule(request, candidates, **kw)
+        picks.append(result.targets[0].name)
+        return result
+
+    d.scheduler.schedule = spy  # type: ignore[method-assign]
+    ctx = await d.route(path="/v1/completions", headers={}, body=BODY, subset=None)
+    assert ctx.destination == ctx.booked.hostport and "," not in ctx.destination  # one endpoint
+    d.finish(ctx, complete=True)
+    return picks[0], ctx.booked.name
+
+
 async def test_a_prewarm_taken_keeps_the_request_on_the_holder(tokenizers: Tokenizers) -> None:
-    warmer = Prewarmer(accepting=True)
-    d = director(tokenizers, warmer)
-    ctx = await d.route(path="/v1/completions", headers={}, body=BODY, subset=None)
-    holder = ctx.booked
-    assert ctx.destination == holder.hostport
-    (other,) = (ep for ep in d.datastore.endpoints() if ep is not holder)
-    assert warmer.sent == [(other.name, 64)]
-    d.finish(ctx, complete=True)
+    warmer = Prewarmer("send")
+    holder, went = await holder_and_pick(tokenizers, warmer)
+    assert went == holder
+    (other,) = {"pod-0", "pod-1"} - {holder}
+    assert warmer.sent == [(other, 64)]
 
 
-async def test_a_prewarm_refused_is_the_move_to_one_endpoint(tokenizers: Tokenizers) -> None:
-    warmer = Prewarmer(accepting=False)
-    d = director(tokenizers, warmer)
-    ctx = await d.route(path="/v1/completions", headers={}, body=BODY, subset=None)
-    assert warmer.sent == []
-    assert ctx.destination == ctx.booked.hostport  # one endpoint: the one the objective chose
-    assert "," not in ctx.destination
-    d.finish(ctx, complete=True)
+async def test_a_prewarm_held_back_keeps_the_request_on_the_holder(tokenizers: Tokenizers) -> None:
+    warmer = Prewarmer("wait")
+    holder, went = await holder_and_pick(tokenizers, warmer)
+    assert went == holder and warmer.sent == []
+
+
+@pytest.mark.parametrize("sender", [True, False])
+async def test_a_prewarm_refused_is_the_move_to_one_endpoint(tokenizers: Tokenizers, sender: bool) -> None:
+    warmer = Prewarmer("refuse") if sender else None
+    holder, went = await holder_and_pick(tokenizers, warmer)
+    assert went != holder  # the one the objective chose
+    assert warmer is None or warmer.sent == []
