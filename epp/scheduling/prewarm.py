@@ -15,10 +15,11 @@ holds only when the request was picked as the scorer planned (`planned`). A plan
 hold back (a pre-warm already runs on that endpoint, or its bound in all: `wait`) leaves
 the request on the holder (`stay`): moved, it would queue its cold prefill behind the copy being
 made there, and on a pod just back from a restart such moves stacked 3-5 cold prompts, their
-first tokens 1.5-2.2 s (rolling-restart, fast mode, 120 s); staying took the run's TTFT p99 down
-12-18% and its hit rate up (BENCHMARKS.md#prewarm). A plan the sender will not take at all (no
-sender, none allowed, or pre-warms failing at that endpoint: `refuse`) becomes the move it
-replaced (`move`): then epp copies prefixes as it does without pre-warms.
+first tokens 1.5-2.2 s (rolling-restart, fast mode, 120 s); staying took that run's TTFT p99 down
+14-28% and its requests' hit rate up 0.8-1.1 points (BENCHMARKS.md#prewarm-wait; live, against
+the real routers, 1.16-2.10x the best one's became 0.90-1.15x). A plan the sender will not take
+at all (no sender, none allowed, or pre-warms failing at that endpoint: `refuse`) becomes the
+move it replaced (`move`): then epp copies prefixes as it does without pre-warms.
 """
 
 from __future__ import annotations
