@@ -16,7 +16,7 @@ hold back (a pre-warm already runs on that endpoint, or its bound in all: `wait`
 the request on the holder (`stay`): moved, it would queue its cold prefill behind the copy being
 made there, and on a pod just back from a restart such moves stacked 3-5 cold prompts, their
 first tokens 1.5-2.2 s (rolling-restart, fast mode, 120 s); staying took that run's TTFT p99 down
-14-28% and its requests' hit rate up 0.8-1.1 points (BENCHMARKS.md#prewarm-wait; live, against
+14-28% and its requests' hit rate up 0.7-1.2 points (BENCHMARKS.md#prewarm-wait; live, against
 the real routers, 1.16-2.10x the best one's became 0.90-1.15x). A plan the sender will not take
 at all (no sender, none allowed, or pre-warms failing at that endpoint: `refuse`) becomes the
 move it replaced (`move`): then epp copies prefixes as it does without pre-warms.
