@@ -503,6 +503,7 @@ def test_the_learned_rate_is_a_gauge_dropped_with_its_endpoint(clock: Clock) -> 
         ({"decodeInterference": float("inf")}, "decodeInterference"),
         ({"offloadCost": 2}, "offloadCost"),
         ({"homeTolerance": "wide"}, "homeTolerance"),
+        ({"homeWaitShare": -0.5}, "homeWaitShare"),
         ({"prefillRate": 5}, "prefillRate"),
     ],
 )

@@ -211,6 +211,32 @@ def test_an_unseen_prompt_is_not_sent_home_behind_a_longer_queue(
     assert homes == {"pod-0", "pod-1"}
 
 
+@pytest.mark.parametrize(("share", "on_idle"), [(0.5, 2), (1e9, 4)])
+def test_prompts_nobody_holds_do_not_queue_on_an_idle_pod_behind_each_other(
+    clock: Clock, share: float, on_idle: int
+) -> None:
+    """rolling-restart's herd: pod-2 is back from a restart, idle; pods 0 and 1 decode 12 streams
+    each. A 3000-token prompt no pod holds stalls those streams for its prefill (~0.37 s each), so
+    the objective prefers queueing it on pod-2 behind the others' prefills: without
+    `homeWaitShare` four of them, 20 ms apart, all go there (the fourth behind ~0.9 s). With it
+    (0.5), a home is no pod where a prompt waits more than half its own prefill, and more than
+    `homeSlackSeconds` beyond the least wait: the second and third go to the busy pods, the
+    fourth, with a queue on every pod, to the shortest."""
+    eps = builders.pool(3)
+    for ep in eps[:2]:
+        ep.metrics.running = 12
+    s = Stack(ttftWeight=4, homeWaitShare=share)
+    picks = []
+    for i in range(4):
+        clock.now += 0.02
+        prompt = toks(3000, start=1_000_000 * (i + 1))
+        picks.append(s.route(request(prompt, rid=f"c{i}"), eps).name)
+    assert picks[0] == "pod-2"
+    assert picks.count("pod-2") == on_idle, picks
+    if on_idle < 4:
+        assert picks[1:3] in (["pod-0", "pod-1"], ["pod-1", "pod-0"]), picks
+
+
 def test_a_queue_waiting_for_kv_blocks_drains_at_the_decode_rate(clock: Clock) -> None:
     """Past the KV soft limit, waiting requests are admitted as running ones finish: the wait is
     waiting x the mean decode time / running, which a prefill-rate queue estimate misses."""

@@ -92,7 +92,14 @@ where predictions barely differ, new prefixes spread as their prefill work does.
 (nothing routed yet), the highest of a 64-bit mix of a digest of the prompt's first block (with
 the model and cache salt) and a CRC of the endpoint name, the same in every process. The home
 scores 1.0, every other endpoint its score times (1 - 1e-9). Its next requests find it held there
-(the precise scorer's speculative entries, then the pod's KV events).
+(the precise scorer's speculative entries, then the pod's KV events). No endpoint is its home
+where it would wait (queue and KV wait) more than `homeWaitShare` of its own first-token work
+there and more than `homeSlackSeconds` beyond the least wait of any endpoint; the minimum is then
+taken over the others. Why: the objective prices a cold prefill on a pod decoding many streams
+(their stall, the miss) above a queue on an idle one, so the prompts of a pod that went down all
+went to the one just back, each behind the others' prefills: on rolling-restart (fast mode, 120 s,
+seeds 1-3) first tokens of 1.1-1.5 s there, the TTFT p99 0.71-0.94x of that with the rule, E2E
+p99 0.95-1.00x (BENCHMARKS.md#home-wait).
 
 A prompt that some endpoint holds part of stays on the endpoint holding the most of it among those
 whose objective is within `holderTolerance` (relative) of the minimum, when the minimum's endpoint
@@ -127,6 +134,8 @@ Parameters (each checked at startup; a misspelt or out-of-range one is a `Config
 - `missPenalty` (1.0), `missPenaltyPerWaiting` (1.0), `popularityWindowSeconds` (60): the price of
   a miss to the fleet.
 - `homeTolerance` (0.2), `homeSlackSeconds` (0.1): how near the minimum a home may be.
+- `homeWaitShare` (0.5, >= 0): how long a home may make a prompt wait, as a share of its own
+  first-token work there (beyond `homeSlackSeconds` more than the least wait).
 - `holderTolerance` (0, >= 0): how near the minimum the endpoint holding most of a prompt keeps it.
 - `prewarm` (false), `prewarmMinShare` (0.25, (0, 1]): pre-warms in place of moves, for a holder
   holding at least that share of the prompt more than the endpoint chosen (0.25 against 0.5:
@@ -170,7 +179,7 @@ from epp.scheduling.plugins.predicted_ttft_terms import (
 )
 from epp.scheduling.plugins.prefix_popularity import Popularity, first_block_digest, prompt_tokens
 from epp.scheduling.plugins.traffic_share import TrafficShare
-from epp.scheduling.plugins.ttft_homes import Homes, holder
+from epp.scheduling.plugins.ttft_homes import Homes, holder, unqueued
 from epp.sidecar.protocol import PREFILL_RESULT_HEADER
 
 MAX_PENDING: Final = 65536
@@ -204,6 +213,7 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         offloadCost: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.2
         homeTolerance: NonNegative = 0.2
         homeSlackSeconds: NonNegative = 0.1
+        homeWaitShare: NonNegative = 0.5
         holderTolerance: NonNegative = 0.0
         missPenalty: NonNegative = 1.0
         popularityWindowSeconds: NonNegative = 60.0
@@ -240,6 +250,7 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         self._offload = params.offloadCost
         self._home_tol = params.homeTolerance
         self._home_slack = params.homeSlackSeconds
+        self._home_wait = params.homeWaitShare
         self._holder_tol = params.holderTolerance
         self._miss_penalty = params.missPenalty
         self._waiting_weight = params.missPenaltyPerWaiting
@@ -305,8 +316,11 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         scores = [best / t for t in objectives]
         placed = -1  # an endpoint the home or the holder rule picks
         if (match is None or not match.matches) and digest is not None:
-            limit = self._home_limit(endpoints, objectives, best)
-            placed = self._homes.home(digest, endpoints, objectives, limit, now)
+            waits = [preds[ep.name].queue_s + preds[ep.name].kv_wait for ep in endpoints]
+            own = [preds[ep.name].ttft - w for ep, w in zip(endpoints, waits, strict=True)]
+            homed = unqueued(objectives, waits, own, self._home_wait, self._home_slack)
+            limit = self._home_limit(endpoints, homed, min(homed))
+            placed = self._homes.home(digest, endpoints, homed, limit, now)
             if placed >= 0:
                 decision.home = endpoints[placed].name
         elif self._holder_tol and match is not None and match.matches:

@@ -50,7 +50,10 @@ endpoints whose objective is within `homeTolerance` of the request's own first-t
 best one (explain's `overhead_s` + `prefill_s`, at ttftWeight), or `homeSlackSeconds`, of the
 minimum. A share of the whole objective, or of its TTFT, grows with the decode and the queues:
 cold prompts then waited behind others' prefills, and past capacity the hash, not the queues,
-placed them.
+placed them. No pod where it would wait more than `homeWaitShare` of its own prefill (and more
+than `homeSlackSeconds` beyond the least wait) is its home: the stall term prices a cold prefill
+on a pod decoding many streams above a queue on an idle one, and without it a pod just back from a
+restart drew every prompt the pod going down had held, each behind the others.
 
 A prompt some pod holds stays on the pod holding most of it when another is better by less than
 `holderTolerance` of the whole objective (predicted-ttft-scorer's rule; 0.05 in epp's default
