@@ -98,8 +98,9 @@ there and more than `homeSlackSeconds` beyond the least wait of any endpoint; th
 taken over the others. Why: the objective prices a cold prefill on a pod decoding many streams
 (their stall, the miss) above a queue on an idle one, so the prompts of a pod that went down all
 went to the one just back, each behind the others' prefills: on rolling-restart (fast mode, 120 s,
-seeds 1-3) first tokens of 1.1-1.5 s there, the TTFT p99 0.71-0.94x of that with the rule, E2E
-p99 0.95-1.00x (BENCHMARKS.md#home-wait).
+seeds 1-3) they and the requests queued behind them there were each run's slowest first tokens
+(1.2-2.4 s). With the rule the TTFT p99 is 0.71-0.94x, the E2E p99 0.95-1.00x
+(BENCHMARKS.md#home-wait).
 
 A prompt that some endpoint holds part of stays on the endpoint holding the most of it among those
 whose objective is within `holderTolerance` (relative) of the minimum, when the minimum's endpoint
