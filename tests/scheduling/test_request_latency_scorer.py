@@ -235,6 +235,10 @@ def test_prompts_nobody_holds_do_not_queue_on_an_idle_pod_behind_each_other(
     assert picks.count("pod-2") == on_idle, picks
     if on_idle < 4:
         assert picks[1:3] in (["pod-0", "pod-1"], ["pod-1", "pod-0"]), picks
+    # Explain names the pods where the next one would queue: pod-2, two prefills deep, with the rule.
+    _, cycle = s.score(request(toks(3000, start=9_000_000), rid="c5"), eps)
+    queued = s.scorer.explain(cycle)["request"].get("ttft_home_queued", [])
+    assert ("pod-2" in queued) == (on_idle < 4), queued
 
 
 def test_a_queue_waiting_for_kv_blocks_drains_at_the_decode_rate(clock: Clock) -> None:

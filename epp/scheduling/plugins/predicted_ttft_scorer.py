@@ -94,13 +94,13 @@ the model and cache salt) and a CRC of the endpoint name, the same in every proc
 scores 1.0, every other endpoint its score times (1 - 1e-9). Its next requests find it held there
 (the precise scorer's speculative entries, then the pod's KV events). No endpoint is its home
 where it would wait (queue and KV wait) more than `homeWaitShare` of its own first-token work
-there and more than `homeSlackSeconds` beyond the least wait of any endpoint; the minimum is then
-taken over the others. Why: the objective prices a cold prefill on a pod decoding many streams
-(their stall, the miss) above a queue on an idle one, so the prompts of a pod that went down all
-went to the one just back, each behind the others' prefills: on rolling-restart (fast mode, 120 s,
-seeds 1-3) they and the requests queued behind them there were each run's slowest first tokens
-(1.2-2.4 s). With the rule the TTFT p99 is 0.71-0.94x, the E2E p99 0.95-1.00x
-(BENCHMARKS.md#home-wait).
+there and more than `homeSlackSeconds` beyond the least wait of any endpoint (explain:
+`ttft_home_queued`); the minimum is then taken over the others. Why: the objective prices a cold
+prefill on a pod decoding many streams (their stall, the miss) above a queue on an idle one, so
+the prompts of a pod that went down all went to the one just back, each behind the others'
+prefills: on rolling-restart (fast mode, 120 s, seeds 1-3) they and the requests queued behind
+them there were each run's slowest first tokens (1.2-2.4 s). With the rule the TTFT p99 is
+0.71-0.94x, the E2E p99 0.95-1.00x (BENCHMARKS.md#home-wait).
 
 A prompt that some endpoint holds part of stays on the endpoint holding the most of it among those
 whose objective is within `holderTolerance` (relative) of the minimum, when the minimum's endpoint
@@ -324,6 +324,9 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
             placed = self._homes.home(digest, endpoints, homed, limit, now)
             if placed >= 0:
                 decision.home = endpoints[placed].name
+            decision.queued = tuple(
+                ep.name for ep, h, o in zip(endpoints, homed, objectives, strict=True) if h > o
+            )
         elif self._holder_tol and match is not None and match.matches:
             uncached = [preds[ep.name].uncached for ep in endpoints]
             placed = holder(uncached, objectives, best * (1.0 + self._holder_tol))

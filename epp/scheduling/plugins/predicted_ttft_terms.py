@@ -150,6 +150,8 @@ class TTFTDecision:
     more than a tuple, ~5% of an endpoint's scoring (docs/bench/fleet-cost.md#per-request-pods)."""
 
     home: str = ""
+    # Endpoints no home for a prompt no endpoint holds: it would queue there (`homeWaitShare`).
+    queued: tuple[str, ...] = ()
     # The endpoint the holder rule kept the request on (`holderTolerance`), if it decided.
     holder: str = ""
     # The pre-warm planned instead of a move (`prewarm`): (endpoint, prompt tokens), if any.
@@ -171,10 +173,13 @@ class TTFTDecision:
 
     def facts(self) -> dict[str, Any]:
         """Explain's facts of the decision: the miss penalty factor applied, which rule placed the
-        request (`ttft_home`, `ttft_holder`) if one did, and the endpoints warming up."""
+        request (`ttft_home`, `ttft_holder`) if one did, the endpoints no home for it because it
+        would queue there (`ttft_home_queued`), and the endpoints warming up."""
         facts: dict[str, Any] = {"miss_penalty": self.penalty}
         if self.home:
             facts["ttft_home"] = self.home
+        if self.queued:
+            facts["ttft_home_queued"] = list(self.queued)
         if self.holder:
             facts["ttft_holder"] = self.holder
         if self.prewarm is not None:
