@@ -177,10 +177,11 @@ from epp.scheduling.plugins.predicted_ttft_terms import (
     observations,
     prediction_error,
     prefill_rate,
+    unqueued,
 )
 from epp.scheduling.plugins.prefix_popularity import Popularity, first_block_digest, prompt_tokens
 from epp.scheduling.plugins.traffic_share import TrafficShare
-from epp.scheduling.plugins.ttft_homes import Homes, holder, unqueued
+from epp.scheduling.plugins.ttft_homes import Homes, holder
 from epp.sidecar.protocol import PREFILL_RESULT_HEADER
 
 MAX_PENDING: Final = 65536
@@ -317,16 +318,12 @@ class PredictedTTFTScorer(TTFTLearning, registry.PluginBase):
         scores = [best / t for t in objectives]
         placed = -1  # an endpoint the home or the holder rule picks
         if (match is None or not match.matches) and digest is not None:
-            waits = [preds[ep.name].queue_s + preds[ep.name].kv_wait for ep in endpoints]
-            own = [preds[ep.name].ttft - w for ep, w in zip(endpoints, waits, strict=True)]
-            homed = unqueued(objectives, waits, own, self._home_wait, self._home_slack)
+            homed = unqueued([preds[ep.name] for ep in endpoints], self._home_wait, self._home_slack)
             limit = self._home_limit(endpoints, homed, min(homed))
             placed = self._homes.home(digest, endpoints, homed, limit, now)
             if placed >= 0:
                 decision.home = endpoints[placed].name
-            decision.queued = tuple(
-                ep.name for ep, h, o in zip(endpoints, homed, objectives, strict=True) if h > o
-            )
+            decision.home_wait = (self._home_wait, self._home_slack)
         elif self._holder_tol and match is not None and match.matches:
             uncached = [preds[ep.name].uncached for ep in endpoints]
             placed = holder(uncached, objectives, best * (1.0 + self._holder_tol))

@@ -1,7 +1,9 @@
 """predicted-ttft-scorer's records, metrics and explain terms: each endpoint's prediction for the
 request being scored (`Prediction`), the decision explain reads (`TTFTDecision`), a routed
 request's prediction kept until its response (`Booked`), an endpoint's learned rate and fluid
-queue (`Rate`), and explain's terms per endpoint (`explain_endpoints`).
+queue (`Rate`), explain's terms per endpoint (`explain_endpoints`), and the endpoints where a
+prompt no endpoint holds would queue (`unqueued`: the scorer's home rule, and explain's account of
+it).
 
 `request-latency-scorer` and the P/D latency decider read them too; the model that fills them is
 in `predicted_ttft_scorer`. `RemotePrefill` is what the P/D runner tells the decode profile's
@@ -11,6 +13,7 @@ latency scorer of the prefill that is expected to run elsewhere.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
@@ -108,6 +111,19 @@ class Prediction:
     kv_price: float  # the KV-pressure term of the objective
 
 
+def unqueued(row: list[Prediction], share: float, slack: float) -> list[float]:
+    """The objectives of `row` (one prediction per endpoint), with infinity for each endpoint where
+    a prompt would wait (its queue and KV wait there) more than `share` of its own first-token work
+    there and more than `slack` seconds beyond the least wait of any endpoint: such an endpoint is
+    no home for a prompt no endpoint holds (`homeWaitShare`, `homeSlackSeconds`)."""
+    waits = [p.queue_s + p.kv_wait for p in row]
+    least = min(waits)
+    return [
+        p.objective if w <= share * (p.ttft - w) or w <= least + slack else math.inf
+        for p, w in zip(row, waits, strict=True)
+    ]
+
+
 @dataclasses.dataclass(slots=True)
 class Booked:
     """A routed request's prediction, kept until its response completes."""
@@ -150,8 +166,9 @@ class TTFTDecision:
     more than a tuple, ~5% of an endpoint's scoring (docs/bench/fleet-cost.md#per-request-pods)."""
 
     home: str = ""
-    # Endpoints no home for a prompt no endpoint holds: it would queue there (`homeWaitShare`).
-    queued: tuple[str, ...] = ()
+    # The home rule's (share, slack) that ruled out endpoints where a prompt no endpoint holds
+    # would queue (`unqueued`), if it ran: explain derives them (`queued`).
+    home_wait: tuple[float, float] | None = None
     # The endpoint the holder rule kept the request on (`holderTolerance`), if it decided.
     holder: str = ""
     # The pre-warm planned instead of a move (`prewarm`): (endpoint, prompt tokens), if any.
@@ -165,6 +182,15 @@ class TTFTDecision:
     extra_rows: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
     # request-latency-scorer under P/D: the remote prefill its objective expected, if any.
     remote: RemotePrefill | None = None
+
+    @property
+    def queued(self) -> tuple[str, ...]:
+        """The endpoints the home rule ruled out: a prompt no endpoint holds would queue there."""
+        if self.home_wait is None:
+            return ()
+        row = list(self.terms.values())
+        homed = unqueued(row, *self.home_wait)
+        return tuple(n for n, h, p in zip(self.terms, homed, row, strict=True) if h > p.objective)
 
     @property
     def predictions(self) -> dict[str, tuple[float, float, float, float]]:

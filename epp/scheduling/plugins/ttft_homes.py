@@ -1,12 +1,11 @@
-"""Where predicted-ttft-scorer sends a prompt no endpoint holds (and where such a prompt must not
-queue), which endpoints it prices as warming up (both read the recent requests per endpoint, which
-this keeps), and when a near-tie keeps a prompt on the endpoint holding most of it (the rules and
-why: `predicted_ttft_scorer`'s docstring).
+"""Where predicted-ttft-scorer sends a prompt no endpoint holds (the endpoints where it would queue
+are ruled out first: `predicted_ttft_terms.unqueued`), which endpoints it prices as warming up (both
+read the recent requests per endpoint, which this keeps), and when a near-tie keeps a prompt on the
+endpoint holding most of it (the rules and why: `predicted_ttft_scorer`'s docstring).
 """
 
 from __future__ import annotations
 
-import math
 import zlib
 from typing import Final
 
@@ -103,16 +102,3 @@ def holder(uncached: list[float], objectives: list[float], limit: float) -> int:
             if u < least or (u == least and keep >= 0 and objective < objectives[keep]):
                 keep, least = i, u
     return keep
-
-
-def unqueued(
-    objectives: list[float], waits: list[float], own: list[float], share: float, slack: float
-) -> list[float]:
-    """`objectives`, with infinity for each endpoint where a prompt would wait (`waits`: its queue
-    and KV wait there) more than `share` of its own first-token work there (`own`) and more than
-    `slack` seconds beyond the least wait of any endpoint: such an endpoint is no home for it."""
-    least = min(waits)
-    return [
-        o if w <= share * t or w <= least + slack else math.inf
-        for o, w, t in zip(objectives, waits, own, strict=True)
-    ]
