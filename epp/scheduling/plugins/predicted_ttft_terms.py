@@ -204,8 +204,9 @@ class TTFTDecision:
         facts: dict[str, Any] = {"miss_penalty": self.penalty}
         if self.home:
             facts["ttft_home"] = self.home
-        if self.queued:
-            facts["ttft_home_queued"] = list(self.queued)
+        queued = self.queued  # derived from the terms on each read: read once
+        if queued:
+            facts["ttft_home_queued"] = list(queued)
         if self.holder:
             facts["ttft_holder"] = self.holder
         if self.prewarm is not None:
