@@ -394,7 +394,11 @@ class Director:
         return request, self._tokenizer is not None and request.runs_engine
 
     def _log_decision(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        """One debug line per decision: the pick, and what the explainers (prefix match) found."""
+        """One debug line per decision: the pick, and what the explainers found, per request
+        (`facts`: the rule that placed it, the miss penalty, pre-warms) and per endpoint
+        (`endpoints`: every scorer's terms, as `POST /debug/score` shows them). Why a request went
+        where it did under live traffic is read from these lines: explain answers for a request
+        scored now, not for the state the live one met."""
         facts = self.scheduler.facts(result)
         matched = {
             name: fields.get("matched_blocks")
@@ -413,6 +417,8 @@ class Director:
                 "prompt_tokens": request.prompt_tokens_estimate,
                 "request_blocks": facts["request"].get("request_blocks"),
                 "matched_blocks": _json(matched),
+                "facts": _json(facts["request"]),
+                "endpoints": _json(facts["endpoints"]),
             },
         )
 
