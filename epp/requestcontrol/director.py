@@ -571,7 +571,9 @@ def _no_engine(request: InferenceRequest) -> None:
 
 
 def _json(value: Any) -> str:
-    return msgspec.json.encode(value).decode()
+    # enc_hook: a plugin's explain value JSON cannot hold is logged as its str(), never raised
+    # into the request's routing (these are debug lines).
+    return msgspec.json.encode(value, enc_hook=str).decode()
 
 
 def _host_of(hostport: str) -> str:

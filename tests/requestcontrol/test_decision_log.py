@@ -12,7 +12,7 @@ import pytest
 
 from epp.datastore.endpoints import Datastore, EndpointSpec
 from epp.kvcache.index import BlockIndex
-from epp.requestcontrol.director import Director
+from epp.requestcontrol.director import Director, _json
 from epp.scheduling import config as sched_config
 from epp.scheduling.interfaces import Handle
 from epp.tokenize.registry import Tokenizers
@@ -73,3 +73,11 @@ async def test_no_line_above_debug(tokenizers: Tokenizers, caplog: pytest.LogCap
         ctx = await d.route(path="/v1/completions", headers={}, body=BODY, subset=None)
     d.finish(ctx, complete=True)
     assert decisions(caplog) == []
+
+
+def test_a_value_json_cannot_hold_is_logged_as_text() -> None:
+    class Odd:
+        def __str__(self) -> str:
+            return "odd"
+
+    assert msgspec.json.decode(_json({"x": Odd(), "s": {3}})) == {"x": "odd", "s": [3]}
