@@ -10,13 +10,10 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from epp.datastore.endpoints import Datastore, EndpointSpec
-from epp.kvcache.index import BlockIndex
-from epp.requestcontrol.director import Director, _json
-from epp.scheduling import config as sched_config
-from epp.scheduling.interfaces import Handle
+from epp.requestcontrol.director import _json
 from epp.tokenize.registry import Tokenizers
 from epp.tokenize.tokenizer import load_shipped
+from tests.requestcontrol.test_director_tokens import director  # the precise default over two pods
 
 BODY = msgspec.json.encode({"model": "m", "prompt": "a prompt of a few words " * 20, "max_tokens": 4})
 
@@ -26,21 +23,6 @@ async def tokenizers() -> AsyncIterator[Tokenizers]:
     toks = Tokenizers(default=load_shipped(), workers=1)
     yield toks
     toks.close()
-
-
-def director(tokenizers: Tokenizers) -> Director:
-    """epp's default with KV events (request-latency-scorer) over two pods."""
-    ds = Datastore()
-    ds.sync("t", [EndpointSpec(name=f"pod-{i}", address=f"10.0.0.{i + 1}", port=8000) for i in range(2)])
-    handle = Handle(datastore=ds, kv_index=BlockIndex())
-    cfg = sched_config.load_config(sched_config.default_config_text(precise=True), handle)
-    return Director(
-        datastore=ds,
-        scheduler=cfg.scheduler,
-        pre_request=cfg.pre_request,
-        response_complete=cfg.response_complete,
-        tokenizer=tokenizers,
-    )
 
 
 def decisions(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
